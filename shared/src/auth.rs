@@ -1,0 +1,140 @@
+//! Turning a credential into an operation context (R4, R5, R20).
+//!
+//! For MCP the worker hashes the bearer token, reads one [`ConnectionContextRow`], and calls
+//! [`mcp_context`]: it refuses tokens of another kind, unknown, expired or foreign-audience
+//! tokens, revoked connections and creators who left, and computes the live rights as the
+//! token's rights ∩ the creator's current role rights. The context has the creator as actor
+//! and no other "current user".
+
+use crate::ctx::{new_request_id, Actor, Channel, ConnectionRef, OpCtx, TenantRef};
+use crate::datastore::{to_ts, ApiContextRow, ConnectionContextRow};
+use crate::handle::{ConnectionHandle, PersonHandle, TenantHandle};
+use crate::rights::{RightSet, Role};
+use crate::secret::CredentialKind;
+use crate::time;
+
+/// Why a credential was refused; each says what the caller should do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthFailure {
+    Missing,
+    WrongKind { got: CredentialKind, wants: CredentialKind },
+    Unknown,
+    Expired,
+    WrongAudience,
+    Revoked,
+    CreatorGone,
+}
+
+impl AuthFailure {
+    pub fn message(&self, wants: CredentialKind) -> String {
+        let wanted = match wants {
+            CredentialKind::Mcp => "an MCP token (gh_mcp_…) from a Gatehouse connection",
+            CredentialKind::Api => "an API token (gh_api_…)",
+            CredentialKind::Session => "a console session",
+        };
+        match self {
+            AuthFailure::Missing => format!("This endpoint takes {wanted} as `Authorization: Bearer <token>`."),
+            AuthFailure::WrongKind { got, .. } => {
+                let got = match got {
+                    CredentialKind::Mcp => "an MCP token, which only /mcp accepts",
+                    CredentialKind::Api => "an API token, which only /api accepts",
+                    CredentialKind::Session => "a console session, which only the console accepts",
+                };
+                format!("This endpoint takes {wanted}; the request carried {got}.")
+            }
+            AuthFailure::Unknown => format!("The token is not known here; it may have been revoked. This endpoint takes {wanted}."),
+            AuthFailure::Expired => "The access token has expired; refresh it or sign in again.".into(),
+            AuthFailure::WrongAudience => "The token was issued for another resource; request one for this MCP URL.".into(),
+            AuthFailure::Revoked => "This connection was revoked by a tenant admin; ask them for a new one.".into(),
+            AuthFailure::CreatorGone => "The person who created this connection is no longer active in the tenant; the connection has ended.".into(),
+        }
+    }
+}
+
+/// The result of authenticating one MCP request.
+#[derive(Debug, Clone)]
+pub struct McpContext {
+    pub ctx: OpCtx,
+    pub tenant_agent_access: bool,
+    pub global_kill: bool,
+}
+
+/// Checks the bearer value's kind before any database work.
+pub fn expect_kind(bearer: Option<&str>, wants: CredentialKind) -> Result<&str, AuthFailure> {
+    let token = bearer.ok_or(AuthFailure::Missing)?;
+    match CredentialKind::of(token) {
+        Some(kind) if kind == wants => Ok(token),
+        Some(got) => Err(AuthFailure::WrongKind { got, wants }),
+        None => Err(AuthFailure::Unknown),
+    }
+}
+
+fn tenant_ref(id: i64, handle: &str, slug: &str, zone: &str, currency: &str) -> TenantRef {
+    TenantRef {
+        id,
+        handle: TenantHandle::from_db(handle.to_owned()),
+        slug: slug.to_owned(),
+        zone: time::zone("zone", zone).unwrap_or(jiff::tz::TimeZone::UTC),
+        zone_name: zone.to_owned(),
+        currency: currency.to_owned(),
+    }
+}
+
+/// Live rights of a creator: their role's rights while person and membership are active.
+fn current_rights(person_active: bool, role: Option<&str>, membership_active: Option<bool>) -> Option<RightSet> {
+    let role: Role = role?.parse().ok()?;
+    (person_active && membership_active == Some(true)).then(|| role.rights())
+}
+
+pub fn mcp_context(
+    row: Option<ConnectionContextRow>,
+    audience: &str,
+    now: jiff::Timestamp,
+    client_name: Option<&str>,
+) -> Result<McpContext, AuthFailure> {
+    let row = row.ok_or(AuthFailure::Unknown)?;
+    if let Some(expires) = row.token_expires_at {
+        if to_ts(expires) <= now {
+            return Err(AuthFailure::Expired);
+        }
+    }
+    if let Some(aud) = &row.token_audience {
+        if aud.trim_end_matches('/') != audience.trim_end_matches('/') {
+            return Err(AuthFailure::WrongAudience);
+        }
+    }
+    if row.connection_status != "active" {
+        return Err(AuthFailure::Revoked);
+    }
+    let creator_rights = current_rights(row.creator_active, row.creator_role.as_deref(), row.membership_active)
+        .ok_or(AuthFailure::CreatorGone)?;
+    let token_rights = RightSet::parse_lenient(&row.connection_rights);
+    let ctx = OpCtx {
+        actor: Actor::Person { id: row.creator_id, handle: PersonHandle::from_db(row.creator_handle) },
+        tenant: tenant_ref(row.tenant_id, &row.tenant_handle, &row.tenant_slug, &row.tenant_zone, &row.tenant_currency),
+        rights: token_rights.intersect(creator_rights),
+        channel: Channel::Mcp,
+        connection: Some(ConnectionRef {
+            id: row.connection_id,
+            handle: ConnectionHandle::from_db(row.connection_handle),
+            name: row.connection_name,
+            client_name: client_name.map(str::to_owned).unwrap_or(row.client_name),
+        }),
+        request_id: new_request_id(),
+    };
+    Ok(McpContext { ctx, tenant_agent_access: row.tenant_agent_access, global_kill: row.global_kill })
+}
+
+pub fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailure> {
+    let row = row.ok_or(AuthFailure::Unknown)?;
+    let rights = current_rights(row.person_active, row.role.as_deref(), row.membership_active)
+        .ok_or(AuthFailure::CreatorGone)?;
+    Ok(OpCtx {
+        actor: Actor::Person { id: row.person_id, handle: PersonHandle::from_db(row.person_handle) },
+        tenant: tenant_ref(row.tenant_id, &row.tenant_handle, &row.tenant_slug, &row.tenant_zone, &row.tenant_currency),
+        rights,
+        channel: Channel::Api,
+        connection: None,
+        request_id: new_request_id(),
+    })
+}

@@ -1,0 +1,59 @@
+//! Typed configuration from the environment (STYLE 10): no global singletons; binaries read
+//! it once and pass it on.
+
+use crate::error::{Error, Result};
+
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Common {
+    /// Postgres URL; it may hold a password, so it is wrapped.
+    pub database_url: Secret,
+    pub nats_url: String,
+    pub db_max_connections: u32,
+}
+
+impl Common {
+    pub fn from_env() -> Result<Self> {
+        let database_url = std::env::var("DATABASE_URL").map_err(|_| {
+            Error::Invalid {
+                field: "DATABASE_URL".into(),
+                problem: "set DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/gatehouse".into(),
+                options: Vec::new(),
+            }
+        })?;
+        let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+        let db_max_connections = std::env::var("GATEHOUSE_DB_POOL")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16);
+        Ok(Common { database_url: Secret(database_url), nats_url, db_max_connections })
+    }
+}
+
+/// Initializes logging: JSON lines with dotted field names when `GATEHOUSE_LOG_FORMAT=json`,
+/// readable text otherwise; level from `RUST_LOG` (default info).
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let json = std::env::var("GATEHOUSE_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}

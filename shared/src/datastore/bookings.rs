@@ -1,0 +1,117 @@
+use chrono::{DateTime, Utc};
+use sqlx::types::Json;
+
+use crate::ctx::OpCtx;
+use crate::datastore::{from_ts, Datastore};
+use crate::error::Result;
+use crate::handle::BookingHandle;
+
+/// A booking with what every presenter of it needs, joined in one query.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct BookingRow {
+    pub id: i64,
+    pub handle: String,
+    pub status: String,
+    pub starts_at: DateTime<Utc>,
+    pub zone: String,
+    pub currency: String,
+    pub net_minor: i64,
+    pub tax_minor: i64,
+    pub total_minor: i64,
+    pub customer_note: Option<String>,
+    pub customer_handle: String,
+    pub customer_name: String,
+    pub technician_handle: Option<String>,
+    pub technician_name: Option<String>,
+    pub service_handle: String,
+    pub service_name: String,
+    pub duration_minutes: i32,
+    pub tax_rate_bp: i32,
+    pub updated_at: DateTime<Utc>,
+    /// Filled by [`Datastore::booking_get`] only.
+    pub notes: Json<Vec<NoteRow>>,
+}
+
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct NoteRow {
+    pub handle: String,
+    pub source: String,
+    pub body: String,
+    pub created_at: String,
+}
+
+/// Booking filters, already parsed and resolved to instants.
+#[derive(Debug, Default, Clone)]
+pub struct BookingFilter {
+    pub from: Option<jiff::Timestamp>,
+    pub to: Option<jiff::Timestamp>,
+    pub status: Option<String>,
+    pub technician: Option<String>,
+    pub customer: Option<String>,
+    /// Keyset: bookings strictly after `(starts_at, handle)`.
+    pub after: Option<(jiff::Timestamp, String)>,
+    pub limit: i64,
+}
+
+const SELECT: &str = "
+    SELECT b.id, b.handle, b.status, b.starts_at, b.zone, b.currency::text AS currency,
+           b.net_minor, b.tax_minor, b.total_minor, b.customer_note,
+           c.handle AS customer_handle, c.name AS customer_name,
+           t.handle AS technician_handle, t.name AS technician_name,
+           s.handle AS service_handle, s.name AS service_name, s.duration_minutes, s.tax_rate_bp,
+           b.updated_at";
+
+const FROM: &str = "
+    FROM bookings b
+    JOIN customers c ON c.id = b.customer_id AND c.tenant_id = b.tenant_id
+    JOIN services s ON s.id = b.service_id AND s.tenant_id = b.tenant_id
+    LEFT JOIN technicians t ON t.id = b.technician_id AND t.tenant_id = b.tenant_id";
+
+impl Datastore {
+    pub async fn booking_find(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<Vec<BookingRow>> {
+        let (after_at, after_handle) = filter.after.clone().unzip();
+        let rows = sqlx::query_as::<_, BookingRow>(sqlx::AssertSqlSafe(format!(
+            "{SELECT}, '[]'::json AS notes {FROM}
+             WHERE b.tenant_id = $1
+               AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
+               AND ($3::timestamptz IS NULL OR b.starts_at < $3)
+               AND ($4::text IS NULL OR b.status = $4)
+               AND ($5::text IS NULL OR t.handle = $5)
+               AND ($6::text IS NULL OR c.handle = $6)
+               AND ($7::timestamptz IS NULL OR (b.starts_at, b.handle) > ($7, $8))
+             ORDER BY b.starts_at, b.handle
+             LIMIT $9"
+        )))
+        .bind(ctx.tenant_id())
+        .bind(filter.from.map(from_ts))
+        .bind(filter.to.map(from_ts))
+        .bind(filter.status.as_deref())
+        .bind(filter.technician.as_deref())
+        .bind(filter.customer.as_deref())
+        .bind(after_at.map(from_ts))
+        .bind(after_handle)
+        .bind(filter.limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows)
+    }
+
+    pub async fn booking_get(&self, ctx: &OpCtx, handle: &BookingHandle) -> Result<Option<BookingRow>> {
+        let row = sqlx::query_as::<_, BookingRow>(sqlx::AssertSqlSafe(format!(
+            "{SELECT},
+               (SELECT coalesce(json_agg(json_build_object(
+                    'handle', n.handle, 'source', n.source, 'body', n.body,
+                    'created_at', to_char(n.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'))
+                    ORDER BY n.created_at, n.id), '[]'::json)
+                FROM booking_notes n
+                WHERE n.booking_id = b.id AND n.tenant_id = b.tenant_id) AS notes
+             {FROM}
+             WHERE b.tenant_id = $1 AND b.handle = $2"
+        )))
+        .bind(ctx.tenant_id())
+        .bind(handle.as_str())
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row)
+    }
+}

@@ -1,0 +1,85 @@
+//! The datastore: every SQL statement of Gatehouse lives below this module (R2).
+//!
+//! Functions are named `<resource>_<verb>` (STYLE 5) and take the operation context first, so
+//! that every lookup by handle is filtered by the caller's tenant (R3). Services call these;
+//! adapters (tools, REST handlers, the console) never do.
+
+mod admin;
+mod auth;
+mod bookings;
+mod customers;
+mod technicians;
+
+pub use admin::*;
+pub use auth::*;
+pub use bookings::*;
+pub use customers::*;
+pub use technicians::*;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// The handle to Postgres that services use. Cloning is cheap (the pool is shared).
+#[derive(Clone, Debug)]
+pub struct Datastore {
+    pool: PgPool,
+}
+
+impl Datastore {
+    /// Connects a pool of at most `max_connections` to `url`.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?
+            .application_name("gatehouse");
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Datastore { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Datastore { pool }
+    }
+
+    /// Applies every pending migration from `migrations/`.
+    pub async fn migrate(&self) -> Result<usize> {
+        let before: i64 = applied_count(&self.pool).await;
+        MIGRATOR.run(&self.pool).await?;
+        let after: i64 = applied_count(&self.pool).await;
+        Ok(usize::try_from(after - before).unwrap_or(0))
+    }
+
+    /// Readiness: one trivial round trip.
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+async fn applied_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(0)
+}
+
+pub(crate) fn to_ts(t: chrono::DateTime<chrono::Utc>) -> jiff::Timestamp {
+    jiff::Timestamp::from_microsecond(t.timestamp_micros()).unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+}
+
+pub(crate) fn from_ts(t: jiff::Timestamp) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp_micros(t.as_microsecond()).unwrap_or_default()
+}

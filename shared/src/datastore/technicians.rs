@@ -1,0 +1,48 @@
+use chrono::{DateTime, Utc};
+
+use crate::ctx::OpCtx;
+use crate::datastore::customers::escape_like;
+use crate::datastore::Datastore;
+use crate::error::Result;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TechnicianRow {
+    pub id: i64,
+    pub handle: String,
+    pub name: String,
+    pub email: Option<String>,
+    pub phone: Option<String>,
+    pub skills: Vec<String>,
+    pub active: bool,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Datastore {
+    pub async fn technician_find(
+        &self,
+        ctx: &OpCtx,
+        query: Option<&str>,
+        skill: Option<&str>,
+        include_inactive: bool,
+        limit: i64,
+    ) -> Result<Vec<TechnicianRow>> {
+        let pattern = query.map(|q| format!("%{}%", escape_like(&q.to_lowercase())));
+        let rows = sqlx::query_as::<_, TechnicianRow>(
+            "SELECT id, handle, name, email, phone, skills, active, updated_at FROM technicians
+             WHERE tenant_id = $1
+               AND ($2::text IS NULL OR lower(name) LIKE $2)
+               AND ($3::text IS NULL OR $3 = ANY(skills))
+               AND ($4 OR active)
+             ORDER BY lower(name), handle
+             LIMIT $5",
+        )
+        .bind(ctx.tenant_id())
+        .bind(pattern)
+        .bind(skill)
+        .bind(include_inactive)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows)
+    }
+}

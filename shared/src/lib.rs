@@ -1,0 +1,25 @@
+//! The library every Gatehouse binary uses: domain types, the rights catalog, the operation
+//! context, the datastore and the domain services. See `docs/architecture.md`.
+
+pub mod auth;
+pub mod canon;
+pub mod config;
+pub mod ctx;
+pub mod datastore;
+pub mod error;
+pub mod handle;
+pub mod input;
+pub mod money;
+pub mod rights;
+pub mod secret;
+pub mod services;
+pub mod text;
+pub mod time;
+pub mod views;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use ctx::OpCtx;
+pub use datastore::Datastore;
+pub use error::{Error, Result};

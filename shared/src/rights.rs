@@ -1,0 +1,207 @@
+//! The rights catalog and the roles that grant them.
+//!
+//! A right names one thing an actor may do. A membership's role decides a person's current
+//! rights in a tenant; a connection's rights are capped by its creator's rights at creation,
+//! and its live rights are recomputed on every call as token rights ∩ creator's current
+//! rights (R4). Rights are a small bit set so that intersection is free on the hot path.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+macro_rules! rights {
+    ($($variant:ident = $bit:expr, $name:literal, $what:literal;)*) => {
+        /// One right. The string form (`bookings:read`) is what tokens, the CLI and the
+        /// console use.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Right { $($variant),* }
+
+        impl Right {
+            pub const ALL: &'static [Right] = &[$(Right::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(Right::$variant => $name),* }
+            }
+
+            pub fn description(self) -> &'static str {
+                match self { $(Right::$variant => $what),* }
+            }
+
+            fn bit(self) -> u32 {
+                match self { $(Right::$variant => 1 << $bit),* }
+            }
+        }
+    };
+}
+
+rights! {
+    CustomersRead = 0, "customers:read", "see customers and their contact details";
+    CustomersWrite = 1, "customers:write", "create and edit customers";
+    CustomersDelete = 2, "customers:delete", "delete customers";
+    TechniciansRead = 3, "technicians:read", "see technicians";
+    TechniciansPage = 4, "technicians:page", "page a technician";
+    BookingsRead = 5, "bookings:read", "see bookings and their notes";
+    BookingsWrite = 6, "bookings:write", "create drafts and edit internal booking fields";
+    BookingsNotify = 7, "bookings:notify", "confirm, reschedule or cancel bookings and message customers";
+    BookingsDelete = 8, "bookings:delete", "delete bookings";
+    AlertsMute = 9, "alerts:mute", "mute alert rules for a bounded time";
+    AuditRead = 10, "audit:read", "read the audit log";
+    ConnectionsManage = 11, "connections:manage", "create and revoke agent connections";
+    PeopleManage = 12, "people:manage", "change roles and deactivate people";
+    TenantSwitch = 13, "tenant:switch", "turn agent access for the tenant off and on";
+}
+
+impl fmt::Display for Right {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Right {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Right::ALL.iter().copied().find(|r| r.as_str() == s.trim()).ok_or_else(|| {
+            Error::invalid_with_options(
+                "rights",
+                format!("unknown right {s:?}"),
+                Right::ALL.iter().map(|r| r.as_str().to_owned()).collect(),
+            )
+        })
+    }
+}
+
+/// A set of rights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RightSet(u32);
+
+impl RightSet {
+    pub const EMPTY: RightSet = RightSet(0);
+
+    pub fn of(rights: &[Right]) -> Self {
+        RightSet(rights.iter().fold(0, |acc, r| acc | r.bit()))
+    }
+
+    pub fn contains(self, right: Right) -> bool {
+        self.0 & right.bit() != 0
+    }
+
+    pub fn intersect(self, other: RightSet) -> RightSet {
+        RightSet(self.0 & other.0)
+    }
+
+    pub fn is_subset_of(self, other: RightSet) -> bool {
+        self.0 & !other.0 == 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Right> {
+        Right::ALL.iter().copied().filter(move |r| self.contains(*r))
+    }
+
+    pub fn names(self) -> Vec<String> {
+        self.iter().map(|r| r.as_str().to_owned()).collect()
+    }
+
+    /// Parses stored or typed names. Unknown names are an error: a typo must not silently
+    /// grant less (or, after a rename, more) than was meant.
+    pub fn parse<S: AsRef<str>>(names: &[S]) -> Result<Self> {
+        let mut set = RightSet::EMPTY;
+        for name in names {
+            let right: Right = name.as_ref().parse()?;
+            set = RightSet(set.0 | right.bit());
+        }
+        Ok(set)
+    }
+
+    /// Parses stored names, dropping any the catalog no longer knows (fail closed).
+    pub fn parse_lenient<S: AsRef<str>>(names: &[S]) -> Self {
+        names
+            .iter()
+            .filter_map(|n| n.as_ref().parse::<Right>().ok())
+            .fold(RightSet::EMPTY, |acc, r| RightSet(acc.0 | r.bit()))
+    }
+}
+
+/// A membership role. Roles are the only way a person gets rights in a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Admin,
+    Dispatcher,
+    Viewer,
+}
+
+impl Role {
+    pub const ALL: &'static [Role] = &[Role::Admin, Role::Dispatcher, Role::Viewer];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Dispatcher => "dispatcher",
+            Role::Viewer => "viewer",
+        }
+    }
+
+    pub fn rights(self) -> RightSet {
+        use Right::*;
+        match self {
+            Role::Admin => RightSet::of(Right::ALL),
+            Role::Dispatcher => RightSet::of(&[
+                CustomersRead,
+                CustomersWrite,
+                TechniciansRead,
+                TechniciansPage,
+                BookingsRead,
+                BookingsWrite,
+                BookingsNotify,
+                AlertsMute,
+            ]),
+            Role::Viewer => RightSet::of(&[CustomersRead, TechniciansRead, BookingsRead]),
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Role::ALL.iter().copied().find(|r| r.as_str() == s).ok_or_else(|| {
+            Error::invalid_with_options(
+                "role",
+                format!("unknown role {s:?}"),
+                Role::ALL.iter().map(|r| r.as_str().to_owned()).collect(),
+            )
+        })
+    }
+}
+
+/// The read-only rights: what a "read-only" connection is granted.
+pub fn read_only() -> RightSet {
+    RightSet::of(&[Right::CustomersRead, Right::TechniciansRead, Right::BookingsRead])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intersection_narrows_to_the_creators_current_rights() {
+        let token = Role::Admin.rights();
+        let live = token.intersect(Role::Viewer.rights());
+        assert!(live.contains(Right::BookingsRead));
+        assert!(!live.contains(Right::BookingsNotify));
+        assert!(live.is_subset_of(Role::Viewer.rights()));
+    }
+
+    #[test]
+    fn unknown_right_names_are_rejected_with_the_catalog() {
+        let err = RightSet::parse(&["bookings:read", "bookings:everything"]).unwrap_err();
+        match err {
+            Error::Invalid { options, .. } => assert!(options.contains(&"bookings:write".into())),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stored_names_the_catalog_forgot_grant_nothing() {
+        let set = RightSet::parse_lenient(&["bookings:read", "bookings:everything"]);
+        assert_eq!(set, RightSet::of(&[Right::BookingsRead]));
+    }
+}

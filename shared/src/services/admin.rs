@@ -1,0 +1,244 @@
+//! Tenants, people, connections and API tokens: the operations behind `gatehousectl`, the
+//! console and (later) the OAuth server. Each one checks its right, writes in one
+//! transaction, and audits in that same transaction.
+
+use serde::Serialize;
+
+use crate::ctx::{new_request_id, Actor, Channel, OpCtx, TenantRef};
+use crate::datastore::{self as ds_fns, AuditEntry, Datastore, TenantRow};
+use crate::error::{Error, Resource, Result};
+use crate::handle::{ApiTokenHandle, ConnectionHandle, PersonHandle, TenantHandle};
+use crate::rights::{Right, RightSet, Role};
+use crate::secret::{self, CredentialKind};
+use crate::time;
+
+/// Builds the context for an operator command in a tenant: a named system actor holding every
+/// right (operators act for the platform), audited with `channel`.
+pub fn operator_ctx(tenant: &TenantRow, channel: Channel, name: &'static str) -> Result<OpCtx> {
+    Ok(OpCtx {
+        actor: Actor::System { name },
+        tenant: tenant_ref(tenant)?,
+        rights: RightSet::of(Right::ALL),
+        channel,
+        connection: None,
+        request_id: new_request_id(),
+    })
+}
+
+pub fn tenant_ref(t: &TenantRow) -> Result<TenantRef> {
+    Ok(TenantRef {
+        id: t.id,
+        handle: TenantHandle::from_db(t.handle.clone()),
+        slug: t.slug.clone(),
+        zone: time::zone("zone", &t.zone)?,
+        zone_name: t.zone.clone(),
+        currency: t.currency.clone(),
+    })
+}
+
+pub async fn tenant_by_slug(ds: &Datastore, slug: &str) -> Result<TenantRow> {
+    ds.tenant_by_slug(slug).await?.ok_or_else(|| Error::not_found(Resource::Tenant, slug))
+}
+
+pub struct NewTenant<'a> {
+    pub slug: &'a str,
+    pub name: &'a str,
+    pub currency: &'a str,
+    pub zone: &'a str,
+}
+
+pub async fn tenant_create(ds: &Datastore, channel: Channel, t: NewTenant<'_>) -> Result<TenantRow> {
+    let slug = t.slug.trim().to_lowercase();
+    let valid_slug = slug.len() >= 2
+        && slug.len() <= 63
+        && slug.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !slug.starts_with('-');
+    if !valid_slug {
+        return Err(Error::invalid("slug", "use 2 to 63 lowercase letters, digits and dashes"));
+    }
+    let currency = t.currency.trim().to_uppercase();
+    if currency.len() != 3 || !currency.chars().all(|c| c.is_ascii_uppercase()) {
+        return Err(Error::invalid("currency", "use an ISO 4217 code such as EUR"));
+    }
+    time::zone("zone", t.zone)?;
+    if ds.tenant_by_slug(&slug).await?.is_some() {
+        return Err(Error::invalid("slug", format!("a tenant {slug:?} exists already")));
+    }
+    let mut tx = ds.begin().await?;
+    let handle = TenantHandle::generate();
+    let row = ds_fns::tenant_insert(&mut tx, handle.as_str(), &slug, t.name.trim(), &currency, t.zone.trim()).await?;
+    let ctx = operator_ctx(&row, channel, "operator")?;
+    ds_fns::audit_insert(&mut tx, &ctx, AuditEntry { action: "tenant.create", outcome: "ok", targets: vec![row.handle.clone()] }).await?;
+    tx.commit().await?;
+    Ok(row)
+}
+
+#[derive(Debug, Serialize)]
+pub struct PersonCreated {
+    pub person: String,
+    pub email: String,
+    pub role: String,
+    pub tenant: String,
+}
+
+/// Creates a person (or finds them by email) and gives them `role` in the context's tenant.
+pub async fn person_create(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    email: &str,
+    name: &str,
+    role: Role,
+    password: Option<&str>,
+) -> Result<PersonCreated> {
+    ctx.require(Right::PeopleManage)?;
+    let email = email.trim();
+    if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_whitespace) {
+        return Err(Error::invalid("email", format!("{email:?} is not an email address")));
+    }
+    if let Some(p) = password {
+        if p.chars().count() < 12 {
+            return Err(Error::invalid("password", "use at least 12 characters"));
+        }
+    }
+    let hash = password.map(secret::hash_password).transpose()?;
+    let existing = ds.person_by_email(email).await?;
+    let mut tx = ds.begin().await?;
+    let person = match existing {
+        Some(p) => p,
+        None => {
+            ds_fns::person_insert(&mut tx, PersonHandle::generate().as_str(), email, name.trim(), hash.as_deref()).await?
+        }
+    };
+    ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "person.create", outcome: "ok", targets: vec![person.handle.clone()] }).await?;
+    tx.commit().await?;
+    Ok(PersonCreated { person: person.handle, email: person.email, role: role.as_str().into(), tenant: ctx.tenant.slug.clone() })
+}
+
+async fn member(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<crate::datastore::PersonRow> {
+    let person = ds.person_by_email(email).await?.ok_or_else(|| Error::not_found(Resource::Person, email))?;
+    match ds.membership_get(ctx, person.id).await? {
+        Some(_) => Ok(person),
+        None => Err(Error::not_found(Resource::Person, email)),
+    }
+}
+
+/// Changes a person's role. Their connections keep their stored rights, but the live rights
+/// of every call are cut to the new role from the next call on (R4).
+pub async fn person_set_role(ds: &Datastore, ctx: &OpCtx, email: &str, role: Role) -> Result<PersonCreated> {
+    ctx.require(Right::PeopleManage)?;
+    let person = member(ds, ctx, email).await?;
+    let mut tx = ds.begin().await?;
+    ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "person.set_role", outcome: "ok", targets: vec![person.handle.clone()] }).await?;
+    tx.commit().await?;
+    Ok(PersonCreated { person: person.handle, email: person.email, role: role.as_str().into(), tenant: ctx.tenant.slug.clone() })
+}
+
+#[derive(Debug, Serialize)]
+pub struct PersonDeactivated {
+    pub person: String,
+    pub revoked_connections: Vec<String>,
+}
+
+/// Ends a person's membership in the tenant and every connection they created there (R4).
+pub async fn person_deactivate(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<PersonDeactivated> {
+    ctx.require(Right::PeopleManage)?;
+    let person = member(ds, ctx, email).await?;
+    let mut tx = ds.begin().await?;
+    ds_fns::membership_deactivate(&mut tx, ctx, person.id).await?;
+    let revoked = ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated").await?;
+    let mut targets = vec![person.handle.clone()];
+    targets.extend(revoked.iter().cloned());
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "person.deactivate", outcome: "ok", targets }).await?;
+    tx.commit().await?;
+    Ok(PersonDeactivated { person: person.handle, revoked_connections: revoked })
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConnectionCreated {
+    pub connection: String,
+    pub name: String,
+    pub rights: Vec<String>,
+    /// Shown once; only its hash is stored.
+    pub token: String,
+}
+
+/// Creates a static connection for `creator_email` with `rights`, which may not exceed the
+/// creator's current rights in the tenant (R4).
+pub async fn connection_create(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    creator_email: &str,
+    name: &str,
+    client_name: &str,
+    rights: RightSet,
+) -> Result<ConnectionCreated> {
+    ctx.require(Right::ConnectionsManage)?;
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 80 {
+        return Err(Error::invalid("name", "give the connection a name of 1 to 80 characters"));
+    }
+    if rights == RightSet::EMPTY {
+        return Err(Error::invalid_with_options("rights", "grant at least one right", Right::ALL.iter().map(|r| r.as_str().into()).collect()));
+    }
+    let creator = member(ds, ctx, creator_email).await?;
+    let membership = ds.membership_get(ctx, creator.id).await?.filter(|m| m.active && creator.active).ok_or_else(|| {
+        Error::invalid("creator", format!("{creator_email} is not an active member of this tenant"))
+    })?;
+    let creator_rights = membership.role.parse::<Role>()?.rights();
+    if !rights.is_subset_of(creator_rights) {
+        let excess: Vec<String> = rights.iter().filter(|r| !creator_rights.contains(*r)).map(|r| r.as_str().to_owned()).collect();
+        return Err(Error::invalid_with_options(
+            "rights",
+            format!("{creator_email} does not hold {}; a connection cannot exceed its creator's rights", excess.join(", ")),
+            creator_rights.names(),
+        ));
+    }
+    let token = secret::generate(CredentialKind::Mcp);
+    let handle = ConnectionHandle::generate();
+    let mut tx = ds.begin().await?;
+    let id = ds_fns::connection_insert(&mut tx, ctx, handle.as_str(), creator.id, name, client_name, &rights.names()).await?;
+    ds_fns::connection_token_insert(&mut tx, id, "static", &secret::hash_token(&token), None, None).await?;
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "connection.create", outcome: "ok", targets: vec![handle.to_string()] }).await?;
+    tx.commit().await?;
+    Ok(ConnectionCreated { connection: handle.to_string(), name: name.to_owned(), rights: rights.names(), token })
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConnectionRevoked {
+    pub connection: String,
+    pub revoked: bool,
+}
+
+/// The one revocation path (R4): every channel revokes through here, and it audits.
+pub async fn connection_revoke(ds: &Datastore, ctx: &OpCtx, handle: &str, reason: &str) -> Result<ConnectionRevoked> {
+    ctx.require(Right::ConnectionsManage)?;
+    let handle = ConnectionHandle::parse("connection", handle)?;
+    let mut tx = ds.begin().await?;
+    if ds_fns::connection_status(&mut tx, ctx, handle.as_str()).await?.is_none() {
+        return Err(Error::not_found(Resource::Connection, handle.as_str()));
+    }
+    let revoked = ds_fns::connection_revoke_where(&mut tx, ctx, Some(handle.as_str()), None, reason).await?;
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "connection.revoke", outcome: "ok", targets: vec![handle.to_string()] }).await?;
+    tx.commit().await?;
+    Ok(ConnectionRevoked { connection: handle.to_string(), revoked: !revoked.is_empty() })
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiTokenCreated {
+    pub api_token: String,
+    pub token: String,
+}
+
+pub async fn api_token_create(ds: &Datastore, ctx: &OpCtx, person_email: &str, name: &str) -> Result<ApiTokenCreated> {
+    ctx.require(Right::ConnectionsManage)?;
+    let person = member(ds, ctx, person_email).await?;
+    let token = secret::generate(CredentialKind::Api);
+    let handle = ApiTokenHandle::generate();
+    let mut tx = ds.begin().await?;
+    ds_fns::api_token_insert(&mut tx, ctx, handle.as_str(), person.id, name, &secret::hash_token(&token)).await?;
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "api_token.create", outcome: "ok", targets: vec![handle.to_string()] }).await?;
+    tx.commit().await?;
+    Ok(ApiTokenCreated { api_token: handle.to_string(), token })
+}

@@ -1,0 +1,58 @@
+//! Domain services: the one place each operation's rules live (R2, STYLE 2).
+//!
+//! Every adapter — MCP tools, the REST API, the console and `gatehousectl` — calls these with
+//! an [`OpCtx`](crate::ctx::OpCtx). Each service checks the rights it needs itself before it
+//! reads or writes, and refuses when no actor is bound (R5).
+
+pub mod admin;
+pub mod bookings;
+pub mod customers;
+pub mod demo;
+pub mod technicians;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+
+use crate::error::{Error, Result};
+
+pub const DEFAULT_LIMIT: u32 = 25;
+pub const MAX_LIMIT: u32 = 100;
+
+pub(crate) fn limit(requested: Option<u32>) -> Result<i64> {
+    match requested.unwrap_or(DEFAULT_LIMIT) {
+        0 => Err(Error::invalid("limit", format!("limit must be between 1 and {MAX_LIMIT}"))),
+        n if n > MAX_LIMIT => Err(Error::invalid(
+            "limit",
+            format!("limit must be between 1 and {MAX_LIMIT}; page with `cursor` for more"),
+        )),
+        n => Ok(i64::from(n)),
+    }
+}
+
+/// Opaque page cursors: a keyset position, base64url-encoded JSON.
+pub(crate) fn encode_cursor(parts: &[&str]) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(parts).unwrap_or_default())
+}
+
+pub(crate) fn decode_cursor(cursor: &str, arity: usize) -> Result<Vec<String>> {
+    URL_SAFE_NO_PAD
+        .decode(cursor.trim())
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Vec<String>>(&bytes).ok())
+        .filter(|parts| parts.len() == arity)
+        .ok_or_else(|| {
+            Error::invalid("cursor", "not a cursor from a previous page; repeat the search without it")
+        })
+}
+
+/// One page of records plus the cursor of the next one.
+#[derive(Debug)]
+pub struct Found<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+/// Trims text arguments and treats empty strings as absent.
+pub(crate) fn nonempty(s: &Option<String>) -> Option<&str> {
+    s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}

@@ -1,0 +1,230 @@
+//! Time is server work (R17).
+//!
+//! Times arrive as an ISO 8601 instant with an offset, or as a local date-time plus an IANA
+//! zone; never bare. A local time that does not exist (spring-forward gap) or exists twice
+//! (fall-back fold) is rejected with the concrete options. Every time in a result is shown
+//! with weekday, local time and zone, UTC, and distance from now.
+
+use jiff::civil::{Date, DateTime};
+use jiff::tz::{AmbiguousOffset, TimeZone};
+use jiff::{Timestamp, ZonedDateTime};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Resolves an IANA zone name, rejecting names the zone database does not know.
+pub fn zone(field: &str, name: &str) -> Result<TimeZone> {
+    TimeZone::get(name.trim()).map_err(|_| {
+        Error::invalid(field, format!("{name:?} is not an IANA time zone such as Europe/Berlin"))
+    })
+}
+
+fn has_offset(input: &str) -> bool {
+    // An offset or `Z` can only follow the time part.
+    match input.find('T').or_else(|| input.find(' ')) {
+        Some(t) => {
+            let time = &input[t + 1..];
+            time.ends_with('Z') || time.ends_with('z') || time.contains('+') || time.contains('-')
+        }
+        None => false,
+    }
+}
+
+/// Parses one point in time given by a caller.
+///
+/// `zone` is required unless the input carries its own offset.
+pub fn parse_instant(field: &str, input: &str, zone_name: Option<&str>) -> Result<Timestamp> {
+    let input = input.trim();
+    if has_offset(input) {
+        return input.parse::<Timestamp>().map_err(|e| {
+            Error::invalid(field, format!("{input:?} is not an ISO 8601 time with offset: {e}"))
+        });
+    }
+    let local: DateTime = input.replacen(' ', "T", 1).parse().map_err(|_| {
+        Error::invalid(
+            field,
+            format!("{input:?} is not a time; use 2026-03-29T14:30 with a zone, or 2026-03-29T14:30:00+02:00"),
+        )
+    })?;
+    let Some(zone_name) = zone_name else {
+        return Err(Error::invalid(
+            field,
+            format!("{input:?} has no offset and no zone was given; add `zone` (an IANA name) or an offset"),
+        ));
+    };
+    let tz = zone("zone", zone_name)?;
+    resolve_local(field, local, &tz, zone_name)
+}
+
+/// Resolves a local date-time in a zone, refusing gaps and folds with the options.
+pub fn resolve_local(field: &str, local: DateTime, tz: &TimeZone, zone_name: &str) -> Result<Timestamp> {
+    let ambiguous = tz.to_ambiguous_timestamp(local);
+    let render = |offset: jiff::tz::Offset| -> Result<String> {
+        let ts = local.to_zoned_datetime(TimeZone::fixed(offset)).map_err(internal)?.timestamp();
+        Ok(ts.to_zoned_datetime(tz.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string())
+    };
+    match ambiguous.offset() {
+        AmbiguousOffset::Unambiguous { offset } => {
+            Ok(local.to_zoned_datetime(TimeZone::fixed(offset)).map_err(internal)?.timestamp())
+        }
+        AmbiguousOffset::Gap { before, after } => Err(Error::invalid_with_options(
+            field,
+            format!(
+                "{local} does not exist in {zone_name}: the clocks skip that hour; pick one of the options"
+            ),
+            vec![render(before)?, render(after)?],
+        )),
+        AmbiguousOffset::Fold { before, after } => Err(Error::invalid_with_options(
+            field,
+            format!(
+                "{local} happens twice in {zone_name}: the clocks go back; pick one of the options (they differ by offset)"
+            ),
+            vec![
+                local.to_zoned_datetime(TimeZone::fixed(before)).map_err(internal)?.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+                local.to_zoned_datetime(TimeZone::fixed(after)).map_err(internal)?.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+            ],
+        )),
+    }
+}
+
+fn internal(e: jiff::Error) -> Error {
+    Error::Internal(format!("time arithmetic: {e}"))
+}
+
+/// Parses the bound of a range: a date (`2026-03-29`, meaning the start of that day in the
+/// zone; with `end_of_day`, the start of the next day) or a full instant.
+pub fn parse_range_bound(
+    field: &str,
+    input: &str,
+    zone_name: Option<&str>,
+    end_of_day: bool,
+) -> Result<Timestamp> {
+    let trimmed = input.trim();
+    if trimmed.len() == 10 {
+        if let Ok(date) = trimmed.parse::<Date>() {
+            let Some(zone_name) = zone_name else {
+                return Err(Error::invalid(
+                    field,
+                    format!("{trimmed:?} is a date; add `zone` (an IANA name) so the day has edges"),
+                ));
+            };
+            let tz = zone("zone", zone_name)?;
+            let day = if end_of_day { date.tomorrow().map_err(internal)? } else { date };
+            // The start of a day exists in every zone (jiff picks the first instant after a gap).
+            let start = day.to_zoned_datetime(tz).map_err(internal)?.start_of_day().map_err(internal)?;
+            return Ok(start.timestamp());
+        }
+    }
+    parse_instant(field, trimmed, zone_name)
+}
+
+/// How a time is shown in every result.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema, PartialEq)]
+pub struct TimeView {
+    /// Day of the week in the local zone.
+    pub weekday: String,
+    /// Local time with offset, ISO 8601.
+    pub local: String,
+    /// IANA zone of `local`.
+    pub zone: String,
+    /// Local time for people, with the zone abbreviation.
+    pub display: String,
+    /// The same instant in UTC, ISO 8601.
+    pub utc: String,
+    /// Distance from the time the result was made, e.g. "in 3 days", "2 hours ago".
+    pub from_now: String,
+}
+
+pub fn present(ts: Timestamp, tz: &TimeZone, zone_name: &str, now: Timestamp) -> TimeView {
+    let local: ZonedDateTime = ts.to_zoned_datetime(tz.clone());
+    TimeView {
+        weekday: local.strftime("%A").to_string(),
+        local: local.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+        zone: zone_name.to_owned(),
+        display: local.strftime("%a %-d %b %Y, %H:%M %Z").to_string(),
+        utc: ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        from_now: distance(ts, now),
+    }
+}
+
+/// A coarse human distance between two instants.
+pub fn distance(ts: Timestamp, now: Timestamp) -> String {
+    let secs = ts.as_second() - now.as_second();
+    let abs = secs.unsigned_abs();
+    let (n, unit) = match abs {
+        0..=59 => return "now".to_owned(),
+        60..=3599 => (abs / 60, "minute"),
+        3600..=86_399 => (abs / 3600, "hour"),
+        86_400..=2_591_999 => (abs / 86_400, "day"),
+        2_592_000..=31_535_999 => (abs / 2_592_000, "month"),
+        _ => (abs / 31_536_000, "year"),
+    };
+    let plural = if n == 1 { "" } else { "s" };
+    if secs > 0 { format!("in {n} {unit}{plural}") } else { format!("{n} {unit}{plural} ago") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(err: Error) -> Vec<String> {
+        match err {
+            Error::Invalid { options, .. } => options,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_time_in_the_spring_gap_is_rejected_with_options() {
+        let err = parse_instant("start", "2026-03-29 02:30", Some("Europe/Berlin")).unwrap_err();
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        let opts = options(err);
+        assert_eq!(opts.len(), 2);
+        assert!(opts.iter().all(|o| o.starts_with("2026-03-29T")), "{opts:?}");
+    }
+
+    #[test]
+    fn a_time_in_the_autumn_fold_returns_both_offsets() {
+        let err = parse_instant("start", "2026-10-25 02:30", Some("Europe/Berlin")).unwrap_err();
+        assert!(err.to_string().contains("happens twice"), "{err}");
+        assert_eq!(
+            options(err),
+            vec!["2026-10-25T02:30:00+02:00".to_owned(), "2026-10-25T02:30:00+01:00".to_owned()]
+        );
+    }
+
+    #[test]
+    fn bare_local_times_are_refused() {
+        let err = parse_instant("start", "2026-05-01T10:00", None).unwrap_err();
+        assert!(err.to_string().contains("no offset and no zone"), "{err}");
+    }
+
+    #[test]
+    fn offsets_and_zones_resolve_to_the_same_instant() {
+        let a = parse_instant("start", "2026-05-01T10:00:00+02:00", None).unwrap();
+        let b = parse_instant("start", "2026-05-01T10:00", Some("Europe/Berlin")).unwrap();
+        assert_eq!(a, b);
+        assert!(parse_instant("start", "2026-05-01T10:00", Some("Mars/Olympus")).is_err());
+    }
+
+    #[test]
+    fn presented_times_carry_weekday_zone_utc_and_distance() {
+        let tz = zone("zone", "Europe/Berlin").unwrap();
+        let ts: Timestamp = "2026-03-29T01:30:00Z".parse().unwrap();
+        let now: Timestamp = "2026-03-26T01:30:00Z".parse().unwrap();
+        let view = present(ts, &tz, "Europe/Berlin", now);
+        assert_eq!(view.weekday, "Sunday");
+        assert_eq!(view.local, "2026-03-29T03:30:00+02:00");
+        assert_eq!(view.utc, "2026-03-29T01:30:00Z");
+        assert_eq!(view.from_now, "in 3 days");
+        assert!(view.display.contains("CEST"), "{}", view.display);
+    }
+
+    #[test]
+    fn a_day_bound_covers_the_whole_local_day() {
+        let from = parse_range_bound("from", "2026-10-25", Some("Europe/Berlin"), false).unwrap();
+        let to = parse_range_bound("to", "2026-10-25", Some("Europe/Berlin"), true).unwrap();
+        // The fall-back day is 25 hours long.
+        assert_eq!(to.as_second() - from.as_second(), 25 * 3600);
+    }
+}

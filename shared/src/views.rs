@@ -1,0 +1,194 @@
+//! Presenters: what results say about each object (R14, R13, R10, R17).
+//!
+//! Each view is a struct with an explicit field list; no record is ever serialized whole, so
+//! a column added to a table (a secret, a private note) cannot leak by accident. Customer- and
+//! third-party-written text is only ever placed in [`UntrustedText`]. Every object carries its
+//! `version`, and every time is a [`TimeView`]. The MCP tools and the REST API use the same
+//! presenters.
+
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::canon::version_of;
+use crate::datastore::{to_ts, BookingRow, CustomerRow, TechnicianRow};
+use crate::money::{self, MoneyView};
+use crate::text::{untrusted, UntrustedText};
+use crate::time::{self, TimeView};
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CustomerView {
+    /// The customer's handle.
+    pub customer: String,
+    /// Content hash; pass it back to update tools.
+    pub version: String,
+    pub name: String,
+    pub email: Option<String>,
+    pub phone: Option<String>,
+    pub created: TimeView,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TechnicianView {
+    /// The technician's handle.
+    pub technician: String,
+    pub version: String,
+    pub name: String,
+    pub phone: Option<String>,
+    pub skills: Vec<String>,
+    pub active: bool,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CustomerRef {
+    pub customer: String,
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TechnicianRef {
+    pub technician: String,
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServiceRef {
+    pub service: String,
+    pub name: String,
+    pub duration_minutes: i32,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PriceView {
+    pub net: MoneyView,
+    pub tax: MoneyView,
+    pub total: MoneyView,
+    /// Tax rate as a decimal percentage string, e.g. "19.00".
+    pub tax_rate_percent: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct NoteView {
+    pub note: String,
+    /// staff, customer or external.
+    pub source: String,
+    pub written: TimeView,
+    /// Staff-written text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Customer- or system-written text, wrapped (R13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<UntrustedText>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BookingView {
+    /// The booking's handle.
+    pub booking: String,
+    pub version: String,
+    /// draft, confirmed, cancelled or completed.
+    pub status: String,
+    pub starts: TimeView,
+    pub ends: TimeView,
+    pub customer: CustomerRef,
+    pub technician: Option<TechnicianRef>,
+    pub service: ServiceRef,
+    pub price: PriceView,
+    /// What the customer wrote when booking (R13).
+    pub customer_note: Option<UntrustedText>,
+    /// Notes on the booking, oldest first; present on single-booking results.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes: Option<Vec<NoteView>>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// How many items this page holds.
+    pub count: usize,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+pub fn customer(row: &CustomerRow, tz: &jiff::tz::TimeZone, zone: &str, now: Timestamp) -> CustomerView {
+    CustomerView {
+        customer: row.handle.clone(),
+        version: version_of(&(&row.handle, &row.name, &row.email, &row.phone, row.updated_at.timestamp_micros())),
+        name: row.name.clone(),
+        email: row.email.clone(),
+        phone: row.phone.clone(),
+        created: time::present(to_ts(row.created_at), tz, zone, now),
+    }
+}
+
+pub fn technician(row: &TechnicianRow) -> TechnicianView {
+    TechnicianView {
+        technician: row.handle.clone(),
+        version: version_of(&(&row.handle, &row.name, &row.phone, &row.skills, row.active, row.updated_at.timestamp_micros())),
+        name: row.name.clone(),
+        phone: row.phone.clone(),
+        skills: row.skills.clone(),
+        active: row.active,
+    }
+}
+
+pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingView {
+    // A booking is shown in the zone it was made in.
+    let tz = jiff::tz::TimeZone::get(&row.zone).unwrap_or(jiff::tz::TimeZone::UTC);
+    let starts = to_ts(row.starts_at);
+    let ends = starts
+        .checked_add(jiff::SignedDuration::from_mins(i64::from(row.duration_minutes)))
+        .unwrap_or(starts);
+    let notes = with_notes.then(|| {
+        row.notes
+            .0
+            .iter()
+            .map(|n| {
+                let written = n.created_at.parse::<Timestamp>().unwrap_or(starts);
+                let trusted = n.source == "staff";
+                NoteView {
+                    note: n.handle.clone(),
+                    source: n.source.clone(),
+                    written: time::present(written, &tz, &row.zone, now),
+                    text: trusted.then(|| n.body.clone()),
+                    untrusted: (!trusted).then(|| untrusted(&n.body, &n.source)),
+                }
+            })
+            .collect()
+    });
+    BookingView {
+        booking: row.handle.clone(),
+        version: version_of(&(
+            &row.handle,
+            &row.status,
+            row.starts_at.timestamp_micros(),
+            &row.technician_handle,
+            &row.service_handle,
+            row.total_minor,
+            &row.customer_note,
+            row.updated_at.timestamp_micros(),
+        )),
+        status: row.status.clone(),
+        starts: time::present(starts, &tz, &row.zone, now),
+        ends: time::present(ends, &tz, &row.zone, now),
+        customer: CustomerRef { customer: row.customer_handle.clone(), name: row.customer_name.clone() },
+        technician: row
+            .technician_handle
+            .as_ref()
+            .map(|h| TechnicianRef { technician: h.clone(), name: row.technician_name.clone().unwrap_or_default() }),
+        service: ServiceRef {
+            service: row.service_handle.clone(),
+            name: row.service_name.clone(),
+            duration_minutes: row.duration_minutes,
+        },
+        price: PriceView {
+            net: money::present(row.net_minor, &row.currency),
+            tax: money::present(row.tax_minor, &row.currency),
+            total: money::present(row.total_minor, &row.currency),
+            tax_rate_percent: format!("{}.{:02}", row.tax_rate_bp / 100, row.tax_rate_bp % 100),
+        },
+        customer_note: row.customer_note.as_deref().map(|n| untrusted(n, "customer")),
+        notes,
+    }
+}
