@@ -1,1 +1,64 @@
-fn main() {}
+//! `worker --listen ADDR --public-url URL`: one stateless MCP worker.
+
+use std::sync::Arc;
+
+use clap::Parser;
+use shared::config::{self, Common};
+use shared::Datastore;
+use worker::{app, metrics::Metrics, tools::Registry, AppState, Settings};
+
+#[derive(Debug, Parser)]
+#[command(name = "worker", about = "Gatehouse MCP worker (stateless; run several behind a load balancer)")]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: String,
+    /// Public base URL clients use (the load balancer's), e.g. https://mcp.example.com.
+    #[arg(long, env = "GATEHOUSE_PUBLIC_URL")]
+    public_url: String,
+    /// The authorization server (control plane) URL published in resource metadata.
+    #[arg(long, env = "GATEHOUSE_AUTH_SERVER", default_value = "http://127.0.0.1:8080")]
+    authorization_server: String,
+    /// Extra accepted `Host` values (comma-separated); the public URL's host and loopback are
+    /// always accepted.
+    #[arg(long, env = "GATEHOUSE_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+    /// Browser origins accepted on /mcp (comma-separated, with scheme); others get 403.
+    #[arg(long, env = "GATEHOUSE_ALLOWED_ORIGINS", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// A name for this worker in the `Gatehouse-Worker` response header and logs.
+    #[arg(long, env = "GATEHOUSE_WORKER_ID")]
+    worker_id: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    config::init_tracing();
+    let args = Args::parse();
+    let common = Common::from_env()?;
+    let ds = Datastore::connect(common.database_url.expose(), common.db_max_connections).await?;
+    let public_url = args.public_url.trim_end_matches('/').to_owned();
+    let mut allowed_hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+    if let Some(authority) = public_url.split("://").nth(1).map(|rest| rest.split('/').next().unwrap_or(rest)) {
+        allowed_hosts.push(authority.to_owned());
+        allowed_hosts.push(authority.split(':').next().unwrap_or(authority).to_owned());
+    }
+    allowed_hosts.extend(args.allowed_hosts.into_iter().filter(|h| !h.is_empty()));
+    let worker_id = args.worker_id.unwrap_or_else(|| args.listen.clone());
+    let settings = Settings {
+        public_url,
+        authorization_server: args.authorization_server.trim_end_matches('/').to_owned(),
+        allowed_hosts,
+        allowed_origins: args.allowed_origins.into_iter().filter(|o| !o.is_empty()).collect(),
+        worker_id,
+    };
+    let state = Arc::new(AppState { ds, settings, metrics: Metrics::new(), tools: Registry::new() });
+    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
+    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;
+    Ok(())
+}
+
+async fn shutdown() {
+    let _ = tokio::signal::ctrl_c().await;
+}

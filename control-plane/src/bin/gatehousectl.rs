@@ -1,1 +1,265 @@
-fn main() {}
+//! `gatehousectl`: the operators' CLI. Every command goes through the same services as the
+//! console and the API, audited with channel `cli`. `--json` on any command prints one JSON
+//! object (or `{"error": …}`) for scripts; without it, readable text.
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+use shared::config::Common;
+use shared::ctx::Channel;
+use shared::error::Error;
+use shared::rights::{RightSet, Role};
+use shared::services::{admin, demo};
+use shared::Datastore;
+
+#[derive(Debug, Parser)]
+#[command(name = "gatehousectl", version, about = "Operate Gatehouse: schema, tenants, people, connections, demo data")]
+#[command(after_help = "Configuration: DATABASE_URL (required), NATS_URL (default nats://127.0.0.1:4222).")]
+struct Cli {
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply pending database migrations.
+    Migrate,
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Manage people and their roles in a tenant.
+    #[command(subcommand)]
+    Person(PersonCmd),
+    /// Manage agent connections.
+    #[command(subcommand)]
+    Connection(ConnectionCmd),
+    /// Demo data.
+    #[command(subcommand)]
+    Demo(DemoCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantCmd {
+    /// Create a tenant.
+    Create {
+        /// URL-safe identifier, e.g. northwind-heating.
+        #[arg(long)]
+        slug: String,
+        /// Display name.
+        #[arg(long)]
+        name: String,
+        /// ISO 4217 currency code.
+        #[arg(long, default_value = "EUR")]
+        currency: String,
+        /// IANA time zone.
+        #[arg(long, default_value = "Europe/Berlin")]
+        zone: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct InTenant {
+    /// The tenant's slug.
+    #[arg(long)]
+    tenant: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum PersonCmd {
+    /// Create a person (or add an existing one) with a role in a tenant.
+    Create {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        name: String,
+        /// admin, dispatcher or viewer.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// Console password (at least 12 characters); read from GATEHOUSE_PASSWORD if unset.
+        #[arg(long, env = "GATEHOUSE_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
+    },
+    /// Change a person's role; their connections narrow on the next call.
+    SetRole {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        email: String,
+        /// admin, dispatcher or viewer.
+        #[arg(long)]
+        role: String,
+    },
+    /// End a person's membership and every connection they created in the tenant.
+    Deactivate {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        email: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConnectionCmd {
+    /// Create a static connection; prints its token once.
+    Create {
+        #[command(flatten)]
+        t: InTenant,
+        /// Email of the person the connection acts for.
+        #[arg(long)]
+        creator: String,
+        #[arg(long)]
+        name: String,
+        /// Comma-separated rights, e.g. bookings:read,customers:read.
+        #[arg(long, value_delimiter = ',')]
+        rights: Vec<String>,
+        /// The client this is for, shown in the console and audit.
+        #[arg(long, default_value = "static")]
+        client_name: String,
+    },
+    /// Revoke a connection; its tokens stop working on the next call.
+    Revoke {
+        #[command(flatten)]
+        t: InTenant,
+        /// The connection handle (con_…).
+        #[arg(long)]
+        connection: String,
+        #[arg(long, default_value = "revoked by an operator")]
+        reason: String,
+    },
+    /// List a tenant's connections.
+    List {
+        #[command(flatten)]
+        t: InTenant,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DemoCmd {
+    /// Create two demo tenants with people, bookings and connections; prints logins and tokens.
+    Seed,
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let json_out = cli.json;
+    match run(cli).await {
+        Ok((value, text)) => {
+            if json_out {
+                println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
+            } else {
+                println!("{text}");
+            }
+        }
+        Err(error) => {
+            let (message, fix) = describe(&error);
+            if json_out {
+                println!("{}", json!({"error": {"code": error.code(), "message": message, "fix": fix}}));
+            } else {
+                eprintln!("error: {message}\n  {fix}");
+            }
+            std::process::exit(1);
+        }
+    }
+}
+
+fn describe(error: &Error) -> (String, String) {
+    match error {
+        Error::Invalid { field, problem, options } if !options.is_empty() => {
+            (format!("{field}: {problem}"), format!("choose one of: {}", options.join(", ")))
+        }
+        Error::Invalid { field, problem, .. } => (format!("{field}: {problem}"), "correct it and run the command again".into()),
+        Error::NotFound { .. } => (error.to_string(), "check the slug, email or handle (`gatehousectl connection list --tenant …`)".into()),
+        Error::Internal(detail) => (format!("internal error: {detail}"), "check DATABASE_URL and that migrations ran (`gatehousectl migrate`)".into()),
+        other => (other.to_string(), "see --help".into()),
+    }
+}
+
+async fn run(cli: Cli) -> shared::Result<(Value, String)> {
+    let common = Common::from_env()?;
+    let ds = Datastore::connect(common.database_url.expose(), 4).await?;
+    match cli.command {
+        Command::Migrate => {
+            let applied = ds.migrate().await?;
+            Ok((json!({"applied": applied}), format!("migrations applied: {applied}")))
+        }
+        Command::Tenant(TenantCmd::Create { slug, name, currency, zone }) => {
+            let t = admin::tenant_create(&ds, Channel::Cli, admin::NewTenant { slug: &slug, name: &name, currency: &currency, zone: &zone }).await?;
+            Ok((json!({"tenant": t.handle, "slug": t.slug, "zone": t.zone, "currency": t.currency}), format!("created tenant {} ({})", t.slug, t.handle)))
+        }
+        Command::Person(cmd) => {
+            let slug = match &cmd {
+                PersonCmd::Create { t, .. } | PersonCmd::SetRole { t, .. } | PersonCmd::Deactivate { t, .. } => t.tenant.clone(),
+            };
+            let tenant = admin::tenant_by_slug(&ds, &slug).await?;
+            let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+            match cmd {
+                PersonCmd::Create { email, name, role, password, .. } => {
+                    let p = admin::person_create(&ds, &ctx, &email, &name, role.parse::<Role>()?, password.as_deref()).await?;
+                    Ok((to_json(&p), format!("{} is {} in {} ({})", p.email, p.role, p.tenant, p.person)))
+                }
+                PersonCmd::SetRole { email, role, .. } => {
+                    let p = admin::person_set_role(&ds, &ctx, &email, role.parse::<Role>()?).await?;
+                    Ok((to_json(&p), format!("{} is now {} in {}", p.email, p.role, p.tenant)))
+                }
+                PersonCmd::Deactivate { email, .. } => {
+                    let d = admin::person_deactivate(&ds, &ctx, &email).await?;
+                    let text = format!("deactivated {email}; connections ended: {}", if d.revoked_connections.is_empty() { "none".into() } else { d.revoked_connections.join(", ") });
+                    Ok((to_json(&d), text))
+                }
+            }
+        }
+        Command::Connection(cmd) => {
+            let slug = match &cmd {
+                ConnectionCmd::Create { t, .. } | ConnectionCmd::Revoke { t, .. } | ConnectionCmd::List { t } => t.tenant.clone(),
+            };
+            let tenant = admin::tenant_by_slug(&ds, &slug).await?;
+            let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+            match cmd {
+                ConnectionCmd::Create { creator, name, rights, client_name, .. } => {
+                    let rights = RightSet::parse(&rights)?;
+                    let c = admin::connection_create(&ds, &ctx, &creator, &name, &client_name, rights).await?;
+                    let text = format!(
+                        "created connection {} ({}) with rights {}\ntoken (shown once): {}",
+                        c.connection, c.name, c.rights.join(","), c.token
+                    );
+                    Ok((to_json(&c), text))
+                }
+                ConnectionCmd::Revoke { connection, reason, .. } => {
+                    let r = admin::connection_revoke(&ds, &ctx, &connection, &reason).await?;
+                    let text = if r.revoked { format!("revoked {}", r.connection) } else { format!("{} was already revoked", r.connection) };
+                    Ok((to_json(&r), text))
+                }
+                ConnectionCmd::List { .. } => {
+                    let list = admin::connection_list(&ds, &ctx).await?;
+                    let text = list
+                        .iter()
+                        .map(|c| format!("{}  {:8}  {}  by {}  [{}]", c.connection, c.status, c.name, c.creator, c.rights.join(",")))
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    Ok((json!({"connections": list}), if text.is_empty() { "no connections".into() } else { text }))
+                }
+            }
+        }
+        Command::Demo(DemoCmd::Seed) => {
+            let seed = demo::seed(&ds, "").await?;
+            let mut text = String::from("Demo seeded.\n");
+            for t in &seed.tenants {
+                text.push_str(&format!("\n{} ({})\n  admin: {} / {}\n", t.slug, t.zone, t.admin.email, t.admin.password));
+                for c in &t.connections {
+                    text.push_str(&format!("  connection {:28} {}\n", c.name, c.token));
+                }
+                text.push_str(&format!("  API token: {}\n", t.api_token));
+            }
+            Ok((to_json(&seed), text))
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or_default()
+}

@@ -242,3 +242,35 @@ pub async fn api_token_create(ds: &Datastore, ctx: &OpCtx, person_email: &str, n
     tx.commit().await?;
     Ok(ApiTokenCreated { api_token: handle.to_string(), token })
 }
+
+#[derive(Debug, Serialize)]
+pub struct ConnectionSummary {
+    pub connection: String,
+    pub name: String,
+    pub client_name: String,
+    pub status: String,
+    pub creator: String,
+    pub rights: Vec<String>,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+}
+
+pub async fn connection_list(ds: &Datastore, ctx: &OpCtx) -> Result<Vec<ConnectionSummary>> {
+    ctx.require(Right::ConnectionsManage)?;
+    let fmt = |t: chrono::DateTime<chrono::Utc>| crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    Ok(ds
+        .connection_list(ctx)
+        .await?
+        .into_iter()
+        .map(|c| ConnectionSummary {
+            connection: c.handle,
+            name: c.name,
+            client_name: c.client_name,
+            status: c.status,
+            creator: c.creator_email,
+            rights: c.rights,
+            created_at: fmt(c.created_at),
+            last_used_at: c.last_used_at.map(fmt),
+        })
+        .collect())
+}

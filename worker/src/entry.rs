@@ -1,0 +1,99 @@
+//! The entry point of every MCP request (DESIGN steps 1–3; R4, R5, R18, R20).
+//!
+//! Before rmcp sees a request: the bearer token must be an MCP token; its SHA-256 is looked
+//! up with one query that returns the whole connection context; the global kill switch
+//! answers 503, the tenant's agent switch 403; anything else missing or foreign is 401 with
+//! `WWW-Authenticate` pointing at the protected resource metadata. The resulting
+//! [`McpContext`] rides in the request extensions to the tool layer. Nothing is cached across
+//! requests, so a revocation or a role change holds from the very next call on every worker.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use shared::auth::{self, AuthFailure, McpContext};
+use shared::secret::{self, CredentialKind};
+
+use crate::AppState;
+
+/// Seconds a client should wait before retrying while the kill switch is on.
+pub const RETRY_AFTER_SECS: u32 = 30;
+
+pub async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    let outcome = match auth::expect_kind(bearer, CredentialKind::Mcp) {
+        Err(failure) => Err(failure),
+        Ok(token) => match state.ds.connection_context(&secret::hash_token(token)).await {
+            Ok(row) => auth::mcp_context(row, &state.settings.mcp_url(), jiff::Timestamp::now(), None),
+            Err(e) => {
+                tracing::error!(error = %e, "connection context lookup failed");
+                return finish(&state, unavailable("The database is unreachable; retry shortly."));
+            }
+        },
+    };
+    let label = if outcome.is_ok() { "ok" } else { "refused" };
+    state.metrics.auth_duration.with_label_values(&[label]).observe(started.elapsed().as_secs_f64());
+    let context = match outcome {
+        Ok(context) => context,
+        Err(failure) => return finish(&state, unauthorized(&state, &failure)),
+    };
+    if context.global_kill {
+        return finish(&state, unavailable("Agent access to Gatehouse is paused by an operator; retry later."));
+    }
+    if !context.tenant_agent_access {
+        let body = serde_json::json!({
+            "error": "agent_access_off",
+            "error_description": "Agent access for this tenant was turned off by the tenant's admin; ask them to turn it back on in the console.",
+        });
+        return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
+    }
+    let context: Arc<McpContext> = Arc::new(context);
+    request.extensions_mut().insert(context);
+    finish(&state, next.run(request).await)
+}
+
+fn finish(state: &AppState, response: Response) -> Response {
+    state.metrics.http_requests.with_label_values(&[response.status().as_str()]).inc();
+    response
+}
+
+fn unauthorized(state: &AppState, failure: &AuthFailure) -> Response {
+    let description = failure.message(CredentialKind::Mcp);
+    let challenge = format!(
+        "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
+        state.settings.resource_metadata_url(),
+        description.replace('"', "'"),
+    );
+    let body = serde_json::json!({"error": "invalid_token", "error_description": description});
+    let mut response = (StatusCode::UNAUTHORIZED, Json(body)).into_response();
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+fn unavailable(message: &str) -> Response {
+    let body = serde_json::json!({"error": "unavailable", "error_description": message});
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    response
+}
+
+/// Names the worker that answered, so operators and tests can see the balancing.
+pub async fn tag_worker(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if let Ok(value) = HeaderValue::from_str(&state.settings.worker_id) {
+        response.headers_mut().insert("gatehouse-worker", value);
+    }
+    response
+}

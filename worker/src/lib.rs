@@ -1,0 +1,106 @@
+//! The stateless MCP worker: `/mcp` (rmcp Streamable HTTP), protected resource metadata,
+//! health and metrics. It keeps no state of its own: every request is authenticated against
+//! Postgres with one query, and any worker can answer any request.
+
+pub mod entry;
+pub mod mcp;
+pub mod metrics;
+pub mod results;
+pub mod tools;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use shared::Datastore;
+
+/// What a worker is told at start.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The public base URL clients use (the load balancer's), without a trailing slash.
+    pub public_url: String,
+    /// The authorization server (the control plane's public URL).
+    pub authorization_server: String,
+    /// `Host` values accepted on `/mcp` (DNS-rebinding guard).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins accepted on `/mcp`; any other `Origin` gets 403 (R20).
+    pub allowed_origins: Vec<String>,
+    /// A name for this worker, sent as `Gatehouse-Worker` so tests can see the balancing.
+    pub worker_id: String,
+}
+
+impl Settings {
+    pub fn mcp_url(&self) -> String {
+        format!("{}/mcp", self.public_url)
+    }
+
+    pub fn resource_metadata_url(&self) -> String {
+        format!("{}/.well-known/oauth-protected-resource", self.public_url)
+    }
+}
+
+pub struct AppState {
+    pub ds: Datastore,
+    pub settings: Settings,
+    pub metrics: metrics::Metrics,
+    pub tools: tools::Registry,
+}
+
+pub fn app(state: Arc<AppState>) -> Router {
+    let handler_state = state.clone();
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .with_allowed_hosts(state.settings.allowed_hosts.clone())
+        .with_allowed_origins(state.settings.allowed_origins.clone())
+        .enforce_origin_validation();
+    let mcp = StreamableHttpService::new(
+        move || Ok(mcp::Server::new(handler_state.clone())),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    );
+    let mcp_routes = Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), entry::authenticate));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/.well-known/oauth-protected-resource", get(protected_resource))
+        .route("/.well-known/oauth-protected-resource/mcp", get(protected_resource))
+        .merge(mcp_routes)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), entry::tag_worker))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.ds.ping().await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "postgres": "ok"}))).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: postgres unreachable");
+            (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"})))
+                .into_response()
+        }
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
+
+/// RFC 9728 protected resource metadata.
+async fn protected_resource(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "resource": state.settings.mcp_url(),
+        "authorization_servers": [state.settings.authorization_server],
+        "bearer_methods_supported": ["header"],
+        "scopes_supported": shared::rights::Right::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+        "resource_name": "Gatehouse bookings",
+    }))
+}

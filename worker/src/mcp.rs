@@ -1,0 +1,128 @@
+//! The rmcp server handler: per-caller tool lists and tool dispatch.
+//!
+//! `tools/list` shows the tools the call's live rights allow, in name order. `tools/call`
+//! looks the tool up (unknown → JSON-RPC -32602), refuses a tool hidden by rights with a tool
+//! error naming the missing right (R15), then runs its adapter. Nothing is kept between
+//! requests.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CacheScope, Implementation, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::Value;
+use shared::auth::McpContext;
+use shared::error::Error;
+
+use crate::results::{self, ErrorBody};
+use crate::tools::Env;
+use crate::AppState;
+
+#[derive(Clone)]
+pub struct Server {
+    state: Arc<AppState>,
+}
+
+impl Server {
+    pub fn new(state: Arc<AppState>) -> Self {
+        Server { state }
+    }
+}
+
+/// The context the entry middleware bound to this HTTP request.
+fn bound(context: &RequestContext<RoleServer>) -> Result<Arc<McpContext>, ErrorData> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Arc<McpContext>>())
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("no connection context bound to the request", None))
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Gatehouse serves one tenant's bookings (customers, technicians, bookings). \
+                 The tenant is fixed by the connection. Handles look like cus_…, tec_…, bkg_….",
+            )
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let bound = bound(&context)?;
+        let tools = self
+            .state
+            .tools
+            .all()
+            .iter()
+            .filter(|t| bound.ctx.rights.contains(t.right))
+            .map(|t| t.tool.clone())
+            .collect();
+        // The list depends on this caller's live rights: cache it briefly and privately.
+        Ok(ListToolsResult::with_all_items(tools).with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let bound = bound(&context)?;
+        let started = Instant::now();
+        let name = request.name.as_ref();
+        let Some(spec) = self.state.tools.get(name) else {
+            return Err(ErrorData::invalid_params(
+                format!("Unknown tool {name:?}; call tools/list for the tools this connection has."),
+                None,
+            ));
+        };
+        let ctx = bound.ctx.clone();
+        let request_id = ctx.request_id.clone();
+        let connection = ctx.connection.as_ref().map(|c| c.handle.to_string()).unwrap_or_default();
+        let outcome = if !ctx.rights.contains(spec.right) {
+            Err(Error::Forbidden { right: spec.right })
+        } else {
+            let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+            let env = Env { ds: self.state.ds.clone(), ctx, now: jiff::Timestamp::now() };
+            spec.call(env, args).await
+        };
+        let (result, label) = match outcome {
+            Ok(value) => (results::success(value), "ok"),
+            Err(error) => {
+                if let Error::Internal(detail) = &error {
+                    tracing::error!(tool.name = name, request.id = %request_id, error = %detail, "tool failed");
+                }
+                let label = error.code();
+                (results::failure(ErrorBody::from_error(name, &error, &request_id)), label)
+            }
+        };
+        let elapsed = started.elapsed();
+        let metrics = &self.state.metrics;
+        metrics.tool_calls.with_label_values(&[name, spec.class.as_str(), label]).inc();
+        metrics.tool_duration.with_label_values(&[name]).observe(elapsed.as_secs_f64());
+        tracing::info!(
+            tool.name = name,
+            tool.class = spec.class.as_str(),
+            outcome = label,
+            connection.id = %connection,
+            request.id = %request_id,
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            "tool call"
+        );
+        Ok(result.into())
+    }
+}

@@ -1,0 +1,63 @@
+//! Prometheus metrics of a worker: requests, tool calls by tool, class and outcome, and
+//! latency histograms. Labels are tool names and outcomes only, never arguments (R14).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: IntCounterVec,
+    pub tool_calls: IntCounterVec,
+    pub tool_duration: HistogramVec,
+    pub auth_duration: HistogramVec,
+}
+
+const BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("gatehouse_worker".into()), None).expect("valid prefix");
+        let http_requests = IntCounterVec::new(
+            Opts::new("mcp_http_requests_total", "HTTP requests to /mcp by status"),
+            &["status"],
+        )
+        .expect("valid metric");
+        let tool_calls = IntCounterVec::new(
+            Opts::new("tool_calls_total", "Tool calls by tool, effect class and outcome"),
+            &["tool", "class", "outcome"],
+        )
+        .expect("valid metric");
+        let tool_duration = HistogramVec::new(
+            HistogramOpts::new("tool_call_duration_seconds", "Tool call latency inside the worker")
+                .buckets(BUCKETS.to_vec()),
+            &["tool"],
+        )
+        .expect("valid metric");
+        let auth_duration = HistogramVec::new(
+            HistogramOpts::new("auth_duration_seconds", "Time to resolve the connection context")
+                .buckets(BUCKETS.to_vec()),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        for c in [&http_requests, &tool_calls] {
+            registry.register(Box::new(c.clone())).expect("register once");
+        }
+        for h in [&tool_duration, &auth_duration] {
+            registry.register(Box::new(h.clone())).expect("register once");
+        }
+        Metrics { registry, http_requests, tool_calls, tool_duration, auth_duration }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).unwrap_or_default();
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,166 @@
+//! The tool registry: every tool with its effect class, the right that shows it, its schemas
+//! and its adapter function (R6, R12, R16).
+//!
+//! Tools are the second adapter over the domain services (R2): an adapter parses its input
+//! with [`shared::input::parse_input`], calls one service with the connection's
+//! [`OpCtx`](shared::OpCtx), and presents the result with a shared presenter. Tool code never
+//! touches SQL or the pool; `tests/worker.rs` fails the build's tests if it does.
+//! Annotations are derived from the effect class, never written by hand.
+
+mod read;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use shared::rights::Right;
+use shared::{Datastore, OpCtx};
+
+use crate::results;
+
+/// What a tool's code path does (R6). Exactly one per tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EffectClass {
+    Read,
+    SilentWrite,
+    Notify,
+    Wake,
+    Alert,
+    Delete,
+}
+
+impl EffectClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectClass::Read => "read",
+            EffectClass::SilentWrite => "silent_write",
+            EffectClass::Notify => "notify",
+            EffectClass::Wake => "wake",
+            EffectClass::Alert => "alert",
+            EffectClass::Delete => "delete",
+        }
+    }
+
+    /// MCP hints follow from the class; they guide clients and never replace a server check.
+    pub fn annotations(self, title: &str) -> ToolAnnotations {
+        let (read_only, destructive, idempotent, open_world) = match self {
+            EffectClass::Read => (true, false, true, false),
+            // Replay protection makes a repeated identical silent write a no-op (R8).
+            EffectClass::SilentWrite => (false, false, true, false),
+            EffectClass::Notify => (false, true, false, true),
+            EffectClass::Wake => (false, false, false, true),
+            EffectClass::Alert => (false, true, false, false),
+            EffectClass::Delete => (false, true, false, false),
+        };
+        let mut a = ToolAnnotations::with_title(title);
+        a.read_only_hint = Some(read_only);
+        a.destructive_hint = Some(destructive);
+        a.idempotent_hint = Some(idempotent);
+        a.open_world_hint = Some(open_world);
+        a
+    }
+}
+
+/// What a tool adapter gets: the datastore handle for services, the call's context, the time
+/// the call is served at (so every time in one result has the same "now").
+pub struct Env {
+    pub ds: Datastore,
+    pub ctx: OpCtx,
+    pub now: jiff::Timestamp,
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = shared::Result<Value>> + Send>>;
+type Handler = Arc<dyn Fn(Env, Value) -> BoxFuture + Send + Sync>;
+
+pub struct ToolSpec {
+    pub name: &'static str,
+    pub class: EffectClass,
+    /// The right without which the tool is hidden and refused.
+    pub right: Right,
+    pub tool: Tool,
+    handler: Handler,
+}
+
+impl ToolSpec {
+    pub async fn call(&self, env: Env, args: Value) -> shared::Result<Value> {
+        (self.handler)(env, args).await
+    }
+}
+
+pub struct Def {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub description: &'static str,
+    pub class: EffectClass,
+    pub right: Right,
+}
+
+/// Builds a tool from its definition and a typed adapter `f(env, input) -> output`.
+pub fn tool<I, O, F, Fut>(def: Def, f: F) -> ToolSpec
+where
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    O: Serialize + JsonSchema + 'static,
+    F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = shared::Result<O>> + Send + 'static,
+{
+    let input_schema = input_schema::<I>();
+    let output_schema = results::output_schema(schemars::SchemaGenerator::default().into_root_schema_for::<O>());
+    let mut meta = rmcp::model::MetaObject::new();
+    meta.0.insert("dev.gatehouse/effect_class".into(), Value::from(def.class.as_str()));
+    meta.0.insert("dev.gatehouse/right".into(), Value::from(def.right.as_str()));
+    let tool = Tool::new(def.name, def.description, Arc::new(input_schema))
+        .with_title(def.title)
+        .with_raw_output_schema(Arc::new(output_schema))
+        .with_annotations(def.class.annotations(def.title))
+        .with_meta(meta);
+    let handler: Handler = Arc::new(move |env: Env, args: Value| {
+        Box::pin(async move {
+            let input: I = shared::input::parse_input(args)?;
+            let output = f(env, input).await?;
+            serde_json::to_value(output).map_err(|e| shared::Error::Internal(format!("present: {e}")))
+        })
+    });
+    ToolSpec { name: def.name, class: def.class, right: def.right, tool, handler }
+}
+
+/// The input schema: the struct's schema, closed to unknown fields (R12).
+fn input_schema<I: JsonSchema>() -> JsonObject {
+    let schema = schemars::SchemaGenerator::default().into_root_schema_for::<I>();
+    let mut object = schema.to_value().as_object().cloned().unwrap_or_default();
+    object.remove("$schema");
+    object.insert("additionalProperties".into(), Value::Bool(false));
+    object.entry("properties").or_insert_with(|| Value::Object(Default::default()));
+    object
+}
+
+/// All tools, sorted by name so `tools/list` is deterministic.
+pub struct Registry {
+    tools: Vec<ToolSpec>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        let mut tools = read::tools();
+        tools.sort_by_key(|t| t.name);
+        Registry { tools }
+    }
+
+    pub fn all(&self) -> &[ToolSpec] {
+        &self.tools
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ToolSpec> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}

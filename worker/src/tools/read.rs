@@ -1,0 +1,120 @@
+//! The read tools. Each is four steps: parse (done by the registry) → service → present.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use shared::rights::Right;
+use shared::services::bookings::{self, FindBookingsInput, GetBookingInput};
+use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
+use shared::services::technicians::{self, FindTechniciansInput};
+use shared::views::{self, BookingView, CustomerView, TechnicianView};
+
+use super::{tool, Def, EffectClass, Env, ToolSpec};
+
+#[derive(Serialize, JsonSchema)]
+pub struct CustomersOut {
+    pub customers: Vec<CustomerView>,
+    pub count: usize,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct BookingsOut {
+    pub bookings: Vec<BookingView>,
+    pub count: usize,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct TechniciansOut {
+    pub technicians: Vec<TechnicianView>,
+    pub count: usize,
+}
+
+pub fn tools() -> Vec<ToolSpec> {
+    vec![
+        tool(
+            Def {
+                name: "find_customers",
+                title: "Find customers",
+                description: "Search the tenant's customers by part of their name, email or phone, ordered by name and paginated. Returns each customer's handle (cus_…) and version.",
+                class: EffectClass::Read,
+                right: Right::CustomersRead,
+            },
+            find_customers,
+        ),
+        tool(
+            Def {
+                name: "get_customer",
+                title: "Get a customer",
+                description: "One customer by handle (cus_…) with contact details and version.",
+                class: EffectClass::Read,
+                right: Right::CustomersRead,
+            },
+            get_customer,
+        ),
+        tool(
+            Def {
+                name: "find_bookings",
+                title: "Find bookings",
+                description: "Search bookings in a time range, optionally by status, technician (tec_…) or customer (cus_…), ordered by start and paginated. Dates and local times are read in `zone` (an IANA name); times with an offset need no zone. Every time is shown with weekday, local time, zone, UTC and distance from now. Text written by customers is returned under untrusted_text.",
+                class: EffectClass::Read,
+                right: Right::BookingsRead,
+            },
+            find_bookings,
+        ),
+        tool(
+            Def {
+                name: "get_booking",
+                title: "Get a booking",
+                description: "One booking by handle (bkg_…) with customer, technician, service, price, notes and version. Text written by customers or external systems is returned under untrusted_text.",
+                class: EffectClass::Read,
+                right: Right::BookingsRead,
+            },
+            get_booking,
+        ),
+        tool(
+            Def {
+                name: "find_technicians",
+                title: "Find technicians",
+                description: "List the tenant's technicians, optionally by part of the name or by skill. Returns each technician's handle (tec_…).",
+                class: EffectClass::Read,
+                right: Right::TechniciansRead,
+            },
+            find_technicians,
+        ),
+    ]
+}
+
+async fn find_customers(env: Env, input: FindCustomersInput) -> shared::Result<CustomersOut> {
+    let found = customers::find(&env.ds, &env.ctx, &input).await?;
+    let tenant = &env.ctx.tenant;
+    let customers: Vec<CustomerView> =
+        found.items.iter().map(|c| views::customer(c, &tenant.zone, &tenant.zone_name, env.now)).collect();
+    Ok(CustomersOut { count: customers.len(), customers, next_cursor: found.next_cursor })
+}
+
+async fn get_customer(env: Env, input: GetCustomerInput) -> shared::Result<CustomerView> {
+    let row = customers::get(&env.ds, &env.ctx, &input).await?;
+    Ok(views::customer(&row, &env.ctx.tenant.zone, &env.ctx.tenant.zone_name, env.now))
+}
+
+async fn find_bookings(env: Env, input: FindBookingsInput) -> shared::Result<BookingsOut> {
+    let found = bookings::find(&env.ds, &env.ctx, &input).await?;
+    let bookings: Vec<BookingView> = found.items.iter().map(|b| views::booking(b, false, env.now)).collect();
+    Ok(BookingsOut { count: bookings.len(), bookings, next_cursor: found.next_cursor })
+}
+
+async fn get_booking(env: Env, input: GetBookingInput) -> shared::Result<BookingView> {
+    let row = bookings::get(&env.ds, &env.ctx, &input).await?;
+    Ok(views::booking(&row, true, env.now))
+}
+
+async fn find_technicians(env: Env, input: FindTechniciansInput) -> shared::Result<TechniciansOut> {
+    let found = technicians::find(&env.ds, &env.ctx, &input).await?;
+    let technicians: Vec<TechnicianView> = found.iter().map(views::technician).collect();
+    Ok(TechniciansOut { count: technicians.len(), technicians })
+}
