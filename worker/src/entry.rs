@@ -72,7 +72,7 @@ fn unauthorized(state: &AppState, failure: &AuthFailure) -> Response {
     let challenge = format!(
         "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
         state.settings.resource_metadata_url(),
-        description.replace('"', "'"),
+        header_safe(&description),
     );
     let body = serde_json::json!({"error": "invalid_token", "error_description": description});
     let mut response = (StatusCode::UNAUTHORIZED, Json(body)).into_response();
@@ -80,6 +80,11 @@ fn unauthorized(state: &AppState, failure: &AuthFailure) -> Response {
         response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
     }
     response
+}
+
+/// Header values are ASCII: drop quotes and spell the ellipsis out.
+fn header_safe(text: &str) -> String {
+    text.replace('…', "...").replace('"', "'").chars().filter(|c| c.is_ascii() && !c.is_ascii_control()).collect()
 }
 
 fn unavailable(message: &str) -> Response {

@@ -145,8 +145,8 @@ async fn seed_tenant(ds: &Datastore, plan: &Plan, suffix: &str) -> Result<DemoTe
         );
     }
     let mut customers = Vec::new();
+    let portal = secret::hash_password("portal-password-demo")?;
     for (name, email, phone) in &plan.customers {
-        let portal = secret::hash_password("portal-password-demo")?;
         customers.push(ds_fns::customer_insert(&mut tx, &ctx, CustomerHandle::generate().as_str(), name, Some(email), Some(phone), Some(&portal)).await?);
     }
     let mut services = Vec::new();

@@ -1,0 +1,67 @@
+//! The control plane: the product REST API (`/api/v1`, API tokens), health and metrics.
+//! The console and the OAuth authorization server mount here as well.
+
+pub mod api;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use shared::Datastore;
+
+pub struct AppState {
+    pub ds: Datastore,
+    pub public_url: String,
+    pub metrics: Metrics,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub api_requests: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("gatehouse_control_plane".into()), None).expect("valid prefix");
+        let api_requests = IntCounterVec::new(Opts::new("api_requests_total", "REST API requests by route and status"), &["route", "status"])
+            .expect("valid metric");
+        registry.register(Box::new(api_requests.clone())).expect("register once");
+        Metrics { registry, api_requests }
+    }
+
+    fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).unwrap_or_default();
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .nest("/api/v1", api::routes(state.clone()))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.ds.ping().await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"}))).into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+}
