@@ -1,1 +1,278 @@
+//! Runs Gatehouse as users meet it: the real binaries, N workers behind nginx, Postgres and
+//! NATS. Used by the e2e tests, `scripts/dev` (through `gatehouse-dev`) and the benchmark.
+//!
+//! Everything listens on loopback. Children are killed when the [`Stack`] is dropped.
 
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+/// The repository root (this crate lives in `e2e/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("e2e sits in the repository").to_path_buf()
+}
+
+/// Where the Gatehouse binaries are: `GATEHOUSE_BIN_DIR`, else `target/debug`.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("GATEHOUSE_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/debug"))
+}
+
+/// The Python with the MCP SDK: `GATEHOUSE_PYTHON`, else the `.venv` that `scripts/test` makes.
+pub fn python() -> PathBuf {
+    std::env::var_os("GATEHOUSE_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+}
+
+pub fn pg_server() -> String {
+    std::env::var("GATEHOUSE_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub struct Options {
+    pub workers: usize,
+    /// Database name; dropped and created afresh.
+    pub database: String,
+    /// Fixed ports (load balancer, control plane, first worker); free ones when `None`.
+    pub ports: Option<(u16, u16, u16)>,
+    pub run_dir: PathBuf,
+    /// `RUST_LOG` for the services.
+    pub log_level: String,
+    /// Pool size per process.
+    pub db_pool: u32,
+}
+
+impl Options {
+    pub fn for_test(name: &str, workers: usize) -> Options {
+        let unique = format!("{name}_{}", std::process::id());
+        Options {
+            workers,
+            database: format!("gh_e2e_{unique}"),
+            ports: None,
+            run_dir: std::env::temp_dir().join(format!("gatehouse-{unique}")),
+            log_level: "info,sqlx=warn".into(),
+            db_pool: 8,
+        }
+    }
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+pub struct Stack {
+    procs: Vec<Proc>,
+    pub database_url: String,
+    pub lb_url: String,
+    pub control_url: String,
+    pub worker_urls: Vec<String>,
+    pub seed: Value,
+    pub run_dir: PathBuf,
+    worker_ports: Vec<u16>,
+    opts_log: String,
+    db_pool: u32,
+}
+
+fn spawn_logged(name: &str, mut cmd: Command, run_dir: &Path) -> Result<Proc> {
+    let log = std::fs::File::create(run_dir.join(format!("{name}.log")))?;
+    cmd.stdout(log.try_clone()?).stderr(log).stdin(Stdio::null());
+    let child = cmd.spawn().with_context(|| format!("start {name}"))?;
+    Ok(Proc { name: name.to_owned(), child })
+}
+
+fn bin(name: &str) -> Result<PathBuf> {
+    let path = bin_dir().join(name);
+    if !path.exists() {
+        bail!("{} is missing; build it first: cargo build --workspace --bins", path.display());
+    }
+    Ok(path)
+}
+
+fn psql(sql: &str) -> Result<()> {
+    let out = Command::new("psql")
+        .arg(format!("{}/postgres", pg_server()))
+        .args(["-v", "ON_ERROR_STOP=1", "-qc", sql])
+        .output()
+        .context("run psql (apt-get install postgresql-client)")?;
+    if !out.status.success() {
+        bail!("psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+pub fn gatehousectl(database_url: &str, args: &[&str]) -> Result<Value> {
+    let out = Command::new(bin("gatehousectl")?).args(args).arg("--json").env("DATABASE_URL", database_url).output()?;
+    let value: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("gatehousectl {args:?}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    if !out.status.success() {
+        bail!("gatehousectl {args:?} failed: {value}");
+    }
+    Ok(value)
+}
+
+/// Waits until `url` answers 200.
+pub async fn wait_ready(url: &str, within: Duration) -> Result<()> {
+    let http = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = http.get(url).timeout(Duration::from_secs(2)).send().await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if start.elapsed() > within {
+            bail!("{url} not ready after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Stack {
+    pub async fn start(opts: Options) -> Result<Stack> {
+        std::fs::create_dir_all(opts.run_dir.join("nginx-tmp"))?;
+        psql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", opts.database))?;
+        psql(&format!("CREATE DATABASE {}", opts.database))?;
+        let database_url = format!("{}/{}", pg_server(), opts.database);
+        gatehousectl(&database_url, &["migrate"])?;
+        let seed = gatehousectl(&database_url, &["demo", "seed"])?;
+
+        let (lb_port, control_port, first_worker) = match opts.ports {
+            Some(p) => p,
+            None => (free_port()?, free_port()?, 0),
+        };
+        let worker_ports: Vec<u16> = (0..opts.workers)
+            .map(|i| if first_worker == 0 { free_port() } else { Ok(first_worker + i as u16) })
+            .collect::<Result<_>>()?;
+        let lb_url = format!("http://127.0.0.1:{lb_port}");
+        let control_url = format!("http://127.0.0.1:{control_port}");
+        let mut stack = Stack {
+            procs: Vec::new(),
+            database_url: database_url.clone(),
+            lb_url: lb_url.clone(),
+            control_url: control_url.clone(),
+            worker_urls: worker_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect(),
+            seed,
+            run_dir: opts.run_dir.clone(),
+            worker_ports: worker_ports.clone(),
+            opts_log: opts.log_level.clone(),
+            db_pool: opts.db_pool,
+        };
+
+        let mut cp = Command::new(bin("control-plane")?);
+        cp.args(["--listen", &format!("127.0.0.1:{control_port}"), "--public-url", &control_url])
+            .env("DATABASE_URL", &database_url)
+            .env("RUST_LOG", &opts.log_level)
+            .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string());
+        stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
+        for i in 0..opts.workers {
+            stack.start_worker(i)?;
+        }
+        stack.write_nginx_conf(lb_port)?;
+        let mut nginx = Command::new(nginx_bin()?);
+        nginx.args(["-p", &opts.run_dir.to_string_lossy(), "-c", &opts.run_dir.join("nginx.conf").to_string_lossy()]);
+        stack.procs.push(spawn_logged("nginx", nginx, &opts.run_dir)?);
+
+        wait_ready(&format!("{control_url}/readyz"), Duration::from_secs(30)).await?;
+        for url in &stack.worker_urls {
+            wait_ready(&format!("{url}/readyz"), Duration::from_secs(30)).await?;
+        }
+        wait_ready(&format!("{lb_url}/readyz"), Duration::from_secs(30)).await?;
+        Ok(stack)
+    }
+
+    /// Starts (or restarts) worker `i` on its port.
+    pub fn start_worker(&mut self, i: usize) -> Result<()> {
+        let port = self.worker_ports[i];
+        let mut w = Command::new(bin("worker")?);
+        w.args(["--listen", &format!("127.0.0.1:{port}"), "--public-url", &self.lb_url])
+            .args(["--authorization-server", &self.control_url])
+            .args(["--worker-id", &format!("worker-{}", i + 1)])
+            .env("DATABASE_URL", &self.database_url)
+            .env("RUST_LOG", &self.opts_log)
+            .env("GATEHOUSE_DB_POOL", self.db_pool.to_string());
+        let name = format!("worker-{}", i + 1);
+        self.procs.retain(|p| p.name != name);
+        self.procs.push(spawn_logged(&name, w, &self.run_dir)?);
+        Ok(())
+    }
+
+    fn write_nginx_conf(&self, lb_port: u16) -> Result<()> {
+        let dir = self.run_dir.to_string_lossy();
+        let servers: String = self.worker_ports.iter().map(|p| format!("        server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n")).collect();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n    access_log off;\n    client_body_temp_path {dir}/nginx-tmp/body;\n    proxy_temp_path {dir}/nginx-tmp/proxy;\n\
+             fastcgi_temp_path {dir}/nginx-tmp/fastcgi;\n    uwsgi_temp_path {dir}/nginx-tmp/uwsgi;\n    scgi_temp_path {dir}/nginx-tmp/scgi;\n\
+             upstream gatehouse_workers {{\n{servers}        keepalive 64;\n    }}\n\
+             server {{\n        listen 127.0.0.1:{lb_port};\n        location / {{\n            proxy_pass http://gatehouse_workers;\n\
+             proxy_http_version 1.1;\n            proxy_set_header Connection \"\";\n            proxy_set_header Host $http_host;\n\
+             proxy_buffering off;\n            proxy_read_timeout 300s;\n            proxy_next_upstream error timeout http_502;\n        }}\n    }}\n}}\n"
+        );
+        std::fs::write(self.run_dir.join("nginx.conf"), conf)?;
+        Ok(())
+    }
+
+    /// Kills worker `i` (SIGKILL), as a crashed pod would die.
+    pub fn kill_worker(&mut self, i: usize) -> Result<()> {
+        let name = format!("worker-{}", i + 1);
+        let p = self.procs.iter_mut().find(|p| p.name == name).ok_or_else(|| anyhow!("no {name}"))?;
+        p.child.kill()?;
+        p.child.wait()?;
+        Ok(())
+    }
+
+    pub fn tenant(&self, i: usize) -> &Value {
+        &self.seed["tenants"][i]
+    }
+
+    pub fn token(&self, tenant: usize, connection: usize) -> String {
+        self.tenant(tenant)["connections"][connection]["token"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// A log file of one process, for failure messages.
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.run_dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+fn nginx_bin() -> Result<PathBuf> {
+    for candidate in ["/usr/sbin/nginx", "/usr/bin/nginx"] {
+        if Path::new(candidate).exists() {
+            return Ok(PathBuf::from(candidate));
+        }
+    }
+    bail!("nginx is not installed; scripts/test and scripts/dev install it (apt-get install nginx-light)")
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
+/// Runs the Python SDK check script and returns its JSON line.
+pub fn sdk_check(url: &str, token: &str, mode: &str, calls: u32) -> Result<Value> {
+    let python = python();
+    if !python.exists() {
+        bail!("{} is missing; scripts/test creates it with the MCP SDK (pip install mcp==2.3.0)", python.display());
+    }
+    let out = Command::new(&python)
+        .arg(repo_root().join("e2e/py/sdk_check.py"))
+        .args(["--url", url, "--token", token, "--mode", mode, "--calls", &calls.to_string()])
+        .output()?;
+    if !out.status.success() {
+        bail!("sdk_check {mode} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    Ok(serde_json::from_str(line.lines().last().unwrap_or_default())?)
+}

@@ -1,0 +1,167 @@
+//! The control plane against real Postgres: the REST API through HTTP, and `gatehousectl` as
+//! the real binary.
+
+use std::sync::Arc;
+
+use control_plane::{app, AppState, Metrics};
+use serde_json::{json, Value};
+use shared::services::demo;
+use shared::testing::TestDb;
+
+struct Api {
+    _db: TestDb,
+    url: String,
+    seed: demo::DemoSeed,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn start() -> Api {
+        let db = TestDb::new().await;
+        let seed = demo::seed(&db.ds, "").await.expect("seed");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let state = Arc::new(AppState { ds: db.ds.clone(), public_url: url.clone(), metrics: Metrics::new() });
+        tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
+        Api { _db: db, url, seed, http: reqwest::Client::new() }
+    }
+
+    async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut request = self.http.get(format!("{}{path}", self.url));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+#[tokio::test]
+async fn the_api_serves_its_tenant_through_the_shared_services() {
+    let api = Api::start().await;
+    let token = api.seed.tenants[0].api_token.clone();
+    let (status, body) = api.get("/api/v1/bookings?limit=3", Some(&token)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["count"], 3);
+    let booking = body["bookings"][0]["booking"].as_str().expect("handle").to_owned();
+    let (status, one) = api.get(&format!("/api/v1/bookings/{booking}"), Some(&token)).await;
+    assert_eq!(status, 200);
+    assert!(one["notes"].is_array());
+    let (status, customers) = api.get("/api/v1/customers?query=fischer", Some(&token)).await;
+    assert_eq!(status, 200);
+    assert_eq!(customers["count"], 1);
+}
+
+#[tokio::test]
+async fn the_api_rejects_what_the_tools_reject() {
+    let api = Api::start().await;
+    let token = api.seed.tenants[0].api_token.clone();
+    // Same parser as the tools (R2, R12): unknown fields named, with the allowed list.
+    let (status, body) = api.get("/api/v1/bookings?tenant_id=harbor-plumbing", Some(&token)).await;
+    assert_eq!(status, 422);
+    assert_eq!(body["error"]["unknown"], json!(["tenant_id"]));
+    assert!(body["error"]["allowed"].as_array().expect("allowed").contains(&json!("from")));
+    let (status, body) = api.get("/api/v1/bookings?from=2026-03-29T02:30&zone=Europe/Berlin", Some(&token)).await;
+    assert_eq!(status, 422);
+    assert_eq!(body["error"]["options"].as_array().expect("options").len(), 2);
+    let (status, _) = api.get("/api/v1/bookings?limit=0", Some(&token)).await;
+    assert_eq!(status, 422);
+}
+
+#[tokio::test]
+async fn another_tenants_handle_is_not_found() {
+    let api = Api::start().await;
+    let other = api.get("/api/v1/bookings?limit=1", Some(&api.seed.tenants[1].api_token)).await.1;
+    let foreign = other["bookings"][0]["booking"].as_str().expect("handle").to_owned();
+    let (status, body) = api.get(&format!("/api/v1/bookings/{foreign}"), Some(&api.seed.tenants[0].api_token)).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
+}
+
+#[tokio::test]
+async fn mcp_tokens_and_strangers_get_401_naming_the_credential_wanted() {
+    let api = Api::start().await;
+    let mcp = api.seed.tenants[0].connections[0].token.clone();
+    for path in ["/api/v1/bookings", "/api/v1/customers"] {
+        let (status, body) = api.get(path, Some(&mcp)).await;
+        assert_eq!(status, 401, "{path}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains("API token") && message.contains("MCP token"), "{message}");
+        let (status, _) = api.get(path, None).await;
+        assert_eq!(status, 401);
+        let (status, _) = api.get(path, Some("gh_api_unknownunknownunknownunknown00")).await;
+        assert_eq!(status, 401);
+    }
+    let (status, _) = api.get("/readyz", None).await;
+    assert_eq!(status, 200);
+}
+
+// ---------------------------------------------------------------- gatehousectl
+
+fn ctl(db: &TestDb, args: &[&str]) -> (bool, Value) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"))
+        .args(args)
+        .arg("--json")
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .expect("run gatehousectl");
+    let value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&out.stdout)}));
+    (out.status.success(), value)
+}
+
+#[tokio::test]
+async fn gatehousectl_manages_tenants_people_and_connections() {
+    let db = TestDb::new().await;
+    let (ok, migrated) = ctl(&db, &["migrate"]);
+    assert!(ok, "{migrated}");
+    assert_eq!(migrated["applied"], 0, "the template is migrated already");
+    let (ok, t) = ctl(&db, &["tenant", "create", "--slug", "acme-air", "--name", "Acme Air", "--zone", "Europe/Vienna"]);
+    assert!(ok, "{t}");
+    let (ok, _) = ctl(&db, &["person", "create", "--tenant", "acme-air", "--email", "lee@acme.example", "--name", "Lee", "--role", "dispatcher"]);
+    assert!(ok);
+    // A connection may not exceed its creator's rights.
+    let (ok, err) = ctl(&db, &["connection", "create", "--tenant", "acme-air", "--creator", "lee@acme.example", "--name", "bot", "--rights", "bookings:read,bookings:delete"]);
+    assert!(!ok);
+    assert!(err["error"]["message"].as_str().expect("message").contains("bookings:delete"), "{err}");
+    let (ok, c) = ctl(&db, &["connection", "create", "--tenant", "acme-air", "--creator", "lee@acme.example", "--name", "bot", "--rights", "bookings:read"]);
+    assert!(ok, "{c}");
+    let token = c["token"].as_str().expect("token");
+    assert!(token.starts_with("gh_mcp_"));
+    let stored = db.scalar_i64(&format!("SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{token}', 'UTF8'))")).await;
+    assert_eq!(stored, 1, "only the hash is stored");
+    let plain = db.scalar_i64(&format!("SELECT count(*) FROM connection_tokens WHERE encode(token_hash, 'escape') LIKE '%{token}%'")).await;
+    assert_eq!(plain, 0);
+    let (ok, d) = ctl(&db, &["person", "deactivate", "--tenant", "acme-air", "--email", "lee@acme.example"]);
+    assert!(ok);
+    assert_eq!(d["revoked_connections"], json!([c["connection"]]));
+    let (ok, list) = ctl(&db, &["connection", "list", "--tenant", "acme-air"]);
+    assert!(ok);
+    assert_eq!(list["connections"][0]["status"], "revoked");
+    let (ok, err) = ctl(&db, &["person", "set-role", "--tenant", "acme-air", "--email", "lee@acme.example", "--role", "owner"]);
+    assert!(!ok);
+    assert!(err["error"]["fix"].as_str().expect("fix").contains("admin, dispatcher, viewer"), "{err}");
+    let audited = db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'cli'").await;
+    assert!(audited >= 4, "every CLI write is audited ({audited})");
+}
+
+#[tokio::test]
+async fn demo_seed_prints_the_documented_shape() {
+    let db = TestDb::new().await;
+    let (ok, seed) = ctl(&db, &["demo", "seed"]);
+    assert!(ok, "{seed}");
+    let tenants = seed["tenants"].as_array().expect("tenants");
+    assert_eq!(tenants.len(), 2);
+    for t in tenants {
+        assert!(t["slug"].is_string() && t["admin"]["email"].is_string() && t["admin"]["password"].is_string());
+        assert!(t["api_token"].as_str().expect("api").starts_with("gh_api_"));
+        let connections = t["connections"].as_array().expect("connections");
+        assert_eq!(connections.len(), 2);
+        assert_eq!(connections[1]["rights"], json!(["customers:read", "technicians:read", "bookings:read"]));
+        assert!(connections[0]["rights"].as_array().expect("rights").len() > 3);
+    }
+    let bookings = db.scalar_i64("SELECT min(n) FROM (SELECT count(*) AS n FROM bookings GROUP BY tenant_id) c").await;
+    assert!(bookings >= 12);
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl")).args(["connection", "create", "--help"]).output().expect("help");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--rights"));
+}
