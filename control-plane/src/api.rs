@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
+use shared::OpCtx;
 use shared::auth::{self, AuthFailure};
 use shared::error::Error;
 use shared::input::parse_input;
@@ -20,7 +21,6 @@ use shared::secret::{self, CredentialKind};
 use shared::services::bookings::{self as booking_svc, FindBookingsInput, GetBookingInput};
 use shared::services::customers::{self as customer_svc, FindCustomersInput, GetCustomerInput};
 use shared::views;
-use shared::OpCtx;
 
 use crate::AppState;
 
@@ -34,7 +34,11 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
 }
 
 async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned()).unwrap_or_default();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
     let response = next.run(request).await;
     state.metrics.api_requests.with_label_values(&[&route, response.status().as_str()]).inc();
     response
@@ -77,13 +81,17 @@ impl IntoResponse for ApiError {
             }
             Error::Forbidden { right } => body["right"] = json!(right.as_str()),
             Error::NotFound { resource, .. } => {
-                body["fix"] = json!(format!("list {}s at /api/v1/{}s", resource.noun(), resource.noun()));
+                body["fix"] =
+                    json!(format!("list {}s at /api/v1/{}s", resource.noun(), resource.noun()));
             }
             _ => {}
         }
         let mut response = (status, Json(json!({ "error": body }))).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"gatehouse-api\""));
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"gatehouse-api\""),
+            );
         }
         response
     }
@@ -95,14 +103,18 @@ pub struct ApiCtx(pub OpCtx);
 impl FromRequestParts<Arc<AppState>> for ApiCtx {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
         let bearer = parts
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let refuse = |f: AuthFailure| ApiError(Error::Unauthenticated(f.message(CredentialKind::Api)));
+        let refuse =
+            |f: AuthFailure| ApiError(Error::Unauthenticated(f.message(CredentialKind::Api)));
         let token = auth::expect_kind(bearer, CredentialKind::Api).map_err(refuse)?;
         let row = state.ds.api_token_context(&secret::hash_token(token)).await?;
         auth::api_context(row).map(ApiCtx).map_err(refuse)
@@ -110,24 +122,47 @@ impl FromRequestParts<Arc<AppState>> for ApiCtx {
 }
 
 /// Query strings become the same typed inputs the tools take, through the same parser.
-fn query_input<T: serde::de::DeserializeOwned + schemars::JsonSchema>(q: BTreeMap<String, String>) -> Result<T, Error> {
+fn query_input<T: serde::de::DeserializeOwned + schemars::JsonSchema>(
+    q: BTreeMap<String, String>,
+) -> Result<T, Error> {
     parse_input(Value::Object(q.into_iter().map(|(k, v)| (k, Value::String(v))).collect()))
 }
 
-async fn find_customers(State(state): State<Arc<AppState>>, ApiCtx(ctx): ApiCtx, Query(q): Query<BTreeMap<String, String>>) -> Result<Json<Value>, ApiError> {
+async fn find_customers(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
     let input: FindCustomersInput = query_input(q)?;
     let found = customer_svc::find(&state.ds, &ctx, &input).await?;
     let now = jiff::Timestamp::now();
-    let items: Vec<_> = found.items.iter().map(|c| views::customer(c, &ctx.tenant.zone, &ctx.tenant.zone_name, now)).collect();
+    let items: Vec<_> = found
+        .items
+        .iter()
+        .map(|c| views::customer(c, &ctx.tenant.zone, &ctx.tenant.zone_name, now))
+        .collect();
     Ok(Json(json!({"customers": items, "count": items.len(), "next_cursor": found.next_cursor})))
 }
 
-async fn get_customer(State(state): State<Arc<AppState>>, ApiCtx(ctx): ApiCtx, Path(customer): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn get_customer(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(customer): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let row = customer_svc::get(&state.ds, &ctx, &GetCustomerInput { customer }).await?;
-    Ok(Json(json!(views::customer(&row, &ctx.tenant.zone, &ctx.tenant.zone_name, jiff::Timestamp::now()))))
+    Ok(Json(json!(views::customer(
+        &row,
+        &ctx.tenant.zone,
+        &ctx.tenant.zone_name,
+        jiff::Timestamp::now()
+    ))))
 }
 
-async fn find_bookings(State(state): State<Arc<AppState>>, ApiCtx(ctx): ApiCtx, Query(q): Query<BTreeMap<String, String>>) -> Result<Json<Value>, ApiError> {
+async fn find_bookings(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
     let input: FindBookingsInput = query_input(q)?;
     let found = booking_svc::find(&state.ds, &ctx, &input).await?;
     let now = jiff::Timestamp::now();
@@ -135,7 +170,11 @@ async fn find_bookings(State(state): State<Arc<AppState>>, ApiCtx(ctx): ApiCtx, 
     Ok(Json(json!({"bookings": items, "count": items.len(), "next_cursor": found.next_cursor})))
 }
 
-async fn get_booking(State(state): State<Arc<AppState>>, ApiCtx(ctx): ApiCtx, Path(booking): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn get_booking(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(booking): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let row = booking_svc::get(&state.ds, &ctx, &GetBookingInput { booking }).await?;
     Ok(Json(json!(views::booking(&row, true, jiff::Timestamp::now()))))
 }

@@ -6,7 +6,7 @@ pub mod api;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -26,9 +26,13 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("gatehouse_control_plane".into()), None).expect("valid prefix");
-        let api_requests = IntCounterVec::new(Opts::new("api_requests_total", "REST API requests by route and status"), &["route", "status"])
-            .expect("valid metric");
+        let registry = Registry::new_custom(Some("gatehouse_control_plane".into()), None)
+            .expect("valid prefix");
+        let api_requests = IntCounterVec::new(
+            Opts::new("api_requests_total", "REST API requests by route and status"),
+            &["route", "status"],
+        )
+        .expect("valid metric");
         registry.register(Box::new(api_requests.clone())).expect("register once");
         Metrics { registry, api_requests }
     }
@@ -58,7 +62,11 @@ pub fn app(state: Arc<AppState>) -> Router {
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     match state.ds.ping().await {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready"}))).into_response(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"}))).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"})),
+        )
+            .into_response(),
     }
 }
 

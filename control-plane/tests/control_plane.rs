@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use control_plane::{app, AppState, Metrics};
-use serde_json::{json, Value};
+use control_plane::{AppState, Metrics, app};
+use serde_json::{Value, json};
 use shared::services::demo;
 use shared::testing::TestDb;
 
@@ -21,7 +21,11 @@ impl Api {
         let seed = demo::seed(&db.ds, "").await.expect("seed");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let state = Arc::new(AppState { ds: db.ds.clone(), public_url: url.clone(), metrics: Metrics::new() });
+        let state = Arc::new(AppState {
+            ds: db.ds.clone(),
+            public_url: url.clone(),
+            metrics: Metrics::new(),
+        });
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
         Api { _db: db, url, seed, http: reqwest::Client::new() }
     }
@@ -62,7 +66,8 @@ async fn the_api_rejects_what_the_tools_reject() {
     assert_eq!(status, 422);
     assert_eq!(body["error"]["unknown"], json!(["tenant_id"]));
     assert!(body["error"]["allowed"].as_array().expect("allowed").contains(&json!("from")));
-    let (status, body) = api.get("/api/v1/bookings?from=2026-03-29T02:30&zone=Europe/Berlin", Some(&token)).await;
+    let (status, body) =
+        api.get("/api/v1/bookings?from=2026-03-29T02:30&zone=Europe/Berlin", Some(&token)).await;
     assert_eq!(status, 422);
     assert_eq!(body["error"]["options"].as_array().expect("options").len(), 2);
     let (status, _) = api.get("/api/v1/bookings?limit=0", Some(&token)).await;
@@ -74,7 +79,8 @@ async fn another_tenants_handle_is_not_found() {
     let api = Api::start().await;
     let other = api.get("/api/v1/bookings?limit=1", Some(&api.seed.tenants[1].api_token)).await.1;
     let foreign = other["bookings"][0]["booking"].as_str().expect("handle").to_owned();
-    let (status, body) = api.get(&format!("/api/v1/bookings/{foreign}"), Some(&api.seed.tenants[0].api_token)).await;
+    let (status, body) =
+        api.get(&format!("/api/v1/bookings/{foreign}"), Some(&api.seed.tenants[0].api_token)).await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "not_found");
 }
@@ -106,7 +112,8 @@ fn ctl(db: &TestDb, args: &[&str]) -> (bool, Value) {
         .env("DATABASE_URL", &db.url)
         .output()
         .expect("run gatehousectl");
-    let value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&out.stdout)}));
+    let value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&out.stdout)}));
     (out.status.success(), value)
 }
 
@@ -116,15 +123,72 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     let (ok, migrated) = ctl(&db, &["migrate"]);
     assert!(ok, "{migrated}");
     assert_eq!(migrated["applied"], 0, "the template is migrated already");
-    let (ok, t) = ctl(&db, &["tenant", "create", "--slug", "acme-air", "--name", "Acme Air", "--zone", "Europe/Vienna"]);
+    let (ok, t) = ctl(
+        &db,
+        &[
+            "tenant",
+            "create",
+            "--slug",
+            "acme-air",
+            "--name",
+            "Acme Air",
+            "--zone",
+            "Europe/Vienna",
+        ],
+    );
     assert!(ok, "{t}");
-    let (ok, _) = ctl(&db, &["person", "create", "--tenant", "acme-air", "--email", "lee@acme.example", "--name", "Lee", "--role", "dispatcher"]);
+    let (ok, _) = ctl(
+        &db,
+        &[
+            "person",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--email",
+            "lee@acme.example",
+            "--name",
+            "Lee",
+            "--role",
+            "dispatcher",
+        ],
+    );
     assert!(ok);
     // A connection may not exceed its creator's rights.
-    let (ok, err) = ctl(&db, &["connection", "create", "--tenant", "acme-air", "--creator", "lee@acme.example", "--name", "bot", "--rights", "bookings:read,bookings:delete"]);
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "connection",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--creator",
+            "lee@acme.example",
+            "--name",
+            "bot",
+            "--rights",
+            "bookings:read,bookings:delete",
+        ],
+    );
     assert!(!ok);
-    assert!(err["error"]["message"].as_str().expect("message").contains("bookings:delete"), "{err}");
-    let (ok, c) = ctl(&db, &["connection", "create", "--tenant", "acme-air", "--creator", "lee@acme.example", "--name", "bot", "--rights", "bookings:read"]);
+    assert!(
+        err["error"]["message"].as_str().expect("message").contains("bookings:delete"),
+        "{err}"
+    );
+    let (ok, c) = ctl(
+        &db,
+        &[
+            "connection",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--creator",
+            "lee@acme.example",
+            "--name",
+            "bot",
+            "--rights",
+            "bookings:read",
+        ],
+    );
     assert!(ok, "{c}");
     let token = c["token"].as_str().expect("token");
     assert!(token.starts_with("gh_mcp_"));
@@ -132,15 +196,31 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     assert_eq!(stored, 1, "only the hash is stored");
     let plain = db.scalar_i64(&format!("SELECT count(*) FROM connection_tokens WHERE encode(token_hash, 'escape') LIKE '%{token}%'")).await;
     assert_eq!(plain, 0);
-    let (ok, d) = ctl(&db, &["person", "deactivate", "--tenant", "acme-air", "--email", "lee@acme.example"]);
+    let (ok, d) =
+        ctl(&db, &["person", "deactivate", "--tenant", "acme-air", "--email", "lee@acme.example"]);
     assert!(ok);
     assert_eq!(d["revoked_connections"], json!([c["connection"]]));
     let (ok, list) = ctl(&db, &["connection", "list", "--tenant", "acme-air"]);
     assert!(ok);
     assert_eq!(list["connections"][0]["status"], "revoked");
-    let (ok, err) = ctl(&db, &["person", "set-role", "--tenant", "acme-air", "--email", "lee@acme.example", "--role", "owner"]);
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "person",
+            "set-role",
+            "--tenant",
+            "acme-air",
+            "--email",
+            "lee@acme.example",
+            "--role",
+            "owner",
+        ],
+    );
     assert!(!ok);
-    assert!(err["error"]["fix"].as_str().expect("fix").contains("admin, dispatcher, viewer"), "{err}");
+    assert!(
+        err["error"]["fix"].as_str().expect("fix").contains("admin, dispatcher, viewer"),
+        "{err}"
+    );
     let audited = db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'cli'").await;
     assert!(audited >= 4, "every CLI write is audited ({audited})");
 }
@@ -153,15 +233,27 @@ async fn demo_seed_prints_the_documented_shape() {
     let tenants = seed["tenants"].as_array().expect("tenants");
     assert_eq!(tenants.len(), 2);
     for t in tenants {
-        assert!(t["slug"].is_string() && t["admin"]["email"].is_string() && t["admin"]["password"].is_string());
+        assert!(
+            t["slug"].is_string()
+                && t["admin"]["email"].is_string()
+                && t["admin"]["password"].is_string()
+        );
         assert!(t["api_token"].as_str().expect("api").starts_with("gh_api_"));
         let connections = t["connections"].as_array().expect("connections");
         assert_eq!(connections.len(), 2);
-        assert_eq!(connections[1]["rights"], json!(["customers:read", "technicians:read", "bookings:read"]));
+        assert_eq!(
+            connections[1]["rights"],
+            json!(["customers:read", "technicians:read", "bookings:read"])
+        );
         assert!(connections[0]["rights"].as_array().expect("rights").len() > 3);
     }
-    let bookings = db.scalar_i64("SELECT min(n) FROM (SELECT count(*) AS n FROM bookings GROUP BY tenant_id) c").await;
+    let bookings = db
+        .scalar_i64("SELECT min(n) FROM (SELECT count(*) AS n FROM bookings GROUP BY tenant_id) c")
+        .await;
     assert!(bookings >= 12);
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl")).args(["connection", "create", "--help"]).output().expect("help");
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"))
+        .args(["connection", "create", "--help"])
+        .output()
+        .expect("help");
     assert!(String::from_utf8_lossy(&help.stdout).contains("--rights"));
 }

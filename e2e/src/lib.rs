@@ -7,26 +7,34 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
 /// The repository root (this crate lives in `e2e/`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("e2e sits in the repository").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e sits in the repository")
+        .to_path_buf()
 }
 
 /// Where the Gatehouse binaries are: `GATEHOUSE_BIN_DIR`, else `target/debug`.
 pub fn bin_dir() -> PathBuf {
-    std::env::var_os("GATEHOUSE_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/debug"))
+    std::env::var_os("GATEHOUSE_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug"))
 }
 
 /// The Python with the MCP SDK: `GATEHOUSE_PYTHON`, else the `.venv` that `scripts/test` makes.
 pub fn python() -> PathBuf {
-    std::env::var_os("GATEHOUSE_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+    std::env::var_os("GATEHOUSE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
 }
 
 pub fn pg_server() -> String {
-    std::env::var("GATEHOUSE_TEST_PG").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    std::env::var("GATEHOUSE_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
 /// A free loopback port (bound, then released).
@@ -107,9 +115,14 @@ fn psql(sql: &str) -> Result<()> {
 }
 
 pub fn gatehousectl(database_url: &str, args: &[&str]) -> Result<Value> {
-    let out = Command::new(bin("gatehousectl")?).args(args).arg("--json").env("DATABASE_URL", database_url).output()?;
-    let value: Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("gatehousectl {args:?}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let out = Command::new(bin("gatehousectl")?)
+        .args(args)
+        .arg("--json")
+        .env("DATABASE_URL", database_url)
+        .output()?;
+    let value: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!("gatehousectl {args:?}: {}", String::from_utf8_lossy(&out.stderr))
+    })?;
     if !out.status.success() {
         bail!("gatehousectl {args:?} failed: {value}");
     }
@@ -121,10 +134,10 @@ pub async fn wait_ready(url: &str, within: Duration) -> Result<()> {
     let http = reqwest::Client::new();
     let start = Instant::now();
     loop {
-        if let Ok(r) = http.get(url).timeout(Duration::from_secs(2)).send().await {
-            if r.status().is_success() {
-                return Ok(());
-            }
+        if let Ok(r) = http.get(url).timeout(Duration::from_secs(2)).send().await
+            && r.status().is_success()
+        {
+            return Ok(());
         }
         if start.elapsed() > within {
             bail!("{url} not ready after {within:?}");
@@ -175,7 +188,12 @@ impl Stack {
         }
         stack.write_nginx_conf(lb_port)?;
         let mut nginx = Command::new(nginx_bin()?);
-        nginx.args(["-p", &opts.run_dir.to_string_lossy(), "-c", &opts.run_dir.join("nginx.conf").to_string_lossy()]);
+        nginx.args([
+            "-p",
+            &opts.run_dir.to_string_lossy(),
+            "-c",
+            &opts.run_dir.join("nginx.conf").to_string_lossy(),
+        ]);
         stack.procs.push(spawn_logged("nginx", nginx, &opts.run_dir)?);
 
         wait_ready(&format!("{control_url}/readyz"), Duration::from_secs(30)).await?;
@@ -204,7 +222,11 @@ impl Stack {
 
     fn write_nginx_conf(&self, lb_port: u16) -> Result<()> {
         let dir = self.run_dir.to_string_lossy();
-        let servers: String = self.worker_ports.iter().map(|p| format!("        server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n")).collect();
+        let servers: String = self
+            .worker_ports
+            .iter()
+            .map(|p| format!("        server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"))
+            .collect();
         let conf = format!(
             "daemon off;\nmaster_process off;\nworker_processes 1;\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
              events {{ worker_connections 1024; }}\n\
@@ -222,7 +244,8 @@ impl Stack {
     /// Kills worker `i` (SIGKILL), as a crashed pod would die.
     pub fn kill_worker(&mut self, i: usize) -> Result<()> {
         let name = format!("worker-{}", i + 1);
-        let p = self.procs.iter_mut().find(|p| p.name == name).ok_or_else(|| anyhow!("no {name}"))?;
+        let p =
+            self.procs.iter_mut().find(|p| p.name == name).ok_or_else(|| anyhow!("no {name}"))?;
         p.child.kill()?;
         p.child.wait()?;
         Ok(())
@@ -233,7 +256,10 @@ impl Stack {
     }
 
     pub fn token(&self, tenant: usize, connection: usize) -> String {
-        self.tenant(tenant)["connections"][connection]["token"].as_str().unwrap_or_default().to_owned()
+        self.tenant(tenant)["connections"][connection]["token"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 
     /// A log file of one process, for failure messages.
@@ -248,7 +274,9 @@ fn nginx_bin() -> Result<PathBuf> {
             return Ok(PathBuf::from(candidate));
         }
     }
-    bail!("nginx is not installed; scripts/test and scripts/dev install it (apt-get install nginx-light)")
+    bail!(
+        "nginx is not installed; scripts/test and scripts/dev install it (apt-get install nginx-light)"
+    )
 }
 
 impl Drop for Stack {
@@ -264,14 +292,21 @@ impl Drop for Stack {
 pub fn sdk_check(url: &str, token: &str, mode: &str, calls: u32) -> Result<Value> {
     let python = python();
     if !python.exists() {
-        bail!("{} is missing; scripts/test creates it with the MCP SDK (pip install mcp==2.3.0)", python.display());
+        bail!(
+            "{} is missing; scripts/test creates it with the MCP SDK (pip install mcp==2.3.0)",
+            python.display()
+        );
     }
     let out = Command::new(&python)
         .arg(repo_root().join("e2e/py/sdk_check.py"))
         .args(["--url", url, "--token", token, "--mode", mode, "--calls", &calls.to_string()])
         .output()?;
     if !out.status.success() {
-        bail!("sdk_check {mode} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "sdk_check {mode} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let line = String::from_utf8_lossy(&out.stdout);
     Ok(serde_json::from_str(line.lines().last().unwrap_or_default())?)

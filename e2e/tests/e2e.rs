@@ -3,8 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use e2e::{gatehousectl, sdk_check, Options, Stack};
-use serde_json::{json, Value};
+use e2e::{Options, Stack, gatehousectl, sdk_check};
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
@@ -13,16 +13,34 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
     let token = stack.token(0, 0);
     let mut seen = BTreeSet::new();
     for mode in ["2026-07-28", "legacy"] {
-        let out = sdk_check(&url, &token, mode, 6)
-            .unwrap_or_else(|e| panic!("{e}\nworker-1:\n{}\nworker-2:\n{}", stack.log("worker-1"), stack.log("worker-2")));
-        assert_eq!(out["tools"], json!(["find_bookings", "find_customers", "find_technicians", "get_booking", "get_customer"]), "{mode}");
+        let out = sdk_check(&url, &token, mode, 6).unwrap_or_else(|e| {
+            panic!(
+                "{e}\nworker-1:\n{}\nworker-2:\n{}",
+                stack.log("worker-1"),
+                stack.log("worker-2")
+            )
+        });
+        assert_eq!(
+            out["tools"],
+            json!([
+                "find_bookings",
+                "find_customers",
+                "find_technicians",
+                "get_booking",
+                "get_customer"
+            ]),
+            "{mode}"
+        );
         assert_eq!(out["found"], 5, "{mode}");
         assert_eq!(out["refused_is_error"], true, "{mode}: unknown fields are refused");
         assert_eq!(out["refused_text_starts"], "Error:");
         for w in out["workers"].as_array().expect("workers") {
             seen.insert(w.as_str().expect("name").to_owned());
         }
-        assert!(out["workers"].as_array().expect("workers").len() == 2, "{mode}: consecutive calls land on both workers: {out}");
+        assert!(
+            out["workers"].as_array().expect("workers").len() == 2,
+            "{mode}: consecutive calls land on both workers: {out}"
+        );
     }
     assert_eq!(seen, BTreeSet::from(["worker-1".to_owned(), "worker-2".to_owned()]));
 }
@@ -58,10 +76,18 @@ async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
         assert_eq!(list_status(&http, w, &full).await, 200);
     }
     let connection = tenant["connections"][1]["connection"].as_str().expect("handle");
-    let revoked: Value = gatehousectl(&stack.database_url, &["connection", "revoke", "--tenant", slug, "--connection", connection]).expect("revoke");
+    let revoked: Value = gatehousectl(
+        &stack.database_url,
+        &["connection", "revoke", "--tenant", slug, "--connection", connection],
+    )
+    .expect("revoke");
     assert_eq!(revoked["revoked"], true);
     let admin = tenant["admin"]["email"].as_str().expect("email");
-    gatehousectl(&stack.database_url, &["person", "deactivate", "--tenant", slug, "--email", admin]).expect("deactivate");
+    gatehousectl(
+        &stack.database_url,
+        &["person", "deactivate", "--tenant", slug, "--email", admin],
+    )
+    .expect("deactivate");
     for w in &stack.worker_urls {
         assert_eq!(list_status(&http, w, &read_only).await, 401, "revoked on {w}");
         assert_eq!(list_status(&http, w, &full).await, 401, "creator gone on {w}");

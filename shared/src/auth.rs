@@ -6,8 +6,8 @@
 //! token's rights ∩ the creator's current role rights. The context has the creator as actor
 //! and no other "current user".
 
-use crate::ctx::{new_request_id, Actor, Channel, ConnectionRef, OpCtx, TenantRef};
-use crate::datastore::{to_ts, ApiContextRow, ConnectionContextRow};
+use crate::ctx::{Actor, Channel, ConnectionRef, OpCtx, TenantRef, new_request_id};
+use crate::datastore::{ApiContextRow, ConnectionContextRow, to_ts};
 use crate::handle::{ConnectionHandle, PersonHandle, TenantHandle};
 use crate::rights::{RightSet, Role};
 use crate::secret::CredentialKind;
@@ -81,7 +81,11 @@ fn tenant_ref(id: i64, handle: &str, slug: &str, zone: &str, currency: &str) -> 
 }
 
 /// Live rights of a creator: their role's rights while person and membership are active.
-fn current_rights(person_active: bool, role: Option<&str>, membership_active: Option<bool>) -> Option<RightSet> {
+fn current_rights(
+    person_active: bool,
+    role: Option<&str>,
+    membership_active: Option<bool>,
+) -> Option<RightSet> {
     let role: Role = role?.parse().ok()?;
     (person_active && membership_active == Some(true)).then(|| role.rights())
 }
@@ -93,25 +97,35 @@ pub fn mcp_context(
     client_name: Option<&str>,
 ) -> Result<McpContext, AuthFailure> {
     let row = row.ok_or(AuthFailure::Unknown)?;
-    if let Some(expires) = row.token_expires_at {
-        if to_ts(expires) <= now {
-            return Err(AuthFailure::Expired);
-        }
+    if let Some(expires) = row.token_expires_at
+        && to_ts(expires) <= now
+    {
+        return Err(AuthFailure::Expired);
     }
-    if let Some(aud) = &row.token_audience {
-        if aud.trim_end_matches('/') != audience.trim_end_matches('/') {
-            return Err(AuthFailure::WrongAudience);
-        }
+    if let Some(aud) = &row.token_audience
+        && aud.trim_end_matches('/') != audience.trim_end_matches('/')
+    {
+        return Err(AuthFailure::WrongAudience);
     }
     if row.connection_status != "active" {
         return Err(AuthFailure::Revoked);
     }
-    let creator_rights = current_rights(row.creator_active, row.creator_role.as_deref(), row.membership_active)
-        .ok_or(AuthFailure::CreatorGone)?;
+    let creator_rights =
+        current_rights(row.creator_active, row.creator_role.as_deref(), row.membership_active)
+            .ok_or(AuthFailure::CreatorGone)?;
     let token_rights = RightSet::parse_lenient(&row.connection_rights);
     let ctx = OpCtx {
-        actor: Actor::Person { id: row.creator_id, handle: PersonHandle::from_db(row.creator_handle) },
-        tenant: tenant_ref(row.tenant_id, &row.tenant_handle, &row.tenant_slug, &row.tenant_zone, &row.tenant_currency),
+        actor: Actor::Person {
+            id: row.creator_id,
+            handle: PersonHandle::from_db(row.creator_handle),
+        },
+        tenant: tenant_ref(
+            row.tenant_id,
+            &row.tenant_handle,
+            &row.tenant_slug,
+            &row.tenant_zone,
+            &row.tenant_currency,
+        ),
         rights: token_rights.intersect(creator_rights),
         channel: Channel::Mcp,
         connection: Some(ConnectionRef {
@@ -122,7 +136,11 @@ pub fn mcp_context(
         }),
         request_id: new_request_id(),
     };
-    Ok(McpContext { ctx, tenant_agent_access: row.tenant_agent_access, global_kill: row.global_kill })
+    Ok(McpContext {
+        ctx,
+        tenant_agent_access: row.tenant_agent_access,
+        global_kill: row.global_kill,
+    })
 }
 
 pub fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailure> {
@@ -130,8 +148,17 @@ pub fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailure> {
     let rights = current_rights(row.person_active, row.role.as_deref(), row.membership_active)
         .ok_or(AuthFailure::CreatorGone)?;
     Ok(OpCtx {
-        actor: Actor::Person { id: row.person_id, handle: PersonHandle::from_db(row.person_handle) },
-        tenant: tenant_ref(row.tenant_id, &row.tenant_handle, &row.tenant_slug, &row.tenant_zone, &row.tenant_currency),
+        actor: Actor::Person {
+            id: row.person_id,
+            handle: PersonHandle::from_db(row.person_handle),
+        },
+        tenant: tenant_ref(
+            row.tenant_id,
+            &row.tenant_handle,
+            &row.tenant_slug,
+            &row.tenant_zone,
+            &row.tenant_currency,
+        ),
         rights,
         channel: Channel::Api,
         connection: None,

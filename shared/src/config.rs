@@ -28,18 +28,14 @@ pub struct Common {
 
 impl Common {
     pub fn from_env() -> Result<Self> {
-        let database_url = std::env::var("DATABASE_URL").map_err(|_| {
-            Error::Invalid {
-                field: "DATABASE_URL".into(),
-                problem: "set DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/gatehouse".into(),
-                options: Vec::new(),
-            }
+        let database_url = std::env::var("DATABASE_URL").map_err(|_| Error::Invalid {
+            field: "DATABASE_URL".into(),
+            problem: "set DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/gatehouse".into(),
+            options: Vec::new(),
         })?;
         let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
-        let db_max_connections = std::env::var("GATEHOUSE_DB_POOL")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(16);
+        let db_max_connections =
+            std::env::var("GATEHOUSE_DB_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
         Ok(Common { database_url: Secret(database_url), nats_url, db_max_connections })
     }
 }
@@ -48,7 +44,8 @@ impl Common {
 /// readable text otherwise; level from `RUST_LOG` (default info).
 pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let json = std::env::var("GATEHOUSE_LOG_FORMAT").is_ok_and(|v| v == "json");
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {

@@ -32,9 +32,14 @@ impl Channel {
 
 #[derive(Debug, Clone)]
 pub enum Actor {
-    Person { id: i64, handle: PersonHandle },
+    Person {
+        id: i64,
+        handle: PersonHandle,
+    },
     /// A background job or operator command, named for the audit.
-    System { name: &'static str },
+    System {
+        name: &'static str,
+    },
     /// Nobody is bound: every service refuses (fail closed).
     Nobody,
 }

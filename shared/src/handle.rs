@@ -84,15 +84,13 @@ impl<K: Kind> Handle<K> {
     pub fn parse(field: &str, input: &str) -> Result<Self> {
         let input = input.trim();
         let expected = || {
-            format!(
-                "expected a {} handle like {}_{}",
-                K::NOUN,
-                K::PREFIX,
-                "x".repeat(RANDOM_LEN)
-            )
+            format!("expected a {} handle like {}_{}", K::NOUN, K::PREFIX, "x".repeat(RANDOM_LEN))
         };
         let Some(tail) = input.strip_prefix(K::PREFIX).and_then(|t| t.strip_prefix('_')) else {
-            return Err(Error::invalid(field, format!("{:?} is not a {} handle; {}", input, K::NOUN, expected())));
+            return Err(Error::invalid(
+                field,
+                format!("{:?} is not a {} handle; {}", input, K::NOUN, expected()),
+            ));
         };
         if tail.len() != RANDOM_LEN || !tail.bytes().all(|b| ALPHABET.contains(&b)) {
             return Err(Error::invalid(field, format!("{input:?} is malformed; {}", expected())));

@@ -6,6 +6,7 @@
 //! field. The allowed list comes from the same JSON Schema the tool publishes.
 
 use schemars::JsonSchema;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -48,7 +49,9 @@ pub fn parse_input<T: DeserializeOwned + JsonSchema>(args: Value) -> Result<T> {
 }
 
 /// Accepts a whole number as a JSON number or as a string (query strings carry only strings).
-pub fn lenient_u32<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<u32>, D::Error> {
+pub fn lenient_u32<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<u32>, D::Error> {
     use serde::de::Error as _;
     match Option::<Value>::deserialize(d)? {
         None | Some(Value::Null) => Ok(None),
@@ -62,11 +65,11 @@ pub fn lenient_u32<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resul
             .parse()
             .map(Some)
             .map_err(|_| D::Error::custom(format!("`limit` must be a whole number, got {s:?}"))),
-        Some(other) => Err(D::Error::custom(format!("`limit` must be a whole number, got {other}"))),
+        Some(other) => {
+            Err(D::Error::custom(format!("`limit` must be a whole number, got {other}")))
+        }
     }
 }
-
-use serde::Deserialize;
 
 #[cfg(test)]
 mod tests {
@@ -97,6 +100,7 @@ mod tests {
     #[test]
     fn numbers_arrive_as_numbers_or_strings() {
         let a: Probe = parse_input(json!({"booking": "x", "limit": 5})).unwrap();
+        assert_eq!(a.booking, "x");
         let b: Probe = parse_input(json!({"booking": "x", "limit": "5"})).unwrap();
         assert_eq!(a.limit, b.limit);
         assert!(parse_input::<Probe>(json!({"booking": "x", "limit": -1})).is_err());

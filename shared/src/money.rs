@@ -14,7 +14,8 @@ pub fn exponent(currency: &str) -> u32 {
 /// Tax on a net amount at a rate in basis points, rounded half away from zero.
 pub fn tax(net_minor: i64, rate_bp: i32) -> i64 {
     let product = i128::from(net_minor) * i128::from(rate_bp);
-    let rounded = if product >= 0 { (product + 5_000) / 10_000 } else { (product - 5_000) / 10_000 };
+    let rounded =
+        if product >= 0 { (product + 5_000) / 10_000 } else { (product - 5_000) / 10_000 };
     i64::try_from(rounded).unwrap_or(i64::MAX)
 }
 

@@ -4,8 +4,8 @@
 //! shown once and stored as SHA-256 hashes. The prefix tells each endpoint at once whether a
 //! credential is of the kind it takes, so it can say which kind it wants.
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};

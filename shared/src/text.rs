@@ -30,7 +30,12 @@ pub fn untrusted(raw: &str, source: &str) -> UntrustedText {
     let cleaned = cleaned.trim();
     let truncated = cleaned.chars().count() > MAX_UNTRUSTED_CHARS;
     let text: String = cleaned.chars().take(MAX_UNTRUSTED_CHARS).collect();
-    UntrustedText { untrusted_text: text, source: source.to_owned(), truncated, note: NOTE.to_owned() }
+    UntrustedText {
+        untrusted_text: text,
+        source: source.to_owned(),
+        truncated,
+        note: NOTE.to_owned(),
+    }
 }
 
 /// Zero-width and bidi-override characters hide text from people reading a transcript.

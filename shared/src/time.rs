@@ -49,7 +49,9 @@ pub fn parse_instant(field: &str, input: &str, zone_name: Option<&str>) -> Resul
     let Some(zone_name) = zone_name else {
         return Err(Error::invalid(
             field,
-            format!("{input:?} has no offset and no zone was given; add `zone` (an IANA name) or an offset"),
+            format!(
+                "{input:?} has no offset and no zone was given; add `zone` (an IANA name) or an offset"
+            ),
         ));
     };
     let tz = zone("zone", zone_name)?;
@@ -57,7 +59,12 @@ pub fn parse_instant(field: &str, input: &str, zone_name: Option<&str>) -> Resul
 }
 
 /// Resolves a local date-time in a zone, refusing gaps and folds with the options.
-pub fn resolve_local(field: &str, local: DateTime, tz: &TimeZone, zone_name: &str) -> Result<Timestamp> {
+pub fn resolve_local(
+    field: &str,
+    local: DateTime,
+    tz: &TimeZone,
+    zone_name: &str,
+) -> Result<Timestamp> {
     let ambiguous = tz.to_ambiguous_timestamp(local);
     let render = |offset: jiff::tz::Offset| -> Result<String> {
         let ts = local.to_zoned_datetime(TimeZone::fixed(offset)).map_err(internal)?.timestamp();
@@ -80,8 +87,16 @@ pub fn resolve_local(field: &str, local: DateTime, tz: &TimeZone, zone_name: &st
                 "{local} happens twice in {zone_name}: the clocks go back; pick one of the options (they differ by offset)"
             ),
             vec![
-                local.to_zoned_datetime(TimeZone::fixed(before)).map_err(internal)?.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
-                local.to_zoned_datetime(TimeZone::fixed(after)).map_err(internal)?.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+                local
+                    .to_zoned_datetime(TimeZone::fixed(before))
+                    .map_err(internal)?
+                    .strftime("%Y-%m-%dT%H:%M:%S%:z")
+                    .to_string(),
+                local
+                    .to_zoned_datetime(TimeZone::fixed(after))
+                    .map_err(internal)?
+                    .strftime("%Y-%m-%dT%H:%M:%S%:z")
+                    .to_string(),
             ],
         )),
     }
@@ -100,20 +115,21 @@ pub fn parse_range_bound(
     end_of_day: bool,
 ) -> Result<Timestamp> {
     let trimmed = input.trim();
-    if trimmed.len() == 10 {
-        if let Ok(date) = trimmed.parse::<Date>() {
-            let Some(zone_name) = zone_name else {
-                return Err(Error::invalid(
-                    field,
-                    format!("{trimmed:?} is a date; add `zone` (an IANA name) so the day has edges"),
-                ));
-            };
-            let tz = zone("zone", zone_name)?;
-            let day = if end_of_day { date.tomorrow().map_err(internal)? } else { date };
-            // The start of a day exists in every zone (jiff picks the first instant after a gap).
-            let start = day.to_zoned_datetime(tz).map_err(internal)?.start_of_day().map_err(internal)?;
-            return Ok(start.timestamp());
-        }
+    if trimmed.len() == 10
+        && let Ok(date) = trimmed.parse::<Date>()
+    {
+        let Some(zone_name) = zone_name else {
+            return Err(Error::invalid(
+                field,
+                format!("{trimmed:?} is a date; add `zone` (an IANA name) so the day has edges"),
+            ));
+        };
+        let tz = zone("zone", zone_name)?;
+        let day = if end_of_day { date.tomorrow().map_err(internal)? } else { date };
+        // The start of a day exists in every zone (jiff picks the first instant after a gap).
+        let start =
+            day.to_zoned_datetime(tz).map_err(internal)?.start_of_day().map_err(internal)?;
+        return Ok(start.timestamp());
     }
     parse_instant(field, trimmed, zone_name)
 }

@@ -11,9 +11,9 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::canon::version_of;
-use crate::datastore::{to_ts, BookingRow, CustomerRow, TechnicianRow};
+use crate::datastore::{BookingRow, CustomerRow, TechnicianRow, to_ts};
 use crate::money::{self, MoneyView};
-use crate::text::{untrusted, UntrustedText};
+use crate::text::{UntrustedText, untrusted};
 use crate::time::{self, TimeView};
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -111,10 +111,21 @@ pub struct Page<T> {
     pub next_cursor: Option<String>,
 }
 
-pub fn customer(row: &CustomerRow, tz: &jiff::tz::TimeZone, zone: &str, now: Timestamp) -> CustomerView {
+pub fn customer(
+    row: &CustomerRow,
+    tz: &jiff::tz::TimeZone,
+    zone: &str,
+    now: Timestamp,
+) -> CustomerView {
     CustomerView {
         customer: row.handle.clone(),
-        version: version_of(&(&row.handle, &row.name, &row.email, &row.phone, row.updated_at.timestamp_micros())),
+        version: version_of(&(
+            &row.handle,
+            &row.name,
+            &row.email,
+            &row.phone,
+            row.updated_at.timestamp_micros(),
+        )),
         name: row.name.clone(),
         email: row.email.clone(),
         phone: row.phone.clone(),
@@ -125,7 +136,14 @@ pub fn customer(row: &CustomerRow, tz: &jiff::tz::TimeZone, zone: &str, now: Tim
 pub fn technician(row: &TechnicianRow) -> TechnicianView {
     TechnicianView {
         technician: row.handle.clone(),
-        version: version_of(&(&row.handle, &row.name, &row.phone, &row.skills, row.active, row.updated_at.timestamp_micros())),
+        version: version_of(&(
+            &row.handle,
+            &row.name,
+            &row.phone,
+            &row.skills,
+            row.active,
+            row.updated_at.timestamp_micros(),
+        )),
         name: row.name.clone(),
         phone: row.phone.clone(),
         skills: row.skills.clone(),
@@ -172,11 +190,14 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
         status: row.status.clone(),
         starts: time::present(starts, &tz, &row.zone, now),
         ends: time::present(ends, &tz, &row.zone, now),
-        customer: CustomerRef { customer: row.customer_handle.clone(), name: row.customer_name.clone() },
-        technician: row
-            .technician_handle
-            .as_ref()
-            .map(|h| TechnicianRef { technician: h.clone(), name: row.technician_name.clone().unwrap_or_default() }),
+        customer: CustomerRef {
+            customer: row.customer_handle.clone(),
+            name: row.customer_name.clone(),
+        },
+        technician: row.technician_handle.as_ref().map(|h| TechnicianRef {
+            technician: h.clone(),
+            name: row.technician_name.clone().unwrap_or_default(),
+        }),
         service: ServiceRef {
             service: row.service_handle.clone(),
             name: row.service_name.clone(),

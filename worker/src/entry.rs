@@ -10,11 +10,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Json;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use shared::auth::{self, AuthFailure, McpContext};
 use shared::secret::{self, CredentialKind};
 
@@ -23,7 +23,11 @@ use crate::AppState;
 /// Seconds a client should wait before retrying while the kill switch is on.
 pub const RETRY_AFTER_SECS: u32 = 30;
 
-pub async fn authenticate(State(state): State<Arc<AppState>>, mut request: Request, next: Next) -> Response {
+pub async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     let bearer = request
         .headers()
@@ -34,7 +38,9 @@ pub async fn authenticate(State(state): State<Arc<AppState>>, mut request: Reque
     let outcome = match auth::expect_kind(bearer, CredentialKind::Mcp) {
         Err(failure) => Err(failure),
         Ok(token) => match state.ds.connection_context(&secret::hash_token(token)).await {
-            Ok(row) => auth::mcp_context(row, &state.settings.mcp_url(), jiff::Timestamp::now(), None),
+            Ok(row) => {
+                auth::mcp_context(row, &state.settings.mcp_url(), jiff::Timestamp::now(), None)
+            }
             Err(e) => {
                 tracing::error!(error = %e, "connection context lookup failed");
                 return finish(&state, unavailable("The database is unreachable; retry shortly."));
@@ -42,13 +48,20 @@ pub async fn authenticate(State(state): State<Arc<AppState>>, mut request: Reque
         },
     };
     let label = if outcome.is_ok() { "ok" } else { "refused" };
-    state.metrics.auth_duration.with_label_values(&[label]).observe(started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .auth_duration
+        .with_label_values(&[label])
+        .observe(started.elapsed().as_secs_f64());
     let context = match outcome {
         Ok(context) => context,
         Err(failure) => return finish(&state, unauthorized(&state, &failure)),
     };
     if context.global_kill {
-        return finish(&state, unavailable("Agent access to Gatehouse is paused by an operator; retry later."));
+        return finish(
+            &state,
+            unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
+        );
     }
     if !context.tenant_agent_access {
         let body = serde_json::json!({
@@ -84,7 +97,11 @@ fn unauthorized(state: &AppState, failure: &AuthFailure) -> Response {
 
 /// Header values are ASCII: drop quotes and spell the ellipsis out.
 fn header_safe(text: &str) -> String {
-    text.replace('…', "...").replace('"', "'").chars().filter(|c| c.is_ascii() && !c.is_ascii_control()).collect()
+    text.replace('…', "...")
+        .replace('"', "'")
+        .chars()
+        .filter(|c| c.is_ascii() && !c.is_ascii_control())
+        .collect()
 }
 
 fn unavailable(message: &str) -> Response {
@@ -95,7 +112,11 @@ fn unavailable(message: &str) -> Response {
 }
 
 /// Names the worker that answered, so operators and tests can see the balancing.
-pub async fn tag_worker(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+pub async fn tag_worker(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let mut response = next.run(request).await;
     if let Ok(value) = HeaderValue::from_str(&state.settings.worker_id) {
         response.headers_mut().insert("gatehouse-worker", value);

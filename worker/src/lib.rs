@@ -11,7 +11,7 @@ pub mod tools;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -81,10 +81,14 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     match state.ds.ping().await {
-        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "postgres": "ok"}))).into_response(),
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "postgres": "ok"})))
+            .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: postgres unreachable");
-            (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"})))
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"})),
+            )
                 .into_response()
         }
     }

@@ -3,12 +3,15 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use shared::config::{self, Common};
 use shared::Datastore;
-use worker::{app, metrics::Metrics, tools::Registry, AppState, Settings};
+use shared::config::{self, Common};
+use worker::{AppState, Settings, app, metrics::Metrics, tools::Registry};
 
 #[derive(Debug, Parser)]
-#[command(name = "worker", about = "Gatehouse MCP worker (stateless; run several behind a load balancer)")]
+#[command(
+    name = "worker",
+    about = "Gatehouse MCP worker (stateless; run several behind a load balancer)"
+)]
 struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8081")]
@@ -39,7 +42,9 @@ async fn main() -> anyhow::Result<()> {
     let ds = Datastore::connect(common.database_url.expose(), common.db_max_connections).await?;
     let public_url = args.public_url.trim_end_matches('/').to_owned();
     let mut allowed_hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
-    if let Some(authority) = public_url.split("://").nth(1).map(|rest| rest.split('/').next().unwrap_or(rest)) {
+    if let Some(authority) =
+        public_url.split("://").nth(1).map(|rest| rest.split('/').next().unwrap_or(rest))
+    {
         allowed_hosts.push(authority.to_owned());
         allowed_hosts.push(authority.split(':').next().unwrap_or(authority).to_owned());
     }
@@ -52,7 +57,8 @@ async fn main() -> anyhow::Result<()> {
         allowed_origins: args.allowed_origins.into_iter().filter(|o| !o.is_empty()).collect(),
         worker_id,
     };
-    let state = Arc::new(AppState { ds, settings, metrics: Metrics::new(), tools: Registry::new() });
+    let state =
+        Arc::new(AppState { ds, settings, metrics: Metrics::new(), tools: Registry::new() });
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CacheScope, Implementation, ListToolsResult,
+    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
     PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
@@ -19,9 +19,9 @@ use serde_json::Value;
 use shared::auth::McpContext;
 use shared::error::Error;
 
+use crate::AppState;
 use crate::results::{self, ErrorBody};
 use crate::tools::Env;
-use crate::AppState;
 
 #[derive(Clone)]
 pub struct Server {
@@ -41,7 +41,9 @@ fn bound(context: &RequestContext<RoleServer>) -> Result<Arc<McpContext>, ErrorD
         .get::<http::request::Parts>()
         .and_then(|parts| parts.extensions.get::<Arc<McpContext>>())
         .cloned()
-        .ok_or_else(|| ErrorData::internal_error("no connection context bound to the request", None))
+        .ok_or_else(|| {
+            ErrorData::internal_error("no connection context bound to the request", None)
+        })
 }
 
 impl ServerHandler for Server {
@@ -73,7 +75,9 @@ impl ServerHandler for Server {
             .map(|t| t.tool.clone())
             .collect();
         // The list depends on this caller's live rights: cache it briefly and privately.
-        Ok(ListToolsResult::with_all_items(tools).with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+        Ok(ListToolsResult::with_all_items(tools)
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private))
     }
 
     async fn call_tool(
@@ -86,7 +90,9 @@ impl ServerHandler for Server {
         let name = request.name.as_ref();
         let Some(spec) = self.state.tools.get(name) else {
             return Err(ErrorData::invalid_params(
-                format!("Unknown tool {name:?}; call tools/list for the tools this connection has."),
+                format!(
+                    "Unknown tool {name:?}; call tools/list for the tools this connection has."
+                ),
                 None,
             ));
         };

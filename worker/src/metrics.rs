@@ -13,11 +13,13 @@ pub struct Metrics {
     pub auth_duration: HistogramVec,
 }
 
-const BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+const BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("gatehouse_worker".into()), None).expect("valid prefix");
+        let registry =
+            Registry::new_custom(Some("gatehouse_worker".into()), None).expect("valid prefix");
         let http_requests = IntCounterVec::new(
             Opts::new("mcp_http_requests_total", "HTTP requests to /mcp by status"),
             &["status"],

@@ -8,7 +8,7 @@
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 use shared::error::{Error, Resource};
 
 pub fn success(value: Value) -> CallToolResult {
@@ -75,10 +75,17 @@ impl ErrorBody {
             Error::NotFound { resource, handle } => {
                 let finder = find_tool(*resource);
                 let fix = match finder {
-                    Some(f) => format!("Look the {} up with {f} and use a handle from its results.", resource.noun()),
+                    Some(f) => format!(
+                        "Look the {} up with {f} and use a handle from its results.",
+                        resource.noun()
+                    ),
                     None => format!("Check the {} handle.", resource.noun()),
                 };
-                let mut body = ErrorBody::new(error.code(), format!("No {} {handle} exists in this tenant.", resource.noun()), fix);
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    format!("No {} {handle} exists in this tenant.", resource.noun()),
+                    fix,
+                );
                 body.next_tool = finder.map(str::to_owned);
                 body
             }
@@ -86,9 +93,13 @@ impl ErrorBody {
                 let fix = if options.is_empty() {
                     format!("Correct `{field}` and call {tool} again.")
                 } else {
-                    format!("Call {tool} again with `{field}` set to one of: {}.", options.join(", "))
+                    format!(
+                        "Call {tool} again with `{field}` set to one of: {}.",
+                        options.join(", ")
+                    )
                 };
-                let mut body = ErrorBody::new(error.code(), format!("Invalid `{field}`: {problem}."), fix);
+                let mut body =
+                    ErrorBody::new(error.code(), format!("Invalid `{field}`: {problem}."), fix);
                 body.field = Some(field.clone());
                 body.options = options.clone();
                 body.next_tool = Some(tool.to_owned());
@@ -97,10 +108,17 @@ impl ErrorBody {
             Error::UnknownFields { unknown, allowed } => {
                 let mut body = ErrorBody::new(
                     error.code(),
-                    format!("{tool} does not take {}.", unknown.iter().map(|u| format!("`{u}`")).collect::<Vec<_>>().join(", ")),
+                    format!(
+                        "{tool} does not take {}.",
+                        unknown.iter().map(|u| format!("`{u}`")).collect::<Vec<_>>().join(", ")
+                    ),
                     format!(
                         "Remove them and call {tool} again with only: {}. The tenant is fixed by this connection and is never an argument.",
-                        if allowed.is_empty() { "no arguments".to_owned() } else { allowed.join(", ") }
+                        if allowed.is_empty() {
+                            "no arguments".to_owned()
+                        } else {
+                            allowed.join(", ")
+                        }
                     ),
                 );
                 body.unknown = unknown.clone();
@@ -125,20 +143,28 @@ impl ErrorBody {
             Error::Conflict { resource, handle, expected, current } => {
                 let mut body = ErrorBody::new(
                     error.code(),
-                    format!("The {} {handle} changed since version {expected}; it is now {current}.", resource.noun()),
-                    format!("Read it again and retry with version {current} if the change still makes sense."),
+                    format!(
+                        "The {} {handle} changed since version {expected}; it is now {current}.",
+                        resource.noun()
+                    ),
+                    format!(
+                        "Read it again and retry with version {current} if the change still makes sense."
+                    ),
                 );
                 body.next_tool = get_tool(*resource).map(str::to_owned);
                 body
             }
-            Error::Unauthenticated(message) => {
-                ErrorBody::new(error.code(), message.clone(), "Reconnect with a valid connection token.".into())
-            }
+            Error::Unauthenticated(message) => ErrorBody::new(
+                error.code(),
+                message.clone(),
+                "Reconnect with a valid connection token.".into(),
+            ),
             Error::Internal(_) => {
                 let mut body = ErrorBody::new(
                     error.code(),
                     "Gatehouse could not complete this call.".into(),
-                    "Retry in a moment; if it keeps failing, give the request id to an operator.".into(),
+                    "Retry in a moment; if it keeps failing, give the request id to an operator."
+                        .into(),
                 );
                 body.request_id = Some(request_id.to_owned());
                 body

@@ -4,10 +4,10 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use shared::services::{admin, demo};
 use shared::testing::TestDb;
-use worker::{app, metrics::Metrics, tools::Registry, AppState, Settings};
+use worker::{AppState, Settings, app, metrics::Metrics, tools::Registry};
 
 const PROTOCOL: &str = "2026-07-28";
 const DECOY: &str = "DECOY-SECRET-7f3a";
@@ -35,10 +35,13 @@ fn logs() -> Arc<Mutex<Vec<u8>>> {
         let writer = Capture(buffer.clone());
         let subscriber = tracing_subscriber::fmt()
             .json()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug,sqlx=warn,rmcp=warn,hyper=warn"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "debug,sqlx=warn,rmcp=warn,hyper=warn",
+            ))
             .with_writer(move || writer.clone())
             .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("one subscriber per test binary");
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("one subscriber per test binary");
         buffer
     })
     .clone()
@@ -65,7 +68,12 @@ impl Stack {
             allowed_origins: vec!["https://console.gatehouse.test".into()],
             worker_id: "test-worker".into(),
         };
-        let state = Arc::new(AppState { ds: db.ds.clone(), settings, metrics: Metrics::new(), tools: Registry::new() });
+        let state = Arc::new(AppState {
+            ds: db.ds.clone(),
+            settings,
+            metrics: Metrics::new(),
+            tools: Registry::new(),
+        });
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
         Stack { db, url, seed, http: reqwest::Client::new() }
     }
@@ -75,7 +83,14 @@ impl Stack {
     }
 
     /// A raw 2026-07-28 request; returns status, headers and the JSON body.
-    async fn raw(&self, token: Option<&str>, method: &str, name: Option<&str>, params: Value, extra: &[(&str, &str)]) -> (u16, reqwest::header::HeaderMap, Value) {
+    async fn raw(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        name: Option<&str>,
+        params: Value,
+        extra: &[(&str, &str)],
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
         let mut params = params;
         params["_meta"] = json!({
             "io.modelcontextprotocol/protocolVersion": PROTOCOL,
@@ -115,7 +130,15 @@ impl Stack {
 
     /// Calls a tool and checks the result contract (R15, R16) on the way.
     async fn call(&self, token: &str, tool: &str, args: Value) -> Result<Value, Value> {
-        let (status, _, body) = self.raw(Some(token), "tools/call", Some(tool), json!({"name": tool, "arguments": args}), &[]).await;
+        let (status, _, body) = self
+            .raw(
+                Some(token),
+                "tools/call",
+                Some(tool),
+                json!({"name": tool, "arguments": args}),
+                &[],
+            )
+            .await;
         assert_eq!(status, 200, "{body}");
         let result = &body["result"];
         assert!(result.is_object(), "not a tool result: {body}");
@@ -129,7 +152,14 @@ impl Stack {
             .into_iter()
             .find(|t| t["name"] == tool)
             .map(|t| t["outputSchema"].clone())
-            .unwrap_or_else(|| Registry::new().get(tool).map(|t| Value::Object((*t.tool.output_schema.clone().expect("schema")).clone())).expect("known tool"))
+            .unwrap_or_else(|| {
+                Registry::new()
+                    .get(tool)
+                    .map(|t| {
+                        Value::Object((*t.tool.output_schema.clone().expect("schema")).clone())
+                    })
+                    .expect("known tool")
+            })
     }
 }
 
@@ -140,7 +170,10 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
     let text = result["content"][0]["text"].as_str().expect("a text block");
     let validator = jsonschema::validator_for(schema).expect("outputSchema compiles");
     let problems: Vec<String> = validator.iter_errors(&structured).map(|e| e.to_string()).collect();
-    assert!(problems.is_empty(), "{tool}: result does not match its outputSchema: {problems:?}\n{structured}");
+    assert!(
+        problems.is_empty(),
+        "{tool}: result does not match its outputSchema: {problems:?}\n{structured}"
+    );
     if result["isError"] == json!(true) {
         assert!(text.starts_with("Error: "), "{tool}: error text must start with `Error:`: {text}");
         let last = text.lines().last().expect("a last line");
@@ -154,13 +187,20 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
     }
 }
 
-const READ_TOOLS: [&str; 5] = ["find_bookings", "find_customers", "find_technicians", "get_booking", "get_customer"];
+const READ_TOOLS: [&str; 5] =
+    ["find_bookings", "find_customers", "find_technicians", "get_booking", "get_customer"];
 
 /// Some handle of each kind in tenant `t`, found through the tools themselves.
 async fn handles(stack: &Stack, t: usize) -> (String, String, String) {
     let token = stack.token(t, 0);
-    let bookings = stack.call(&token, "find_bookings", json!({"limit": 100})).await.expect("find_bookings");
-    let with_notes = bookings["bookings"].as_array().expect("list").iter().find(|b| b["customer_note"].is_object()).expect("a booking with a note");
+    let bookings =
+        stack.call(&token, "find_bookings", json!({"limit": 100})).await.expect("find_bookings");
+    let with_notes = bookings["bookings"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|b| b["customer_note"].is_object())
+        .expect("a booking with a note");
     let booking = with_notes["booking"].as_str().expect("handle").to_owned();
     let customer = with_notes["customer"]["customer"].as_str().expect("handle").to_owned();
     let techs = stack.call(&token, "find_technicians", json!({})).await.expect("find_technicians");
@@ -183,19 +223,40 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
         assert!(tool["inputSchema"]["properties"].get("tenant_id").is_none());
     }
     // A connection granted bookings:read only sees the booking tools.
-    let tenant = admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
+    let tenant =
+        admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
     let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
-    let narrow = admin::connection_create(&stack.db.ds, &ctx, &stack.seed.tenants[0].admin.email, "narrow", "test", shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]))
+    let narrow = admin::connection_create(
+        &stack.db.ds,
+        &ctx,
+        &stack.seed.tenants[0].admin.email,
+        "narrow",
+        "test",
+        shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]),
+    )
+    .await
+    .expect("connection");
+    let names: Vec<String> = stack
+        .list(&narrow.token)
         .await
-        .expect("connection");
-    let names: Vec<String> = stack.list(&narrow.token).await.iter().map(|t| t["name"].as_str().expect("name").to_owned()).collect();
+        .iter()
+        .map(|t| t["name"].as_str().expect("name").to_owned())
+        .collect();
     assert_eq!(names, ["find_bookings", "get_booking"]);
     // R15: a hidden tool called by name says which right is missing.
     let err = stack.call(&narrow.token, "find_customers", json!({})).await.expect_err("hidden");
     assert_eq!(err["code"], "permission_denied");
     assert_eq!(err["right"], "customers:read");
     // An unknown tool is a protocol error, not a tool result.
-    let (_, _, body) = stack.raw(Some(&narrow.token), "tools/call", Some("drop_tables"), json!({"name": "drop_tables", "arguments": {}}), &[]).await;
+    let (_, _, body) = stack
+        .raw(
+            Some(&narrow.token),
+            "tools/call",
+            Some("drop_tables"),
+            json!({"name": "drop_tables", "arguments": {}}),
+            &[],
+        )
+        .await;
     assert_eq!(body["error"]["code"], json!(-32602), "{body}");
 }
 
@@ -205,12 +266,22 @@ async fn creators_lost_rights_end_their_connections_on_the_next_call() {
     let token = stack.token(0, 0);
     assert!(stack.call(&token, "find_customers", json!({})).await.is_ok());
     // Deactivating the creator ends the connection at once (R4).
-    let tenant = admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
+    let tenant =
+        admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
     let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
-    admin::person_set_role(&stack.db.ds, &ctx, &stack.seed.tenants[0].admin.email, shared::rights::Role::Viewer).await.expect("set role");
+    admin::person_set_role(
+        &stack.db.ds,
+        &ctx,
+        &stack.seed.tenants[0].admin.email,
+        shared::rights::Role::Viewer,
+    )
+    .await
+    .expect("set role");
     // Still a viewer: reading goes on, the live rights are the viewer's.
     assert!(stack.call(&token, "find_customers", json!({})).await.is_ok());
-    admin::person_deactivate(&stack.db.ds, &ctx, &stack.seed.tenants[0].admin.email).await.expect("deactivate");
+    admin::person_deactivate(&stack.db.ds, &ctx, &stack.seed.tenants[0].admin.email)
+        .await
+        .expect("deactivate");
     let (status, headers, body) = stack.raw(Some(&token), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 401, "{body}");
     assert!(headers["www-authenticate"].to_str().expect("ascii").contains("resource_metadata="));
@@ -221,13 +292,27 @@ async fn a_revoked_connection_is_refused_on_the_next_call() {
     let stack = Stack::start().await;
     let token = stack.token(1, 1);
     assert_eq!(stack.list(&token).await.len(), 5);
-    let tenant = admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[1].slug).await.expect("tenant");
+    let tenant =
+        admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[1].slug).await.expect("tenant");
     let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
-    admin::connection_revoke(&stack.db.ds, &ctx, &stack.seed.tenants[1].connections[1].connection, "test").await.expect("revoke");
+    admin::connection_revoke(
+        &stack.db.ds,
+        &ctx,
+        &stack.seed.tenants[1].connections[1].connection,
+        "test",
+    )
+    .await
+    .expect("revoke");
     let (status, _, body) = stack.raw(Some(&token), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 401);
     assert!(body["error_description"].as_str().expect("text").contains("not known"), "{body}");
-    assert_eq!(stack.db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'connection.revoke'").await, 1);
+    assert_eq!(
+        stack
+            .db
+            .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'connection.revoke'")
+            .await,
+        1
+    );
 }
 
 // ---------------------------------------------------------------- entry path
@@ -238,23 +323,49 @@ async fn credentials_of_other_kinds_and_bad_origins_are_refused() {
     let (status, headers, body) = stack.raw(None, "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 401);
     let challenge = headers["www-authenticate"].to_str().expect("ascii");
-    assert!(challenge.contains(&format!("resource_metadata=\"{}/.well-known/oauth-protected-resource\"", stack.url)), "{challenge}");
+    assert!(
+        challenge.contains(&format!(
+            "resource_metadata=\"{}/.well-known/oauth-protected-resource\"",
+            stack.url
+        )),
+        "{challenge}"
+    );
     assert!(body["error_description"].as_str().expect("text").contains("gh_mcp_"));
     // R20: an API token is not an MCP credential.
     let api = stack.seed.tenants[0].api_token.clone();
     let (status, _, body) = stack.raw(Some(&api), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 401);
     assert!(body["error_description"].as_str().expect("text").contains("API token"), "{body}");
-    let (status, _, _) = stack.raw(Some("gh_mcp_notarealtokennotarealtokennotareal"), "tools/list", None, json!({}), &[]).await;
+    let (status, _, _) = stack
+        .raw(Some("gh_mcp_notarealtokennotarealtokennotareal"), "tools/list", None, json!({}), &[])
+        .await;
     assert_eq!(status, 401);
     // R20: a browser Origin not on the allow-list is 403; an allowed one passes.
     let token = stack.token(0, 0);
-    let (status, _, _) = stack.raw(Some(&token), "tools/list", None, json!({}), &[("Origin", "https://evil.example")]).await;
+    let (status, _, _) = stack
+        .raw(Some(&token), "tools/list", None, json!({}), &[("Origin", "https://evil.example")])
+        .await;
     assert_eq!(status, 403);
-    let (status, _, _) = stack.raw(Some(&token), "tools/list", None, json!({}), &[("Origin", "https://console.gatehouse.test")]).await;
+    let (status, _, _) = stack
+        .raw(
+            Some(&token),
+            "tools/list",
+            None,
+            json!({}),
+            &[("Origin", "https://console.gatehouse.test")],
+        )
+        .await;
     assert_eq!(status, 200);
     // Protected resource metadata names the authorization server.
-    let meta: Value = stack.http.get(format!("{}/.well-known/oauth-protected-resource", stack.url)).send().await.expect("get").json().await.expect("json");
+    let meta: Value = stack
+        .http
+        .get(format!("{}/.well-known/oauth-protected-resource", stack.url))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
     assert_eq!(meta["resource"], json!(format!("{}/mcp", stack.url)));
     assert_eq!(meta["authorization_servers"][0], "http://127.0.0.1:1");
 }
@@ -264,14 +375,33 @@ async fn switches_refuse_before_any_tool_runs() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     stack.db.exec("UPDATE platform_state SET global_kill = true").await;
-    let (status, headers, _) = stack.raw(Some(&token), "tools/call", Some("find_bookings"), json!({"name": "find_bookings", "arguments": {}}), &[]).await;
+    let (status, headers, _) = stack
+        .raw(
+            Some(&token),
+            "tools/call",
+            Some("find_bookings"),
+            json!({"name": "find_bookings", "arguments": {}}),
+            &[],
+        )
+        .await;
     assert_eq!(status, 503);
     assert_eq!(headers["retry-after"], "30");
     stack.db.exec("UPDATE platform_state SET global_kill = false").await;
-    stack.db.exec(&format!("UPDATE tenants SET agent_access = false WHERE slug = '{}'", stack.seed.tenants[0].slug)).await;
+    stack
+        .db
+        .exec(&format!(
+            "UPDATE tenants SET agent_access = false WHERE slug = '{}'",
+            stack.seed.tenants[0].slug
+        ))
+        .await;
     let (status, _, body) = stack.raw(Some(&token), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 403);
-    assert!(body["error_description"].as_str().expect("text").contains("turned off by the tenant's admin"));
+    assert!(
+        body["error_description"]
+            .as_str()
+            .expect("text")
+            .contains("turned off by the tenant's admin")
+    );
     // The other tenant is unaffected.
     assert_eq!(stack.list(&stack.token(1, 0)).await.len(), 5);
 }
@@ -316,20 +446,32 @@ async fn every_read_tool_succeeds_with_versions_and_full_times() {
     let stack = Stack::start().await;
     let token = stack.token(0, 1);
     let (booking, customer, _) = handles(&stack, 0).await;
-    let b = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get_booking");
+    let b =
+        stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get_booking");
     assert_eq!(b["booking"], json!(booking));
     assert!(b["version"].as_str().expect("version").starts_with("v_"));
     for key in ["weekday", "local", "zone", "display", "utc", "from_now"] {
         assert!(b["starts"][key].is_string(), "starts.{key} in {b}");
     }
     assert_eq!(b["starts"]["zone"], "Europe/Berlin");
-    assert_eq!(b["price"]["total"]["minor"].as_i64(), Some(b["price"]["net"]["minor"].as_i64().expect("net") + b["price"]["tax"]["minor"].as_i64().expect("tax")));
-    let c = stack.call(&token, "get_customer", json!({"customer": customer})).await.expect("get_customer");
+    assert_eq!(
+        b["price"]["total"]["minor"].as_i64(),
+        Some(
+            b["price"]["net"]["minor"].as_i64().expect("net")
+                + b["price"]["tax"]["minor"].as_i64().expect("tax")
+        )
+    );
+    let c = stack
+        .call(&token, "get_customer", json!({"customer": customer}))
+        .await
+        .expect("get_customer");
     assert_eq!(c["customer"], json!(customer));
     assert!(c["version"].is_string());
-    let found = stack.call(&token, "find_customers", json!({"query": "fischer"})).await.expect("find");
+    let found =
+        stack.call(&token, "find_customers", json!({"query": "fischer"})).await.expect("find");
     assert_eq!(found["count"], 1);
-    let t = stack.call(&token, "find_technicians", json!({"skill": "heating"})).await.expect("techs");
+    let t =
+        stack.call(&token, "find_technicians", json!({"skill": "heating"})).await.expect("techs");
     assert_eq!(t["count"], 2);
 }
 
@@ -345,7 +487,13 @@ async fn find_bookings_pages_through_everything_once() {
             args["cursor"] = json!(c);
         }
         let page = stack.call(&token, "find_bookings", args).await.expect("page");
-        seen.extend(page["bookings"].as_array().expect("list").iter().map(|b| b["booking"].as_str().expect("h").to_owned()));
+        seen.extend(
+            page["bookings"]
+                .as_array()
+                .expect("list")
+                .iter()
+                .map(|b| b["booking"].as_str().expect("h").to_owned()),
+        );
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
             None => break,
@@ -357,7 +505,10 @@ async fn find_bookings_pages_through_everything_once() {
     unique.sort();
     unique.dedup();
     assert_eq!(unique.len(), seen.len(), "no booking twice");
-    let err = stack.call(&token, "find_bookings", json!({"cursor": "not-a-cursor"})).await.expect_err("bad cursor");
+    let err = stack
+        .call(&token, "find_bookings", json!({"cursor": "not-a-cursor"}))
+        .await
+        .expect_err("bad cursor");
     assert_eq!(err["field"], "cursor");
 }
 
@@ -366,20 +517,40 @@ async fn find_bookings_filters_by_local_day_and_refuses_bad_times() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     // The spring-forward Sunday in Berlin has one demo booking.
-    let day = stack.call(&token, "find_bookings", json!({"from": "2026-03-29", "to": "2026-03-29", "zone": "Europe/Berlin"})).await.expect("day");
+    let day = stack
+        .call(
+            &token,
+            "find_bookings",
+            json!({"from": "2026-03-29", "to": "2026-03-29", "zone": "Europe/Berlin"}),
+        )
+        .await
+        .expect("day");
     assert_eq!(day["count"], 1, "{day}");
     assert_eq!(day["bookings"][0]["starts"]["weekday"], "Sunday");
     // R17: a time in the gap is rejected with the options; one in the fold returns both offsets.
-    let gap = stack.call(&token, "find_bookings", json!({"from": "2026-03-29T02:30", "zone": "Europe/Berlin"})).await.expect_err("gap");
+    let gap = stack
+        .call(&token, "find_bookings", json!({"from": "2026-03-29T02:30", "zone": "Europe/Berlin"}))
+        .await
+        .expect_err("gap");
     assert_eq!(gap["code"], "invalid_argument");
     assert_eq!(gap["options"].as_array().expect("options").len(), 2);
-    let fold = stack.call(&token, "find_bookings", json!({"from": "2026-10-25T02:30", "zone": "Europe/Berlin"})).await.expect_err("fold");
+    let fold = stack
+        .call(&token, "find_bookings", json!({"from": "2026-10-25T02:30", "zone": "Europe/Berlin"}))
+        .await
+        .expect_err("fold");
     assert_eq!(fold["options"], json!(["2026-10-25T02:30:00+02:00", "2026-10-25T02:30:00+01:00"]));
-    let bare = stack.call(&token, "find_bookings", json!({"from": "2026-05-01T10:00"})).await.expect_err("bare");
+    let bare = stack
+        .call(&token, "find_bookings", json!({"from": "2026-05-01T10:00"}))
+        .await
+        .expect_err("bare");
     assert_eq!(bare["field"], "from");
-    let status = stack.call(&token, "find_bookings", json!({"status": "pending"})).await.expect_err("status");
+    let status = stack
+        .call(&token, "find_bookings", json!({"status": "pending"}))
+        .await
+        .expect_err("status");
     assert_eq!(status["options"], json!(["draft", "confirmed", "cancelled", "completed"]));
-    let limit = stack.call(&token, "find_bookings", json!({"limit": 1000})).await.expect_err("limit");
+    let limit =
+        stack.call(&token, "find_bookings", json!({"limit": 1000})).await.expect_err("limit");
     assert_eq!(limit["field"], "limit");
 }
 
@@ -412,20 +583,45 @@ async fn unknown_fields_are_rejected_with_the_allowed_list_on_every_tool() {
 async fn another_tenants_handles_are_not_found_and_nothing_changes() {
     let stack = Stack::start().await;
     let (booking_b, customer_b, technician_b) = handles(&stack, 1).await;
-    let before = stack.db.scalar_string("SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM bookings").await;
+    let before = stack
+        .db
+        .scalar_string(
+            "SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM bookings",
+        )
+        .await;
     let token_a = stack.token(0, 0);
-    let err = stack.call(&token_a, "get_booking", json!({"booking": booking_b})).await.expect_err("foreign booking");
+    let err = stack
+        .call(&token_a, "get_booking", json!({"booking": booking_b}))
+        .await
+        .expect_err("foreign booking");
     assert_eq!(err["code"], "not_found");
     assert_eq!(err["next_tool"], "find_bookings", "not found points to find_, never create");
-    let err = stack.call(&token_a, "get_customer", json!({"customer": customer_b})).await.expect_err("foreign customer");
+    let err = stack
+        .call(&token_a, "get_customer", json!({"customer": customer_b}))
+        .await
+        .expect_err("foreign customer");
     assert_eq!(err["next_tool"], "find_customers");
-    let none = stack.call(&token_a, "find_bookings", json!({"customer": customer_b})).await.expect("filter");
+    let none = stack
+        .call(&token_a, "find_bookings", json!({"customer": customer_b}))
+        .await
+        .expect("filter");
     assert_eq!(none["count"], 0);
-    let none = stack.call(&token_a, "find_bookings", json!({"technician": technician_b})).await.expect("filter");
+    let none = stack
+        .call(&token_a, "find_bookings", json!({"technician": technician_b}))
+        .await
+        .expect("filter");
     assert_eq!(none["count"], 0);
-    let err = stack.call(&token_a, "get_booking", json!({"booking": customer_b})).await.expect_err("wrong kind");
+    let err = stack
+        .call(&token_a, "get_booking", json!({"booking": customer_b}))
+        .await
+        .expect_err("wrong kind");
     assert_eq!(err["field"], "booking");
-    let after = stack.db.scalar_string("SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM bookings").await;
+    let after = stack
+        .db
+        .scalar_string(
+            "SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM bookings",
+        )
+        .await;
     assert_eq!(before, after);
 }
 
@@ -436,7 +632,8 @@ async fn third_party_text_appears_only_inside_untrusted_text() {
     let all = stack.call(&token, "find_bookings", json!({"limit": 100})).await.expect("find");
     let mut checked = 0;
     for b in all["bookings"].as_array().expect("list") {
-        let one = stack.call(&token, "get_booking", json!({"booking": b["booking"]})).await.expect("get");
+        let one =
+            stack.call(&token, "get_booking", json!({"booking": b["booking"]})).await.expect("get");
         checked += assert_canary_wrapped(&one, "");
     }
     checked += assert_canary_wrapped(&all, "");
@@ -450,8 +647,14 @@ fn assert_canary_wrapped(value: &Value, path: &str) -> usize {
             assert!(path.ends_with(".untrusted_text"), "canary outside untrusted_text at {path}");
             1
         }
-        Value::Object(map) => map.iter().map(|(k, v)| assert_canary_wrapped(v, &format!("{path}.{k}"))).sum(),
-        Value::Array(items) => items.iter().enumerate().map(|(i, v)| assert_canary_wrapped(v, &format!("{path}[{i}]"))).sum(),
+        Value::Object(map) => {
+            map.iter().map(|(k, v)| assert_canary_wrapped(v, &format!("{path}.{k}"))).sum()
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| assert_canary_wrapped(v, &format!("{path}[{i}]")))
+            .sum(),
         _ => 0,
     }
 }
@@ -482,7 +685,10 @@ async fn no_secret_reaches_a_result_or_a_log() {
     }
     for out in &outputs {
         assert!(!out.contains(DECOY), "decoy in a result: {out}");
-        assert!(!out.contains("portal_password") && !out.contains("home_address"), "a secret column leaked: {out}");
+        assert!(
+            !out.contains("portal_password") && !out.contains("home_address"),
+            "a secret column leaked: {out}"
+        );
     }
     let logs = String::from_utf8(logs().lock().expect("logs").clone()).expect("utf8");
     assert!(logs.contains("\"tool.name\":\"get_booking\""), "tool calls are logged with fields");
@@ -498,7 +704,15 @@ async fn health_readiness_and_metrics_answer() {
     assert_eq!(ready.status(), 200);
     assert_eq!(ready.headers()["gatehouse-worker"], "test-worker");
     stack.call(&stack.token(0, 0), "find_technicians", json!({})).await.expect("call");
-    let metrics = stack.http.get(format!("{}/metrics", stack.url)).send().await.expect("metrics").text().await.expect("text");
+    let metrics = stack
+        .http
+        .get(format!("{}/metrics", stack.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
     assert!(metrics.contains("gatehouse_worker_tool_calls_total{class=\"read\",outcome=\"ok\",tool=\"find_technicians\"} 1"), "{metrics}");
     assert!(metrics.contains("gatehouse_worker_tool_call_duration_seconds_bucket"));
 }
@@ -508,14 +722,29 @@ async fn health_readiness_and_metrics_answer() {
 #[test]
 fn tool_code_never_touches_persistence_or_an_ambient_user() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/tools");
-    let forbidden = ["sqlx", "PgPool", "Pool<", ".pool(", "query(", "query_as", "raw_sql", "current_user", "CurrentUser", "testing::"];
+    let forbidden = [
+        "sqlx",
+        "PgPool",
+        "Pool<",
+        ".pool(",
+        "query(",
+        "query_as",
+        "raw_sql",
+        "current_user",
+        "CurrentUser",
+        "testing::",
+    ];
     let mut scanned = 0;
     for entry in std::fs::read_dir(&dir).expect("tools dir") {
         let path = entry.expect("entry").path();
         let source = std::fs::read_to_string(&path).expect("read");
         scanned += 1;
         for word in forbidden {
-            assert!(!source.contains(word), "{} uses `{word}`: tools call services, never persistence (R2, R5)", path.display());
+            assert!(
+                !source.contains(word),
+                "{} uses `{word}`: tools call services, never persistence (R2, R5)",
+                path.display()
+            );
         }
     }
     assert!(scanned >= 2, "the scan saw the tool modules");

@@ -3,17 +3,23 @@
 //! object (or `{"error": …}`) for scripts; without it, readable text.
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
+use shared::Datastore;
 use shared::config::Common;
 use shared::ctx::Channel;
 use shared::error::Error;
 use shared::rights::{RightSet, Role};
 use shared::services::{admin, demo};
-use shared::Datastore;
 
 #[derive(Debug, Parser)]
-#[command(name = "gatehousectl", version, about = "Operate Gatehouse: schema, tenants, people, connections, demo data")]
-#[command(after_help = "Configuration: DATABASE_URL (required), NATS_URL (default nats://127.0.0.1:4222).")]
+#[command(
+    name = "gatehousectl",
+    version,
+    about = "Operate Gatehouse: schema, tenants, people, connections, demo data"
+)]
+#[command(
+    after_help = "Configuration: DATABASE_URL (required), NATS_URL (default nats://127.0.0.1:4222)."
+)]
 struct Cli {
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
@@ -158,7 +164,10 @@ async fn main() {
         Err(error) => {
             let (message, fix) = describe(&error);
             if json_out {
-                println!("{}", json!({"error": {"code": error.code(), "message": message, "fix": fix}}));
+                println!(
+                    "{}",
+                    json!({"error": {"code": error.code(), "message": message, "fix": fix}})
+                );
             } else {
                 eprintln!("error: {message}\n  {fix}");
             }
@@ -172,9 +181,17 @@ fn describe(error: &Error) -> (String, String) {
         Error::Invalid { field, problem, options } if !options.is_empty() => {
             (format!("{field}: {problem}"), format!("choose one of: {}", options.join(", ")))
         }
-        Error::Invalid { field, problem, .. } => (format!("{field}: {problem}"), "correct it and run the command again".into()),
-        Error::NotFound { .. } => (error.to_string(), "check the slug, email or handle (`gatehousectl connection list --tenant …`)".into()),
-        Error::Internal(detail) => (format!("internal error: {detail}"), "check DATABASE_URL and that migrations ran (`gatehousectl migrate`)".into()),
+        Error::Invalid { field, problem, .. } => {
+            (format!("{field}: {problem}"), "correct it and run the command again".into())
+        }
+        Error::NotFound { .. } => (
+            error.to_string(),
+            "check the slug, email or handle (`gatehousectl connection list --tenant …`)".into(),
+        ),
+        Error::Internal(detail) => (
+            format!("internal error: {detail}"),
+            "check DATABASE_URL and that migrations ran (`gatehousectl migrate`)".into(),
+        ),
         other => (other.to_string(), "see --help".into()),
     }
 }
@@ -188,60 +205,112 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             Ok((json!({"applied": applied}), format!("migrations applied: {applied}")))
         }
         Command::Tenant(TenantCmd::Create { slug, name, currency, zone }) => {
-            let t = admin::tenant_create(&ds, Channel::Cli, admin::NewTenant { slug: &slug, name: &name, currency: &currency, zone: &zone }).await?;
-            Ok((json!({"tenant": t.handle, "slug": t.slug, "zone": t.zone, "currency": t.currency}), format!("created tenant {} ({})", t.slug, t.handle)))
+            let t = admin::tenant_create(
+                &ds,
+                Channel::Cli,
+                admin::NewTenant { slug: &slug, name: &name, currency: &currency, zone: &zone },
+            )
+            .await?;
+            Ok((
+                json!({"tenant": t.handle, "slug": t.slug, "zone": t.zone, "currency": t.currency}),
+                format!("created tenant {} ({})", t.slug, t.handle),
+            ))
         }
         Command::Person(cmd) => {
             let slug = match &cmd {
-                PersonCmd::Create { t, .. } | PersonCmd::SetRole { t, .. } | PersonCmd::Deactivate { t, .. } => t.tenant.clone(),
+                PersonCmd::Create { t, .. }
+                | PersonCmd::SetRole { t, .. }
+                | PersonCmd::Deactivate { t, .. } => t.tenant.clone(),
             };
             let tenant = admin::tenant_by_slug(&ds, &slug).await?;
             let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
             match cmd {
                 PersonCmd::Create { email, name, role, password, .. } => {
-                    let p = admin::person_create(&ds, &ctx, &email, &name, role.parse::<Role>()?, password.as_deref()).await?;
-                    Ok((to_json(&p), format!("{} is {} in {} ({})", p.email, p.role, p.tenant, p.person)))
+                    let p = admin::person_create(
+                        &ds,
+                        &ctx,
+                        &email,
+                        &name,
+                        role.parse::<Role>()?,
+                        password.as_deref(),
+                    )
+                    .await?;
+                    Ok((
+                        to_json(&p),
+                        format!("{} is {} in {} ({})", p.email, p.role, p.tenant, p.person),
+                    ))
                 }
                 PersonCmd::SetRole { email, role, .. } => {
-                    let p = admin::person_set_role(&ds, &ctx, &email, role.parse::<Role>()?).await?;
+                    let p =
+                        admin::person_set_role(&ds, &ctx, &email, role.parse::<Role>()?).await?;
                     Ok((to_json(&p), format!("{} is now {} in {}", p.email, p.role, p.tenant)))
                 }
                 PersonCmd::Deactivate { email, .. } => {
                     let d = admin::person_deactivate(&ds, &ctx, &email).await?;
-                    let text = format!("deactivated {email}; connections ended: {}", if d.revoked_connections.is_empty() { "none".into() } else { d.revoked_connections.join(", ") });
+                    let text = format!(
+                        "deactivated {email}; connections ended: {}",
+                        if d.revoked_connections.is_empty() {
+                            "none".into()
+                        } else {
+                            d.revoked_connections.join(", ")
+                        }
+                    );
                     Ok((to_json(&d), text))
                 }
             }
         }
         Command::Connection(cmd) => {
             let slug = match &cmd {
-                ConnectionCmd::Create { t, .. } | ConnectionCmd::Revoke { t, .. } | ConnectionCmd::List { t } => t.tenant.clone(),
+                ConnectionCmd::Create { t, .. }
+                | ConnectionCmd::Revoke { t, .. }
+                | ConnectionCmd::List { t } => t.tenant.clone(),
             };
             let tenant = admin::tenant_by_slug(&ds, &slug).await?;
             let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
             match cmd {
                 ConnectionCmd::Create { creator, name, rights, client_name, .. } => {
                     let rights = RightSet::parse(&rights)?;
-                    let c = admin::connection_create(&ds, &ctx, &creator, &name, &client_name, rights).await?;
+                    let c =
+                        admin::connection_create(&ds, &ctx, &creator, &name, &client_name, rights)
+                            .await?;
                     let text = format!(
                         "created connection {} ({}) with rights {}\ntoken (shown once): {}",
-                        c.connection, c.name, c.rights.join(","), c.token
+                        c.connection,
+                        c.name,
+                        c.rights.join(","),
+                        c.token
                     );
                     Ok((to_json(&c), text))
                 }
                 ConnectionCmd::Revoke { connection, reason, .. } => {
                     let r = admin::connection_revoke(&ds, &ctx, &connection, &reason).await?;
-                    let text = if r.revoked { format!("revoked {}", r.connection) } else { format!("{} was already revoked", r.connection) };
+                    let text = if r.revoked {
+                        format!("revoked {}", r.connection)
+                    } else {
+                        format!("{} was already revoked", r.connection)
+                    };
                     Ok((to_json(&r), text))
                 }
                 ConnectionCmd::List { .. } => {
                     let list = admin::connection_list(&ds, &ctx).await?;
                     let text = list
                         .iter()
-                        .map(|c| format!("{}  {:8}  {}  by {}  [{}]", c.connection, c.status, c.name, c.creator, c.rights.join(",")))
+                        .map(|c| {
+                            format!(
+                                "{}  {:8}  {}  by {}  [{}]",
+                                c.connection,
+                                c.status,
+                                c.name,
+                                c.creator,
+                                c.rights.join(",")
+                            )
+                        })
                         .collect::<Vec<_>>()
                         .join("\n");
-                    Ok((json!({"connections": list}), if text.is_empty() { "no connections".into() } else { text }))
+                    Ok((
+                        json!({"connections": list}),
+                        if text.is_empty() { "no connections".into() } else { text },
+                    ))
                 }
             }
         }
@@ -249,7 +318,10 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let seed = demo::seed(&ds, "").await?;
             let mut text = String::from("Demo seeded.\n");
             for t in &seed.tenants {
-                text.push_str(&format!("\n{} ({})\n  admin: {} / {}\n", t.slug, t.zone, t.admin.email, t.admin.password));
+                text.push_str(&format!(
+                    "\n{} ({})\n  admin: {} / {}\n",
+                    t.slug, t.zone, t.admin.email, t.admin.password
+                ));
                 for c in &t.connections {
                     text.push_str(&format!("  connection {:28} {}\n", c.name, c.token));
                 }

@@ -9,11 +9,17 @@ use e2e::{Options, Stack};
 async fn main() -> anyhow::Result<()> {
     let run_dir = e2e::repo_root().join(".run");
     let _ = std::fs::remove_dir_all(&run_dir);
-    let port = |var: &str, default: u16| std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let port = |var: &str, default: u16| {
+        std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    };
     let opts = Options {
         workers: 2,
         database: std::env::var("GATEHOUSE_DEV_DB").unwrap_or_else(|_| "gatehouse_dev".into()),
-        ports: Some((port("GATEHOUSE_LB_PORT", 8000), port("GATEHOUSE_CONTROL_PORT", 8080), port("GATEHOUSE_WORKER_PORT", 8101))),
+        ports: Some((
+            port("GATEHOUSE_LB_PORT", 8000),
+            port("GATEHOUSE_CONTROL_PORT", 8080),
+            port("GATEHOUSE_WORKER_PORT", 8101),
+        )),
         run_dir: run_dir.clone(),
         log_level: "info,sqlx=warn".into(),
         db_pool: 8,
@@ -27,14 +33,24 @@ async fn main() -> anyhow::Result<()> {
     println!("Gatehouse is running (logs in {}).", run_dir.display());
     println!();
     println!("  Console:   {}/", stack.control_url);
-    println!("  Login:     {} / {}", tenant["admin"]["email"].as_str().unwrap_or_default(), tenant["admin"]["password"].as_str().unwrap_or_default());
+    println!(
+        "  Login:     {} / {}",
+        tenant["admin"]["email"].as_str().unwrap_or_default(),
+        tenant["admin"]["password"].as_str().unwrap_or_default()
+    );
     println!("  MCP URL:   {mcp_url}   (load balancer over {} workers)", stack.worker_urls.len());
-    println!("  Token:     {token}   ({}, tenant {})", tenant["connections"][0]["name"].as_str().unwrap_or_default(), tenant["slug"].as_str().unwrap_or_default());
+    println!(
+        "  Token:     {token}   ({}, tenant {})",
+        tenant["connections"][0]["name"].as_str().unwrap_or_default(),
+        tenant["slug"].as_str().unwrap_or_default()
+    );
     println!("  Read-only: {}", stack.token(0, 1));
     println!("  API token: {}", tenant["api_token"].as_str().unwrap_or_default());
     println!();
     println!("Connect Claude Code:");
-    println!("  claude mcp add --transport http gatehouse {mcp_url} --header \"Authorization: Bearer {token}\"");
+    println!(
+        "  claude mcp add --transport http gatehouse {mcp_url} --header \"Authorization: Bearer {token}\""
+    );
     println!();
     println!("Everything the demo seeded: {}/seed.json. Ctrl-C stops it all.", run_dir.display());
     std::fs::write(run_dir.join("seed.json"), serde_json::to_string_pretty(&stack.seed)?)?;

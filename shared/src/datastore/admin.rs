@@ -81,7 +81,11 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn membership_get(&self, ctx: &OpCtx, person_id: i64) -> Result<Option<MembershipRow>> {
+    pub async fn membership_get(
+        &self,
+        ctx: &OpCtx,
+        person_id: i64,
+    ) -> Result<Option<MembershipRow>> {
         Ok(sqlx::query_as::<_, MembershipRow>(
             "SELECT role, active FROM memberships WHERE tenant_id = $1 AND person_id = $2",
         )
@@ -144,7 +148,12 @@ pub async fn person_insert(
     .await?)
 }
 
-pub async fn membership_upsert(tx: &mut Tx<'_>, ctx: &OpCtx, person_id: i64, role: &str) -> Result<()> {
+pub async fn membership_upsert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+    role: &str,
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO memberships (tenant_id, person_id, role) VALUES ($1, $2, $3)
          ON CONFLICT (tenant_id, person_id) DO UPDATE SET role = EXCLUDED.role, active = true",
@@ -250,7 +259,11 @@ pub async fn connection_revoke_where(
     Ok(revoked)
 }
 
-pub async fn connection_status(tx: &mut Tx<'_>, ctx: &OpCtx, handle: &str) -> Result<Option<String>> {
+pub async fn connection_status(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<String>> {
     Ok(sqlx::query_scalar("SELECT status FROM connections WHERE tenant_id = $1 AND handle = $2")
         .bind(ctx.tenant_id())
         .bind(handle)

@@ -49,7 +49,10 @@ pub struct ApiContextRow {
 impl Datastore {
     /// Looks up an MCP token by hash. Also stamps `last_used_at`, at most once a minute, in
     /// the same statement so the hot path stays one round trip.
-    pub async fn connection_context(&self, token_hash: &[u8]) -> Result<Option<ConnectionContextRow>> {
+    pub async fn connection_context(
+        &self,
+        token_hash: &[u8],
+    ) -> Result<Option<ConnectionContextRow>> {
         let row = sqlx::query_as::<_, ConnectionContextRow>(
             r#"
             WITH tok AS (

@@ -2,7 +2,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{from_ts, Datastore};
+use crate::datastore::{Datastore, from_ts};
 use crate::error::Result;
 use crate::handle::BookingHandle;
 
@@ -68,7 +68,11 @@ const FROM: &str = "
     LEFT JOIN technicians t ON t.id = b.technician_id AND t.tenant_id = b.tenant_id";
 
 impl Datastore {
-    pub async fn booking_find(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<Vec<BookingRow>> {
+    pub async fn booking_find(
+        &self,
+        ctx: &OpCtx,
+        filter: &BookingFilter,
+    ) -> Result<Vec<BookingRow>> {
         let (after_at, after_handle) = filter.after.clone().unzip();
         let rows = sqlx::query_as::<_, BookingRow>(sqlx::AssertSqlSafe(format!(
             "{SELECT}, '[]'::json AS notes {FROM}
@@ -96,7 +100,11 @@ impl Datastore {
         Ok(rows)
     }
 
-    pub async fn booking_get(&self, ctx: &OpCtx, handle: &BookingHandle) -> Result<Option<BookingRow>> {
+    pub async fn booking_get(
+        &self,
+        ctx: &OpCtx,
+        handle: &BookingHandle,
+    ) -> Result<Option<BookingRow>> {
         let row = sqlx::query_as::<_, BookingRow>(sqlx::AssertSqlSafe(format!(
             "{SELECT},
                (SELECT coalesce(json_agg(json_build_object(

@@ -49,7 +49,11 @@ impl Datastore {
         Ok(rows)
     }
 
-    pub async fn customer_get(&self, ctx: &OpCtx, handle: &CustomerHandle) -> Result<Option<CustomerRow>> {
+    pub async fn customer_get(
+        &self,
+        ctx: &OpCtx,
+        handle: &CustomerHandle,
+    ) -> Result<Option<CustomerRow>> {
         let row = sqlx::query_as::<_, CustomerRow>(sqlx::AssertSqlSafe(format!(
             "SELECT {COLUMNS} FROM customers WHERE tenant_id = $1 AND handle = $2"
         )))

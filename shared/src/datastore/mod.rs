@@ -16,8 +16,8 @@ pub use bookings::*;
 pub use customers::*;
 pub use technicians::*;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
 use chrono::{DateTime, Utc};
 
 use crate::ctx::OpCtx;
-use crate::datastore::customers::escape_like;
 use crate::datastore::Datastore;
+use crate::datastore::customers::escape_like;
 use crate::error::Result;
 
 #[derive(Debug, Clone, sqlx::FromRow)]

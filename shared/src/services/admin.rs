@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::ctx::{new_request_id, Actor, Channel, OpCtx, TenantRef};
+use crate::ctx::{Actor, Channel, OpCtx, TenantRef, new_request_id};
 use crate::datastore::{self as ds_fns, AuditEntry, Datastore, TenantRow};
 use crate::error::{Error, Resource, Result};
 use crate::handle::{ApiTokenHandle, ConnectionHandle, PersonHandle, TenantHandle};
@@ -47,7 +47,11 @@ pub struct NewTenant<'a> {
     pub zone: &'a str,
 }
 
-pub async fn tenant_create(ds: &Datastore, channel: Channel, t: NewTenant<'_>) -> Result<TenantRow> {
+pub async fn tenant_create(
+    ds: &Datastore,
+    channel: Channel,
+    t: NewTenant<'_>,
+) -> Result<TenantRow> {
     let slug = t.slug.trim().to_lowercase();
     let valid_slug = slug.len() >= 2
         && slug.len() <= 63
@@ -66,9 +70,22 @@ pub async fn tenant_create(ds: &Datastore, channel: Channel, t: NewTenant<'_>) -
     }
     let mut tx = ds.begin().await?;
     let handle = TenantHandle::generate();
-    let row = ds_fns::tenant_insert(&mut tx, handle.as_str(), &slug, t.name.trim(), &currency, t.zone.trim()).await?;
+    let row = ds_fns::tenant_insert(
+        &mut tx,
+        handle.as_str(),
+        &slug,
+        t.name.trim(),
+        &currency,
+        t.zone.trim(),
+    )
+    .await?;
     let ctx = operator_ctx(&row, channel, "operator")?;
-    ds_fns::audit_insert(&mut tx, &ctx, AuditEntry { action: "tenant.create", outcome: "ok", targets: vec![row.handle.clone()] }).await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        &ctx,
+        AuditEntry { action: "tenant.create", outcome: "ok", targets: vec![row.handle.clone()] },
+    )
+    .await?;
     tx.commit().await?;
     Ok(row)
 }
@@ -95,10 +112,10 @@ pub async fn person_create(
     if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_whitespace) {
         return Err(Error::invalid("email", format!("{email:?} is not an email address")));
     }
-    if let Some(p) = password {
-        if p.chars().count() < 12 {
-            return Err(Error::invalid("password", "use at least 12 characters"));
-        }
+    if let Some(p) = password
+        && p.chars().count() < 12
+    {
+        return Err(Error::invalid("password", "use at least 12 characters"));
     }
     let hash = password.map(secret::hash_password).transpose()?;
     let existing = ds.person_by_email(email).await?;
@@ -106,17 +123,37 @@ pub async fn person_create(
     let person = match existing {
         Some(p) => p,
         None => {
-            ds_fns::person_insert(&mut tx, PersonHandle::generate().as_str(), email, name.trim(), hash.as_deref()).await?
+            ds_fns::person_insert(
+                &mut tx,
+                PersonHandle::generate().as_str(),
+                email,
+                name.trim(),
+                hash.as_deref(),
+            )
+            .await?
         }
     };
     ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
-    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "person.create", outcome: "ok", targets: vec![person.handle.clone()] }).await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry { action: "person.create", outcome: "ok", targets: vec![person.handle.clone()] },
+    )
+    .await?;
     tx.commit().await?;
-    Ok(PersonCreated { person: person.handle, email: person.email, role: role.as_str().into(), tenant: ctx.tenant.slug.clone() })
+    Ok(PersonCreated {
+        person: person.handle,
+        email: person.email,
+        role: role.as_str().into(),
+        tenant: ctx.tenant.slug.clone(),
+    })
 }
 
 async fn member(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<crate::datastore::PersonRow> {
-    let person = ds.person_by_email(email).await?.ok_or_else(|| Error::not_found(Resource::Person, email))?;
+    let person = ds
+        .person_by_email(email)
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Person, email))?;
     match ds.membership_get(ctx, person.id).await? {
         Some(_) => Ok(person),
         None => Err(Error::not_found(Resource::Person, email)),
@@ -125,14 +162,33 @@ async fn member(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<crate::datas
 
 /// Changes a person's role. Their connections keep their stored rights, but the live rights
 /// of every call are cut to the new role from the next call on (R4).
-pub async fn person_set_role(ds: &Datastore, ctx: &OpCtx, email: &str, role: Role) -> Result<PersonCreated> {
+pub async fn person_set_role(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    email: &str,
+    role: Role,
+) -> Result<PersonCreated> {
     ctx.require(Right::PeopleManage)?;
     let person = member(ds, ctx, email).await?;
     let mut tx = ds.begin().await?;
     ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
-    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "person.set_role", outcome: "ok", targets: vec![person.handle.clone()] }).await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry {
+            action: "person.set_role",
+            outcome: "ok",
+            targets: vec![person.handle.clone()],
+        },
+    )
+    .await?;
     tx.commit().await?;
-    Ok(PersonCreated { person: person.handle, email: person.email, role: role.as_str().into(), tenant: ctx.tenant.slug.clone() })
+    Ok(PersonCreated {
+        person: person.handle,
+        email: person.email,
+        role: role.as_str().into(),
+        tenant: ctx.tenant.slug.clone(),
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -142,15 +198,26 @@ pub struct PersonDeactivated {
 }
 
 /// Ends a person's membership in the tenant and every connection they created there (R4).
-pub async fn person_deactivate(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<PersonDeactivated> {
+pub async fn person_deactivate(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    email: &str,
+) -> Result<PersonDeactivated> {
     ctx.require(Right::PeopleManage)?;
     let person = member(ds, ctx, email).await?;
     let mut tx = ds.begin().await?;
     ds_fns::membership_deactivate(&mut tx, ctx, person.id).await?;
-    let revoked = ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated").await?;
+    let revoked =
+        ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated")
+            .await?;
     let mut targets = vec![person.handle.clone()];
     targets.extend(revoked.iter().cloned());
-    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "person.deactivate", outcome: "ok", targets }).await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry { action: "person.deactivate", outcome: "ok", targets },
+    )
+    .await?;
     tx.commit().await?;
     Ok(PersonDeactivated { person: person.handle, revoked_connections: revoked })
 }
@@ -180,29 +247,71 @@ pub async fn connection_create(
         return Err(Error::invalid("name", "give the connection a name of 1 to 80 characters"));
     }
     if rights == RightSet::EMPTY {
-        return Err(Error::invalid_with_options("rights", "grant at least one right", Right::ALL.iter().map(|r| r.as_str().into()).collect()));
-    }
-    let creator = member(ds, ctx, creator_email).await?;
-    let membership = ds.membership_get(ctx, creator.id).await?.filter(|m| m.active && creator.active).ok_or_else(|| {
-        Error::invalid("creator", format!("{creator_email} is not an active member of this tenant"))
-    })?;
-    let creator_rights = membership.role.parse::<Role>()?.rights();
-    if !rights.is_subset_of(creator_rights) {
-        let excess: Vec<String> = rights.iter().filter(|r| !creator_rights.contains(*r)).map(|r| r.as_str().to_owned()).collect();
         return Err(Error::invalid_with_options(
             "rights",
-            format!("{creator_email} does not hold {}; a connection cannot exceed its creator's rights", excess.join(", ")),
+            "grant at least one right",
+            Right::ALL.iter().map(|r| r.as_str().into()).collect(),
+        ));
+    }
+    let creator = member(ds, ctx, creator_email).await?;
+    let membership = ds
+        .membership_get(ctx, creator.id)
+        .await?
+        .filter(|m| m.active && creator.active)
+        .ok_or_else(|| {
+            Error::invalid(
+                "creator",
+                format!("{creator_email} is not an active member of this tenant"),
+            )
+        })?;
+    let creator_rights = membership.role.parse::<Role>()?.rights();
+    if !rights.is_subset_of(creator_rights) {
+        let excess: Vec<String> = rights
+            .iter()
+            .filter(|r| !creator_rights.contains(*r))
+            .map(|r| r.as_str().to_owned())
+            .collect();
+        return Err(Error::invalid_with_options(
+            "rights",
+            format!(
+                "{creator_email} does not hold {}; a connection cannot exceed its creator's rights",
+                excess.join(", ")
+            ),
             creator_rights.names(),
         ));
     }
     let token = secret::generate(CredentialKind::Mcp);
     let handle = ConnectionHandle::generate();
     let mut tx = ds.begin().await?;
-    let id = ds_fns::connection_insert(&mut tx, ctx, handle.as_str(), creator.id, name, client_name, &rights.names()).await?;
-    ds_fns::connection_token_insert(&mut tx, id, "static", &secret::hash_token(&token), None, None).await?;
-    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "connection.create", outcome: "ok", targets: vec![handle.to_string()] }).await?;
+    let id = ds_fns::connection_insert(
+        &mut tx,
+        ctx,
+        handle.as_str(),
+        creator.id,
+        name,
+        client_name,
+        &rights.names(),
+    )
+    .await?;
+    ds_fns::connection_token_insert(&mut tx, id, "static", &secret::hash_token(&token), None, None)
+        .await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry {
+            action: "connection.create",
+            outcome: "ok",
+            targets: vec![handle.to_string()],
+        },
+    )
+    .await?;
     tx.commit().await?;
-    Ok(ConnectionCreated { connection: handle.to_string(), name: name.to_owned(), rights: rights.names(), token })
+    Ok(ConnectionCreated {
+        connection: handle.to_string(),
+        name: name.to_owned(),
+        rights: rights.names(),
+        token,
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -212,15 +321,30 @@ pub struct ConnectionRevoked {
 }
 
 /// The one revocation path (R4): every channel revokes through here, and it audits.
-pub async fn connection_revoke(ds: &Datastore, ctx: &OpCtx, handle: &str, reason: &str) -> Result<ConnectionRevoked> {
+pub async fn connection_revoke(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    handle: &str,
+    reason: &str,
+) -> Result<ConnectionRevoked> {
     ctx.require(Right::ConnectionsManage)?;
     let handle = ConnectionHandle::parse("connection", handle)?;
     let mut tx = ds.begin().await?;
     if ds_fns::connection_status(&mut tx, ctx, handle.as_str()).await?.is_none() {
         return Err(Error::not_found(Resource::Connection, handle.as_str()));
     }
-    let revoked = ds_fns::connection_revoke_where(&mut tx, ctx, Some(handle.as_str()), None, reason).await?;
-    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "connection.revoke", outcome: "ok", targets: vec![handle.to_string()] }).await?;
+    let revoked =
+        ds_fns::connection_revoke_where(&mut tx, ctx, Some(handle.as_str()), None, reason).await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry {
+            action: "connection.revoke",
+            outcome: "ok",
+            targets: vec![handle.to_string()],
+        },
+    )
+    .await?;
     tx.commit().await?;
     Ok(ConnectionRevoked { connection: handle.to_string(), revoked: !revoked.is_empty() })
 }
@@ -231,14 +355,32 @@ pub struct ApiTokenCreated {
     pub token: String,
 }
 
-pub async fn api_token_create(ds: &Datastore, ctx: &OpCtx, person_email: &str, name: &str) -> Result<ApiTokenCreated> {
+pub async fn api_token_create(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    person_email: &str,
+    name: &str,
+) -> Result<ApiTokenCreated> {
     ctx.require(Right::ConnectionsManage)?;
     let person = member(ds, ctx, person_email).await?;
     let token = secret::generate(CredentialKind::Api);
     let handle = ApiTokenHandle::generate();
     let mut tx = ds.begin().await?;
-    ds_fns::api_token_insert(&mut tx, ctx, handle.as_str(), person.id, name, &secret::hash_token(&token)).await?;
-    ds_fns::audit_insert(&mut tx, ctx, AuditEntry { action: "api_token.create", outcome: "ok", targets: vec![handle.to_string()] }).await?;
+    ds_fns::api_token_insert(
+        &mut tx,
+        ctx,
+        handle.as_str(),
+        person.id,
+        name,
+        &secret::hash_token(&token),
+    )
+    .await?;
+    ds_fns::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry { action: "api_token.create", outcome: "ok", targets: vec![handle.to_string()] },
+    )
+    .await?;
     tx.commit().await?;
     Ok(ApiTokenCreated { api_token: handle.to_string(), token })
 }
@@ -257,7 +399,9 @@ pub struct ConnectionSummary {
 
 pub async fn connection_list(ds: &Datastore, ctx: &OpCtx) -> Result<Vec<ConnectionSummary>> {
     ctx.require(Right::ConnectionsManage)?;
-    let fmt = |t: chrono::DateTime<chrono::Utc>| crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let fmt = |t: chrono::DateTime<chrono::Utc>| {
+        crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    };
     Ok(ds
         .connection_list(ctx)
         .await?

@@ -4,12 +4,12 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{to_ts, BookingFilter, BookingRow, Datastore};
+use crate::datastore::{BookingFilter, BookingRow, Datastore, to_ts};
 use crate::error::{Error, Resource, Result};
 use crate::handle::{BookingHandle, CustomerHandle, TechnicianHandle};
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::{decode_cursor, encode_cursor, limit, nonempty, Found};
+use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::time;
 
 pub const STATUSES: &[&str] = &["draft", "confirmed", "cancelled", "completed"];
@@ -56,12 +56,15 @@ pub struct GetBookingInput {
 
 fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
     let zone = nonempty(&input.zone);
-    let from = nonempty(&input.from).map(|f| time::parse_range_bound("from", f, zone, false)).transpose()?;
-    let to = nonempty(&input.to).map(|t| time::parse_range_bound("to", t, zone, true)).transpose()?;
-    if let (Some(from), Some(to)) = (from, to) {
-        if to <= from {
-            return Err(Error::invalid("to", "`to` must be after `from`"));
-        }
+    let from = nonempty(&input.from)
+        .map(|f| time::parse_range_bound("from", f, zone, false))
+        .transpose()?;
+    let to =
+        nonempty(&input.to).map(|t| time::parse_range_bound("to", t, zone, true)).transpose()?;
+    if let (Some(from), Some(to)) = (from, to)
+        && to <= from
+    {
+        return Err(Error::invalid("to", "`to` must be after `from`"));
     }
     let status = match nonempty(&input.status) {
         Some(s) if STATUSES.contains(&s) => Some(s.to_owned()),
@@ -85,8 +88,10 @@ fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
     let after = match nonempty(&input.cursor) {
         Some(c) => {
             let parts = decode_cursor(c, 2)?;
-            let micros: i64 = parts[0].parse().map_err(|_| Error::invalid("cursor", "malformed cursor"))?;
-            let at = jiff::Timestamp::from_microsecond(micros).map_err(|_| Error::invalid("cursor", "malformed cursor"))?;
+            let micros: i64 =
+                parts[0].parse().map_err(|_| Error::invalid("cursor", "malformed cursor"))?;
+            let at = jiff::Timestamp::from_microsecond(micros)
+                .map_err(|_| Error::invalid("cursor", "malformed cursor"))?;
             Some((at, parts[1].clone()))
         }
         None => None,
@@ -94,7 +99,11 @@ fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
     Ok(BookingFilter { from, to, status, technician, customer, after, limit: limit(input.limit)? })
 }
 
-pub async fn find(ds: &Datastore, ctx: &OpCtx, input: &FindBookingsInput) -> Result<Found<BookingRow>> {
+pub async fn find(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    input: &FindBookingsInput,
+) -> Result<Found<BookingRow>> {
     ctx.require(Right::BookingsRead)?;
     let mut filter = filter(input)?;
     let page = filter.limit;

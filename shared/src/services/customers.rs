@@ -9,7 +9,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::{decode_cursor, encode_cursor, limit, nonempty, Found};
+use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 
 /// Find customers by name, email or phone.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -35,7 +35,11 @@ pub struct GetCustomerInput {
     pub customer: String,
 }
 
-pub async fn find(ds: &Datastore, ctx: &OpCtx, input: &FindCustomersInput) -> Result<Found<CustomerRow>> {
+pub async fn find(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    input: &FindCustomersInput,
+) -> Result<Found<CustomerRow>> {
     ctx.require(Right::CustomersRead)?;
     let limit = limit(input.limit)?;
     let after = input.cursor.as_deref().map(|c| decode_cursor(c, 2)).transpose()?;
@@ -57,4 +61,3 @@ pub async fn get(ds: &Datastore, ctx: &OpCtx, input: &GetCustomerInput) -> Resul
         .await?
         .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))
 }
-

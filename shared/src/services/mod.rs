@@ -10,8 +10,8 @@ pub mod customers;
 pub mod demo;
 pub mod technicians;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::error::{Error, Result};
 
@@ -41,7 +41,10 @@ pub(crate) fn decode_cursor(cursor: &str, arity: usize) -> Result<Vec<String>> {
         .and_then(|bytes| serde_json::from_slice::<Vec<String>>(&bytes).ok())
         .filter(|parts| parts.len() == arity)
         .ok_or_else(|| {
-            Error::invalid("cursor", "not a cursor from a previous page; repeat the search without it")
+            Error::invalid(
+                "cursor",
+                "not a cursor from a previous page; repeat the search without it",
+            )
         })
 }
 

@@ -29,9 +29,19 @@ pub struct FindTechniciansInput {
     pub limit: Option<u32>,
 }
 
-pub async fn find(ds: &Datastore, ctx: &OpCtx, input: &FindTechniciansInput) -> Result<Vec<TechnicianRow>> {
+pub async fn find(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    input: &FindTechniciansInput,
+) -> Result<Vec<TechnicianRow>> {
     ctx.require(Right::TechniciansRead)?;
     let limit = limit(input.limit)?;
-    ds.technician_find(ctx, nonempty(&input.query), nonempty(&input.skill), input.include_inactive, limit)
-        .await
+    ds.technician_find(
+        ctx,
+        nonempty(&input.query),
+        nonempty(&input.skill),
+        input.include_inactive,
+        limit,
+    )
+    .await
 }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use schemars::JsonSchema;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use shared::rights::Right;
 use shared::{Datastore, OpCtx};
@@ -109,7 +109,8 @@ where
     Fut: Future<Output = shared::Result<O>> + Send + 'static,
 {
     let input_schema = input_schema::<I>();
-    let output_schema = results::output_schema(schemars::SchemaGenerator::default().into_root_schema_for::<O>());
+    let output_schema =
+        results::output_schema(schemars::SchemaGenerator::default().into_root_schema_for::<O>());
     let mut meta = rmcp::model::MetaObject::new();
     meta.0.insert("dev.gatehouse/effect_class".into(), Value::from(def.class.as_str()));
     meta.0.insert("dev.gatehouse/right".into(), Value::from(def.right.as_str()));
@@ -122,7 +123,8 @@ where
         Box::pin(async move {
             let input: I = shared::input::parse_input(args)?;
             let output = f(env, input).await?;
-            serde_json::to_value(output).map_err(|e| shared::Error::Internal(format!("present: {e}")))
+            serde_json::to_value(output)
+                .map_err(|e| shared::Error::Internal(format!("present: {e}")))
         })
     });
     ToolSpec { name: def.name, class: def.class, right: def.right, tool, handler }

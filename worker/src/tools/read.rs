@@ -8,7 +8,7 @@ use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
 use shared::services::technicians::{self, FindTechniciansInput};
 use shared::views::{self, BookingView, CustomerView, TechnicianView};
 
-use super::{tool, Def, EffectClass, Env, ToolSpec};
+use super::{Def, EffectClass, Env, ToolSpec, tool};
 
 #[derive(Serialize, JsonSchema)]
 pub struct CustomersOut {
@@ -92,8 +92,11 @@ pub fn tools() -> Vec<ToolSpec> {
 async fn find_customers(env: Env, input: FindCustomersInput) -> shared::Result<CustomersOut> {
     let found = customers::find(&env.ds, &env.ctx, &input).await?;
     let tenant = &env.ctx.tenant;
-    let customers: Vec<CustomerView> =
-        found.items.iter().map(|c| views::customer(c, &tenant.zone, &tenant.zone_name, env.now)).collect();
+    let customers: Vec<CustomerView> = found
+        .items
+        .iter()
+        .map(|c| views::customer(c, &tenant.zone, &tenant.zone_name, env.now))
+        .collect();
     Ok(CustomersOut { count: customers.len(), customers, next_cursor: found.next_cursor })
 }
 
@@ -104,7 +107,8 @@ async fn get_customer(env: Env, input: GetCustomerInput) -> shared::Result<Custo
 
 async fn find_bookings(env: Env, input: FindBookingsInput) -> shared::Result<BookingsOut> {
     let found = bookings::find(&env.ds, &env.ctx, &input).await?;
-    let bookings: Vec<BookingView> = found.items.iter().map(|b| views::booking(b, false, env.now)).collect();
+    let bookings: Vec<BookingView> =
+        found.items.iter().map(|b| views::booking(b, false, env.now)).collect();
     Ok(BookingsOut { count: bookings.len(), bookings, next_cursor: found.next_cursor })
 }
 

@@ -1,0 +1,95 @@
+# Shared by scripts/dev, scripts/test and scripts/bench: everything a fresh machine needs,
+# installed from Debian's packages and PyPI, and the services started when they are not
+# running. Sourced, not run.
+
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PG_URL="${GATEHOUSE_TEST_PG:-postgres://postgres@127.0.0.1:5432}"
+NATS_PORT=4222
+MCP_SDK_VERSION="2.3.0"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then
+    say "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    apt_updated=1
+  fi
+  say "installing $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+ensure_packages() {
+  local missing=()
+  command -v psql >/dev/null || missing+=(postgresql-client)
+  [ -x /usr/lib/postgresql/15/bin/pgbench ] || ls /usr/lib/postgresql/*/bin/pgbench >/dev/null 2>&1 || missing+=(postgresql)
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+  command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+  [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+  command -v python3 >/dev/null || missing+=(python3 python3-venv)
+  if [ ${#missing[@]} -gt 0 ]; then
+    # shellcheck disable=SC2207
+    missing=($(printf '%s\n' "${missing[@]}" | sort -u))
+    apt_install "${missing[@]}"
+  fi
+}
+
+ensure_postgres() {
+  if pg_isready -q -h 127.0.0.1 -p 5432; then return; fi
+  say "starting PostgreSQL"
+  local version
+  version="$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n1 || true)"
+  if [ -z "$version" ]; then
+    version="$(ls /usr/lib/postgresql | sort -V | tail -n1)"
+    pg_createcluster "$version" main >/dev/null
+  fi
+  local hba="/etc/postgresql/$version/main/pg_hba.conf"
+  # Local development and CI trust loopback, as the machines we run on are set up.
+  if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+    sed -i '1i host all all 127.0.0.1/32 trust\nlocal all all trust' "$hba"
+  fi
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start
+  for _ in $(seq 1 50); do pg_isready -q -h 127.0.0.1 -p 5432 && return; sleep 0.2; done
+  echo "PostgreSQL did not start; see /var/log/postgresql/" >&2
+  exit 1
+}
+
+ensure_nats() {
+  if port_open "$NATS_PORT"; then return; fi
+  say "starting NATS with JetStream"
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p "$NATS_PORT" -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  for _ in $(seq 1 50); do port_open "$NATS_PORT" && return; sleep 0.2; done
+  echo "NATS did not start; see /var/log/nats-server.log" >&2
+  exit 1
+}
+
+ensure_venv() {
+  local py="$REPO/.venv/bin/python"
+  if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$MCP_SDK_VERSION')" 2>/dev/null; then
+    return
+  fi
+  say "creating .venv with the MCP Python SDK $MCP_SDK_VERSION"
+  python3 -m venv "$REPO/.venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$REPO/.venv"; }
+  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP_SDK_VERSION"
+}
+
+ensure_all() {
+  command -v cargo >/dev/null || { echo "cargo is required (the machine's Rust toolchain)" >&2; exit 1; }
+  ensure_packages
+  ensure_postgres
+  ensure_nats
+  ensure_venv
+}
+
+# Drops databases earlier test runs left behind.
+drop_test_databases() {
+  psql "$PG_URL/postgres" -Atqc "SELECT datname FROM pg_database WHERE datname ~ '^gh_(test|tpl|e2e)_'" |
+    while read -r db; do psql "$PG_URL/postgres" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null; done
+}
