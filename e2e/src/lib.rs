@@ -262,6 +262,11 @@ impl Stack {
             .to_owned()
     }
 
+    /// The process id of a running child (`worker-1`, `nginx`, …).
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.procs.iter().find(|p| p.name == name).map(|p| p.child.id())
+    }
+
     /// A log file of one process, for failure messages.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.run_dir.join(format!("{name}.log"))).unwrap_or_default()

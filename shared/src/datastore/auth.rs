@@ -46,15 +46,9 @@ pub struct ApiContextRow {
     pub tenant_currency: String,
 }
 
-impl Datastore {
-    /// Looks up an MCP token by hash. Also stamps `last_used_at`, at most once a minute, in
-    /// the same statement so the hot path stays one round trip.
-    pub async fn connection_context(
-        &self,
-        token_hash: &[u8],
-    ) -> Result<Option<ConnectionContextRow>> {
-        let row = sqlx::query_as::<_, ConnectionContextRow>(
-            r#"
+/// The hot-path query: the token, its connection, tenant, switches and the creator's current
+/// membership in one round trip. Public so the benchmark can run the same SQL through pgbench.
+pub const CONNECTION_CONTEXT_SQL: &str = r#"
             WITH tok AS (
                 SELECT connection_id, kind, expires_at, audience
                 FROM connection_tokens
@@ -82,11 +76,19 @@ impl Datastore {
             JOIN tenants t ON t.id = c.tenant_id
             JOIN people p ON p.id = c.creator_id
             LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
-            "#,
-        )
-        .bind(token_hash)
-        .fetch_optional(self.pool())
-        .await?;
+            "#;
+
+impl Datastore {
+    /// Looks up an MCP token by hash. Also stamps `last_used_at`, at most once a minute, in
+    /// the same statement so the hot path stays one round trip.
+    pub async fn connection_context(
+        &self,
+        token_hash: &[u8],
+    ) -> Result<Option<ConnectionContextRow>> {
+        let row = sqlx::query_as::<_, ConnectionContextRow>(CONNECTION_CONTEXT_SQL)
+            .bind(token_hash)
+            .fetch_optional(self.pool())
+            .await?;
         Ok(row)
     }
 

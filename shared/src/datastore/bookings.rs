@@ -1,3 +1,5 @@
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
@@ -67,15 +69,9 @@ const FROM: &str = "
     JOIN services s ON s.id = b.service_id AND s.tenant_id = b.tenant_id
     LEFT JOIN technicians t ON t.id = b.technician_id AND t.tenant_id = b.tenant_id";
 
-impl Datastore {
-    pub async fn booking_find(
-        &self,
-        ctx: &OpCtx,
-        filter: &BookingFilter,
-    ) -> Result<Vec<BookingRow>> {
-        let (after_at, after_handle) = filter.after.clone().unzip();
-        let rows = sqlx::query_as::<_, BookingRow>(sqlx::AssertSqlSafe(format!(
-            "{SELECT}, '[]'::json AS notes {FROM}
+static BOOKING_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{SELECT}, '[]'::json AS notes {FROM}
              WHERE b.tenant_id = $1
                AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
                AND ($3::timestamptz IS NULL OR b.starts_at < $3)
@@ -85,18 +81,47 @@ impl Datastore {
                AND ($7::timestamptz IS NULL OR (b.starts_at, b.handle) > ($7, $8))
              ORDER BY b.starts_at, b.handle
              LIMIT $9"
-        )))
-        .bind(ctx.tenant_id())
-        .bind(filter.from.map(from_ts))
-        .bind(filter.to.map(from_ts))
-        .bind(filter.status.as_deref())
-        .bind(filter.technician.as_deref())
-        .bind(filter.customer.as_deref())
-        .bind(after_at.map(from_ts))
-        .bind(after_handle)
-        .bind(filter.limit)
-        .fetch_all(self.pool())
-        .await?;
+    )
+});
+
+static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{SELECT},
+               (SELECT coalesce(json_agg(json_build_object(
+                    'handle', n.handle, 'source', n.source, 'body', n.body,
+                    'created_at', n.created_at)
+                    ORDER BY n.created_at, n.id), '[]'::json)
+                FROM booking_notes n
+                WHERE n.booking_id = b.id AND n.tenant_id = b.tenant_id) AS notes
+             {FROM}
+             WHERE b.tenant_id = $1 AND b.handle = $2"
+    )
+});
+
+/// The single-booking query, built once. Public so the benchmark can run it through pgbench.
+pub fn booking_get_sql() -> &'static str {
+    BOOKING_GET_SQL.as_str()
+}
+
+impl Datastore {
+    pub async fn booking_find(
+        &self,
+        ctx: &OpCtx,
+        filter: &BookingFilter,
+    ) -> Result<Vec<BookingRow>> {
+        let (after_at, after_handle) = filter.after.clone().unzip();
+        let rows = sqlx::query_as::<_, BookingRow>(BOOKING_FIND_SQL.as_str())
+            .bind(ctx.tenant_id())
+            .bind(filter.from.map(from_ts))
+            .bind(filter.to.map(from_ts))
+            .bind(filter.status.as_deref())
+            .bind(filter.technician.as_deref())
+            .bind(filter.customer.as_deref())
+            .bind(after_at.map(from_ts))
+            .bind(after_handle)
+            .bind(filter.limit)
+            .fetch_all(self.pool())
+            .await?;
         Ok(rows)
     }
 
@@ -105,21 +130,11 @@ impl Datastore {
         ctx: &OpCtx,
         handle: &BookingHandle,
     ) -> Result<Option<BookingRow>> {
-        let row = sqlx::query_as::<_, BookingRow>(sqlx::AssertSqlSafe(format!(
-            "{SELECT},
-               (SELECT coalesce(json_agg(json_build_object(
-                    'handle', n.handle, 'source', n.source, 'body', n.body,
-                    'created_at', to_char(n.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'))
-                    ORDER BY n.created_at, n.id), '[]'::json)
-                FROM booking_notes n
-                WHERE n.booking_id = b.id AND n.tenant_id = b.tenant_id) AS notes
-             {FROM}
-             WHERE b.tenant_id = $1 AND b.handle = $2"
-        )))
-        .bind(ctx.tenant_id())
-        .bind(handle.as_str())
-        .fetch_optional(self.pool())
-        .await?;
+        let row = sqlx::query_as::<_, BookingRow>(booking_get_sql())
+            .bind(ctx.tenant_id())
+            .bind(handle.as_str())
+            .fetch_optional(self.pool())
+            .await?;
         Ok(row)
     }
 }

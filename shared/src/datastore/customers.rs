@@ -1,3 +1,5 @@
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 
 use crate::ctx::OpCtx;
@@ -18,6 +20,21 @@ pub struct CustomerRow {
 
 const COLUMNS: &str = "id, handle, name, email, phone, created_at, updated_at";
 
+static CUSTOMER_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {COLUMNS} FROM customers
+             WHERE tenant_id = $1
+               AND ($2::text IS NULL OR lower(name) LIKE $2 OR lower(coalesce(email, '')) LIKE $2
+                    OR coalesce(phone, '') LIKE $2)
+               AND ($3::text IS NULL OR (lower(name), handle) > ($3, $4))
+             ORDER BY lower(name), handle
+             LIMIT $5"
+    )
+});
+static CUSTOMER_GET_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {COLUMNS} FROM customers WHERE tenant_id = $1 AND handle = $2")
+});
+
 impl Datastore {
     /// Customers of the tenant ordered by name, optionally matching `query` in name, email or
     /// phone, after the keyset `(lower(name), handle)`.
@@ -30,22 +47,14 @@ impl Datastore {
     ) -> Result<Vec<CustomerRow>> {
         let pattern = query.map(|q| format!("%{}%", escape_like(&q.to_lowercase())));
         let (after_name, after_handle) = after.unzip();
-        let rows = sqlx::query_as::<_, CustomerRow>(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM customers
-             WHERE tenant_id = $1
-               AND ($2::text IS NULL OR lower(name) LIKE $2 OR lower(coalesce(email, '')) LIKE $2
-                    OR coalesce(phone, '') LIKE $2)
-               AND ($3::text IS NULL OR (lower(name), handle) > ($3, $4))
-             ORDER BY lower(name), handle
-             LIMIT $5"
-        )))
-        .bind(ctx.tenant_id())
-        .bind(pattern)
-        .bind(after_name)
-        .bind(after_handle)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
+        let rows = sqlx::query_as::<_, CustomerRow>(CUSTOMER_FIND_SQL.as_str())
+            .bind(ctx.tenant_id())
+            .bind(pattern)
+            .bind(after_name)
+            .bind(after_handle)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
         Ok(rows)
     }
 
@@ -54,13 +63,11 @@ impl Datastore {
         ctx: &OpCtx,
         handle: &CustomerHandle,
     ) -> Result<Option<CustomerRow>> {
-        let row = sqlx::query_as::<_, CustomerRow>(sqlx::AssertSqlSafe(format!(
-            "SELECT {COLUMNS} FROM customers WHERE tenant_id = $1 AND handle = $2"
-        )))
-        .bind(ctx.tenant_id())
-        .bind(handle.as_str())
-        .fetch_optional(self.pool())
-        .await?;
+        let row = sqlx::query_as::<_, CustomerRow>(CUSTOMER_GET_SQL.as_str())
+            .bind(ctx.tenant_id())
+            .bind(handle.as_str())
+            .fetch_optional(self.pool())
+            .await?;
         Ok(row)
     }
 }
