@@ -10,7 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, patch, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use shared::OpCtx;
@@ -20,6 +20,10 @@ use shared::input::parse_input;
 use shared::secret::{self, CredentialKind};
 use shared::services::bookings::{self as booking_svc, FindBookingsInput, GetBookingInput};
 use shared::services::customers::{self as customer_svc, FindCustomersInput, GetCustomerInput};
+use shared::services::writes::{
+    self, AddBookingNoteInput, CreateBookingInput, CreateCustomerInput, UpdateBookingInput,
+    UpdateCustomerInput,
+};
 use shared::views;
 
 use crate::AppState;
@@ -28,8 +32,11 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/customers", get(find_customers))
         .route("/customers/{customer}", get(get_customer))
-        .route("/bookings", get(find_bookings))
-        .route("/bookings/{booking}", get(get_booking))
+        .route("/customers", post(create_customer))
+        .route("/customers/{customer}", patch(update_customer))
+        .route("/bookings", get(find_bookings).post(create_booking))
+        .route("/bookings/{booking}", get(get_booking).patch(update_booking))
+        .route("/bookings/{booking}/notes", post(add_booking_note))
         .layer(axum::middleware::from_fn_with_state(state, count))
 }
 
@@ -60,7 +67,12 @@ impl IntoResponse for ApiError {
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::Invalid { .. } | Error::UnknownFields { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Error::Forbidden { .. } | Error::NoActor => StatusCode::FORBIDDEN,
-            Error::Conflict { .. } => StatusCode::CONFLICT,
+            Error::Conflict { .. }
+            | Error::Duplicate { .. }
+            | Error::CountMismatch { .. }
+            | Error::ActionRefused { .. }
+            | Error::ChangedSincePreview { .. }
+            | Error::WrongState { .. } => StatusCode::CONFLICT,
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Error::Internal(detail) => {
                 tracing::error!(error = %detail, "api request failed");
@@ -80,6 +92,11 @@ impl IntoResponse for ApiError {
                 body["allowed"] = json!(allowed);
             }
             Error::Forbidden { right } => body["right"] = json!(right.as_str()),
+            Error::Conflict { current_version, current, .. } => {
+                body["current_version"] = json!(current_version);
+                body["current"] = (**current).clone();
+            }
+            Error::Duplicate { existing, .. } => body["existing"] = json!(existing),
             Error::NotFound { resource, .. } => {
                 body["fix"] =
                     json!(format!("list {}s at /api/v1/{}s", resource.noun(), resource.noun()));
@@ -177,4 +194,74 @@ async fn get_booking(
 ) -> Result<Json<Value>, ApiError> {
     let row = booking_svc::get(&state.ds, &ctx, &GetBookingInput { booking }).await?;
     Ok(Json(json!(views::booking(&row, true, jiff::Timestamp::now()))))
+}
+
+// Writes: the same services, inputs and checks as the MCP tools (R2). A JSON body is parsed by
+// the tools' parser; the handle in the path fills the input's handle field.
+
+fn body_input<T: serde::de::DeserializeOwned + schemars::JsonSchema>(
+    mut body: Value,
+    path: Option<(&str, String)>,
+) -> Result<T, Error> {
+    if let (Some((field, handle)), Value::Object(map)) = (path, &mut body) {
+        map.insert(field.to_owned(), Value::String(handle));
+    }
+    parse_input(body)
+}
+
+async fn create_customer(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Json(body): Json<Value>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let input: CreateCustomerInput = body_input(body, None)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(writes::create_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
+    ))
+}
+
+async fn update_customer(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(customer): Path<String>,
+    Json(body): Json<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let input: UpdateCustomerInput = body_input(body, Some(("customer", customer)))?;
+    Ok(Json(writes::update_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
+}
+
+async fn create_booking(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Json(body): Json<Value>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let input: CreateBookingInput = body_input(body, None)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(writes::create_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
+    ))
+}
+
+async fn update_booking(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(booking): Path<String>,
+    Json(body): Json<Value>,
+) -> Result<Json<Value>, ApiError> {
+    let input: UpdateBookingInput = body_input(body, Some(("booking", booking)))?;
+    Ok(Json(writes::update_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
+}
+
+async fn add_booking_note(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(booking): Path<String>,
+    Json(body): Json<Value>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let input: AddBookingNoteInput = body_input(body, Some(("booking", booking)))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(writes::add_booking_note(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
+    ))
 }

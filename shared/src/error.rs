@@ -17,6 +17,8 @@ pub enum Resource {
     Service,
     Booking,
     Connection,
+    AlertRule,
+    Action,
 }
 
 impl Resource {
@@ -29,6 +31,8 @@ impl Resource {
             Resource::Service => "service",
             Resource::Booking => "booking",
             Resource::Connection => "connection",
+            Resource::AlertRule => "alert rule",
+            Resource::Action => "pending action",
         }
     }
 }
@@ -60,9 +64,37 @@ pub enum Error {
     #[error("no actor is bound to this operation")]
     NoActor,
 
-    /// The object changed since the caller read it (R10).
+    /// The object changed since the caller read it (R10); `current` is its presented state.
     #[error("{} {handle} changed since version {expected}", resource.noun())]
-    Conflict { resource: Resource, handle: String, expected: String, current: String },
+    Conflict {
+        resource: Resource,
+        handle: String,
+        expected: String,
+        current_version: String,
+        current: Box<serde_json::Value>,
+    },
+
+    /// A create would duplicate an existing object's business key (R9).
+    #[error("a {} with the same {key} exists: {existing}", resource.noun())]
+    Duplicate { resource: Resource, existing: String, key: String },
+
+    /// A batch filter matched another number of objects than the caller expected (R11).
+    #[error("the filter matches {} bookings, not {expected}", matches.len())]
+    CountMismatch { expected: usize, matches: Vec<String> },
+
+    /// A two-step action cannot proceed with this token (R7).
+    #[error("{message}")]
+    ActionRefused { reason: ActionRefusal, message: String },
+
+    /// What the action would do changed since the preview; a new preview is attached and the
+    /// old token is dead (R7).
+    #[error("the action changed since its preview")]
+    ChangedSincePreview { preview: Box<serde_json::Value> },
+
+    /// The operation cannot run in the object's current state (a confirmed booking's time is
+    /// changed by rescheduling, not editing).
+    #[error("{message}")]
+    WrongState { message: String, use_instead: Option<&'static str> },
 
     /// A credential is missing, unknown, expired, revoked, or of the wrong kind.
     #[error("{0}")]
@@ -99,6 +131,11 @@ impl Error {
             Error::Forbidden { .. } => "permission_denied",
             Error::NoActor => "permission_denied",
             Error::Conflict { .. } => "conflict",
+            Error::Duplicate { .. } => "duplicate",
+            Error::CountMismatch { .. } => "count_mismatch",
+            Error::ActionRefused { reason, .. } => reason.code(),
+            Error::ChangedSincePreview { .. } => "changed_since_preview",
+            Error::WrongState { .. } => "wrong_state",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::Internal(_) => "internal",
         }
@@ -114,6 +151,30 @@ impl From<sqlx::Error> for Error {
 impl From<sqlx::migrate::MigrateError> for Error {
     fn from(e: sqlx::migrate::MigrateError) -> Self {
         Error::Internal(format!("migration: {e}"))
+    }
+}
+
+/// Why a confirmation token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionRefusal {
+    Unknown,
+    Used,
+    Rejected,
+    Expired,
+    OtherConnection,
+    SummaryMismatch,
+}
+
+impl ActionRefusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            ActionRefusal::Unknown => "unknown_token",
+            ActionRefusal::Used => "token_used",
+            ActionRefusal::Rejected => "action_rejected",
+            ActionRefusal::Expired => "token_expired",
+            ActionRefusal::OtherConnection => "foreign_token",
+            ActionRefusal::SummaryMismatch => "summary_mismatch",
+        }
     }
 }
 

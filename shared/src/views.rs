@@ -94,6 +94,10 @@ pub struct BookingView {
     pub technician: Option<TechnicianRef>,
     pub service: ServiceRef,
     pub price: PriceView,
+    /// Internal dispatch priority: low, normal or high (never shown to the customer).
+    pub priority: String,
+    /// Internal reference, e.g. a work order number (never shown to the customer).
+    pub reference: Option<String>,
     /// What the customer wrote when booking (R13).
     pub customer_note: Option<UntrustedText>,
     /// Notes on the booking, oldest first; present on single-booking results.
@@ -111,6 +115,25 @@ pub struct Page<T> {
     pub next_cursor: Option<String>,
 }
 
+pub fn customer_version(row: &CustomerRow) -> String {
+    version_of(&(&row.handle, &row.name, &row.email, &row.phone, row.updated_at.timestamp_micros()))
+}
+
+pub fn booking_version(row: &BookingRow) -> String {
+    version_of(&(
+        &row.handle,
+        &row.status,
+        row.starts_at.timestamp_micros(),
+        &row.technician_handle,
+        &row.service_handle,
+        row.total_minor,
+        &row.customer_note,
+        &row.priority,
+        &row.reference,
+        row.updated_at.timestamp_micros(),
+    ))
+}
+
 pub fn customer(
     row: &CustomerRow,
     tz: &jiff::tz::TimeZone,
@@ -119,13 +142,7 @@ pub fn customer(
 ) -> CustomerView {
     CustomerView {
         customer: row.handle.clone(),
-        version: version_of(&(
-            &row.handle,
-            &row.name,
-            &row.email,
-            &row.phone,
-            row.updated_at.timestamp_micros(),
-        )),
+        version: customer_version(row),
         name: row.name.clone(),
         email: row.email.clone(),
         phone: row.phone.clone(),
@@ -177,16 +194,7 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
     });
     BookingView {
         booking: row.handle.clone(),
-        version: version_of(&(
-            &row.handle,
-            &row.status,
-            row.starts_at.timestamp_micros(),
-            &row.technician_handle,
-            &row.service_handle,
-            row.total_minor,
-            &row.customer_note,
-            row.updated_at.timestamp_micros(),
-        )),
+        version: booking_version(row),
         status: row.status.clone(),
         starts: time::present(starts, &tz, &row.zone, now),
         ends: time::present(ends, &tz, &row.zone, now),
@@ -209,6 +217,8 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
             total: money::present(row.total_minor, &row.currency),
             tax_rate_percent: format!("{}.{:02}", row.tax_rate_bp / 100, row.tax_rate_bp % 100),
         },
+        priority: row.priority.clone(),
+        reference: row.reference.clone(),
         customer_note: row.customer_note.as_deref().map(|n| untrusted(n, "customer")),
         notes,
     }

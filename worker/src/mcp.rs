@@ -71,7 +71,7 @@ impl ServerHandler for Server {
             .tools
             .all()
             .iter()
-            .filter(|t| bound.ctx.rights.contains(t.right))
+            .filter(|t| t.access.missing(bound.ctx.rights).is_none())
             .map(|t| t.tool.clone())
             .collect();
         // The list depends on this caller's live rights: cache it briefly and privately.
@@ -99,8 +99,9 @@ impl ServerHandler for Server {
         let ctx = bound.ctx.clone();
         let request_id = ctx.request_id.clone();
         let connection = ctx.connection.as_ref().map(|c| c.handle.to_string()).unwrap_or_default();
-        let outcome = if !ctx.rights.contains(spec.right) {
-            Err(Error::Forbidden { right: spec.right })
+        let missing = spec.access.missing(ctx.rights);
+        let outcome = if let Some(right) = missing {
+            Err(Error::Forbidden { right })
         } else {
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
             let env = Env { ds: self.state.ds.clone(), ctx, now: jiff::Timestamp::now() };

@@ -9,7 +9,7 @@
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-use shared::error::{Error, Resource};
+use shared::error::{ActionRefusal, Error, Resource};
 
 pub fn success(value: Value) -> CallToolResult {
     CallToolResult::structured(value)
@@ -29,12 +29,27 @@ pub struct ErrorBody {
     pub options: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unknown: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub allowed: Vec<String>,
+    /// With `unknown_field`: every field the tool takes (possibly none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub right: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// The handle of the record a create would duplicate (R9).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub existing: Option<String>,
+    /// The object's current version and state after a version conflict (R10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current: Option<Value>,
+    /// What a batch filter matched when the count differed (R11).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matches: Option<Vec<String>>,
+    /// A fresh preview when the action changed since the last one (R7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview: Option<Value>,
 }
 
 fn find_tool(resource: Resource) -> Option<&'static str> {
@@ -46,11 +61,10 @@ fn find_tool(resource: Resource) -> Option<&'static str> {
     }
 }
 
-fn get_tool(resource: Resource) -> Option<&'static str> {
+fn update_tool(resource: Resource) -> &'static str {
     match resource {
-        Resource::Customer => Some("get_customer"),
-        Resource::Booking => Some("get_booking"),
-        _ => None,
+        Resource::Booking => "update_booking",
+        _ => "update_customer",
     }
 }
 
@@ -64,9 +78,14 @@ impl ErrorBody {
             field: None,
             options: Vec::new(),
             unknown: Vec::new(),
-            allowed: Vec::new(),
+            allowed: None,
             right: None,
             request_id: None,
+            existing: None,
+            current_version: None,
+            current: None,
+            matches: None,
+            preview: None,
         }
     }
 
@@ -122,7 +141,7 @@ impl ErrorBody {
                     ),
                 );
                 body.unknown = unknown.clone();
-                body.allowed = allowed.clone();
+                body.allowed = Some(allowed.clone());
                 body.next_tool = Some(tool.to_owned());
                 body
             }
@@ -140,18 +159,91 @@ impl ErrorBody {
                 "No person is bound to this request.".into(),
                 "Reconnect with a valid connection token.".into(),
             ),
-            Error::Conflict { resource, handle, expected, current } => {
+            Error::Conflict { resource, handle, expected, current_version, current } => {
                 let mut body = ErrorBody::new(
                     error.code(),
                     format!(
-                        "The {} {handle} changed since version {expected}; it is now {current}.",
+                        "The {} {handle} changed since version {expected}; nothing was written.",
                         resource.noun()
                     ),
                     format!(
-                        "Read it again and retry with version {current} if the change still makes sense."
+                        "Look at its current state below; if your change still makes sense, call {tool} again with version {current_version}."
                     ),
                 );
-                body.next_tool = get_tool(*resource).map(str::to_owned);
+                body.next_tool = Some(tool.to_owned());
+                body.current_version = Some(current_version.clone());
+                body.current = Some((**current).clone());
+                body
+            }
+            Error::Duplicate { resource, existing, key } => {
+                let update = update_tool(*resource);
+                let create = format!("create_{}", resource.noun());
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    format!(
+                        "A {} with the same {key} exists already: {existing}. Nothing was created.",
+                        resource.noun()
+                    ),
+                    format!(
+                        "Use {existing}; change it with {update} if needed. Only if this really is a different {}, call {create} again with separate: true and a reason.",
+                        resource.noun()
+                    ),
+                );
+                body.existing = Some(existing.clone());
+                body.next_tool = Some(update.to_owned());
+                body
+            }
+            Error::CountMismatch { expected, matches } => {
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    format!(
+                        "The filter matches {} booking(s), not the expected {expected}. Nothing was changed.",
+                        matches.len()
+                    ),
+                    format!(
+                        "Check the matches listed here. If all {} should be cancelled, call {tool} again with expected_count: {}; otherwise narrow the filter or pass booking handles.",
+                        matches.len(),
+                        matches.len()
+                    ),
+                );
+                body.matches = Some(matches.clone());
+                body.next_tool = Some(tool.to_owned());
+                body
+            }
+            Error::ActionRefused { reason, message } => {
+                let fix = match reason {
+                    ActionRefusal::SummaryMismatch => "Call confirm_action again with confirm_summary copied exactly from the preview.".to_owned(),
+                    ActionRefusal::Used | ActionRefusal::Rejected => "Nothing more happened. Check list_recent_changes; prepare a new action if one is still needed.".to_owned(),
+                    _ => "Prepare the action again with its tool; the preview gives a new token.".to_owned(),
+                };
+                let mut body =
+                    ErrorBody::new(error.code(), format!("Nothing was executed: {message}."), fix);
+                if *reason == ActionRefusal::Used {
+                    body.next_tool = Some("list_recent_changes".into());
+                }
+                body
+            }
+            Error::ChangedSincePreview { preview } => {
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    "What this action would do changed since its preview (the records it touches changed). Nothing was executed and the old confirm_token no longer works.".into(),
+                    "Show the new confirm_summary to the user; if they agree, call confirm_action with the new confirm_token and confirm_summary from `preview`.".into(),
+                );
+                body.next_tool = Some("confirm_action".into());
+                body.preview = Some((**preview).clone());
+                body
+            }
+            Error::WrongState { message, use_instead } => {
+                let fix = match use_instead {
+                    Some(t) => format!("Use {t} instead."),
+                    None => {
+                        "Check the object's current state with the matching get_ or find_ tool."
+                            .into()
+                    }
+                };
+                let mut body =
+                    ErrorBody::new(error.code(), format!("{message}. Nothing was changed."), fix);
+                body.next_tool = use_instead.map(str::to_owned);
                 body
             }
             Error::Unauthenticated(message) => ErrorBody::new(
@@ -205,7 +297,11 @@ pub fn error_schema() -> Value {
                 "type": "object",
                 "required": ["code", "message", "fix"],
                 "properties": {
-                    "code": {"type": "string", "enum": ["not_found", "invalid_argument", "unknown_field", "permission_denied", "conflict", "unauthenticated", "internal"]},
+                    "code": {"type": "string", "enum": [
+                        "not_found", "invalid_argument", "unknown_field", "permission_denied", "conflict",
+                        "duplicate", "count_mismatch", "changed_since_preview", "wrong_state",
+                        "unknown_token", "token_used", "action_rejected", "token_expired", "foreign_token",
+                        "summary_mismatch", "unauthenticated", "internal"]},
                     "message": {"type": "string"},
                     "fix": {"type": "string"},
                     "next_tool": {"type": "string"},
@@ -214,7 +310,12 @@ pub fn error_schema() -> Value {
                     "unknown": {"type": "array", "items": {"type": "string"}},
                     "allowed": {"type": "array", "items": {"type": "string"}},
                     "right": {"type": "string"},
-                    "request_id": {"type": "string"}
+                    "request_id": {"type": "string"},
+                    "existing": {"type": "string"},
+                    "current_version": {"type": "string"},
+                    "current": {"type": "object"},
+                    "matches": {"type": "array", "items": {"type": "string"}},
+                    "preview": {"type": "object"}
                 },
                 "additionalProperties": false
             }

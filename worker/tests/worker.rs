@@ -2,6 +2,7 @@
 //! client that ignores every hint (R1), against a real Postgres database cloned per test.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::{Value, json};
@@ -11,6 +12,9 @@ use worker::{AppState, Settings, app, metrics::Metrics, tools::Registry};
 
 const PROTOCOL: &str = "2026-07-28";
 const DECOY: &str = "DECOY-SECRET-7f3a";
+
+/// JSON-RPC ids: every request gets a new one, as a retrying client sends.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 // ---------------------------------------------------------------- harness
 
@@ -104,7 +108,7 @@ impl Stack {
             .header("Accept", "application/json, text/event-stream")
             .header("MCP-Protocol-Version", PROTOCOL)
             .header("Mcp-Method", method)
-            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}));
+            .json(&json!({"jsonrpc": "2.0", "id": NEXT_ID.fetch_add(1, Ordering::Relaxed), "method": method, "params": params}));
         if let Some(name) = name {
             request = request.header("Mcp-Name", name);
         }
@@ -187,8 +191,43 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
     }
 }
 
-const READ_TOOLS: [&str; 5] =
-    ["find_bookings", "find_customers", "find_technicians", "get_booking", "get_customer"];
+/// What a read-only connection sees.
+const READ_ONLY_TOOLS: [&str; 7] = [
+    "find_bookings",
+    "find_customers",
+    "find_services",
+    "find_technicians",
+    "get_booking",
+    "get_customer",
+    "list_recent_changes",
+];
+
+/// Every tool, with its effect class.
+const ALL_TOOLS: [(&str, &str); 23] = [
+    ("add_booking_note", "silent_write"),
+    ("cancel_bookings", "notify"),
+    ("confirm_action", "notify"),
+    ("confirm_booking", "notify"),
+    ("create_booking", "silent_write"),
+    ("create_customer", "silent_write"),
+    ("delete_booking", "delete"),
+    ("delete_customer", "delete"),
+    ("find_alert_rules", "read"),
+    ("find_bookings", "read"),
+    ("find_customers", "read"),
+    ("find_services", "read"),
+    ("find_technicians", "read"),
+    ("get_booking", "read"),
+    ("get_customer", "read"),
+    ("list_recent_changes", "read"),
+    ("mute_alerts", "alert"),
+    ("page_technician", "wake"),
+    ("reject_action", "silent_write"),
+    ("reschedule_booking", "notify"),
+    ("send_customer_message", "notify"),
+    ("update_booking", "silent_write"),
+    ("update_customer", "silent_write"),
+];
 
 /// Some handle of each kind in tenant `t`, found through the tools themselves.
 async fn handles(stack: &Stack, t: usize) -> (String, String, String) {
@@ -215,13 +254,25 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
     let stack = Stack::start().await;
     let full = stack.list(&stack.token(0, 0)).await;
     let names: Vec<&str> = full.iter().map(|t| t["name"].as_str().expect("name")).collect();
-    assert_eq!(names, READ_TOOLS);
-    for tool in &full {
-        assert_eq!(tool["annotations"]["readOnlyHint"], json!(true), "{tool}");
+    assert_eq!(names, ALL_TOOLS.map(|(n, _)| n));
+    for (tool, (_, class)) in full.iter().zip(ALL_TOOLS) {
+        // R6: one class per tool, hints derived from it.
+        assert_eq!(tool["_meta"]["dev.gatehouse/effect_class"], json!(class), "{}", tool["name"]);
+        assert_eq!(tool["annotations"]["readOnlyHint"], json!(class == "read"), "{}", tool["name"]);
+        let destructive = matches!(class, "notify" | "alert" | "delete");
+        assert_eq!(tool["annotations"]["destructiveHint"], json!(destructive), "{}", tool["name"]);
         assert_eq!(tool["inputSchema"]["additionalProperties"], json!(false), "{tool}");
         assert!(tool["outputSchema"]["anyOf"].is_array(), "{tool}");
-        assert!(tool["inputSchema"]["properties"].get("tenant_id").is_none());
+        let props = tool["inputSchema"]["properties"].as_object().expect("properties");
+        assert!(
+            !props.keys().any(|k| k.contains("tenant") || k.contains("workspace")),
+            "R3: {tool}"
+        );
+        assert!(!props.contains_key("notify"), "R9: edit tools have no notify parameter");
     }
+    let read_only = stack.list(&stack.token(0, 1)).await;
+    let names: Vec<&str> = read_only.iter().map(|t| t["name"].as_str().expect("name")).collect();
+    assert_eq!(names, READ_ONLY_TOOLS);
     // A connection granted bookings:read only sees the booking tools.
     let tenant =
         admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
@@ -242,7 +293,7 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
         .iter()
         .map(|t| t["name"].as_str().expect("name").to_owned())
         .collect();
-    assert_eq!(names, ["find_bookings", "get_booking"]);
+    assert_eq!(names, ["find_bookings", "find_services", "get_booking", "list_recent_changes"]);
     // R15: a hidden tool called by name says which right is missing.
     let err = stack.call(&narrow.token, "find_customers", json!({})).await.expect_err("hidden");
     assert_eq!(err["code"], "permission_denied");
@@ -291,7 +342,7 @@ async fn creators_lost_rights_end_their_connections_on_the_next_call() {
 async fn a_revoked_connection_is_refused_on_the_next_call() {
     let stack = Stack::start().await;
     let token = stack.token(1, 1);
-    assert_eq!(stack.list(&token).await.len(), 5);
+    assert_eq!(stack.list(&token).await.len(), READ_ONLY_TOOLS.len());
     let tenant =
         admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[1].slug).await.expect("tenant");
     let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
@@ -403,7 +454,7 @@ async fn switches_refuse_before_any_tool_runs() {
             .contains("turned off by the tenant's admin")
     );
     // The other tenant is unaffected.
-    assert_eq!(stack.list(&stack.token(1, 0)).await.len(), 5);
+    assert_eq!(stack.list(&stack.token(1, 0)).await.len(), ALL_TOOLS.len());
 }
 
 #[tokio::test]
@@ -436,7 +487,7 @@ async fn older_clients_are_served_without_sessions() {
         .await
         .expect("tools/list");
     let body: Value = response.json().await.expect("json");
-    assert_eq!(body["result"]["tools"].as_array().expect("tools").len(), 5, "{body}");
+    assert_eq!(body["result"]["tools"].as_array().expect("tools").len(), ALL_TOOLS.len());
 }
 
 // ---------------------------------------------------------------- tools
@@ -558,17 +609,13 @@ async fn find_bookings_filters_by_local_day_and_refuses_bad_times() {
 async fn unknown_fields_are_rejected_with_the_allowed_list_on_every_tool() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let (booking, customer, _) = handles(&stack, 0).await;
     let other = stack.seed.tenants[1].slug.clone();
-    for tool in READ_TOOLS {
-        let mut args = match tool {
-            "get_booking" => json!({"booking": booking}),
-            "get_customer" => json!({"customer": customer}),
-            _ => json!({}),
-        };
-        args["tenant_id"] = json!(other);
-        args["workspace_id"] = json!(1);
-        let err = stack.call(&token, tool, args).await.expect_err("unknown fields");
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    for (tool, _) in ALL_TOOLS {
+        let err = stack
+            .call(&token, tool, json!({"tenant_id": other, "workspace_id": 1}))
+            .await
+            .expect_err("unknown fields");
         assert_eq!(err["code"], "unknown_field", "{tool}");
         assert_eq!(err["unknown"], json!(["tenant_id", "workspace_id"]), "{tool}");
         let allowed = err["allowed"].as_array().expect("allowed");
@@ -577,7 +624,17 @@ async fn unknown_fields_are_rejected_with_the_allowed_list_on_every_tool() {
     }
     let err = stack.call(&token, "get_booking", json!({})).await.expect_err("missing");
     assert_eq!(err["code"], "invalid_argument");
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing was written");
 }
+
+/// A fingerprint of everything the write tools can change.
+const FINGERPRINT: &str = "SELECT concat_ws('|',
+    (SELECT count(*) FROM customers), (SELECT max(updated_at) FROM customers),
+    (SELECT count(*) FROM bookings), (SELECT max(updated_at) FROM bookings),
+    (SELECT string_agg(status, ',' ORDER BY id) FROM bookings),
+    (SELECT count(*) FROM booking_notes), (SELECT count(*) FROM outbox),
+    (SELECT count(*) FROM pending_actions), (SELECT count(*) FROM replay_entries),
+    (SELECT string_agg(coalesce(muted_until::text, '-'), ',' ORDER BY id) FROM alert_rules))";
 
 #[tokio::test]
 async fn another_tenants_handles_are_not_found_and_nothing_changes() {

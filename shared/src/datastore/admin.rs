@@ -52,6 +52,14 @@ pub struct AuditEntry<'a> {
     pub action: &'a str,
     pub outcome: &'a str,
     pub targets: Vec<String>,
+    /// The two-step action this row belongs to.
+    pub pending_action: Option<i64>,
+}
+
+impl<'a> AuditEntry<'a> {
+    pub fn ok(action: &'a str, targets: Vec<String>) -> Self {
+        AuditEntry { action, outcome: "ok", targets, pending_action: None }
+    }
 }
 
 pub type Tx<'c> = Transaction<'c, Postgres>;
@@ -299,8 +307,8 @@ pub async fn audit_insert(tx: &mut Tx<'_>, ctx: &OpCtx, entry: AuditEntry<'_>) -
     let connection = ctx.connection.as_ref();
     sqlx::query(
         "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
-                                client_name, action, outcome, targets, request_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                                client_name, action, outcome, targets, request_id, pending_action_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(ctx.tenant_id())
     .bind(ctx.channel.as_str())
@@ -312,6 +320,7 @@ pub async fn audit_insert(tx: &mut Tx<'_>, ctx: &OpCtx, entry: AuditEntry<'_>) -
     .bind(entry.outcome)
     .bind(&entry.targets)
     .bind(&ctx.request_id)
+    .bind(entry.pending_action)
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Datastore, from_ts};
+use crate::datastore::{Datastore, Tx, from_ts};
 use crate::error::Result;
 use crate::handle::BookingHandle;
 
@@ -12,6 +12,9 @@ use crate::handle::BookingHandle;
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct BookingRow {
     pub id: i64,
+    pub customer_id: i64,
+    pub service_id: i64,
+    pub technician_id: Option<i64>,
     pub handle: String,
     pub status: String,
     pub starts_at: DateTime<Utc>,
@@ -23,12 +26,15 @@ pub struct BookingRow {
     pub customer_note: Option<String>,
     pub customer_handle: String,
     pub customer_name: String,
+    pub customer_email: Option<String>,
     pub technician_handle: Option<String>,
     pub technician_name: Option<String>,
     pub service_handle: String,
     pub service_name: String,
     pub duration_minutes: i32,
     pub tax_rate_bp: i32,
+    pub priority: String,
+    pub reference: Option<String>,
     pub updated_at: DateTime<Utc>,
     /// Filled by [`Datastore::booking_get`] only.
     pub notes: Json<Vec<NoteRow>>,
@@ -56,12 +62,12 @@ pub struct BookingFilter {
 }
 
 const SELECT: &str = "
-    SELECT b.id, b.handle, b.status, b.starts_at, b.zone, b.currency::text AS currency,
+    SELECT b.id, b.customer_id, b.service_id, b.technician_id, b.handle, b.status, b.starts_at, b.zone, b.currency::text AS currency,
            b.net_minor, b.tax_minor, b.total_minor, b.customer_note,
-           c.handle AS customer_handle, c.name AS customer_name,
+           c.handle AS customer_handle, c.name AS customer_name, c.email AS customer_email,
            t.handle AS technician_handle, t.name AS technician_name,
            s.handle AS service_handle, s.name AS service_name, s.duration_minutes, s.tax_rate_bp,
-           b.updated_at";
+           b.priority, b.reference, b.updated_at";
 
 const FROM: &str = "
     FROM bookings b
@@ -98,9 +104,52 @@ static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+static BOOKING_LOCK_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{SELECT}, '[]'::json AS notes {FROM} WHERE b.tenant_id = $1 AND b.handle = $2 FOR UPDATE OF b"
+    )
+});
+
+static BOOKING_FIND_LOCK_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("{} FOR UPDATE OF b", BOOKING_FIND_SQL.as_str()));
+
 /// The single-booking query, built once. Public so the benchmark can run it through pgbench.
 pub fn booking_get_sql() -> &'static str {
     BOOKING_GET_SQL.as_str()
+}
+
+/// Locks one booking of the tenant for a write in `tx`.
+pub async fn booking_lock(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<BookingRow>> {
+    Ok(sqlx::query_as::<_, BookingRow>(BOOKING_LOCK_SQL.as_str())
+        .bind(ctx.tenant_id())
+        .bind(handle)
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
+/// The bookings a filter matches, locked for a batch write in `tx`.
+pub async fn booking_find_locked(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    filter: &BookingFilter,
+) -> Result<Vec<BookingRow>> {
+    let (after_at, after_handle) = filter.after.clone().unzip();
+    Ok(sqlx::query_as::<_, BookingRow>(BOOKING_FIND_LOCK_SQL.as_str())
+        .bind(ctx.tenant_id())
+        .bind(filter.from.map(from_ts))
+        .bind(filter.to.map(from_ts))
+        .bind(filter.status.as_deref())
+        .bind(filter.technician.as_deref())
+        .bind(filter.customer.as_deref())
+        .bind(after_at.map(from_ts))
+        .bind(after_handle)
+        .bind(filter.limit)
+        .fetch_all(&mut **tx)
+        .await?)
 }
 
 impl Datastore {

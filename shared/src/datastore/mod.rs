@@ -9,12 +9,14 @@ mod auth;
 mod bookings;
 mod customers;
 mod technicians;
+mod writes;
 
 pub use admin::*;
 pub use auth::*;
 pub use bookings::*;
 pub use customers::*;
 pub use technicians::*;
+pub use writes::*;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -29,6 +31,22 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[derive(Clone, Debug)]
 pub struct Datastore {
     pool: PgPool,
+    policy: Policy,
+}
+
+/// Time windows of the write rails; defaults suit production, tests shorten them.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    /// How long a silent write's result is replayed for an identical call (R8).
+    pub replay_window_secs: i64,
+    /// How long a confirmation token stays valid (R7).
+    pub action_ttl_secs: i64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { replay_window_secs: 600, action_ttl_secs: 600 }
+    }
 }
 
 impl Datastore {
@@ -43,11 +61,20 @@ impl Datastore {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(Datastore { pool })
+        Ok(Datastore { pool, policy: Policy::default() })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Datastore { pool }
+        Datastore { pool, policy: Policy::default() }
+    }
+
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
     /// Applies every pending migration from `migrations/`.

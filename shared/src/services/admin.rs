@@ -40,6 +40,15 @@ pub async fn tenant_by_slug(ds: &Datastore, slug: &str) -> Result<TenantRow> {
     ds.tenant_by_slug(slug).await?.ok_or_else(|| Error::not_found(Resource::Tenant, slug))
 }
 
+/// The alert rules every tenant starts with.
+pub const DEFAULT_ALERT_RULES: &[(&str, &str)] = &[
+    ("Unassigned booking soon", "A confirmed booking starts within 2 hours and has no technician."),
+    (
+        "Draft booking tomorrow",
+        "A draft booking starts within 24 hours and is still not confirmed.",
+    ),
+];
+
 pub struct NewTenant<'a> {
     pub slug: &'a str,
     pub name: &'a str,
@@ -80,12 +89,12 @@ pub async fn tenant_create(
     )
     .await?;
     let ctx = operator_ctx(&row, channel, "operator")?;
-    ds_fns::audit_insert(
-        &mut tx,
-        &ctx,
-        AuditEntry { action: "tenant.create", outcome: "ok", targets: vec![row.handle.clone()] },
-    )
-    .await?;
+    for (name, description) in DEFAULT_ALERT_RULES {
+        let handle = format!("alr_{}", &crate::handle::NoteHandle::generate().as_str()[4..]);
+        ds_fns::alert_rule_insert(&mut tx, &ctx, &handle, name, description).await?;
+    }
+    ds_fns::audit_insert(&mut tx, &ctx, AuditEntry::ok("tenant.create", vec![row.handle.clone()]))
+        .await?;
     tx.commit().await?;
     Ok(row)
 }
@@ -137,7 +146,7 @@ pub async fn person_create(
     ds_fns::audit_insert(
         &mut tx,
         ctx,
-        AuditEntry { action: "person.create", outcome: "ok", targets: vec![person.handle.clone()] },
+        AuditEntry::ok("person.create", vec![person.handle.clone()]),
     )
     .await?;
     tx.commit().await?;
@@ -175,11 +184,7 @@ pub async fn person_set_role(
     ds_fns::audit_insert(
         &mut tx,
         ctx,
-        AuditEntry {
-            action: "person.set_role",
-            outcome: "ok",
-            targets: vec![person.handle.clone()],
-        },
+        AuditEntry::ok("person.set_role", vec![person.handle.clone()]),
     )
     .await?;
     tx.commit().await?;
@@ -212,12 +217,7 @@ pub async fn person_deactivate(
             .await?;
     let mut targets = vec![person.handle.clone()];
     targets.extend(revoked.iter().cloned());
-    ds_fns::audit_insert(
-        &mut tx,
-        ctx,
-        AuditEntry { action: "person.deactivate", outcome: "ok", targets },
-    )
-    .await?;
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.deactivate", targets)).await?;
     tx.commit().await?;
     Ok(PersonDeactivated { person: person.handle, revoked_connections: revoked })
 }
@@ -298,11 +298,7 @@ pub async fn connection_create(
     ds_fns::audit_insert(
         &mut tx,
         ctx,
-        AuditEntry {
-            action: "connection.create",
-            outcome: "ok",
-            targets: vec![handle.to_string()],
-        },
+        AuditEntry::ok("connection.create", vec![handle.to_string()]),
     )
     .await?;
     tx.commit().await?;
@@ -338,11 +334,7 @@ pub async fn connection_revoke(
     ds_fns::audit_insert(
         &mut tx,
         ctx,
-        AuditEntry {
-            action: "connection.revoke",
-            outcome: "ok",
-            targets: vec![handle.to_string()],
-        },
+        AuditEntry::ok("connection.revoke", vec![handle.to_string()]),
     )
     .await?;
     tx.commit().await?;
@@ -378,7 +370,7 @@ pub async fn api_token_create(
     ds_fns::audit_insert(
         &mut tx,
         ctx,
-        AuditEntry { action: "api_token.create", outcome: "ok", targets: vec![handle.to_string()] },
+        AuditEntry::ok("api_token.create", vec![handle.to_string()]),
     )
     .await?;
     tx.commit().await?;

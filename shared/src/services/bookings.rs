@@ -54,7 +54,7 @@ pub struct GetBookingInput {
     pub booking: String,
 }
 
-fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
+pub(crate) fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
     let zone = nonempty(&input.zone);
     let from = nonempty(&input.from)
         .map(|f| time::parse_range_bound("from", f, zone, false))

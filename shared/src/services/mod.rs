@@ -4,11 +4,14 @@
 //! an [`OpCtx`](crate::ctx::OpCtx). Each service checks the rights it needs itself before it
 //! reads or writes, and refuses when no actor is bound (R5).
 
+pub mod actions;
 pub mod admin;
 pub mod bookings;
+pub mod catalog;
 pub mod customers;
 pub mod demo;
 pub mod technicians;
+pub mod writes;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

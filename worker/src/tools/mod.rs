@@ -7,7 +7,9 @@
 //! touches SQL or the pool; `tests/worker.rs` fails the build's tests if it does.
 //! Annotations are derived from the effect class, never written by hand.
 
+mod actions;
 mod read;
+mod write;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -80,8 +82,8 @@ type Handler = Arc<dyn Fn(Env, Value) -> BoxFuture + Send + Sync>;
 pub struct ToolSpec {
     pub name: &'static str,
     pub class: EffectClass,
-    /// The right without which the tool is hidden and refused.
-    pub right: Right,
+    /// Who sees and may call the tool.
+    pub access: Access,
     pub tool: Tool,
     handler: Handler,
 }
@@ -97,7 +99,28 @@ pub struct Def {
     pub title: &'static str,
     pub description: &'static str,
     pub class: EffectClass,
-    pub right: Right,
+    pub access: Access,
+}
+
+/// Which live rights show a tool. A hidden tool called by name is refused naming the right.
+#[derive(Debug, Clone, Copy)]
+pub enum Access {
+    /// Every connection (reading its own changes).
+    Always,
+    Right(Right),
+    /// Any one of these (confirming or rejecting actions that some right could prepare).
+    AnyOf(&'static [Right]),
+}
+
+impl Access {
+    /// The right to name when `rights` do not allow the tool.
+    pub fn missing(self, rights: shared::rights::RightSet) -> Option<Right> {
+        match self {
+            Access::Always => None,
+            Access::Right(r) => (!rights.contains(r)).then_some(r),
+            Access::AnyOf(all) => (!all.iter().any(|r| rights.contains(*r))).then(|| all[0]),
+        }
+    }
 }
 
 /// Builds a tool from its definition and a typed adapter `f(env, input) -> output`.
@@ -108,12 +131,29 @@ where
     F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
     Fut: Future<Output = shared::Result<O>> + Send + 'static,
 {
+    tool_json::<I, O, _, _>(def, move |env, input| async move {
+        let output = f(env, input).await?;
+        serde_json::to_value(output).map_err(|e| shared::Error::Internal(format!("present: {e}")))
+    })
+}
+
+/// Builds a tool whose adapter returns presenter JSON made by a service; `S` declares its
+/// shape for the `outputSchema` (the contract suite validates every result against it).
+pub fn tool_json<I, S, F, Fut>(def: Def, f: F) -> ToolSpec
+where
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    S: JsonSchema + 'static,
+    F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = shared::Result<Value>> + Send + 'static,
+{
     let input_schema = input_schema::<I>();
     let output_schema =
-        results::output_schema(schemars::SchemaGenerator::default().into_root_schema_for::<O>());
+        results::output_schema(schemars::SchemaGenerator::default().into_root_schema_for::<S>());
     let mut meta = rmcp::model::MetaObject::new();
     meta.0.insert("dev.gatehouse/effect_class".into(), Value::from(def.class.as_str()));
-    meta.0.insert("dev.gatehouse/right".into(), Value::from(def.right.as_str()));
+    if let Access::Right(right) = def.access {
+        meta.0.insert("dev.gatehouse/right".into(), Value::from(right.as_str()));
+    }
     let tool = Tool::new(def.name, def.description, Arc::new(input_schema))
         .with_title(def.title)
         .with_raw_output_schema(Arc::new(output_schema))
@@ -122,12 +162,10 @@ where
     let handler: Handler = Arc::new(move |env: Env, args: Value| {
         Box::pin(async move {
             let input: I = shared::input::parse_input(args)?;
-            let output = f(env, input).await?;
-            serde_json::to_value(output)
-                .map_err(|e| shared::Error::Internal(format!("present: {e}")))
+            f(env, input).await
         })
     });
-    ToolSpec { name: def.name, class: def.class, right: def.right, tool, handler }
+    ToolSpec { name: def.name, class: def.class, access: def.access, tool, handler }
 }
 
 /// The input schema: the struct's schema, closed to unknown fields (R12).
@@ -148,6 +186,8 @@ pub struct Registry {
 impl Registry {
     pub fn new() -> Self {
         let mut tools = read::tools();
+        tools.extend(write::tools());
+        tools.extend(actions::tools());
         tools.sort_by_key(|t| t.name);
         Registry { tools }
     }

@@ -4,11 +4,15 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use shared::rights::Right;
 use shared::services::bookings::{self, FindBookingsInput, GetBookingInput};
+use shared::services::catalog::{
+    self, AlertRuleView, ChangeView, FindAlertRulesInput, FindServicesInput,
+    ListRecentChangesInput, ServiceView,
+};
 use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
 use shared::services::technicians::{self, FindTechniciansInput};
 use shared::views::{self, BookingView, CustomerView, TechnicianView};
 
-use super::{Def, EffectClass, Env, ToolSpec, tool};
+use super::{Access, Def, EffectClass, Env, ToolSpec, tool};
 
 #[derive(Serialize, JsonSchema)]
 pub struct CustomersOut {
@@ -34,15 +38,73 @@ pub struct TechniciansOut {
     pub count: usize,
 }
 
+#[derive(Serialize, JsonSchema)]
+pub struct ServicesOut {
+    pub services: Vec<ServiceView>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct AlertRulesOut {
+    pub rules: Vec<AlertRuleView>,
+}
+
+#[derive(Serialize, JsonSchema)]
+pub struct ChangesOut {
+    pub changes: Vec<ChangeView>,
+}
+
 pub fn tools() -> Vec<ToolSpec> {
     vec![
+        tool(
+            Def {
+                name: "find_services",
+                title: "Find services",
+                description: "The tenant's service catalog: what can be booked, its duration and price with tax. Returns each service's handle (svc_…).",
+                class: EffectClass::Read,
+                access: Access::Right(Right::BookingsRead),
+            },
+            async |env: Env, input: FindServicesInput| {
+                Ok(ServicesOut {
+                    services: catalog::find_services(&env.ds, &env.ctx, &input).await?,
+                })
+            },
+        ),
+        tool(
+            Def {
+                name: "find_alert_rules",
+                title: "Find alert rules",
+                description: "The tenant's alert rules with their handles (alr_…) and whether each is muted, and until when.",
+                class: EffectClass::Read,
+                access: Access::Right(Right::AlertsMute),
+            },
+            async |env: Env, input: FindAlertRulesInput| {
+                Ok(AlertRulesOut {
+                    rules: catalog::find_alert_rules(&env.ds, &env.ctx, &input, env.now).await?,
+                })
+            },
+        ),
+        tool(
+            Def {
+                name: "list_recent_changes",
+                title: "List recent changes",
+                description: "What this connection changed, newest first, from the audit log: action, outcome, the handles it touched and when.",
+                class: EffectClass::Read,
+                access: Access::Always,
+            },
+            async |env: Env, input: ListRecentChangesInput| {
+                Ok(ChangesOut {
+                    changes: catalog::list_recent_changes(&env.ds, &env.ctx, &input, env.now)
+                        .await?,
+                })
+            },
+        ),
         tool(
             Def {
                 name: "find_customers",
                 title: "Find customers",
                 description: "Search the tenant's customers by part of their name, email or phone, ordered by name and paginated. Returns each customer's handle (cus_…) and version.",
                 class: EffectClass::Read,
-                right: Right::CustomersRead,
+                access: Access::Right(Right::CustomersRead),
             },
             find_customers,
         ),
@@ -52,7 +114,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 title: "Get a customer",
                 description: "One customer by handle (cus_…) with contact details and version.",
                 class: EffectClass::Read,
-                right: Right::CustomersRead,
+                access: Access::Right(Right::CustomersRead),
             },
             get_customer,
         ),
@@ -62,7 +124,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 title: "Find bookings",
                 description: "Search bookings in a time range, optionally by status, technician (tec_…) or customer (cus_…), ordered by start and paginated. Dates and local times are read in `zone` (an IANA name); times with an offset need no zone. Every time is shown with weekday, local time, zone, UTC and distance from now. Text written by customers is returned under untrusted_text.",
                 class: EffectClass::Read,
-                right: Right::BookingsRead,
+                access: Access::Right(Right::BookingsRead),
             },
             find_bookings,
         ),
@@ -72,7 +134,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 title: "Get a booking",
                 description: "One booking by handle (bkg_…) with customer, technician, service, price, notes and version. Text written by customers or external systems is returned under untrusted_text.",
                 class: EffectClass::Read,
-                right: Right::BookingsRead,
+                access: Access::Right(Right::BookingsRead),
             },
             get_booking,
         ),
@@ -82,7 +144,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 title: "Find technicians",
                 description: "List the tenant's technicians, optionally by part of the name or by skill. Returns each technician's handle (tec_…).",
                 class: EffectClass::Read,
-                right: Right::TechniciansRead,
+                access: Access::Right(Right::TechniciansRead),
             },
             find_technicians,
         ),

@@ -1,0 +1,140 @@
+//! Reading the service catalog, the alert rules, and what a connection changed (R19).
+
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::ctx::OpCtx;
+use crate::datastore::{Datastore, to_ts};
+use crate::error::{Error, Result};
+use crate::input::lenient_u32;
+use crate::money::{self, MoneyView};
+use crate::rights::Right;
+use crate::time::{self, TimeView};
+
+/// List the tenant's services (what can be booked).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FindServicesInput {}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ServiceView {
+    /// The service's handle (svc_…).
+    pub service: String,
+    pub name: String,
+    pub duration_minutes: i32,
+    pub net: MoneyView,
+    pub tax_rate_percent: String,
+    pub total: MoneyView,
+}
+
+pub async fn find_services(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    _input: &FindServicesInput,
+) -> Result<Vec<ServiceView>> {
+    ctx.require(Right::BookingsRead)?;
+    let currency = &ctx.tenant.currency;
+    Ok(ds
+        .service_list(ctx)
+        .await?
+        .into_iter()
+        .map(|s| {
+            let tax = money::tax(s.price_minor, s.tax_rate_bp);
+            ServiceView {
+                service: s.handle,
+                name: s.name,
+                duration_minutes: s.duration_minutes,
+                net: money::present(s.price_minor, currency),
+                tax_rate_percent: format!("{}.{:02}", s.tax_rate_bp / 100, s.tax_rate_bp % 100),
+                total: money::present(s.price_minor + tax, currency),
+            }
+        })
+        .collect())
+}
+
+/// List the tenant's alert rules and whether each is muted.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FindAlertRulesInput {}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct AlertRuleView {
+    /// The rule's handle (alr_…).
+    pub rule: String,
+    pub name: String,
+    pub description: String,
+    /// Until when the rule is muted; absent when it is active.
+    pub muted_until: Option<TimeView>,
+}
+
+pub async fn find_alert_rules(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    _input: &FindAlertRulesInput,
+    now: Timestamp,
+) -> Result<Vec<AlertRuleView>> {
+    ctx.require(Right::AlertsMute)?;
+    Ok(ds
+        .alert_rule_list(ctx)
+        .await?
+        .into_iter()
+        .map(|r| AlertRuleView {
+            rule: r.handle,
+            name: r.name,
+            description: r.description,
+            muted_until: r
+                .muted_until
+                .map(to_ts)
+                .filter(|t| *t > now)
+                .map(|t| time::present(t, &ctx.tenant.zone, &ctx.tenant.zone_name, now)),
+        })
+        .collect())
+}
+
+/// What this connection changed, newest first.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListRecentChangesInput {
+    /// At most this many, 1 to 50 (default 20).
+    #[serde(default, deserialize_with = "lenient_u32")]
+    #[schemars(with = "Option<u32>")]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ChangeView {
+    pub at: TimeView,
+    /// The tool or operation, e.g. create_customer, confirm_booking.preview.
+    pub action: String,
+    /// ok, previewed, rejected, refused or failed.
+    pub outcome: String,
+    /// Public handles of what it touched.
+    pub targets: Vec<String>,
+}
+
+pub async fn list_recent_changes(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    input: &ListRecentChangesInput,
+    now: Timestamp,
+) -> Result<Vec<ChangeView>> {
+    let connection = ctx.connection.as_ref().ok_or_else(|| {
+        Error::invalid("connection", "recent changes are listed per agent connection")
+    })?;
+    let limit = match input.limit.unwrap_or(20) {
+        n @ 1..=50 => i64::from(n),
+        _ => return Err(Error::invalid("limit", "limit must be between 1 and 50")),
+    };
+    Ok(ds
+        .audit_for_connection(ctx, connection.id, limit)
+        .await?
+        .into_iter()
+        .map(|a| ChangeView {
+            at: time::present(to_ts(a.at), &ctx.tenant.zone, &ctx.tenant.zone_name, now),
+            action: a.action,
+            outcome: a.outcome,
+            targets: a.targets,
+        })
+        .collect())
+}

@@ -1,0 +1,186 @@
+//! The two-step tools (R7): notify, wake, alert and delete tools only prepare and return a
+//! preview; `confirm_action` executes after every check in `shared::services::actions`.
+
+use schemars::JsonSchema;
+use serde_json::Value;
+use shared::rights::Right;
+use shared::services::actions::{
+    self, CancelBookingsInput, ConfirmActionInput, ConfirmBookingInput, DeleteBookingInput,
+    DeleteCustomerInput, MuteAlertsInput, Op, PageTechnicianInput, RejectActionInput,
+    RescheduleBookingInput, SendCustomerMessageInput,
+};
+use shared::time::TimeView;
+
+use super::{Access, Def, EffectClass, Env, ToolSpec, tool_json};
+
+/// A prepared action: nothing has happened yet.
+#[derive(JsonSchema)]
+#[expect(dead_code, reason = "describes the output schema only")]
+pub struct Preview {
+    /// Always PREVIEW.
+    status: String,
+    /// The pending action's handle (pac_…).
+    action: String,
+    tool: String,
+    /// Single-use token for confirm_action or reject_action.
+    confirm_token: String,
+    /// What will happen, written by the server; pass it back unchanged to confirm.
+    confirm_summary: String,
+    expires: TimeView,
+    /// The details of what will be sent or changed.
+    effect: Value,
+    next: String,
+}
+
+/// An executed action.
+#[derive(JsonSchema)]
+#[expect(dead_code, reason = "describes the output schema only")]
+pub struct Executed {
+    /// EXECUTED.
+    status: String,
+    action: String,
+    tool: String,
+    summary: String,
+    /// What changed and how many messages were queued.
+    result: Value,
+}
+
+/// A rejected action.
+#[derive(JsonSchema)]
+#[expect(dead_code, reason = "describes the output schema only")]
+pub struct Rejected {
+    /// REJECTED.
+    status: String,
+    action: String,
+    tool: String,
+}
+
+fn class(op: Op) -> EffectClass {
+    match op.class() {
+        actions::TwoStepClass::Notify => EffectClass::Notify,
+        actions::TwoStepClass::Wake => EffectClass::Wake,
+        actions::TwoStepClass::Alert => EffectClass::Alert,
+        actions::TwoStepClass::Delete => EffectClass::Delete,
+    }
+}
+
+/// Every right that can prepare a two-step action.
+const TWO_STEP_RIGHTS: &[Right] = &[
+    Right::BookingsNotify,
+    Right::TechniciansPage,
+    Right::AlertsMute,
+    Right::CustomersDelete,
+    Right::BookingsDelete,
+];
+
+const TWO_STEP: &str = " Returns a preview with confirm_token and confirm_summary; nothing happens until confirm_action.";
+
+fn def(op: Op, title: &'static str, description: &'static str) -> Def {
+    Def { name: op.name(), title, description, class: class(op), access: Access::Right(op.right()) }
+}
+
+pub fn tools() -> Vec<ToolSpec> {
+    let mut tools = vec![
+        tool_json::<SendCustomerMessageInput, Preview, _, _>(
+            def(
+                Op::SendCustomerMessage,
+                "Email a customer",
+                "Prepare an email to a customer (subject and text).",
+            ),
+            async |env: Env, input: SendCustomerMessageInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::SendCustomerMessage, &input, env.now).await
+            },
+        ),
+        tool_json::<ConfirmBookingInput, Preview, _, _>(
+            def(
+                Op::ConfirmBooking,
+                "Confirm a booking",
+                "Prepare confirming a draft booking; the customer receives a confirmation email.",
+            ),
+            async |env: Env, input: ConfirmBookingInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::ConfirmBooking, &input, env.now).await
+            },
+        ),
+        tool_json::<RescheduleBookingInput, Preview, _, _>(
+            def(
+                Op::RescheduleBooking,
+                "Reschedule a booking",
+                "Prepare moving a booking to a new start (local time with zone, or ISO 8601 with offset); a confirmed booking's customer is emailed.",
+            ),
+            async |env: Env, input: RescheduleBookingInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::RescheduleBooking, &input, env.now).await
+            },
+        ),
+        tool_json::<CancelBookingsInput, Preview, _, _>(
+            def(
+                Op::CancelBookings,
+                "Cancel bookings",
+                "Prepare cancelling bookings given by handle, or by a filter together with expected_count (the number of bookings you expect it to match; if it differs, the matches are listed and nothing happens). Customers of confirmed bookings are emailed.",
+            ),
+            async |env: Env, input: CancelBookingsInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::CancelBookings, &input, env.now).await
+            },
+        ),
+        tool_json::<PageTechnicianInput, Preview, _, _>(
+            def(
+                Op::PageTechnician,
+                "Page a technician",
+                "Prepare paging a technician's phone with a short message, optionally about a booking.",
+            ),
+            async |env: Env, input: PageTechnicianInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::PageTechnician, &input, env.now).await
+            },
+        ),
+        tool_json::<MuteAlertsInput, Preview, _, _>(
+            def(
+                Op::MuteAlerts,
+                "Mute an alert rule",
+                "Prepare silencing one alert rule (alr_…) for 5 to 240 minutes.",
+            ),
+            async |env: Env, input: MuteAlertsInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::MuteAlerts, &input, env.now).await
+            },
+        ),
+        tool_json::<DeleteCustomerInput, Preview, _, _>(
+            def(
+                Op::DeleteCustomer,
+                "Delete a customer",
+                "Prepare deleting a customer who has no bookings.",
+            ),
+            async |env: Env, input: DeleteCustomerInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::DeleteCustomer, &input, env.now).await
+            },
+        ),
+        tool_json::<DeleteBookingInput, Preview, _, _>(
+            def(Op::DeleteBooking, "Delete a booking", "Prepare deleting a booking and its notes."),
+            async |env: Env, input: DeleteBookingInput| {
+                actions::prepare(&env.ds, &env.ctx, Op::DeleteBooking, &input, env.now).await
+            },
+        ),
+    ];
+    for t in &mut tools {
+        t.tool.description =
+            Some(format!("{}{TWO_STEP}", t.tool.description.as_deref().unwrap_or_default()).into());
+    }
+    tools.push(tool_json::<ConfirmActionInput, Executed, _, _>(
+        Def {
+            name: "confirm_action",
+            title: "Confirm a prepared action",
+            description: "Execute an action prepared by a notify, wake, alert or delete tool, given its confirm_token and its confirm_summary exactly as issued. If what the action would do changed since the preview, nothing is executed and a new preview is returned.",
+            class: EffectClass::Notify,
+            access: Access::AnyOf(TWO_STEP_RIGHTS),
+        },
+        async |env: Env, input: ConfirmActionInput| actions::confirm(&env.ds, &env.ctx, &input, env.now).await,
+    ));
+    tools.push(tool_json::<RejectActionInput, Rejected, _, _>(
+        Def {
+            name: "reject_action",
+            title: "Reject a prepared action",
+            description: "Discard an action prepared by a notify, wake, alert or delete tool; its token stops working.",
+            class: EffectClass::SilentWrite,
+            access: Access::AnyOf(TWO_STEP_RIGHTS),
+        },
+        async |env: Env, input: RejectActionInput| actions::reject(&env.ds, &env.ctx, &input).await,
+    ));
+    tools
+}
