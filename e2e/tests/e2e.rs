@@ -85,3 +85,104 @@ async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
     // The other tenant is untouched.
     assert_eq!(list_status(&http, &stack.lb_url, &stack.token(1, 0)).await, 200);
 }
+
+/// One tools/call through a given base URL, with its own HTTP client (its own connection).
+async fn tool_call(base: &str, token: &str, tool: &str, args: Value) -> Value {
+    let body: Value = reqwest::Client::new()
+        .post(format!("{base}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .bearer_auth(token)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": args,
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {}}}}))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("json");
+    body["result"].clone()
+}
+
+fn psql_count(stack: &Stack, sql: &str) -> i64 {
+    let out = std::process::Command::new("psql")
+        .arg(&stack.database_url)
+        .args(["-Atqc", sql])
+        .output()
+        .expect("psql");
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn confirmations_and_retries_racing_on_two_workers_take_effect_once() {
+    let stack = Stack::start(Options::for_test("race", 2)).await.expect("stack");
+    let token = stack.token(0, 0);
+    let w = stack.worker_urls.clone();
+    let found = tool_call(&w[0], &token, "find_customers", json!({"query": "Koch"})).await;
+    let customer = found["structuredContent"]["customers"][0]["customer"].clone();
+    let preview = tool_call(
+        &w[0],
+        &token,
+        "send_customer_message",
+        json!({"customer": customer, "subject": "Visit", "body": "We come at 9."}),
+    )
+    .await;
+    let args = json!({"confirm_token": preview["structuredContent"]["confirm_token"], "confirm_summary": preview["structuredContent"]["confirm_summary"]});
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
+    let calls: Vec<_> = (0..50)
+        .map(|i| {
+            let (base, token, args, barrier) =
+                (w[i % 2].clone(), token.clone(), args.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                tool_call(&base, &token, "confirm_action", args).await
+            })
+        })
+        .collect();
+    let mut executed = 0;
+    for c in calls {
+        let r = c.await.expect("join");
+        if r["isError"] == true {
+            assert_eq!(r["structuredContent"]["error"]["code"], "token_used", "{r}");
+        } else {
+            executed += 1;
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox"), 1);
+
+    // A silent write re-sent on the other worker (a retry after a broken stream) executes once.
+    let booking = tool_call(&w[0], &token, "find_bookings", json!({"limit": 1})).await["structuredContent"]["bookings"][0]["booking"].clone();
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let (base, token, booking, barrier) =
+                (w[i % 2].clone(), token.clone(), booking.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                tool_call(
+                    &base,
+                    &token,
+                    "add_booking_note",
+                    json!({"booking": booking, "text": "Retry-safe note"}),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut replayed = 0;
+    for c in calls {
+        let r = c.await.expect("join");
+        assert_ne!(r["isError"], true, "{r}");
+        replayed += usize::from(r["structuredContent"]["replayed"] == true);
+    }
+    assert_eq!(replayed, 19);
+    assert_eq!(
+        psql_count(&stack, "SELECT count(*) FROM booking_notes WHERE body = 'Retry-safe note'"),
+        1
+    );
+}

@@ -79,7 +79,9 @@ impl Stack {
             tools: Registry::new(),
         });
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
-        Stack { db, url, seed, http: reqwest::Client::new() }
+        // No connection reuse: concurrent calls in a test really run side by side.
+        let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
+        Stack { db, url, seed, http }
     }
 
     fn token(&self, tenant: usize, connection: usize) -> String {
@@ -827,4 +829,505 @@ fn a_context_without_an_actor_fails_closed() {
     for right in shared::rights::Right::ALL {
         assert!(matches!(ctx.require(*right), Err(shared::Error::NoActor)));
     }
+}
+
+// ---------------------------------------------------------------- write rails (R6–R11, R19)
+
+impl Stack {
+    async fn ok(&self, token: &str, tool: &str, args: Value) -> Value {
+        self.call(token, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.db.scalar_i64(sql).await
+    }
+
+    /// A second connection of tenant 0's admin with every right.
+    async fn second_connection(&self) -> String {
+        let tenant =
+            admin::tenant_by_slug(&self.db.ds, &self.seed.tenants[0].slug).await.expect("tenant");
+        let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+        admin::connection_create(
+            &self.db.ds,
+            &ctx,
+            &self.seed.tenants[0].admin.email,
+            "second",
+            "test",
+            shared::rights::Role::Admin.rights(),
+        )
+        .await
+        .expect("connection")
+        .token
+    }
+
+    /// A future draft booking of tenant `t`.
+    async fn draft(&self, t: usize) -> Value {
+        let found = self
+            .ok(&self.token(t, 0), "find_bookings", json!({"status": "draft", "limit": 100}))
+            .await;
+        found["bookings"]
+            .as_array()
+            .expect("list")
+            .iter()
+            .find(|b| b["starts"]["from_now"].as_str().is_some_and(|f| f.starts_with("in ")))
+            .cloned()
+            .expect("a future draft in the demo")
+    }
+}
+
+#[tokio::test]
+async fn a_repeated_silent_write_executes_once_and_reaches_nobody() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let args =
+        json!({"name": "Greta Lindqvist", "email": "greta@example.net", "phone": "+49 30 5550199"});
+    let first = stack.ok(&token, "create_customer", args.clone()).await;
+    assert_eq!(first["replayed"], false);
+    // The same call again with a new JSON-RPC id, as a client re-sends after a broken stream.
+    let second = stack.ok(&token, "create_customer", json!({"phone": "+49 30 5550199 ", "email": " greta@example.net", "name": "Greta Lindqvist"})).await;
+    assert_eq!(second["replayed"], true);
+    assert_eq!(second["customer"], first["customer"], "the first result, replayed");
+    assert_eq!(
+        stack.count("SELECT count(*) FROM customers WHERE email = 'greta@example.net'").await,
+        1
+    );
+    // R19: one audit row, channel mcp, connection and client as columns.
+    assert_eq!(stack.count("SELECT count(*) FROM audit_log WHERE action = 'create_customer' AND channel = 'mcp' AND connection_name IS NOT NULL AND client_name = 'demo'").await, 1);
+    // An idempotency key is bound to its arguments.
+    let keyed = json!({"booking": stack.draft(0).await["booking"], "text": "Gate code 4711", "idempotency_key": "note-1"});
+    stack.ok(&token, "add_booking_note", keyed.clone()).await;
+    let mut other = keyed.clone();
+    other["text"] = json!("Gate code 0000");
+    let err = stack.call(&token, "add_booking_note", other).await.expect_err("key reuse");
+    assert_eq!(err["field"], "idempotency_key");
+    assert_eq!(
+        stack.count("SELECT count(*) FROM booking_notes WHERE body LIKE 'Gate code%'").await,
+        1
+    );
+    // R6: silent tools dispatch nothing.
+    let booking = stack.draft(0).await;
+    stack.ok(&token, "update_booking", json!({"booking": booking["booking"], "version": booking["version"], "priority": "high", "reference": "WO-1"})).await;
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_identical_silent_writes_execute_once() {
+    let stack = Arc::new(Stack::start().await);
+    let token = stack.token(0, 0);
+    let booking = stack.draft(0).await["booking"].clone();
+    let calls = (0..12).map(|_| {
+        let (stack, token, booking) = (stack.clone(), token.clone(), booking.clone());
+        tokio::spawn(async move {
+            stack
+                .ok(
+                    &token,
+                    "add_booking_note",
+                    json!({"booking": booking, "text": "Customer called twice"}),
+                )
+                .await
+        })
+    });
+    let mut replayed = 0;
+    for c in calls {
+        replayed += usize::from(c.await.expect("join")["replayed"] == true);
+    }
+    assert_eq!(replayed, 11);
+    assert_eq!(
+        stack
+            .count("SELECT count(*) FROM booking_notes WHERE body = 'Customer called twice'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn creating_twice_with_the_same_business_key_names_the_existing_record() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let first = stack
+        .ok(&token, "create_customer", json!({"name": "Hanna Berg", "email": "hanna@example.net"}))
+        .await;
+    let handle = first["customer"]["customer"].as_str().expect("handle").to_owned();
+    let err = stack
+        .call(&token, "create_customer", json!({"name": "H. Berg", "email": "HANNA@example.net"}))
+        .await
+        .expect_err("duplicate");
+    assert_eq!(err["code"], "duplicate");
+    assert_eq!(err["existing"], json!(handle));
+    assert_eq!(err["next_tool"], "update_customer");
+    let err = stack
+        .call(
+            &token,
+            "create_customer",
+            json!({"name": "H. Berg", "email": "hanna@example.net", "separate": true}),
+        )
+        .await
+        .expect_err("no reason");
+    assert_eq!(err["field"], "reason");
+    assert_eq!(
+        stack
+            .count("SELECT count(*) FROM customers WHERE lower(email) = 'hanna@example.net'")
+            .await,
+        1
+    );
+    stack.ok(&token, "create_customer", json!({"name": "H. Berg", "email": "hanna@example.net", "separate": true, "reason": "Her daughter shares the address"})).await;
+    assert_eq!(stack.count("SELECT count(*) FROM customers WHERE lower(email) = 'hanna@example.net' AND separate_reason IS NOT NULL").await, 1);
+    // Bookings: customer + service + start.
+    let service =
+        stack.ok(&token, "find_services", json!({})).await["services"][0]["service"].clone();
+    let args = json!({"customer": handle, "service": service, "start": "2027-02-10T09:00", "zone": "Europe/Berlin"});
+    let created = stack.ok(&token, "create_booking", args.clone()).await;
+    assert_eq!(created["booking"]["status"], "draft");
+    assert_eq!(created["booking"]["starts"]["local"], "2027-02-10T09:00:00+01:00");
+    let mut again = args.clone();
+    again["start"] = json!("2027-02-10T08:00:00Z");
+    again["zone"] = Value::Null;
+    let err = stack.call(&token, "create_booking", again).await.expect_err("duplicate booking");
+    assert_eq!(err["existing"], created["booking"]["booking"]);
+    assert_eq!(err["next_tool"], "update_booking");
+    // R17: a start in the spring gap is refused with the options.
+    let err = stack.call(&token, "create_booking", json!({"customer": handle, "service": service, "start": "2026-03-29 02:30", "zone": "Europe/Berlin"})).await.expect_err("gap");
+    assert_eq!(err["options"].as_array().expect("options").len(), 2);
+}
+
+#[tokio::test]
+async fn an_update_with_a_stale_version_conflicts_and_changes_nothing() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let found = stack.ok(&token, "find_customers", json!({"query": "fischer"})).await;
+    let read = found["customers"][0].clone();
+    // Someone else edits the customer first.
+    let edited = stack.ok(&stack.second_connection().await, "update_customer", json!({"customer": read["customer"], "version": read["version"], "phone": "+49 30 5550999"})).await;
+    let err = stack
+        .call(
+            &token,
+            "update_customer",
+            json!({"customer": read["customer"], "version": read["version"], "name": "Anna F."}),
+        )
+        .await
+        .expect_err("stale");
+    assert_eq!(err["code"], "conflict");
+    assert_eq!(err["current_version"], edited["customer"]["version"]);
+    assert_eq!(err["current"]["phone"], "+49 30 5550999");
+    assert_eq!(
+        stack.count("SELECT count(*) FROM customers WHERE name = 'Anna Fischer'").await,
+        1,
+        "row unchanged"
+    );
+    // A booking's time is what the customer sees: drafts only.
+    let confirmed = stack
+        .ok(&token, "find_bookings", json!({"status": "confirmed", "limit": 1}))
+        .await["bookings"][0]
+        .clone();
+    let err = stack.call(&token, "update_booking", json!({"booking": confirmed["booking"], "version": confirmed["version"], "start": "2027-01-01T10:00:00+01:00"})).await.expect_err("wrong state");
+    assert_eq!(err["code"], "wrong_state");
+    assert_eq!(err["next_tool"], "reschedule_booking");
+}
+
+#[tokio::test]
+async fn two_steps_preview_nothing_then_confirm_exactly_once() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let draft = stack.draft(0).await;
+    let preview = stack.ok(&token, "confirm_booking", json!({"booking": draft["booking"]})).await;
+    assert_eq!(preview["status"], "PREVIEW");
+    let summary = preview["confirm_summary"].as_str().expect("summary").to_owned();
+    assert!(
+        summary.contains(draft["booking"].as_str().expect("h")) && summary.contains("email"),
+        "{summary}"
+    );
+    let confirm_token = preview["confirm_token"].as_str().expect("token").to_owned();
+    // Preview alone sends nothing and changes nothing.
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+    let status = format!(
+        "SELECT count(*) FROM bookings WHERE handle = '{}' AND status = 'confirmed'",
+        draft["booking"].as_str().expect("h")
+    );
+    assert_eq!(stack.count(&status).await, 0);
+    // A wrong summary, a foreign connection: refused, audited, nothing happens.
+    let err = stack
+        .call(
+            &token,
+            "confirm_action",
+            json!({"confirm_token": confirm_token, "confirm_summary": "Confirm it"}),
+        )
+        .await
+        .expect_err("summary");
+    assert_eq!(err["code"], "summary_mismatch");
+    let other = stack.second_connection().await;
+    let err = stack
+        .call(
+            &other,
+            "confirm_action",
+            json!({"confirm_token": confirm_token, "confirm_summary": summary}),
+        )
+        .await
+        .expect_err("foreign");
+    assert_eq!(err["code"], "foreign_token");
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+    // The real confirmation executes once.
+    let done = stack
+        .ok(
+            &token,
+            "confirm_action",
+            json!({"confirm_token": confirm_token, "confirm_summary": summary}),
+        )
+        .await;
+    assert_eq!(done["status"], "EXECUTED");
+    assert_eq!(stack.count(&status).await, 1);
+    assert_eq!(stack.count("SELECT count(*) FROM outbox WHERE channel = 'email'").await, 1);
+    let err = stack
+        .call(
+            &token,
+            "confirm_action",
+            json!({"confirm_token": confirm_token, "confirm_summary": summary}),
+        )
+        .await
+        .expect_err("reuse");
+    assert_eq!(err["code"], "token_used");
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 1);
+    // R19: one execution row for the tool, and the preview and refusals linked to the action.
+    assert_eq!(stack.count("SELECT count(*) FROM audit_log WHERE action = 'confirm_booking' AND outcome = 'ok' AND channel = 'mcp'").await, 1);
+    assert_eq!(stack.count("SELECT count(*) FROM audit_log WHERE action = 'confirm_booking.confirm' AND outcome = 'refused' AND pending_action_id IS NOT NULL").await, 3);
+    let changes = stack.ok(&token, "list_recent_changes", json!({"limit": 10})).await;
+    let actions: Vec<&str> = changes["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|c| c["action"].as_str().expect("a"))
+        .collect();
+    assert!(
+        actions.contains(&"confirm_booking") && actions.contains(&"confirm_booking.preview"),
+        "{actions:?}"
+    );
+}
+
+#[tokio::test]
+async fn rejected_expired_and_unknown_tokens_do_nothing() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let technician =
+        stack.ok(&token, "find_technicians", json!({})).await["technicians"][0]["technician"]
+            .clone();
+    let page = stack
+        .ok(
+            &token,
+            "page_technician",
+            json!({"technician": technician, "message": "Boiler at Fischer leaks"}),
+        )
+        .await;
+    let rejected =
+        stack.ok(&token, "reject_action", json!({"confirm_token": page["confirm_token"]})).await;
+    assert_eq!(rejected["status"], "REJECTED");
+    let err = stack.call(&token, "confirm_action", json!({"confirm_token": page["confirm_token"], "confirm_summary": page["confirm_summary"]})).await.expect_err("rejected");
+    assert_eq!(err["code"], "action_rejected");
+    let page = stack
+        .ok(&token, "page_technician", json!({"technician": technician, "message": "Second try"}))
+        .await;
+    stack.db.exec("UPDATE pending_actions SET expires_at = now() - interval '1 second' WHERE status = 'pending'").await;
+    let err = stack.call(&token, "confirm_action", json!({"confirm_token": page["confirm_token"], "confirm_summary": page["confirm_summary"]})).await.expect_err("expired");
+    assert_eq!(err["code"], "token_expired");
+    let err = stack
+        .call(
+            &token,
+            "confirm_action",
+            json!({"confirm_token": "cfm_madeup", "confirm_summary": "x"}),
+        )
+        .await
+        .expect_err("unknown");
+    assert_eq!(err["code"], "unknown_token");
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+    // A live page goes out as a page once confirmed.
+    let page = stack
+        .ok(&token, "page_technician", json!({"technician": technician, "message": "Third try"}))
+        .await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": page["confirm_token"], "confirm_summary": page["confirm_summary"]})).await;
+    assert_eq!(
+        stack
+            .count("SELECT count(*) FROM outbox WHERE channel = 'page' AND body = 'Third try'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_edit_between_preview_and_confirm_yields_a_new_preview() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let draft = stack.draft(0).await;
+    let preview = stack.ok(&token, "reschedule_booking", json!({"booking": draft["booking"], "start": "2027-04-20T10:00", "zone": "Europe/Berlin"})).await;
+    // A colleague edits the booking in between.
+    stack
+        .ok(
+            &stack.second_connection().await,
+            "update_booking",
+            json!({"booking": draft["booking"], "version": draft["version"], "priority": "high"}),
+        )
+        .await;
+    let err = stack.call(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await.expect_err("changed");
+    assert_eq!(err["code"], "changed_since_preview");
+    let fresh = err["preview"].clone();
+    assert_ne!(fresh["confirm_token"], preview["confirm_token"]);
+    let starts = format!(
+        "SELECT count(*) FROM bookings WHERE handle = '{}' AND starts_at = '2027-04-20T08:00:00Z'",
+        draft["booking"].as_str().expect("h")
+    );
+    assert_eq!(stack.count(&starts).await, 0, "nothing executed");
+    let err = stack.call(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await.expect_err("dead");
+    assert_eq!(err["code"], "token_used");
+    let done = stack.ok(&token, "confirm_action", json!({"confirm_token": fresh["confirm_token"], "confirm_summary": fresh["confirm_summary"]})).await;
+    assert_eq!(
+        done["result"]["changed"]["booking"]["starts"]["local"],
+        "2027-04-20T10:00:00+02:00"
+    );
+    assert_eq!(stack.count(&starts).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_confirmations_execute_once() {
+    let stack = Arc::new(Stack::start().await);
+    let token = stack.token(0, 0);
+    let customer = stack.ok(&token, "find_customers", json!({"query": "Hoffmann"})).await["customers"][0]["customer"].clone();
+    let preview = stack.ok(&token, "send_customer_message", json!({"customer": customer, "subject": "Your appointment", "body": "See you on Monday."})).await;
+    let args = json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]});
+    let calls = (0..50).map(|_| {
+        let (stack, token, args) = (stack.clone(), token.clone(), args.clone());
+        tokio::spawn(async move { stack.call(&token, "confirm_action", args).await })
+    });
+    let mut executed = 0;
+    for c in calls {
+        match c.await.expect("join") {
+            Ok(v) => {
+                assert_eq!(v["status"], "EXECUTED");
+                executed += 1;
+            }
+            Err(e) => assert_eq!(e["code"], "token_used"),
+        }
+    }
+    assert_eq!(executed, 1);
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 1);
+}
+
+#[tokio::test]
+async fn a_batch_filter_with_the_wrong_count_lists_the_matches_and_changes_nothing() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let all = stack.ok(&token, "find_bookings", json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "Europe/Berlin", "limit": 100})).await;
+    let live: Vec<String> = all["bookings"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter(|b| b["status"] == "draft" || b["status"] == "confirmed")
+        .map(|b| b["booking"].as_str().expect("h").to_owned())
+        .collect();
+    assert!(live.len() > 3);
+    let err = stack
+        .call(&token, "cancel_bookings", json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "Europe/Berlin", "expected_count": 3}))
+        .await
+        .expect_err("count");
+    assert_eq!(err["code"], "count_mismatch");
+    let mut matches: Vec<String> = err["matches"]
+        .as_array()
+        .expect("m")
+        .iter()
+        .map(|m| m.as_str().expect("h").to_owned())
+        .collect();
+    matches.sort();
+    let mut expected = live.clone();
+    expected.sort();
+    assert_eq!(matches, expected);
+    let err = stack
+        .call(&token, "cancel_bookings", json!({"from": "2020-01-01", "zone": "Europe/Berlin"}))
+        .await
+        .expect_err("no count");
+    assert_eq!(err["field"], "expected_count");
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing changed");
+    // With the right count the preview lists them, and confirming cancels all.
+    let preview = stack
+        .ok(&token, "cancel_bookings", json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "Europe/Berlin", "expected_count": live.len()}))
+        .await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    let slug = &stack.seed.tenants[0].slug;
+    let left = stack.count(&format!("SELECT count(*) FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND status IN ('draft', 'confirmed')")).await;
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn write_tools_never_touch_another_tenants_records() {
+    let stack = Stack::start().await;
+    let (booking_b, customer_b, technician_b) = handles(&stack, 1).await;
+    let token = stack.token(0, 0);
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let version = "v_0000000000000000";
+    for (tool, args) in [
+        ("update_customer", json!({"customer": customer_b, "version": version, "name": "X"})),
+        ("update_booking", json!({"booking": booking_b, "version": version, "priority": "high"})),
+        ("add_booking_note", json!({"booking": booking_b, "text": "x"})),
+        (
+            "create_booking",
+            json!({"customer": customer_b, "service": "svc_0000000000000000", "start": "2027-01-01T10:00:00Z"}),
+        ),
+        ("send_customer_message", json!({"customer": customer_b, "subject": "x", "body": "x"})),
+        ("confirm_booking", json!({"booking": booking_b})),
+        ("reschedule_booking", json!({"booking": booking_b, "start": "2027-01-01T10:00:00Z"})),
+        ("cancel_bookings", json!({"bookings": [booking_b]})),
+        ("page_technician", json!({"technician": technician_b, "message": "x"})),
+        ("delete_customer", json!({"customer": customer_b})),
+        ("delete_booking", json!({"booking": booking_b})),
+    ] {
+        let err = stack.call(&token, tool, args).await.expect_err(tool);
+        assert_eq!(err["code"], "not_found", "{tool}: {err}");
+    }
+    let rule_b =
+        stack.ok(&stack.token(1, 0), "find_alert_rules", json!({})).await["rules"][0]["rule"]
+            .clone();
+    let err = stack
+        .call(&token, "mute_alerts", json!({"rule": rule_b, "minutes": 30}))
+        .await
+        .expect_err("rule");
+    assert_eq!(err["code"], "not_found");
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
+}
+
+#[tokio::test]
+async fn alerts_mute_for_a_bounded_time_and_deletes_check_what_depends_on_them() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let rule = stack.ok(&token, "find_alert_rules", json!({})).await["rules"][0].clone();
+    assert!(rule["muted_until"].is_null());
+    let err = stack
+        .call(&token, "mute_alerts", json!({"rule": rule["rule"], "minutes": 600}))
+        .await
+        .expect_err("too long");
+    assert_eq!(err["field"], "minutes");
+    let preview =
+        stack.ok(&token, "mute_alerts", json!({"rule": rule["rule"], "minutes": 30})).await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    let muted = stack.ok(&token, "find_alert_rules", json!({})).await["rules"][0].clone();
+    assert!(muted["muted_until"]["from_now"].as_str().expect("from_now").starts_with("in "));
+    // A customer with bookings cannot be deleted; a new one can.
+    let with_bookings = stack.ok(&token, "find_customers", json!({"query": "Fischer"})).await["customers"][0]["customer"].clone();
+    let err = stack
+        .call(&token, "delete_customer", json!({"customer": with_bookings}))
+        .await
+        .expect_err("has bookings");
+    assert_eq!(err["code"], "wrong_state");
+    let created = stack
+        .ok(&token, "create_customer", json!({"name": "Temp", "email": "temp@example.net"}))
+        .await;
+    let preview = stack
+        .ok(&token, "delete_customer", json!({"customer": created["customer"]["customer"]}))
+        .await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    assert_eq!(
+        stack.count("SELECT count(*) FROM customers WHERE email = 'temp@example.net'").await,
+        0
+    );
+    // A read-only connection cannot prepare or confirm anything.
+    let err = stack
+        .call(&stack.token(0, 1), "delete_booking", json!({"booking": "bkg_0000000000000000"}))
+        .await
+        .expect_err("hidden");
+    assert_eq!(err["code"], "permission_denied");
 }
