@@ -18,6 +18,22 @@ struct Args {
     /// Public base URL of the control plane.
     #[arg(long, env = "GATEHOUSE_CONTROL_URL")]
     public_url: String,
+    /// Do not deliver the outbox from this process (another one does).
+    #[arg(long)]
+    no_dispatcher: bool,
+}
+
+/// Delivers queued messages every half second through the log sink.
+async fn dispatcher(ds: Datastore) {
+    let sink = shared::services::outbox::LogSink;
+    loop {
+        match shared::services::outbox::dispatch_once(&ds, &sink, 50).await {
+            Ok(n) if n > 0 => continue,
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "outbox dispatch failed; retrying"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 #[tokio::main]
@@ -31,6 +47,10 @@ async fn main() -> anyhow::Result<()> {
         public_url: args.public_url.trim_end_matches('/').to_owned(),
         metrics: Metrics::new(),
     });
+    if !args.no_dispatcher {
+        let ds = state.ds.clone();
+        tokio::spawn(async move { dispatcher(ds).await });
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, "control plane listening");
     axum::serve(listener, app(state))

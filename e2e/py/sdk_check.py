@@ -22,7 +22,7 @@ def is_error(result):
     return bool(getattr(result, "is_error", None) or getattr(result, "isError", None))
 
 
-async def run(url: str, token: str, mode: str, calls: int) -> dict:
+async def run(url: str, token: str, mode: str, calls: int, write: bool) -> dict:
     workers: list[str] = []
 
     async def record(response):
@@ -47,6 +47,7 @@ async def run(url: str, token: str, mode: str, calls: int) -> dict:
                 assert not is_error(again), again
             refused = await client.call_tool("get_booking", {"booking": booking, "tenant_id": "other"})
             text = refused.content[0].text
+            writes = await write_flow(client, mode) if write else None
     return {
         "mode": mode,
         "tools": names,
@@ -56,6 +57,36 @@ async def run(url: str, token: str, mode: str, calls: int) -> dict:
         "refused_text_starts": text.split(" ")[0],
         "workers": sorted(set(workers)),
         "responses": len(workers),
+        "writes": writes,
+    }
+
+
+async def write_flow(client, mode: str) -> dict:
+    """A silent write retried, then a two-step email prepared and confirmed."""
+    args = {"name": f"SDK {mode}", "email": f"sdk-{mode}@example.net"}
+    first = await client.call_tool("create_customer", args)
+    again = await client.call_tool("create_customer", args)
+    assert not is_error(first) and not is_error(again), (first, again)
+    customer = structured(first)["customer"]["customer"]
+    preview = await client.call_tool(
+        "send_customer_message", {"customer": customer, "subject": "Welcome", "body": "Hello from the SDK."}
+    )
+    assert not is_error(preview), preview
+    p = structured(preview)
+    done = await client.call_tool(
+        "confirm_action", {"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}
+    )
+    assert not is_error(done), done
+    reused = await client.call_tool(
+        "confirm_action", {"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}
+    )
+    return {
+        "customer": customer,
+        "first_replayed": structured(first)["replayed"],
+        "again_replayed": structured(again)["replayed"],
+        "preview_status": p["status"],
+        "executed": structured(done)["status"],
+        "reuse_code": structured(reused)["error"]["code"],
     }
 
 
@@ -65,8 +96,9 @@ def main() -> int:
     parser.add_argument("--token", required=True)
     parser.add_argument("--mode", required=True)
     parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--writes", action="store_true", help="also run a write and a two-step flow")
     args = parser.parse_args()
-    out = asyncio.run(run(args.url, args.token, args.mode, args.calls))
+    out = asyncio.run(run(args.url, args.token, args.mode, args.calls, args.writes))
     print(json.dumps(out))
     return 0
 

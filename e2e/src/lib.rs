@@ -294,7 +294,7 @@ impl Drop for Stack {
 }
 
 /// Runs the Python SDK check script and returns its JSON line.
-pub fn sdk_check(url: &str, token: &str, mode: &str, calls: u32) -> Result<Value> {
+pub fn sdk_check(url: &str, token: &str, mode: &str, calls: u32, writes: bool) -> Result<Value> {
     let python = python();
     if !python.exists() {
         bail!(
@@ -305,6 +305,7 @@ pub fn sdk_check(url: &str, token: &str, mode: &str, calls: u32) -> Result<Value
     let out = Command::new(&python)
         .arg(repo_root().join("e2e/py/sdk_check.py"))
         .args(["--url", url, "--token", token, "--mode", mode, "--calls", &calls.to_string()])
+        .args(writes.then_some("--writes"))
         .output()?;
     if !out.status.success() {
         bail!(

@@ -13,7 +13,7 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
     let token = stack.token(0, 0);
     let mut seen = BTreeSet::new();
     for mode in ["2026-07-28", "legacy"] {
-        let out = sdk_check(&url, &token, mode, 6).unwrap_or_else(|e| {
+        let out = sdk_check(&url, &token, mode, 6, true).unwrap_or_else(|e| {
             panic!(
                 "{e}\nworker-1:\n{}\nworker-2:\n{}",
                 stack.log("worker-1"),
@@ -24,6 +24,15 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
         assert_eq!(out["found"], 5, "{mode}");
         assert_eq!(out["refused_is_error"], true, "{mode}: unknown fields are refused");
         assert_eq!(out["refused_text_starts"], "Error:");
+        let w = &out["writes"];
+        assert_eq!(
+            (w["first_replayed"].clone(), w["again_replayed"].clone()),
+            (json!(false), json!(true)),
+            "{mode}: {w}"
+        );
+        assert_eq!(w["preview_status"], "PREVIEW");
+        assert_eq!(w["executed"], "EXECUTED");
+        assert_eq!(w["reuse_code"], "token_used");
         for w in out["workers"].as_array().expect("workers") {
             seen.insert(w.as_str().expect("name").to_owned());
         }
@@ -33,6 +42,17 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
         );
     }
     assert_eq!(seen, BTreeSet::from(["worker-1".to_owned(), "worker-2".to_owned()]));
+    // The confirmed emails leave through the control plane's dispatcher, once each.
+    let mut sent = 0;
+    for _ in 0..100 {
+        sent = psql_count(&stack, "SELECT count(*) FROM outbox WHERE status = 'sent'");
+        if sent == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(sent, 2, "one email per mode, delivered");
+    assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox"), 2);
 }
 
 /// Raw tools/list through one worker.

@@ -10,6 +10,7 @@ pub mod bookings;
 pub mod catalog;
 pub mod customers;
 pub mod demo;
+pub mod outbox;
 pub mod technicians;
 pub mod writes;
 
