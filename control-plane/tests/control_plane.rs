@@ -257,3 +257,43 @@ async fn demo_seed_prints_the_documented_shape() {
         .expect("help");
     assert!(String::from_utf8_lossy(&help.stdout).contains("--rights"));
 }
+
+#[tokio::test]
+async fn a_stale_version_through_the_api_conflicts() {
+    let api = Api::start().await;
+    let token = api.seed.tenants[0].api_token.clone();
+    let http = &api.http;
+    let found = api.get("/api/v1/customers?query=Richter", Some(&token)).await.1;
+    let customer = found["customers"][0].clone();
+    let url = format!("{}/api/v1/customers/{}", api.url, customer["customer"].as_str().expect("h"));
+    let first = http
+        .patch(&url)
+        .bearer_auth(&token)
+        .json(&json!({"version": customer["version"], "phone": "+49 30 5550777"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(first.status(), 200);
+    let stale = http
+        .patch(&url)
+        .bearer_auth(&token)
+        .json(&json!({"version": customer["version"], "name": "E. Richter"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(stale.status(), 409);
+    let body: Value = stale.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "conflict");
+    assert_eq!(body["error"]["current"]["phone"], "+49 30 5550777");
+    let now = api
+        .get(
+            &format!("/api/v1/customers/{}", customer["customer"].as_str().expect("h")),
+            Some(&token),
+        )
+        .await
+        .1;
+    assert_eq!(now["name"], "Emma Richter", "unchanged by the stale update");
+    // API writes are audited with channel api and carry no connection.
+    let audited = api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'api' AND action = 'update_customer' AND connection_id IS NULL").await;
+    assert_eq!(audited, 1);
+}

@@ -206,3 +206,70 @@ async fn confirmations_and_retries_racing_on_two_workers_take_effect_once() {
         1
     );
 }
+
+#[tokio::test]
+async fn inputs_the_api_rejects_are_rejected_by_the_tools_too() {
+    let stack = Stack::start(Options::for_test("parity", 1)).await.expect("stack");
+    let token = stack.token(0, 0);
+    let api_token = stack.tenant(0)["api_token"].as_str().expect("api").to_owned();
+    let booking = tool_call(&stack.lb_url, &token, "find_bookings", json!({"limit": 1})).await["structuredContent"]["bookings"][0].clone();
+    let customer = booking["customer"]["customer"].as_str().expect("h").to_owned();
+    let handle = booking["booking"].as_str().expect("h").to_owned();
+    let http = reqwest::Client::new();
+    // (tool, tool arguments, API method, API path, API body, the field both must name)
+    let cases = [
+        (
+            "create_customer",
+            json!({"name": "X", "email": "not-an-email"}),
+            "POST",
+            "/api/v1/customers".to_owned(),
+            json!({"name": "X", "email": "not-an-email"}),
+            "email",
+        ),
+        (
+            "update_customer",
+            json!({"customer": customer, "version": "v", "phone": "call me"}),
+            "PATCH",
+            format!("/api/v1/customers/{customer}"),
+            json!({"version": "v", "phone": "call me"}),
+            "phone",
+        ),
+        (
+            "create_booking",
+            json!({"customer": customer, "service": "svc_0000000000000000", "start": "2027-03-28T02:30", "zone": "Europe/Berlin"}),
+            "POST",
+            "/api/v1/bookings".to_owned(),
+            json!({"customer": customer, "service": "svc_0000000000000000", "start": "2027-03-28T02:30", "zone": "Europe/Berlin"}),
+            "start",
+        ),
+        (
+            "update_booking",
+            json!({"booking": handle, "version": "v", "priority": "urgent"}),
+            "PATCH",
+            format!("/api/v1/bookings/{handle}"),
+            json!({"version": "v", "priority": "urgent"}),
+            "priority",
+        ),
+        (
+            "add_booking_note",
+            json!({"booking": handle, "text": "   "}),
+            "POST",
+            format!("/api/v1/bookings/{handle}/notes"),
+            json!({"text": "   "}),
+            "text",
+        ),
+    ];
+    for (tool, args, method, path, body, field) in cases {
+        let result = tool_call(&stack.lb_url, &token, tool, args).await;
+        assert_eq!(result["isError"], true, "{tool}: {result}");
+        assert_eq!(result["structuredContent"]["error"]["field"], field, "{tool}: {result}");
+        let request = match method {
+            "POST" => http.post(format!("{}{path}", stack.control_url)),
+            _ => http.patch(format!("{}{path}", stack.control_url)),
+        };
+        let response = request.bearer_auth(&api_token).json(&body).send().await.expect("api");
+        assert_eq!(response.status(), 422, "{tool} through the API");
+        let api_body: Value = response.json().await.expect("json");
+        assert_eq!(api_body["error"]["field"], field, "{tool}: {api_body}");
+    }
+}
