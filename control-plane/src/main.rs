@@ -41,7 +41,9 @@ async fn main() -> anyhow::Result<()> {
     config::init_tracing();
     let args = Args::parse();
     let common = Common::from_env()?;
-    let ds = Datastore::connect(common.database_url.expose(), common.db_max_connections).await?;
+    let ds = Datastore::connect(common.database_url.expose(), common.db_max_connections)
+        .await?
+        .with_bus(shared::bus::Bus::spawn(&common.nats_url));
     let state = Arc::new(AppState {
         ds,
         public_url: args.public_url.trim_end_matches('/').to_owned(),

@@ -77,6 +77,9 @@ struct Proc {
 pub struct Stack {
     procs: Vec<Proc>,
     pub database_url: String,
+    /// This stack's own NATS server (JetStream, its own store), so tests can stop and start it.
+    pub nats_url: String,
+    nats_port: u16,
     pub lb_url: String,
     pub control_url: String,
     pub worker_urls: Vec<String>,
@@ -115,10 +118,15 @@ fn psql(sql: &str) -> Result<()> {
 }
 
 pub fn gatehousectl(database_url: &str, args: &[&str]) -> Result<Value> {
+    gatehousectl_with(database_url, "nats://127.0.0.1:4222", args)
+}
+
+pub fn gatehousectl_with(database_url: &str, nats_url: &str, args: &[&str]) -> Result<Value> {
     let out = Command::new(bin("gatehousectl")?)
         .args(args)
         .arg("--json")
         .env("DATABASE_URL", database_url)
+        .env("NATS_URL", nats_url)
         .output()?;
     let value: Value = serde_json::from_slice(&out.stdout).with_context(|| {
         format!("gatehousectl {args:?}: {}", String::from_utf8_lossy(&out.stderr))
@@ -155,6 +163,8 @@ impl Stack {
         gatehousectl(&database_url, &["migrate"])?;
         let seed = gatehousectl(&database_url, &["demo", "seed"])?;
 
+        let nats_port = free_port()?;
+        let nats_url = format!("nats://127.0.0.1:{nats_port}");
         let (lb_port, control_port, first_worker) = match opts.ports {
             Some(p) => p,
             None => (free_port()?, free_port()?, 0),
@@ -167,6 +177,8 @@ impl Stack {
         let mut stack = Stack {
             procs: Vec::new(),
             database_url: database_url.clone(),
+            nats_url: nats_url.clone(),
+            nats_port,
             lb_url: lb_url.clone(),
             control_url: control_url.clone(),
             worker_urls: worker_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect(),
@@ -177,9 +189,11 @@ impl Stack {
             db_pool: opts.db_pool,
         };
 
+        stack.start_nats()?;
         let mut cp = Command::new(bin("control-plane")?);
         cp.args(["--listen", &format!("127.0.0.1:{control_port}"), "--public-url", &control_url])
             .env("DATABASE_URL", &database_url)
+            .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)
             .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string());
         stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
@@ -212,6 +226,7 @@ impl Stack {
             .args(["--authorization-server", &self.control_url])
             .args(["--worker-id", &format!("worker-{}", i + 1)])
             .env("DATABASE_URL", &self.database_url)
+            .env("NATS_URL", &self.nats_url)
             .env("RUST_LOG", &self.opts_log)
             .env("GATEHOUSE_DB_POOL", self.db_pool.to_string());
         let name = format!("worker-{}", i + 1);
@@ -239,6 +254,39 @@ impl Stack {
         );
         std::fs::write(self.run_dir.join("nginx.conf"), conf)?;
         Ok(())
+    }
+
+    /// Starts (or restarts) this stack's NATS server and waits until it accepts connections.
+    pub fn start_nats(&mut self) -> Result<()> {
+        let store = self.run_dir.join("nats-store");
+        std::fs::create_dir_all(&store)?;
+        let mut nats = Command::new(nats_bin()?);
+        nats.args(["-a", "127.0.0.1", "-p", &self.nats_port.to_string(), "-js", "-sd"]).arg(&store);
+        self.procs.retain(|p| p.name != "nats");
+        self.procs.push(spawn_logged("nats", nats, &self.run_dir)?);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.nats_port)).is_err() {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!("nats-server did not start: {}", self.log("nats"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Stops this stack's NATS server, as an outage would.
+    pub fn stop_nats(&mut self) -> Result<()> {
+        if let Some(p) = self.procs.iter_mut().find(|p| p.name == "nats") {
+            p.child.kill()?;
+            p.child.wait()?;
+        }
+        self.procs.retain(|p| p.name != "nats");
+        Ok(())
+    }
+
+    /// `gatehousectl` against this stack's database and NATS.
+    pub fn ctl(&self, args: &[&str]) -> Result<Value> {
+        gatehousectl_with(&self.database_url, &self.nats_url, args)
     }
 
     /// Kills worker `i` (SIGKILL), as a crashed pod would die.
@@ -271,6 +319,17 @@ impl Stack {
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.run_dir.join(format!("{name}.log"))).unwrap_or_default()
     }
+}
+
+fn nats_bin() -> Result<PathBuf> {
+    for candidate in ["/usr/sbin/nats-server", "/usr/bin/nats-server"] {
+        if Path::new(candidate).exists() {
+            return Ok(PathBuf::from(candidate));
+        }
+    }
+    bail!(
+        "nats-server is not installed; scripts/test and scripts/dev install it (apt-get install nats-server)"
+    )
 }
 
 fn nginx_bin() -> Result<PathBuf> {

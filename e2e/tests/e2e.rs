@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use e2e::{Options, Stack, gatehousectl, sdk_check};
+use e2e::{Options, Stack, sdk_check};
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -86,18 +86,12 @@ async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
         assert_eq!(list_status(&http, w, &full).await, 200);
     }
     let connection = tenant["connections"][1]["connection"].as_str().expect("handle");
-    let revoked: Value = gatehousectl(
-        &stack.database_url,
-        &["connection", "revoke", "--tenant", slug, "--connection", connection],
-    )
-    .expect("revoke");
+    let revoked: Value = stack
+        .ctl(&["connection", "revoke", "--tenant", slug, "--connection", connection])
+        .expect("revoke");
     assert_eq!(revoked["revoked"], true);
     let admin = tenant["admin"]["email"].as_str().expect("email");
-    gatehousectl(
-        &stack.database_url,
-        &["person", "deactivate", "--tenant", slug, "--email", admin],
-    )
-    .expect("deactivate");
+    stack.ctl(&["person", "deactivate", "--tenant", slug, "--email", admin]).expect("deactivate");
     for w in &stack.worker_urls {
         assert_eq!(list_status(&http, w, &read_only).await, 401, "revoked on {w}");
         assert_eq!(list_status(&http, w, &full).await, 401, "creator gone on {w}");
@@ -272,4 +266,152 @@ async fn inputs_the_api_rejects_are_rejected_by_the_tools_too() {
         let api_body: Value = response.json().await.expect("json");
         assert_eq!(api_body["error"]["field"], field, "{tool}: {api_body}");
     }
+}
+
+/// Status of a raw create_customer call through one base URL, and its Retry-After.
+async fn write_status(base: &str, token: &str, email: &str) -> (u16, Option<String>) {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", "create_customer")
+        .bearer_auth(token)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_customer",
+            "arguments": {"name": "Switch Test", "email": email},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}))
+        .send()
+        .await
+        .expect("request");
+    let retry =
+        response.headers().get("retry-after").map(|v| v.to_str().unwrap_or_default().to_owned());
+    (response.status().as_u16(), retry)
+}
+
+/// Polls until every worker answers `want`, at most one second (the switch must reach all).
+async fn every_worker_answers(stack: &Stack, token: &str, want: u16) -> Vec<(u16, Option<String>)> {
+    let start = std::time::Instant::now();
+    loop {
+        let mut seen = Vec::new();
+        for (i, w) in stack.worker_urls.iter().enumerate() {
+            seen.push(
+                write_status(
+                    w,
+                    token,
+                    &format!("switch-{i}-{}@example.net", start.elapsed().as_nanos()),
+                )
+                .await,
+            );
+        }
+        if seen.iter().all(|(s, _)| *s == want)
+            || start.elapsed() > std::time::Duration::from_secs(1)
+        {
+            return seen;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn kill_switches_reach_every_worker_and_hold_without_nats() {
+    let mut stack = Stack::start(Options::for_test("switch", 2)).await.expect("stack");
+    let token = stack.token(0, 0);
+    let customers = "SELECT count(*) FROM customers WHERE name = 'Switch Test'";
+    // Global switch on: every worker answers 503 with Retry-After, nothing is written.
+    let flipped = stack.ctl(&["kill-switch", "on", "--reason", "incident 42"]).expect("on");
+    assert_eq!(flipped["kill"], true);
+    for (status, retry) in every_worker_answers(&stack, &token, 503).await {
+        assert_eq!(status, 503);
+        assert_eq!(retry.as_deref(), Some("30"));
+    }
+    assert_eq!(psql_count(&stack, customers), 0);
+    // The flip arrived over NATS on every worker, not only through Postgres.
+    for w in &stack.worker_urls {
+        let mut pushed = false;
+        for _ in 0..50 {
+            let metrics = reqwest::get(format!("{w}/metrics"))
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            pushed = metrics.lines().any(|l| {
+                l.starts_with("gatehouse_worker_bus_events_total{kind=\"global_kill\"}")
+                    && !l.ends_with(" 0")
+            });
+            if pushed {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(pushed, "{w} applied the switch from NATS");
+    }
+    stack.ctl(&["kill-switch", "off", "--reason", "resolved"]).expect("off");
+    assert!(every_worker_answers(&stack, &token, 200).await.iter().all(|(s, _)| *s == 200));
+    // A tenant switch refuses that tenant only.
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    stack
+        .ctl(&["kill-switch", "on", "--tenant", &slug, "--reason", "admin asked"])
+        .expect("tenant on");
+    assert!(every_worker_answers(&stack, &token, 403).await.iter().all(|(s, _)| *s == 403));
+    assert!(
+        every_worker_answers(&stack, &stack.token(1, 0), 200).await.iter().all(|(s, _)| *s == 200)
+    );
+    stack.ctl(&["kill-switch", "off", "--tenant", &slug, "--reason", "back"]).expect("tenant off");
+    // Each flip is one audit row, with its reason.
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM audit_log WHERE action IN ('kill_switch.on', 'kill_switch.off') AND reason IS NOT NULL"
+        ),
+        2
+    );
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM audit_log WHERE action LIKE 'agent_access.%' AND channel = 'cli'"
+        ),
+        2
+    );
+
+    // NATS down: the switch still holds on the next call, from Postgres; and off really is off.
+    stack.stop_nats().expect("stop nats");
+    stack.ctl(&["kill-switch", "on", "--reason", "NATS is down"]).expect("on without nats");
+    assert!(every_worker_answers(&stack, &token, 503).await.iter().all(|(s, _)| *s == 503));
+    stack.ctl(&["kill-switch", "off", "--reason", "still down"]).expect("off without nats");
+    assert!(every_worker_answers(&stack, &token, 200).await.iter().all(|(s, _)| *s == 200));
+    // NATS back: workers reconnect and report it.
+    stack.start_nats().expect("start nats");
+    let http = reqwest::Client::new();
+    for w in &stack.worker_urls {
+        let mut nats = String::new();
+        for _ in 0..150 {
+            let ready: Value = http
+                .get(format!("{w}/readyz"))
+                .send()
+                .await
+                .expect("readyz")
+                .json()
+                .await
+                .expect("json");
+            nats = ready["nats"].as_str().unwrap_or_default().to_owned();
+            if nats == "connected" {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(nats, "connected", "{w} reconnected to NATS");
+    }
+    stack.ctl(&["kill-switch", "on", "--reason", "after restart"]).expect("on");
+    assert!(every_worker_answers(&stack, &token, 503).await.iter().all(|(s, _)| *s == 503));
+    stack.ctl(&["kill-switch", "off", "--reason", "done"]).expect("off");
+    let audit = stack.ctl(&["audit", "--tenant", &slug, "--limit", "10"]).expect("audit");
+    assert!(
+        audit["audit"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .any(|r| r["action"] == "agent_access.off" && r["reason"] == "admin asked")
+    );
 }

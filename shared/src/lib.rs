@@ -2,6 +2,7 @@
 //! context, the datastore and the domain services. See `docs/architecture.md`.
 
 pub mod auth;
+pub mod bus;
 pub mod canon;
 pub mod config;
 pub mod ctx;

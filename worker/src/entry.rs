@@ -29,6 +29,13 @@ pub async fn authenticate(
     next: Next,
 ) -> Response {
     let started = Instant::now();
+    // Step 1: the kill switch as NATS last pushed it, before any database work.
+    if state.live.killed() {
+        return finish(
+            &state,
+            unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
+        );
+    }
     let bearer = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -63,16 +70,23 @@ pub async fn authenticate(
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
         );
     }
-    if !context.tenant_agent_access {
+    if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant.id) {
         let body = serde_json::json!({
             "error": "agent_access_off",
             "error_description": "Agent access for this tenant was turned off by the tenant's admin; ask them to turn it back on in the console.",
         });
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
+    let connection_id = context.ctx.connection.as_ref().map(|c| c.id).unwrap_or_default();
     let context: Arc<McpContext> = Arc::new(context);
     request.extensions_mut().insert(context);
-    finish(&state, next.run(request).await)
+    // A revocation pushed while this request runs cancels it.
+    let inflight = state.live.register(connection_id);
+    let response = tokio::select! {
+        response = next.run(request) => response,
+        _ = inflight.token.cancelled() => unauthorized(&state, &AuthFailure::Revoked),
+    };
+    finish(&state, response)
 }
 
 fn finish(state: &AppState, response: Response) -> Response {

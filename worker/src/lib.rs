@@ -3,6 +3,7 @@
 //! Postgres with one query, and any worker can answer any request.
 
 pub mod entry;
+pub mod live;
 pub mod mcp;
 pub mod metrics;
 pub mod results;
@@ -47,8 +48,21 @@ impl Settings {
 pub struct AppState {
     pub ds: Datastore,
     pub settings: Settings,
-    pub metrics: metrics::Metrics,
+    pub metrics: Arc<metrics::Metrics>,
     pub tools: tools::Registry,
+    pub live: Arc<live::Live>,
+}
+
+impl AppState {
+    pub fn new(ds: Datastore, settings: Settings) -> Self {
+        AppState {
+            ds,
+            settings,
+            metrics: Arc::new(metrics::Metrics::new()),
+            tools: tools::Registry::new(),
+            live: Arc::new(live::Live::default()),
+        }
+    }
 }
 
 pub fn app(state: Arc<AppState>) -> Router {
@@ -80,14 +94,18 @@ pub fn app(state: Arc<AppState>) -> Router {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let nats = if state.live.nats_connected() { "connected" } else { "disconnected" };
     match state.ds.ping().await {
-        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ready", "postgres": "ok"})))
+        Ok(()) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"status": "ready", "postgres": "ok", "nats": nats})),
+        )
             .into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "readiness: postgres unreachable");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(serde_json::json!({"status": "not ready", "postgres": "unreachable"})),
+                Json(serde_json::json!({"status": "not ready", "postgres": "unreachable", "nats": nats})),
             )
                 .into_response()
         }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use clap::Parser;
 use shared::Datastore;
 use shared::config::{self, Common};
-use worker::{AppState, Settings, app, metrics::Metrics, tools::Registry};
+use worker::{AppState, Settings, app};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,8 +57,9 @@ async fn main() -> anyhow::Result<()> {
         allowed_origins: args.allowed_origins.into_iter().filter(|o| !o.is_empty()).collect(),
         worker_id,
     };
-    let state =
-        Arc::new(AppState { ds, settings, metrics: Metrics::new(), tools: Registry::new() });
+    let bus = shared::bus::Bus::spawn(&common.nats_url);
+    let state = Arc::new(AppState::new(ds, settings));
+    tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;

@@ -2,7 +2,7 @@
 //! latency histograms. Labels are tool names and outcomes only, never arguments (R14).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -11,6 +11,8 @@ pub struct Metrics {
     pub tool_calls: IntCounterVec,
     pub tool_duration: HistogramVec,
     pub auth_duration: HistogramVec,
+    pub nats_connected: IntGauge,
+    pub bus_events: IntCounterVec,
 }
 
 const BUCKETS: &[f64] =
@@ -42,13 +44,29 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
-        for c in [&http_requests, &tool_calls] {
+        let nats_connected = IntGauge::new("nats_connected", "1 while the NATS watch is live")
+            .expect("valid metric");
+        let bus_events = IntCounterVec::new(
+            Opts::new("bus_events_total", "Switch and revocation events applied from NATS"),
+            &["kind"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(nats_connected.clone())).expect("register once");
+        for c in [&http_requests, &tool_calls, &bus_events] {
             registry.register(Box::new(c.clone())).expect("register once");
         }
         for h in [&tool_duration, &auth_duration] {
             registry.register(Box::new(h.clone())).expect("register once");
         }
-        Metrics { registry, http_requests, tool_calls, tool_duration, auth_duration }
+        Metrics {
+            registry,
+            http_requests,
+            tool_calls,
+            tool_duration,
+            auth_duration,
+            nats_connected,
+            bus_events,
+        }
     }
 
     pub fn render(&self) -> String {

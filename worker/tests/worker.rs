@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde_json::{Value, json};
 use shared::services::{admin, demo};
 use shared::testing::TestDb;
-use worker::{AppState, Settings, app, metrics::Metrics, tools::Registry};
+use worker::{AppState, Settings, app, tools::Registry};
 
 const PROTOCOL: &str = "2026-07-28";
 const DECOY: &str = "DECOY-SECRET-7f3a";
@@ -72,12 +72,7 @@ impl Stack {
             allowed_origins: vec!["https://console.gatehouse.test".into()],
             worker_id: "test-worker".into(),
         };
-        let state = Arc::new(AppState {
-            ds: db.ds.clone(),
-            settings,
-            metrics: Metrics::new(),
-            tools: Registry::new(),
-        });
+        let state = Arc::new(AppState::new(db.ds.clone(), settings));
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
         // No connection reuse: concurrent calls in a test really run side by side.
         let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");

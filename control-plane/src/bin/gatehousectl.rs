@@ -44,6 +44,29 @@ enum Command {
     /// Demo data.
     #[command(subcommand)]
     Demo(DemoCmd),
+    /// Turn agent access off (`on`: agents are refused) or back on, globally or for one tenant.
+    KillSwitch {
+        /// `on` refuses agents (HTTP 503 globally); `off` lets them back in.
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        /// Only this tenant (its agents get a clear refusal; others are unaffected).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Why; kept in the audit log.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Read the audit log of a tenant: tool, outcome, public ids, channel, connection, client.
+    Audit {
+        #[command(flatten)]
+        t: InTenant,
+        /// Only this connection (con_…).
+        #[arg(long)]
+        connection: Option<String>,
+        /// At most this many rows, newest first.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -198,7 +221,16 @@ fn describe(error: &Error) -> (String, String) {
 
 async fn run(cli: Cli) -> shared::Result<(Value, String)> {
     let common = Common::from_env()?;
-    let ds = Datastore::connect(common.database_url.expose(), 4).await?;
+    let mut ds = Datastore::connect(common.database_url.expose(), 4).await?;
+    if cli.command.pushes() {
+        match shared::bus::Bus::connect(&common.nats_url, std::time::Duration::from_secs(2)).await {
+            Ok(bus) => ds = ds.with_bus(bus),
+            Err(_) => eprintln!(
+                "warning: NATS at {} is unreachable; workers will see this change on their next request instead of at once",
+                common.nats_url
+            ),
+        }
+    }
     match cli.command {
         Command::Migrate => {
             let applied = ds.migrate().await?;
@@ -314,6 +346,66 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 }
             }
         }
+        Command::KillSwitch { state, tenant, reason } => {
+            let kill = state == "on";
+            let flipped = match tenant {
+                None => {
+                    admin::kill_switch_set(
+                        &ds,
+                        admin::SwitchScope::Global,
+                        "gatehousectl",
+                        Channel::Cli,
+                        kill,
+                        &reason,
+                    )
+                    .await?
+                }
+                Some(slug) => {
+                    let tenant = admin::tenant_by_slug(&ds, &slug).await?;
+                    let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+                    admin::kill_switch_set(
+                        &ds,
+                        admin::SwitchScope::Tenant(&ctx),
+                        "gatehousectl",
+                        Channel::Cli,
+                        kill,
+                        &reason,
+                    )
+                    .await?
+                }
+            };
+            let text = format!(
+                "{}: agents {}{}",
+                flipped.scope,
+                if flipped.kill { "refused" } else { "allowed" },
+                if flipped.changed { "" } else { " (unchanged)" }
+            );
+            Ok((to_json(&flipped), text))
+        }
+        Command::Audit { t, connection, limit } => {
+            let tenant = admin::tenant_by_slug(&ds, &t.tenant).await?;
+            let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+            let rows = admin::audit_list(&ds, &ctx, connection.as_deref(), limit).await?;
+            let text = rows
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{}  {:7} {:8} {:32} {}  {}",
+                        r.at,
+                        r.channel,
+                        r.outcome,
+                        r.action,
+                        r.connection.as_deref().unwrap_or("-"),
+                        r.targets.join(",")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok((
+                json!({"audit": rows}),
+                if text.is_empty() { "no audit rows".into() } else { text },
+            ))
+        }
         Command::Demo(DemoCmd::Seed) => {
             let seed = demo::seed(&ds, "").await?;
             let mut text = String::from("Demo seeded.\n");
@@ -329,6 +421,18 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             }
             Ok((to_json(&seed), text))
         }
+    }
+}
+
+impl Command {
+    /// Commands whose change workers should hear about at once.
+    fn pushes(&self) -> bool {
+        matches!(
+            self,
+            Command::KillSwitch { .. }
+                | Command::Connection(ConnectionCmd::Revoke { .. })
+                | Command::Person(PersonCmd::Deactivate { .. })
+        )
     }
 }
 

@@ -54,11 +54,13 @@ pub struct AuditEntry<'a> {
     pub targets: Vec<String>,
     /// The two-step action this row belongs to.
     pub pending_action: Option<i64>,
+    /// Why, when a person says so (switch flips, revocations).
+    pub reason: Option<&'a str>,
 }
 
 impl<'a> AuditEntry<'a> {
     pub fn ok(action: &'a str, targets: Vec<String>) -> Self {
-        AuditEntry { action, outcome: "ok", targets, pending_action: None }
+        AuditEntry { action, outcome: "ok", targets, pending_action: None, reason: None }
     }
 }
 
@@ -232,20 +234,20 @@ pub async fn connection_token_insert(
 }
 
 /// Revokes the active connections of the tenant that match: one handle, or every connection a
-/// creator made. Returns the handles revoked.
+/// creator made. Returns the ids and handles revoked.
 pub async fn connection_revoke_where(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: Option<&str>,
     creator_id: Option<i64>,
     reason: &str,
-) -> Result<Vec<String>> {
-    let revoked: Vec<String> = sqlx::query_scalar(
+) -> Result<Vec<(i64, String)>> {
+    let revoked: Vec<(i64, String)> = sqlx::query_as(
         "UPDATE connections SET status = 'revoked', revoked_at = now(), revoked_reason = $4
          WHERE tenant_id = $1 AND status = 'active'
            AND ($2::text IS NULL OR handle = $2)
            AND ($3::bigint IS NULL OR creator_id = $3)
-         RETURNING handle",
+         RETURNING id, handle",
     )
     .bind(ctx.tenant_id())
     .bind(handle)
@@ -256,11 +258,11 @@ pub async fn connection_revoke_where(
     if !revoked.is_empty() {
         // Tokens die with their connection.
         sqlx::query(
-            "DELETE FROM connection_tokens WHERE connection_id IN
-             (SELECT id FROM connections WHERE tenant_id = $1 AND handle = ANY($2))",
+            "DELETE FROM connection_tokens WHERE connection_id = ANY($2)
+               AND connection_id IN (SELECT id FROM connections WHERE tenant_id = $1)",
         )
         .bind(ctx.tenant_id())
-        .bind(&revoked)
+        .bind(revoked.iter().map(|(id, _)| *id).collect::<Vec<i64>>())
         .execute(&mut **tx)
         .await?;
     }
@@ -307,8 +309,8 @@ pub async fn audit_insert(tx: &mut Tx<'_>, ctx: &OpCtx, entry: AuditEntry<'_>) -
     let connection = ctx.connection.as_ref();
     sqlx::query(
         "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
-                                client_name, action, outcome, targets, request_id, pending_action_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                                client_name, action, outcome, targets, request_id, pending_action_id, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(ctx.tenant_id())
     .bind(ctx.channel.as_str())
@@ -321,6 +323,7 @@ pub async fn audit_insert(tx: &mut Tx<'_>, ctx: &OpCtx, entry: AuditEntry<'_>) -
     .bind(&entry.targets)
     .bind(&ctx.request_id)
     .bind(entry.pending_action)
+    .bind(entry.reason)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -458,4 +461,53 @@ pub async fn booking_note_insert(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Sets the platform kill switch and audits it as a platform-wide row (no tenant).
+pub async fn platform_kill_set(
+    tx: &mut Tx<'_>,
+    on: bool,
+    by: &str,
+    channel: &str,
+    reason: &str,
+    request_id: &str,
+) -> Result<bool> {
+    let was: bool = sqlx::query_scalar("SELECT global_kill FROM platform_state FOR UPDATE")
+        .fetch_one(&mut **tx)
+        .await?;
+    sqlx::query("UPDATE platform_state SET global_kill = $1, updated_at = now(), updated_by = $2, reason = $3")
+        .bind(on)
+        .bind(by)
+        .bind(reason)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets, request_id, reason)
+         VALUES (NULL, $1, $2, 'ok', ARRAY[$3], $4, $5)",
+    )
+    .bind(channel)
+    .bind(if on { "kill_switch.on" } else { "kill_switch.off" })
+    .bind(format!("platform by {by}"))
+    .bind(request_id)
+    .bind(reason)
+    .execute(&mut **tx)
+    .await?;
+    Ok(was)
+}
+
+pub async fn tenant_agent_access_set(tx: &mut Tx<'_>, ctx: &OpCtx, on: bool) -> Result<bool> {
+    let was: bool = sqlx::query_scalar("SELECT agent_access FROM tenants WHERE id = $1 FOR UPDATE")
+        .bind(ctx.tenant_id())
+        .fetch_one(&mut **tx)
+        .await?;
+    sqlx::query("UPDATE tenants SET agent_access = $2 WHERE id = $1")
+        .bind(ctx.tenant_id())
+        .bind(on)
+        .execute(&mut **tx)
+        .await?;
+    Ok(was)
+}
+
+pub async fn platform_kill_get(ds: &Datastore) -> Result<bool> {
+    Ok(sqlx::query_scalar("SELECT global_kill FROM platform_state").fetch_one(ds.pool()).await?)
 }

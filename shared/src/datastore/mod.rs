@@ -32,6 +32,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub struct Datastore {
     pool: PgPool,
     policy: Policy,
+    /// Where committed switch flips and revocations are pushed; `None` without NATS.
+    bus: Option<crate::bus::Bus>,
 }
 
 /// Time windows of the write rails; defaults suit production, tests shorten them.
@@ -61,11 +63,11 @@ impl Datastore {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(Datastore { pool, policy: Policy::default() })
+        Ok(Datastore { pool, policy: Policy::default(), bus: None })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Datastore { pool, policy: Policy::default() }
+        Datastore { pool, policy: Policy::default(), bus: None }
     }
 
     pub fn with_policy(mut self, policy: Policy) -> Self {
@@ -75,6 +77,15 @@ impl Datastore {
 
     pub fn policy(&self) -> Policy {
         self.policy
+    }
+
+    pub fn with_bus(mut self, bus: crate::bus::Bus) -> Self {
+        self.bus = Some(bus);
+        self
+    }
+
+    pub fn bus(&self) -> Option<&crate::bus::Bus> {
+        self.bus.as_ref()
     }
 
     /// Applies every pending migration from `migrations/`.

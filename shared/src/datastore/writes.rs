@@ -587,3 +587,38 @@ pub async fn outbox_mark(tx: &mut Tx<'_>, id: i64, sent: bool, error: Option<&st
     .await?;
     Ok(())
 }
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditListRow {
+    pub at: DateTime<Utc>,
+    pub channel: String,
+    pub action: String,
+    pub outcome: String,
+    pub targets: Vec<String>,
+    pub connection_handle: Option<String>,
+    pub connection_name: Option<String>,
+    pub client_name: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Datastore {
+    pub async fn audit_list(
+        &self,
+        ctx: &OpCtx,
+        connection: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AuditListRow>> {
+        Ok(sqlx::query_as::<_, AuditListRow>(
+            "SELECT a.at, a.channel, a.action, a.outcome, a.targets, c.handle AS connection_handle,
+                    a.connection_name, a.client_name, a.reason
+             FROM audit_log a LEFT JOIN connections c ON c.id = a.connection_id
+             WHERE a.tenant_id = $1 AND ($2::text IS NULL OR c.handle = $2)
+             ORDER BY a.at DESC, a.id DESC LIMIT $3",
+        )
+        .bind(ctx.tenant_id())
+        .bind(connection)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

@@ -775,6 +775,7 @@ async fn store_preview(
             outcome: "previewed",
             targets: plan.targets.clone(),
             pending_action: Some(id),
+            reason: None,
         },
     )
     .await?;
@@ -833,6 +834,7 @@ async fn refuse(
             outcome: "refused",
             targets: Vec::new(),
             pending_action: Some(pending),
+            reason: None,
         },
     )
     .await?;
@@ -948,6 +950,7 @@ pub async fn confirm(
                     outcome: "failed",
                     targets: Vec::new(),
                     pending_action: Some(p.id),
+                    reason: None,
                 },
             )
             .await?;
@@ -973,6 +976,7 @@ pub async fn confirm(
             outcome: "ok",
             targets: plan.targets.clone(),
             pending_action: Some(p.id),
+            reason: None,
         },
     )
     .await?;
@@ -1024,6 +1028,7 @@ pub async fn reject(ds: &Datastore, ctx: &OpCtx, input: &RejectActionInput) -> R
             outcome: "rejected",
             targets: Vec::new(),
             pending_action: Some(p.id),
+            reason: None,
         },
     )
     .await?;

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::bus::{self, Event};
 use crate::ctx::{Actor, Channel, OpCtx, TenantRef, new_request_id};
 use crate::datastore::{self as ds_fns, AuditEntry, Datastore, TenantRow};
 use crate::error::{Error, Resource, Result};
@@ -216,10 +217,14 @@ pub async fn person_deactivate(
         ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated")
             .await?;
     let mut targets = vec![person.handle.clone()];
-    targets.extend(revoked.iter().cloned());
+    targets.extend(revoked.iter().map(|(_, h)| h.clone()));
     ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.deactivate", targets)).await?;
     tx.commit().await?;
-    Ok(PersonDeactivated { person: person.handle, revoked_connections: revoked })
+    for (id, _) in &revoked {
+        bus::publish(ds.bus(), Event::Revoked { connection_id: *id }).await;
+    }
+    let revoked_connections = revoked.into_iter().map(|(_, h)| h).collect();
+    Ok(PersonDeactivated { person: person.handle, revoked_connections })
 }
 
 #[derive(Debug, Serialize)]
@@ -331,13 +336,13 @@ pub async fn connection_revoke(
     }
     let revoked =
         ds_fns::connection_revoke_where(&mut tx, ctx, Some(handle.as_str()), None, reason).await?;
-    ds_fns::audit_insert(
-        &mut tx,
-        ctx,
-        AuditEntry::ok("connection.revoke", vec![handle.to_string()]),
-    )
-    .await?;
+    let mut entry = AuditEntry::ok("connection.revoke", vec![handle.to_string()]);
+    entry.reason = Some(reason);
+    ds_fns::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
+    for (id, _) in &revoked {
+        bus::publish(ds.bus(), Event::Revoked { connection_id: *id }).await;
+    }
     Ok(ConnectionRevoked { connection: handle.to_string(), revoked: !revoked.is_empty() })
 }
 
@@ -407,6 +412,121 @@ pub async fn connection_list(ds: &Datastore, ctx: &OpCtx) -> Result<Vec<Connecti
             rights: c.rights,
             created_at: fmt(c.created_at),
             last_used_at: c.last_used_at.map(fmt),
+        })
+        .collect())
+}
+
+/// Where a kill switch acts.
+#[derive(Debug, Clone, Copy)]
+pub enum SwitchScope<'a> {
+    /// Every tenant: operators only.
+    Global,
+    /// One tenant's agent access.
+    Tenant(&'a OpCtx),
+}
+
+#[derive(Debug, Serialize)]
+pub struct SwitchFlipped {
+    pub scope: String,
+    /// Whether agents are now refused.
+    pub kill: bool,
+    pub changed: bool,
+    pub reason: String,
+}
+
+/// The one service that flips a kill switch (R18): it writes Postgres, audits who, why and
+/// through which channel in the same transaction, then pushes the change over NATS.
+///
+/// `kill: true` turns agents away: globally every MCP request answers 503, for a tenant its
+/// requests are refused with the reason.
+pub async fn kill_switch_set(
+    ds: &Datastore,
+    scope: SwitchScope<'_>,
+    operator: &str,
+    channel: Channel,
+    kill: bool,
+    reason: &str,
+) -> Result<SwitchFlipped> {
+    let reason = reason.trim();
+    if reason.is_empty() || reason.chars().count() > 300 {
+        return Err(Error::invalid(
+            "reason",
+            "say why, in 1 to 300 characters; the audit keeps it",
+        ));
+    }
+    let mut tx = ds.begin().await?;
+    let (label, changed, event) = match scope {
+        SwitchScope::Global => {
+            let was = ds_fns::platform_kill_set(
+                &mut tx,
+                kill,
+                operator,
+                channel.as_str(),
+                reason,
+                &crate::ctx::new_request_id(),
+            )
+            .await?;
+            ("global".to_owned(), was != kill, Event::GlobalKill(kill))
+        }
+        SwitchScope::Tenant(ctx) => {
+            ctx.require(Right::TenantSwitch)?;
+            let was_on = ds_fns::tenant_agent_access_set(&mut tx, ctx, !kill).await?;
+            let action = if kill { "agent_access.off" } else { "agent_access.on" };
+            let mut entry = AuditEntry::ok(action, vec![ctx.tenant.handle.to_string()]);
+            entry.reason = Some(reason);
+            ds_fns::audit_insert(&mut tx, ctx, entry).await?;
+            (
+                format!("tenant {}", ctx.tenant.slug),
+                was_on == kill,
+                Event::TenantAccess { tenant_id: ctx.tenant.id, on: !kill },
+            )
+        }
+    };
+    tx.commit().await?;
+    bus::publish(ds.bus(), event).await;
+    Ok(SwitchFlipped { scope: label, kill, changed, reason: reason.to_owned() })
+}
+
+#[derive(Debug, Serialize)]
+pub struct AuditView {
+    pub at: String,
+    pub channel: String,
+    pub action: String,
+    pub outcome: String,
+    /// Public ids only.
+    pub targets: Vec<String>,
+    pub connection: Option<String>,
+    pub connection_name: Option<String>,
+    pub client_name: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// The tenant's audit log for admins (R23): what was done, by which channel and connection, to
+/// which public ids — never arguments or personal data, because the log never holds them.
+pub async fn audit_list(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    connection: Option<&str>,
+    limit: i64,
+) -> Result<Vec<AuditView>> {
+    ctx.require(Right::AuditRead)?;
+    if !(1..=1000).contains(&limit) {
+        return Err(Error::invalid("limit", "use 1 to 1000"));
+    }
+    let connection = connection.map(|c| ConnectionHandle::parse("connection", c)).transpose()?;
+    let rows = ds.audit_list(ctx, connection.as_ref().map(|c| c.as_str()), limit).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| AuditView {
+            at: crate::datastore::to_ts(r.at).strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            channel: r.channel,
+            action: r.action,
+            outcome: r.outcome,
+            targets: r.targets,
+            connection: r.connection_handle,
+            connection_name: r.connection_name,
+            client_name: r.client_name,
+            reason: r.reason,
         })
         .collect())
 }

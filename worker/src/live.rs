@@ -1,0 +1,148 @@
+//! What a worker learns from NATS between requests (R4, R18): the global kill switch, tenant
+//! switches and revocations, applied in memory the moment they arrive, and the in-flight
+//! requests of each connection so a revocation can cancel them.
+//!
+//! Memory only ever refuses sooner; it never admits. The entry path trusts the in-memory kill
+//! switch only while NATS is connected (the watch replays the latest value on every reconnect);
+//! otherwise the per-request context query decides, as it always does after this check.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use shared::bus::{Bus, Event};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+pub struct Live {
+    global_kill: AtomicBool,
+    nats_connected: AtomicBool,
+    tenants_off: Mutex<HashSet<i64>>,
+    inflight: Mutex<HashMap<i64, Vec<(u64, CancellationToken)>>>,
+    next_id: AtomicU64,
+}
+
+/// Unregisters an in-flight request when it ends.
+pub struct InFlight {
+    live: Arc<Live>,
+    connection_id: i64,
+    id: u64,
+    pub token: CancellationToken,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut map = self.live.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = map.get_mut(&self.connection_id) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                map.remove(&self.connection_id);
+            }
+        }
+    }
+}
+
+impl Live {
+    /// True when NATS says agents are paused everywhere (and NATS is connected to say so).
+    pub fn killed(&self) -> bool {
+        self.nats_connected.load(Ordering::Acquire) && self.global_kill.load(Ordering::Acquire)
+    }
+
+    pub fn tenant_off(&self, tenant_id: i64) -> bool {
+        self.nats_connected.load(Ordering::Acquire)
+            && self.tenants_off.lock().unwrap_or_else(|p| p.into_inner()).contains(&tenant_id)
+    }
+
+    pub fn nats_connected(&self) -> bool {
+        self.nats_connected.load(Ordering::Acquire)
+    }
+
+    pub fn register(self: &Arc<Self>, connection_id: i64) -> InFlight {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(connection_id)
+            .or_default()
+            .push((id, token.clone()));
+        InFlight { live: self.clone(), connection_id, id, token }
+    }
+
+    pub fn apply(&self, event: &Event) {
+        match *event {
+            Event::GlobalKill(on) => self.global_kill.store(on, Ordering::Release),
+            Event::TenantAccess { tenant_id, on } => {
+                let mut off = self.tenants_off.lock().unwrap_or_else(|p| p.into_inner());
+                if on {
+                    off.remove(&tenant_id);
+                } else {
+                    off.insert(tenant_id);
+                }
+            }
+            Event::Revoked { connection_id } => {
+                let cancelled = self
+                    .inflight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&connection_id)
+                    .unwrap_or_default();
+                for (_, token) in &cancelled {
+                    token.cancel();
+                }
+                if !cancelled.is_empty() {
+                    tracing::info!(
+                        connection.id = connection_id,
+                        requests = cancelled.len(),
+                        "cancelled in-flight requests of a revoked connection"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Follows the bucket for the life of the worker: replays its history on every (re)connect,
+/// then applies each change; notices a lost connection within a second and watches again.
+pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metrics>) {
+    loop {
+        let stream = match bus.watch().await {
+            Some(Ok(stream)) => stream,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "NATS watch failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            None => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        live.nats_connected.store(true, Ordering::Release);
+        metrics.nats_connected.set(1);
+        let mut stream = std::pin::pin!(stream);
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                event = stream.next() => match event {
+                    Some(event) => {
+                        live.apply(&event);
+                        metrics.bus_events.with_label_values(&[match event {
+                            Event::GlobalKill(_) => "global_kill",
+                            Event::TenantAccess { .. } => "tenant_access",
+                            Event::Revoked { .. } => "revoked",
+                        }]).inc();
+                    }
+                    None => break,
+                },
+                _ = tick.tick() => if !bus.connected().await { break },
+            }
+        }
+        live.nats_connected.store(false, Ordering::Release);
+        metrics.nats_connected.set(0);
+        tracing::warn!("lost the NATS watch; Postgres alone decides until it is back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
