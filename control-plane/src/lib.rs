@@ -2,6 +2,9 @@
 //! The console and the OAuth authorization server mount here as well.
 
 pub mod api;
+pub mod console;
+pub mod html;
+pub mod oauth;
 
 use std::sync::Arc;
 
@@ -15,8 +18,13 @@ use shared::Datastore;
 
 pub struct AppState {
     pub ds: Datastore,
+    /// The control plane's public URL: the OAuth issuer and the console's origin.
     pub public_url: String,
     pub metrics: Metrics,
+    /// The MCP URLs tokens may be issued for (RFC 8707 audiences).
+    pub mcp_resources: Vec<String>,
+    /// Development only: fetch client metadata documents over http and from private addresses.
+    pub dev_mode: bool,
 }
 
 pub struct Metrics {
@@ -56,6 +64,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .nest("/api/v1", api::routes(state.clone()))
+        .merge(console::routes())
+        .merge(oauth::routes())
         .with_state(state)
 }
 

@@ -18,6 +18,12 @@ struct Args {
     /// Public base URL of the control plane.
     #[arg(long, env = "GATEHOUSE_CONTROL_URL")]
     public_url: String,
+    /// The MCP URL(s) clients connect to (the load balancer's `/mcp`); OAuth tokens are bound to them.
+    #[arg(long = "mcp-resource", env = "GATEHOUSE_MCP_RESOURCE", value_delimiter = ',')]
+    mcp_resources: Vec<String>,
+    /// Development: fetch client ID metadata documents over http and from loopback/private addresses.
+    #[arg(long)]
+    dev_mode: bool,
     /// Do not deliver the outbox from this process (another one does).
     #[arg(long)]
     no_dispatcher: bool,
@@ -48,6 +54,12 @@ async fn main() -> anyhow::Result<()> {
         ds,
         public_url: args.public_url.trim_end_matches('/').to_owned(),
         metrics: Metrics::new(),
+        mcp_resources: args
+            .mcp_resources
+            .iter()
+            .map(|r| r.trim_end_matches('/').to_owned())
+            .collect(),
+        dev_mode: args.dev_mode,
     });
     if !args.no_dispatcher {
         let ds = state.ds.clone();

@@ -25,6 +25,8 @@ impl Api {
             ds: db.ds.clone(),
             public_url: url.clone(),
             metrics: Metrics::new(),
+            mcp_resources: vec!["http://127.0.0.1:9/mcp".into()],
+            dev_mode: false,
         });
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
         Api { _db: db, url, seed, http: reqwest::Client::new() }

@@ -192,6 +192,7 @@ impl Stack {
         stack.start_nats()?;
         let mut cp = Command::new(bin("control-plane")?);
         cp.args(["--listen", &format!("127.0.0.1:{control_port}"), "--public-url", &control_url])
+            .args(["--mcp-resource", &format!("{lb_url}/mcp")])
             .env("DATABASE_URL", &database_url)
             .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)

@@ -415,3 +415,472 @@ async fn kill_switches_reach_every_worker_and_hold_without_nats() {
             .any(|r| r["action"] == "agent_access.off" && r["reason"] == "admin asked")
     );
 }
+
+// ---------------------------------------------------------------- OAuth 2.1, as a real client
+
+mod oauth_flow {
+    use super::*;
+    use oauth2::basic::BasicClient;
+    use oauth2::{
+        AuthUrl, AuthorizationCode, ClientId, CsrfToken, PkceCodeChallenge, RedirectUrl,
+        RefreshToken, TokenResponse, TokenUrl,
+    };
+
+    const REDIRECT: &str = "http://127.0.0.1:47615/callback";
+
+    /// A person's browser: keeps the session cookie, never follows redirects by itself.
+    pub struct Browser {
+        http: reqwest::Client,
+        cookie: Option<String>,
+    }
+
+    impl Browser {
+        pub fn new() -> Self {
+            Browser {
+                http: reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()
+                    .expect("client"),
+                cookie: None,
+            }
+        }
+
+        pub async fn get(&self, url: &str) -> reqwest::Response {
+            let mut r = self.http.get(url);
+            if let Some(c) = &self.cookie {
+                r = r.header("Cookie", c);
+            }
+            r.send().await.expect("get")
+        }
+
+        pub async fn post_form(
+            &mut self,
+            url: &str,
+            form: &[(String, String)],
+        ) -> reqwest::Response {
+            let mut r = self.http.post(url).form(form);
+            if let Some(c) = &self.cookie {
+                r = r.header("Cookie", c);
+            }
+            let response = r.send().await.expect("post");
+            if let Some(set) = response.headers().get("set-cookie") {
+                self.cookie =
+                    Some(set.to_str().expect("ascii").split(';').next().expect("pair").to_owned());
+            }
+            response
+        }
+
+        pub async fn sign_in(
+            &mut self,
+            control: &str,
+            email: &str,
+            password: &str,
+            next: &str,
+        ) -> String {
+            let response = self
+                .post_form(
+                    &format!("{control}/login"),
+                    &[
+                        ("email".into(), email.into()),
+                        ("password".into(), password.into()),
+                        ("next".into(), next.into()),
+                    ],
+                )
+                .await;
+            assert_eq!(response.status(), 303, "signed in");
+            response.headers()["location"].to_str().expect("ascii").to_owned()
+        }
+    }
+
+    /// The hidden inputs of the consent form, as a browser would submit them.
+    fn hidden_fields(html: &str) -> Vec<(String, String)> {
+        html.split("<input type=\"hidden\" ")
+            .skip(1)
+            .filter_map(|chunk| {
+                let name = chunk.split("name=\"").nth(1)?.split('"').next()?;
+                let value = chunk.split("value=\"").nth(1)?.split('"').next()?;
+                Some((
+                    name.to_owned(),
+                    value.replace("&amp;", "&").replace("&quot;", "\"").replace("&#39;", "'"),
+                ))
+            })
+            .collect()
+    }
+
+    #[derive(Debug)]
+    pub struct Granted {
+        pub access: String,
+        pub refresh: String,
+        pub client_id: String,
+    }
+
+    /// Discovery from the MCP URL's 401, registration, sign-in, consent narrowed to `rights`,
+    /// code exchange with PKCE and the resource indicator.
+    pub async fn connect(stack: &Stack, rights: &[&str]) -> Granted {
+        let mcp = format!("{}/mcp", stack.lb_url);
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client");
+        // 1. The MCP URL answers 401 pointing at its protected resource metadata.
+        let challenge = http.post(&mcp).json(&json!({})).send().await.expect("mcp");
+        assert_eq!(challenge.status(), 401);
+        let header = challenge.headers()["www-authenticate"].to_str().expect("ascii").to_owned();
+        let prm_url = header
+            .split("resource_metadata=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .expect("resource_metadata");
+        let prm: Value = http.get(prm_url).send().await.expect("prm").json().await.expect("json");
+        assert_eq!(prm["resource"], json!(mcp));
+        let issuer = prm["authorization_servers"][0].as_str().expect("issuer").to_owned();
+        let meta: Value = http
+            .get(format!("{issuer}/.well-known/oauth-authorization-server"))
+            .send()
+            .await
+            .expect("as")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(meta["issuer"], json!(issuer));
+        assert_eq!(meta["code_challenge_methods_supported"], json!(["S256"]));
+        // 2. Dynamic registration.
+        let registered: Value = http
+            .post(meta["registration_endpoint"].as_str().expect("reg"))
+            .json(&json!({"redirect_uris": [REDIRECT], "client_name": "e2e agent", "token_endpoint_auth_method": "none"}))
+            .send()
+            .await
+            .expect("register")
+            .json()
+            .await
+            .expect("json");
+        let client_id = registered["client_id"].as_str().expect("client_id").to_owned();
+        // 3. The oauth2 crate builds the authorization request.
+        let client = BasicClient::new(ClientId::new(client_id.clone()))
+            .set_auth_uri(
+                AuthUrl::new(meta["authorization_endpoint"].as_str().expect("a").into())
+                    .expect("url"),
+            )
+            .set_token_uri(
+                TokenUrl::new(meta["token_endpoint"].as_str().expect("t").into()).expect("url"),
+            )
+            .set_redirect_uri(RedirectUrl::new(REDIRECT.into()).expect("url"));
+        let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
+        let (auth_url, csrf_state) = client
+            .authorize_url(CsrfToken::new_random)
+            .add_extra_param("resource", &mcp)
+            .set_pkce_challenge(challenge)
+            .url();
+        // 4. The person signs in and consents, narrowing the rights.
+        let tenant = stack.tenant(0);
+        let mut browser = Browser::new();
+        let path = format!("{}?{}", auth_url.path(), auth_url.query().expect("query"));
+        let back = browser
+            .sign_in(
+                &stack.control_url,
+                tenant["admin"]["email"].as_str().expect("e"),
+                tenant["admin"]["password"].as_str().expect("p"),
+                &path,
+            )
+            .await;
+        let consent = browser.get(&format!("{}{back}", stack.control_url)).await;
+        assert_eq!(consent.status(), 200);
+        let html = consent.text().await.expect("html");
+        assert!(
+            html.contains("e2e agent") && html.contains(tenant["slug"].as_str().expect("slug")),
+            "consent names client and tenant"
+        );
+        let mut form = hidden_fields(&html);
+        form.extend(rights.iter().map(|r| ("right".to_owned(), (*r).to_owned())));
+        form.push(("decision".into(), "approve".into()));
+        let approved =
+            browser.post_form(&format!("{}/oauth/authorize", stack.control_url), &form).await;
+        assert_eq!(approved.status(), 303);
+        let location = url::Url::parse(approved.headers()["location"].to_str().expect("ascii"))
+            .expect("redirect");
+        let params: BTreeMap<String, String> = location.query_pairs().into_owned().collect();
+        assert_eq!(params.get("state"), Some(csrf_state.secret()));
+        assert_eq!(params.get("iss"), Some(&issuer), "RFC 9207");
+        // 5. Code exchange.
+        let tokens = client
+            .exchange_code(AuthorizationCode::new(params["code"].clone()))
+            .set_pkce_verifier(verifier)
+            .add_extra_param("resource", &mcp)
+            .request_async(&http)
+            .await
+            .expect("token");
+        Granted {
+            access: tokens.access_token().secret().clone(),
+            refresh: tokens.refresh_token().expect("refresh").secret().clone(),
+            client_id,
+        }
+    }
+
+    pub async fn refresh(stack: &Stack, client_id: &str, token: &str) -> Result<Granted, String> {
+        let client = BasicClient::new(ClientId::new(client_id.into()))
+            .set_auth_uri(
+                AuthUrl::new(format!("{}/oauth/authorize", stack.control_url)).expect("url"),
+            )
+            .set_token_uri(
+                TokenUrl::new(format!("{}/oauth/token", stack.control_url)).expect("url"),
+            );
+        let http = reqwest::Client::new();
+        client
+            .exchange_refresh_token(&RefreshToken::new(token.into()))
+            .request_async(&http)
+            .await
+            .map(|t| Granted {
+                access: t.access_token().secret().clone(),
+                refresh: t.refresh_token().expect("rotated").secret().clone(),
+                client_id: client_id.into(),
+            })
+            .map_err(|e| format!("{e:?}"))
+    }
+}
+
+use std::collections::BTreeMap;
+
+async fn tool_names(base: &str, token: &str) -> (u16, Vec<String>) {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/list")
+        .bearer_auth(token)
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    let names = body["result"]["tools"]
+        .as_array()
+        .map(|t| t.iter().map(|t| t["name"].as_str().unwrap_or_default().to_owned()).collect())
+        .unwrap_or_default();
+    (status, names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oauth_client_connects_with_nothing_but_the_mcp_url() {
+    let stack = Stack::start(Options::for_test("oauth", 2)).await.expect("stack");
+    let granted = oauth_flow::connect(&stack, &["bookings:read", "bookings:notify"]).await;
+    assert!(granted.access.starts_with("gh_mcp_"));
+    // The narrowed rights hold through the load balancer.
+    let (status, names) = tool_names(&stack.lb_url, &granted.access).await;
+    assert_eq!(status, 200);
+    assert!(
+        names.contains(&"confirm_booking".to_owned()) && names.contains(&"get_booking".to_owned()),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"find_customers".to_owned()), "narrowed at consent: {names:?}");
+    // A role removed between two calls: the next call, on the other worker, is cut.
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let email = stack.tenant(0)["admin"]["email"].as_str().expect("email").to_owned();
+    assert!(
+        tool_names(&stack.worker_urls[0], &granted.access)
+            .await
+            .1
+            .contains(&"confirm_booking".to_owned())
+    );
+    stack
+        .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "viewer"])
+        .expect("demote");
+    let (_, after) = tool_names(&stack.worker_urls[1], &granted.access).await;
+    assert!(
+        !after.contains(&"confirm_booking".to_owned()) && after.contains(&"get_booking".to_owned()),
+        "{after:?}"
+    );
+    stack
+        .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "admin"])
+        .expect("restore");
+    // Refresh rotates; the old refresh token used again revokes the whole connection.
+    let rotated =
+        oauth_flow::refresh(&stack, &granted.client_id, &granted.refresh).await.expect("refresh");
+    assert_ne!(rotated.refresh, granted.refresh);
+    assert_eq!(tool_names(&stack.lb_url, &rotated.access).await.0, 200);
+    let reuse =
+        oauth_flow::refresh(&stack, &granted.client_id, &granted.refresh).await.expect_err("reuse");
+    assert!(reuse.contains("invalid_grant"), "{reuse}");
+    assert_eq!(
+        tool_names(&stack.lb_url, &rotated.access).await.0,
+        401,
+        "reuse detection revoked the connection"
+    );
+    assert!(oauth_flow::refresh(&stack, &granted.client_id, &rotated.refresh).await.is_err());
+    // RFC 7009 revocation of a fresh grant's refresh token ends it.
+    let second = oauth_flow::connect(&stack, &["bookings:read"]).await;
+    assert_eq!(tool_names(&stack.lb_url, &second.access).await.0, 200);
+    let revoked = reqwest::Client::new()
+        .post(format!("{}/oauth/revoke", stack.control_url))
+        .form(&[("token", second.refresh.as_str())])
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(revoked.status(), 200);
+    assert_eq!(tool_names(&stack.lb_url, &second.access).await.0, 401);
+}
+
+#[tokio::test]
+async fn hostile_oauth_requests_are_refused() {
+    let stack = Stack::start(Options::for_test("oauth_hostile", 1)).await.expect("stack");
+    let mcp = format!("{}/mcp", stack.lb_url);
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let reg: Value = http
+        .post(format!("{}/oauth/register", stack.control_url))
+        .json(&json!({"redirect_uris": ["http://127.0.0.1:47615/callback"], "client_name": "hostile"}))
+        .send()
+        .await
+        .expect("register")
+        .json()
+        .await
+        .expect("json");
+    let client_id = reg["client_id"].as_str().expect("id").to_owned();
+    let bad = http
+        .post(format!("{}/oauth/register", stack.control_url))
+        .json(&json!({"redirect_uris": ["http://evil.example/cb"]}))
+        .send()
+        .await
+        .expect("register");
+    assert_eq!(bad.status(), 400, "plain-http non-loopback redirect URIs are refused");
+    // Sign in once; every hostile authorize request below runs with this session.
+    let tenant = stack.tenant(0);
+    let mut browser = oauth_flow::Browser::new();
+    browser
+        .sign_in(
+            &stack.control_url,
+            tenant["admin"]["email"].as_str().expect("e"),
+            tenant["admin"]["password"].as_str().expect("p"),
+            "/",
+        )
+        .await;
+    let authorize = |params: &[(&str, &str)]| {
+        let q = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(params).finish();
+        format!("{}/oauth/authorize?{q}", stack.control_url)
+    };
+    let challenge = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM";
+    let base = [
+        ("response_type", "code"),
+        ("client_id", client_id.as_str()),
+        ("redirect_uri", "http://127.0.0.1:47615/callback"),
+        ("code_challenge", challenge),
+        ("code_challenge_method", "S256"),
+        ("resource", mcp.as_str()),
+        ("state", "s"),
+    ];
+    fn with<'a>(base: &[(&'a str, &'a str)], k: &str, v: &'a str) -> Vec<(&'a str, &'a str)> {
+        base.iter().map(|(a, b)| if *a == k { (*a, v) } else { (*a, *b) }).collect()
+    }
+    for (case, params) in [
+        ("wrong redirect URI", with(&base, "redirect_uri", "http://127.0.0.1:47615/other")),
+        ("plain PKCE", with(&base, "code_challenge_method", "plain")),
+        ("another audience", with(&base, "resource", "https://elsewhere.example/mcp")),
+        (
+            "metadata document on loopback",
+            with(&base, "client_id", "https://127.0.0.1/client.json"),
+        ),
+        (
+            "metadata document on the cloud metadata address",
+            with(&base, "client_id", "https://169.254.169.254/latest/meta-data"),
+        ),
+    ] {
+        let response = browser.get(&authorize(&params)).await;
+        assert_eq!(response.status(), 400, "{case}");
+        assert!(
+            response.headers().get("location").is_none(),
+            "{case}: errors are shown, never redirected"
+        );
+    }
+    let private = browser
+        .get(&authorize(&with(&base, "client_id", "https://127.0.0.1/client.json")))
+        .await
+        .text()
+        .await
+        .expect("text");
+    assert!(private.contains("private, loopback or link-local"), "{private}");
+    // A code: exchanged with a wrong verifier fails; reused after success revokes the grant.
+    let consent = browser.get(&authorize(&base)).await.text().await.expect("consent");
+    let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
+    let mut form: Vec<(String, String)> = consent
+        .split("<input type=\"hidden\" ")
+        .skip(1)
+        .filter_map(|c| {
+            Some((
+                c.split("name=\"").nth(1)?.split('"').next()?.to_owned(),
+                c.split("value=\"").nth(1)?.split('"').next()?.replace("&amp;", "&"),
+            ))
+        })
+        .collect();
+    form.push(("right".into(), "bookings:read".into()));
+    form.push(("decision".into(), "approve".into()));
+    let approved =
+        browser.post_form(&format!("{}/oauth/authorize", stack.control_url), &form).await;
+    let location =
+        url::Url::parse(approved.headers()["location"].to_str().expect("ascii")).expect("url");
+    let code = location.query_pairs().find(|(k, _)| k == "code").expect("code").1.into_owned();
+    let exchange = |code: &str, verifier: &str| {
+        let form = [
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("client_id", client_id.as_str()),
+            ("redirect_uri", "http://127.0.0.1:47615/callback"),
+            ("code_verifier", verifier),
+            ("resource", mcp.as_str()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let http = http.clone();
+        let url = format!("{}/oauth/token", stack.control_url);
+        async move { http.post(url).form(&form).send().await.expect("token") }
+    };
+    let wrong = exchange(&code, "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXX").await;
+    assert_eq!(wrong.status(), 400, "PKCE mismatch");
+    let ok: Value = exchange(&code, verifier).await.json().await.expect("json");
+    let access = ok["access_token"].as_str().expect("access").to_owned();
+    assert_eq!(tool_names(&stack.lb_url, &access).await.0, 200);
+    let reused = exchange(&code, verifier).await;
+    assert_eq!(reused.status(), 400, "a reused code");
+    assert_eq!(
+        tool_names(&stack.lb_url, &access).await.0,
+        401,
+        "a reused code revokes what it granted"
+    );
+    // Expired and foreign-audience tokens are refused by the worker.
+    let second = oauth_flow::connect(&stack, &["bookings:read"]).await;
+    psql_count(
+        &stack,
+        &format!(
+            "WITH u AS (UPDATE connection_tokens SET audience = 'https://elsewhere.example/mcp' WHERE token_hash = sha256(convert_to('{}', 'UTF8')) RETURNING 1) SELECT count(*) FROM u",
+            second.access
+        ),
+    );
+    assert_eq!(tool_names(&stack.lb_url, &second.access).await.0, 401, "another audience");
+    let third = oauth_flow::connect(&stack, &["bookings:read"]).await;
+    psql_count(
+        &stack,
+        &format!(
+            "WITH u AS (UPDATE connection_tokens SET expires_at = now() - interval '1 second' WHERE token_hash = sha256(convert_to('{}', 'UTF8')) RETURNING 1) SELECT count(*) FROM u",
+            third.access
+        ),
+    );
+    assert_eq!(tool_names(&stack.lb_url, &third.access).await.0, 401, "expired");
+    // Credentials never cross: an MCP token at the console, a session cookie at /mcp.
+    let console = reqwest::Client::new()
+        .get(format!("{}/connections", stack.control_url))
+        .bearer_auth(&third.refresh)
+        .send()
+        .await
+        .expect("console");
+    assert_eq!(console.status(), 401);
+    let cookie_at_mcp = reqwest::Client::new()
+        .post(format!("{}/mcp", stack.lb_url))
+        .header("Cookie", "gh_session=gh_ses_whatever")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("mcp");
+    assert_eq!(cookie_at_mcp.status(), 401);
+}

@@ -7,6 +7,7 @@
 mod admin;
 mod auth;
 mod bookings;
+mod console;
 mod customers;
 mod technicians;
 mod writes;
@@ -14,6 +15,7 @@ mod writes;
 pub use admin::*;
 pub use auth::*;
 pub use bookings::*;
+pub use console::*;
 pub use customers::*;
 pub use technicians::*;
 pub use writes::*;

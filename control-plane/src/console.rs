@@ -1,0 +1,766 @@
+//! The tenant admins' console (server-rendered HTML). Every write goes through the same
+//! services as the CLI and the API and is audited with channel `console`; every form carries
+//! the session's CSRF token; the session cookie is HttpOnly, SameSite=Lax and Secure behind
+//! https. The console takes console sessions only: a bearer token gets 401 naming the kind.
+
+#![expect(clippy::result_large_err, reason = "handlers return early with the axum response to send")]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use shared::ctx::Channel;
+use shared::datastore::SessionRow;
+use shared::error::Error;
+use shared::rights::{Right, RightSet, Role};
+use shared::secret::{self, CredentialKind};
+use shared::services::{admin, console};
+use shared::{OpCtx, time};
+
+use crate::AppState;
+use crate::html::{Nav, csrf_field, error_box, esc, page};
+
+pub const COOKIE: &str = "gh_session";
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/connections") }))
+        .route("/login", get(login_form).post(login))
+        .route("/logout", post(logout))
+        .route("/tenants", get(tenants).post(pick_tenant))
+        .route("/connections", get(connections).post(create_connection))
+        .route("/connections/{connection}", get(connection_detail))
+        .route("/connections/{connection}/revoke", get(revoke_confirm).post(revoke))
+        .route("/people", get(people))
+        .route("/people/role", post(set_role))
+        .route("/people/deactivate", get(deactivate_confirm).post(deactivate))
+        .route("/settings", get(settings))
+        .route("/settings/agent-access", post(agent_access))
+        .route("/audit", get(audit))
+        .route("/operator", get(operator))
+        .route("/operator/kill-switch", post(global_switch))
+}
+
+/// A signed-in console user.
+pub struct Session {
+    pub row: SessionRow,
+    pub token_hash: Vec<u8>,
+}
+
+impl Session {
+    fn ctx(&self) -> Option<OpCtx> {
+        console::session_ctx(&self.row)
+    }
+
+    fn nav<'a>(&'a self, current: &'a str) -> Nav<'a> {
+        let rights = console::session_rights(&self.row);
+        Nav {
+            current,
+            tenant: self.row.tenant_name.as_deref(),
+            person: &self.row.email,
+            csrf: &self.row.csrf_token,
+            admin: rights.contains(Right::ConnectionsManage)
+                || rights.contains(Right::PeopleManage),
+            operator: self.row.is_operator,
+        }
+    }
+
+    fn check_csrf(&self, form: &BTreeMap<String, String>) -> Result<(), Response> {
+        match form.get("csrf") {
+            Some(t) if *t == self.row.csrf_token => Ok(()),
+            _ => Err((
+                StatusCode::FORBIDDEN,
+                Html(page(
+                    "Form expired",
+                    None,
+                    &error_box("This form is stale or forged; reload the page and try again."),
+                )),
+            )
+                .into_response()),
+        }
+    }
+}
+
+fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            (k == COOKIE).then(|| v.to_owned())
+        })
+}
+
+impl FromRequestParts<Arc<AppState>> for Session {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        // R20: the console takes console sessions only.
+        if let Some(auth) = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+            let kind = match CredentialKind::of(auth.trim_start_matches("Bearer ").trim()) {
+                Some(CredentialKind::Mcp) => "an MCP token, which only /mcp accepts",
+                Some(CredentialKind::Api) => "an API token, which only /api accepts",
+                _ => "a bearer token",
+            };
+            let body = page(
+                "Sign in",
+                None,
+                &error_box(&format!(
+                    "The console takes a console session (sign in at /login); the request carried {kind}."
+                )),
+            );
+            return Err((StatusCode::UNAUTHORIZED, Html(body)).into_response());
+        }
+        let next =
+            parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "/".into());
+        let login = Redirect::to(&format!(
+            "/login?next={}",
+            url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
+        ))
+        .into_response();
+        let Some(token) = cookie(&parts.headers)
+            .filter(|t| CredentialKind::of(t) == Some(CredentialKind::Session))
+        else {
+            return Err(login);
+        };
+        let token_hash = secret::hash_token(&token);
+        match state.ds.session_get(&token_hash).await {
+            Ok(Some(row)) if row.person_active => Ok(Session { row, token_hash }),
+            Ok(_) => Err(login),
+            Err(e) => Err(fail(e)),
+        }
+    }
+}
+
+fn fail(e: Error) -> Response {
+    let status = match &e {
+        Error::Forbidden { .. } | Error::NoActor => StatusCode::FORBIDDEN,
+        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::Internal(d) => {
+            tracing::error!(error = %d, "console request failed");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        _ => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    let message = match &e {
+        Error::Forbidden { right } => {
+            format!("Your role does not include {} ({}).", right.as_str(), right.description())
+        }
+        Error::Internal(_) => "Something failed on our side; try again.".into(),
+        other => other.to_string(),
+    };
+    (
+        status,
+        Html(page(
+            "Cannot do that",
+            None,
+            &format!("{}<p><a href=\"/\">Back</a></p>", error_box(&message)),
+        )),
+    )
+        .into_response()
+}
+
+/// The session's tenant context, or a redirect to pick a tenant.
+fn tenant_ctx(s: &Session) -> Result<OpCtx, Response> {
+    s.ctx().ok_or_else(|| Redirect::to("/tenants").into_response())
+}
+
+fn safe_next(next: Option<&String>) -> String {
+    next.filter(|n| n.starts_with('/') && !n.starts_with("//"))
+        .cloned()
+        .unwrap_or_else(|| "/".into())
+}
+
+// ---------------------------------------------------------------- sign in / out
+
+async fn login_form(Query(q): Query<BTreeMap<String, String>>) -> Html<String> {
+    Html(login_page(&safe_next(q.get("next")), None))
+}
+
+fn login_page(next: &str, error: Option<&str>) -> String {
+    page(
+        "Sign in",
+        None,
+        &format!(
+            "{}<form method=\"post\" action=\"/login\" class=\"card\"><input type=\"hidden\" name=\"next\" value=\"{}\">\
+             <label>Email <input type=\"email\" name=\"email\" autocomplete=\"username\" required></label>\
+             <label>Password <input type=\"password\" name=\"password\" autocomplete=\"current-password\" required></label>\
+             <button type=\"submit\">Sign in</button></form>",
+            error.map(error_box).unwrap_or_default(),
+            esc(next)
+        ),
+    )
+}
+
+async fn login(
+    State(state): State<Arc<AppState>>,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    let next = safe_next(form.get("next"));
+    let (email, password) = (
+        form.get("email").cloned().unwrap_or_default(),
+        form.get("password").cloned().unwrap_or_default(),
+    );
+    match console::sign_in(&state.ds, &email, &password).await {
+        Ok(signed) => {
+            let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+            let cookie = format!(
+                "{COOKIE}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
+                signed.token,
+                console::SESSION_TTL_SECS
+            );
+            let mut response = Redirect::to(&next).into_response();
+            if let Ok(v) = HeaderValue::from_str(&cookie) {
+                response.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            response
+        }
+        Err(Error::Unauthenticated(message)) => {
+            (StatusCode::UNAUTHORIZED, Html(login_page(&next, Some(&message)))).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn logout(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    if let Err(e) = state.ds.session_delete(&s.token_hash).await {
+        return fail(e);
+    }
+    let mut response = Redirect::to("/login").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("gh_session=; HttpOnly; SameSite=Lax; Path=/; Max-Age=0"),
+    );
+    response
+}
+
+async fn tenants(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let list = match state.ds.memberships_of(s.row.person_id).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let next = safe_next(q.get("next"));
+    let items: String = list
+        .iter()
+        .map(|m| {
+            format!(
+                "<li><form method=\"post\" action=\"/tenants\">{}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><input type=\"hidden\" name=\"next\" value=\"{}\">\
+                 <button type=\"submit\">{}</button> as {}</form></li>",
+                csrf_field(&s.row.csrf_token),
+                m.tenant_id,
+                esc(&next),
+                esc(&m.name),
+                esc(&m.role)
+            )
+        })
+        .collect();
+    let body = if items.is_empty() {
+        error_box("You are not a member of any tenant.")
+    } else {
+        format!("<ul>{items}</ul>")
+    };
+    Html(page("Pick a tenant", Some(&s.nav("/tenants")), &body)).into_response()
+}
+
+async fn pick_tenant(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let Some(tenant) = form.get("tenant").and_then(|t| t.parse::<i64>().ok()) else {
+        return fail(Error::invalid("tenant", "pick a tenant"));
+    };
+    match state.ds.memberships_of(s.row.person_id).await {
+        Ok(list) if list.iter().any(|m| m.tenant_id == tenant) => {}
+        Ok(_) => return fail(Error::invalid("tenant", "you are not a member of that tenant")),
+        Err(e) => return fail(e),
+    }
+    if let Err(e) = state.ds.session_set_tenant(s.row.id, tenant).await {
+        return fail(e);
+    }
+    Redirect::to(&safe_next(form.get("next"))).into_response()
+}
+
+// ---------------------------------------------------------------- connections
+
+fn rights_picker(holds: RightSet, checked: RightSet) -> String {
+    let boxes: String = holds
+        .iter()
+        .map(|r| {
+            format!(
+                "<label><input type=\"checkbox\" name=\"right\" value=\"{0}\"{1}> <code>{0}</code> — {2}</label>",
+                r.as_str(),
+                if checked.contains(r) { " checked" } else { "" },
+                esc(r.description())
+            )
+        })
+        .collect();
+    format!("<fieldset><legend>Rights (at most your own)</legend>{boxes}</fieldset>")
+}
+
+async fn connections(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let list = match admin::connection_list(&state.ds, &ctx).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let rows: String = list
+        .iter()
+        .map(|c| {
+            format!(
+                "<tr><td><a href=\"/connections/{0}\">{1}</a><br><code>{0}</code></td><td>{2}</td><td>{3}</td><td>{4}</td><td>{5}</td><td>{6}</td><td class=\"status-{7}\">{7}</td></tr>",
+                esc(&c.connection),
+                esc(&c.name),
+                esc(&c.client_name),
+                esc(&c.creator),
+                esc(&c.rights.join(", ")),
+                esc(&c.created_at),
+                esc(c.last_used_at.as_deref().unwrap_or("never")),
+                esc(&c.status)
+            )
+        })
+        .collect();
+    let body = format!(
+        "<table><thead><tr><th>Connection</th><th>Client</th><th>Created by</th><th>Rights</th><th>Created</th><th>Last used</th><th>Status</th></tr></thead><tbody>{rows}</tbody></table>\
+         <form method=\"post\" action=\"/connections\" class=\"card\"><h2>New connection</h2>{}\
+         <label>Name <input type=\"text\" name=\"name\" required maxlength=\"80\" placeholder=\"Claude Code on my laptop\"></label>{}\
+         <button type=\"submit\">Create connection</button></form>",
+        csrf_field(&s.row.csrf_token),
+        rights_picker(ctx.rights, shared::rights::read_only().intersect(ctx.rights))
+    );
+    Html(page("Connections", Some(&s.nav("/connections")), &body)).into_response()
+}
+
+async fn create_connection(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<Vec<(String, String)>>,
+) -> Response {
+    let map: BTreeMap<String, String> = form.iter().cloned().collect();
+    if let Err(r) = s.check_csrf(&map) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let names: Vec<&str> =
+        form.iter().filter(|(k, _)| k == "right").map(|(_, v)| v.as_str()).collect();
+    let rights = match RightSet::parse(&names) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let name = map.get("name").cloned().unwrap_or_default();
+    match admin::connection_create(&state.ds, &ctx, &s.row.email, &name, "console", rights).await {
+        Ok(c) => {
+            let mcp = state.mcp_resources.first().cloned().unwrap_or_default();
+            let claude = format!(
+                "claude mcp add --transport http gatehouse {mcp} --header \"Authorization: Bearer {}\"",
+                c.token
+            );
+            let body = format!(
+                "<p class=\"ok\" role=\"status\">Connection <code>{}</code> created with {}.</p>\
+                 <div class=\"card\"><p><strong>Copy the token now: it is shown once and only its hash is kept.</strong></p>\
+                 <pre id=\"token\">{}</pre><button type=\"button\" class=\"plain\" onclick=\"navigator.clipboard.writeText(document.getElementById('token').textContent)\">Copy token</button>\
+                 <p>Claude Code:</p><pre id=\"claude\">{}</pre><button type=\"button\" class=\"plain\" onclick=\"navigator.clipboard.writeText(document.getElementById('claude').textContent)\">Copy command</button></div>\
+                 <p><a href=\"/connections\">Back to connections</a></p>",
+                esc(&c.connection),
+                esc(&c.rights.join(", ")),
+                esc(&c.token),
+                esc(&claude)
+            );
+            Html(page("Connection created", Some(&s.nav("/connections")), &body)).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn connection_detail(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Path(handle): Path<String>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let list = match admin::connection_list(&state.ds, &ctx).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let Some(c) = list.into_iter().find(|c| c.connection == handle) else {
+        return fail(Error::not_found(shared::error::Resource::Connection, handle));
+    };
+    let changes = match admin::audit_list(&state.ds, &ctx, Some(&handle), 50).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let rows: String = changes
+        .iter()
+        .map(|a| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&a.at),
+                esc(&a.action),
+                esc(&a.outcome),
+                esc(&a.targets.join(", "))
+            )
+        })
+        .collect();
+    let revoke = if c.status == "active" {
+        format!(
+            "<p><a href=\"/connections/{}/revoke\">Revoke this connection…</a></p>",
+            esc(&c.connection)
+        )
+    } else {
+        String::new()
+    };
+    let body = format!(
+        "<div class=\"card\"><p><code>{handle}</code> · client {client} · created by {creator} on {created} · last used {used} · <span class=\"status-{status}\">{status}</span></p><p>Rights: {rights}</p>{revoke}</div>\
+         <h2>Recent changes</h2><table><thead><tr><th>When (UTC)</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>",
+        handle = esc(&c.connection),
+        client = esc(&c.client_name),
+        creator = esc(&c.creator),
+        created = esc(&c.created_at),
+        used = esc(c.last_used_at.as_deref().unwrap_or("never")),
+        status = esc(&c.status),
+        rights = esc(&c.rights.join(", ")),
+    );
+    Html(page(&c.name, Some(&s.nav("/connections")), &body)).into_response()
+}
+
+async fn revoke_confirm(s: Session, Path(handle): Path<String>) -> Response {
+    let body = format!(
+        "<form method=\"post\" action=\"/connections/{0}/revoke\" class=\"card\">{1}<p>Revoke <code>{0}</code>? Its tokens stop working on their next request, on every worker. This cannot be undone.</p>\
+         <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label><button type=\"submit\" class=\"danger\">Revoke</button> <a href=\"/connections/{0}\">Cancel</a></form>",
+        esc(&handle),
+        csrf_field(&s.row.csrf_token)
+    );
+    Html(page("Revoke connection", Some(&s.nav("/connections")), &body)).into_response()
+}
+
+async fn revoke(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Path(handle): Path<String>,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let reason = form
+        .get("reason")
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty())
+        .unwrap_or("revoked in the console");
+    match admin::connection_revoke(&state.ds, &ctx, &handle, reason).await {
+        Ok(_) => Redirect::to(&format!("/connections/{handle}")).into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+// ---------------------------------------------------------------- people
+
+async fn people(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if let Err(e) = ctx.require(Right::PeopleManage) {
+        return fail(e);
+    }
+    let list = match state.ds.people_list(&ctx).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let rows: String = list
+        .iter()
+        .map(|p| {
+            let options: String = Role::ALL
+                .iter()
+                .map(|r| format!("<option value=\"{0}\"{1}>{0}</option>", r.as_str(), if r.as_str() == p.role { " selected" } else { "" }))
+                .collect();
+            let actions = if p.active {
+                format!(
+                    "<form method=\"post\" action=\"/people/role\">{}<input type=\"hidden\" name=\"email\" value=\"{}\"><label>Role <select name=\"role\" aria-label=\"Role of {}\">{options}</select></label> <button type=\"submit\">Save role</button></form>\
+                     <a href=\"/people/deactivate?email={}\">Deactivate…</a>",
+                    csrf_field(&s.row.csrf_token),
+                    esc(&p.email),
+                    esc(&p.email),
+                    url::form_urlencoded::byte_serialize(p.email.as_bytes()).collect::<String>()
+                )
+            } else {
+                "deactivated".into()
+            };
+            format!("<tr><td>{}<br><code>{}</code></td><td>{}</td><td>{}</td><td>{actions}</td></tr>", esc(&p.name), esc(&p.handle), esc(&p.email), esc(&p.role))
+        })
+        .collect();
+    let body = format!(
+        "<table><thead><tr><th>Person</th><th>Email</th><th>Role</th><th></th></tr></thead><tbody>{rows}</tbody></table>"
+    );
+    Html(page("People", Some(&s.nav("/people")), &body)).into_response()
+}
+
+async fn set_role(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let role = match form.get("role").map(|r| r.parse::<Role>()) {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => return fail(e),
+        None => return fail(Error::invalid("role", "pick a role")),
+    };
+    match admin::person_set_role(
+        &state.ds,
+        &ctx,
+        form.get("email").map(String::as_str).unwrap_or_default(),
+        role,
+    )
+    .await
+    {
+        Ok(_) => Redirect::to("/people").into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+async fn deactivate_confirm(s: Session, Query(q): Query<BTreeMap<String, String>>) -> Response {
+    let email = q.get("email").cloned().unwrap_or_default();
+    let body = format!(
+        "<form method=\"post\" action=\"/people/deactivate\" class=\"card\">{}<input type=\"hidden\" name=\"email\" value=\"{1}\">\
+         <p>Deactivate <strong>{1}</strong>? Every connection they created in this tenant ends at once.</p>\
+         <button type=\"submit\" class=\"danger\">Deactivate</button> <a href=\"/people\">Cancel</a></form>",
+        csrf_field(&s.row.csrf_token),
+        esc(&email)
+    );
+    Html(page("Deactivate person", Some(&s.nav("/people")), &body)).into_response()
+}
+
+async fn deactivate(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    match admin::person_deactivate(
+        &state.ds,
+        &ctx,
+        form.get("email").map(String::as_str).unwrap_or_default(),
+    )
+    .await
+    {
+        Ok(_) => Redirect::to("/people").into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+// ---------------------------------------------------------------- switches and audit
+
+async fn settings(s: Session) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let on = s.row.tenant_agent_access.unwrap_or(true);
+    let (state_text, button, to) = if on {
+        (
+            "Agents can use this tenant's connections.",
+            "<button type=\"submit\" class=\"danger\">Turn agent access off</button>",
+            "off",
+        )
+    } else {
+        (
+            "Agent access is OFF: every agent request for this tenant is refused.",
+            "<button type=\"submit\">Turn agent access on</button>",
+            "on",
+        )
+    };
+    let body = format!(
+        "<div class=\"card\"><p id=\"agent-access-state\">{state_text}</p><form method=\"post\" action=\"/settings/agent-access\">{}<input type=\"hidden\" name=\"to\" value=\"{to}\">\
+         <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label>{button}</form></div><p>Tenant: {}</p>",
+        csrf_field(&s.row.csrf_token),
+        esc(&ctx.tenant.slug)
+    );
+    Html(page("Agent access", Some(&s.nav("/settings")), &body)).into_response()
+}
+
+async fn agent_access(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let kill = form.get("to").map(String::as_str) == Some("off");
+    let reason = form.get("reason").cloned().unwrap_or_default();
+    match admin::kill_switch_set(
+        &state.ds,
+        admin::SwitchScope::Tenant(&ctx),
+        &s.row.email,
+        Channel::Console,
+        kill,
+        &reason,
+    )
+    .await
+    {
+        Ok(_) => Redirect::to("/settings").into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+async fn audit(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let connection = q.get("connection").map(|c| c.trim()).filter(|c| !c.is_empty());
+    let rows = match admin::audit_list(&state.ds, &ctx, connection, 200).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let tool = q.get("tool").map(|t| t.trim()).filter(|t| !t.is_empty());
+    let outcome = q.get("outcome").map(|t| t.trim()).filter(|t| !t.is_empty());
+    let since = q.get("since").map(|t| t.trim()).filter(|t| !t.is_empty());
+    let shown: String = rows
+        .iter()
+        .filter(|r| tool.is_none_or(|t| r.action.starts_with(t)))
+        .filter(|r| outcome.is_none_or(|o| r.outcome == o))
+        .filter(|r| since.is_none_or(|d| r.at.as_str() >= d))
+        .map(|r| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.at),
+                esc(&r.channel),
+                esc(&r.action),
+                esc(&r.outcome),
+                esc(&r.targets.join(", ")),
+                esc(&format!("{} {}", r.connection_name.as_deref().unwrap_or(""), r.connection.as_deref().unwrap_or(""))),
+                esc(r.client_name.as_deref().unwrap_or(""))
+            )
+        })
+        .collect();
+    let value = |k: &str| esc(q.get(k).map(String::as_str).unwrap_or(""));
+    let body = format!(
+        "<form method=\"get\" action=\"/audit\" class=\"card\"><label>Connection <input type=\"text\" name=\"connection\" value=\"{}\" placeholder=\"con_…\"></label>\
+         <label>Tool <input type=\"text\" name=\"tool\" value=\"{}\" placeholder=\"confirm_booking\"></label>\
+         <label>Outcome <input type=\"text\" name=\"outcome\" value=\"{}\" placeholder=\"ok, refused, previewed\"></label>\
+         <label>Since (UTC, e.g. 2026-11-30) <input type=\"text\" name=\"since\" value=\"{}\"></label><button type=\"submit\">Filter</button></form>\
+         <table><thead><tr><th>When (UTC)</th><th>Channel</th><th>Tool</th><th>Outcome</th><th>Records</th><th>Connection</th><th>Client</th></tr></thead><tbody>{shown}</tbody></table>",
+        value("connection"),
+        value("tool"),
+        value("outcome"),
+        value("since")
+    );
+    Html(page("Audit", Some(&s.nav("/audit")), &body)).into_response()
+}
+
+async fn operator(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    if !s.row.is_operator {
+        return fail(Error::Forbidden { right: Right::TenantSwitch });
+    }
+    let on = match shared::datastore::platform_kill_get(&state.ds).await {
+        Ok(on) => on,
+        Err(e) => return fail(e),
+    };
+    let body = format!(
+        "<div class=\"card\"><p id=\"global-state\">{}</p><form method=\"post\" action=\"/operator/kill-switch\">{}<input type=\"hidden\" name=\"to\" value=\"{}\">\
+         <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label><button type=\"submit\" class=\"{}\">{}</button></form></div><p>Now: {}</p>",
+        if on {
+            "The global kill switch is ON: every agent request answers 503."
+        } else {
+            "Agents are served."
+        },
+        csrf_field(&s.row.csrf_token),
+        if on { "off" } else { "on" },
+        if on { "" } else { "danger" },
+        if on { "Turn the kill switch off" } else { "Turn the kill switch on" },
+        time::present(
+            jiff::Timestamp::now(),
+            &jiff::tz::TimeZone::UTC,
+            "UTC",
+            jiff::Timestamp::now()
+        )
+        .display
+    );
+    Html(page("Operator", Some(&s.nav("/operator")), &body)).into_response()
+}
+
+async fn global_switch(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    if !s.row.is_operator {
+        return fail(Error::Forbidden { right: Right::TenantSwitch });
+    }
+    let kill = form.get("to").map(String::as_str) == Some("on");
+    match admin::kill_switch_set(
+        &state.ds,
+        admin::SwitchScope::Global,
+        &s.row.email,
+        Channel::Console,
+        kill,
+        form.get("reason").map(String::as_str).unwrap_or(""),
+    )
+    .await
+    {
+        Ok(_) => Redirect::to("/operator").into_response(),
+        Err(e) => fail(e),
+    }
+}

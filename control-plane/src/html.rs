@@ -1,0 +1,83 @@
+//! Server-rendered HTML for the console: one layout, escaping, small form helpers. No
+//! JavaScript framework; the only script copies a token to the clipboard.
+
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}\
+header{background:#1d2430;color:#fff;padding:.6rem 1.5rem;display:flex;gap:1.5rem;align-items:center}\
+header a{color:#dfe6f0;text-decoration:none}header a[aria-current]{color:#fff;font-weight:600}\
+header form{margin-left:auto}main{max-width:72rem;margin:1.5rem auto;padding:0 1.5rem}\
+table{border-collapse:collapse;width:100%;background:#fff}th,td{text-align:left;padding:.45rem .6rem;border-bottom:1px solid #e3e6ea;vertical-align:top}\
+th{font-size:.8rem;text-transform:uppercase;color:#5b6472}.card{background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:1rem 1.25rem;margin:1rem 0}\
+label{display:block;margin:.4rem 0}input[type=text],input[type=email],input[type=password],select{padding:.4rem;border:1px solid #b9c0ca;border-radius:4px;min-width:18rem}\
+button{padding:.45rem .9rem;border-radius:4px;border:1px solid #2f5bd3;background:#2f5bd3;color:#fff;cursor:pointer}\
+button.danger{background:#b42318;border-color:#b42318}button.plain{background:#fff;color:#2f5bd3}\
+.error{background:#fdecea;border:1px solid #f5c2bd;padding:.6rem 1rem;border-radius:4px}.ok{background:#e8f5ec;border:1px solid #b7dfc3;padding:.6rem 1rem;border-radius:4px}\
+code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em}pre{padding:.6rem;white-space:pre-wrap;word-break:break-all}\
+.status-revoked{color:#b42318}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}";
+
+pub struct Nav<'a> {
+    pub current: &'a str,
+    pub tenant: Option<&'a str>,
+    pub person: &'a str,
+    pub csrf: &'a str,
+    pub admin: bool,
+    pub operator: bool,
+}
+
+pub fn page(title: &str, nav: Option<&Nav<'_>>, body: &str) -> String {
+    let header = match nav {
+        None => "<header><strong>Gatehouse</strong></header>".to_owned(),
+        Some(n) => {
+            let link = |href: &str, label: &str| {
+                let current = if n.current == href { " aria-current=\"page\"" } else { "" };
+                format!("<a href=\"{href}\"{current}>{label}</a>")
+            };
+            let mut links = String::new();
+            if n.admin {
+                links.push_str(&link("/connections", "Connections"));
+                links.push_str(&link("/people", "People"));
+                links.push_str(&link("/audit", "Audit"));
+                links.push_str(&link("/settings", "Agent access"));
+            }
+            if n.operator {
+                links.push_str(&link("/operator", "Operator"));
+            }
+            format!(
+                "<header><strong>Gatehouse</strong>{links}<span>{}{}</span><form method=\"post\" action=\"/logout\">{}<button class=\"plain\" type=\"submit\">Sign out</button></form></header>",
+                esc(n.person),
+                n.tenant
+                    .map(|t| format!(" · <a href=\"/tenants\">{}</a>", esc(t)))
+                    .unwrap_or_default(),
+                csrf_field(n.csrf),
+            )
+        }
+    };
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
+         <title>{} · Gatehouse</title><style>{STYLE}</style></head><body>{header}<main><h1>{}</h1>{body}</main></body></html>",
+        esc(title),
+        esc(title)
+    )
+}
+
+pub fn csrf_field(token: &str) -> String {
+    format!("<input type=\"hidden\" name=\"csrf\" value=\"{}\">", esc(token))
+}
+
+pub fn error_box(message: &str) -> String {
+    format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
+}

@@ -1,0 +1,466 @@
+//! The OAuth 2.1 authorization server's rules: clients (dynamic registration, RFC 7591, and
+//! client ID metadata documents), authorization codes with PKCE S256 only and exact redirect
+//! URI matching, tokens bound to the MCP resource they were requested for (RFC 8707),
+//! refresh tokens that rotate with reuse detection, and revocation (RFC 7009).
+//!
+//! Every grant is a connection: approving consent creates (or narrows) the connection of this
+//! client, tenant and person, capped by the person's current rights. Access and refresh tokens
+//! are `gh_mcp_…` secrets stored hashed and belong to it; revocation goes through the one
+//! revocation service.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ctx::{Channel, OpCtx};
+use crate::datastore::{self as db, AuditEntry, ClientRow, Datastore, NewCode, from_ts};
+use crate::error::{Error, Result};
+use crate::handle::ConnectionHandle;
+use crate::rights::{Right, RightSet};
+use crate::secret::{self, CredentialKind};
+use crate::services::admin;
+
+pub const ACCESS_TTL_SECS: i64 = 3600;
+pub const REFRESH_TTL_SECS: i64 = 30 * 24 * 3600;
+
+/// An OAuth error as the token and registration endpoints answer it.
+#[derive(Debug, Serialize)]
+pub struct OAuthError {
+    pub error: &'static str,
+    pub error_description: String,
+}
+
+fn oauth(error: &'static str, description: impl Into<String>) -> OAuthError {
+    OAuthError { error, error_description: description.into() }
+}
+
+impl From<Error> for OAuthError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Internal(detail) => {
+                tracing::error!(error = %detail, "oauth failure");
+                oauth("server_error", "the authorization server failed; retry")
+            }
+            other => oauth("invalid_request", other.to_string()),
+        }
+    }
+}
+
+/// A redirect URI a client may register: https, or http on a loopback host (native apps).
+pub fn redirect_uri_allowed(uri: &str) -> bool {
+    if uri.contains('#') {
+        return false;
+    }
+    if uri.starts_with("https://") {
+        return uri.len() > "https://".len();
+    }
+    ["http://127.0.0.1", "http://localhost", "http://[::1]"].iter().any(|p| {
+        uri.strip_prefix(p)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with('/'))
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RegisterRequest {
+    #[serde(default)]
+    pub redirect_uris: Vec<String>,
+    #[serde(default)]
+    pub client_name: Option<String>,
+    #[serde(default)]
+    pub token_endpoint_auth_method: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Registered {
+    pub client_id: String,
+    pub client_name: String,
+    pub redirect_uris: Vec<String>,
+    pub token_endpoint_auth_method: &'static str,
+    pub grant_types: [&'static str; 2],
+    pub response_types: [&'static str; 1],
+}
+
+/// Dynamic client registration (RFC 7591): public clients only.
+pub async fn register(
+    ds: &Datastore,
+    req: RegisterRequest,
+) -> std::result::Result<Registered, OAuthError> {
+    if req.redirect_uris.is_empty() || req.redirect_uris.len() > 10 {
+        return Err(oauth("invalid_redirect_uri", "give 1 to 10 redirect_uris"));
+    }
+    if let Some(bad) = req.redirect_uris.iter().find(|u| !redirect_uri_allowed(u)) {
+        return Err(oauth(
+            "invalid_redirect_uri",
+            format!("{bad} is not allowed: use https, or http on 127.0.0.1/localhost"),
+        ));
+    }
+    if req.token_endpoint_auth_method.as_deref().is_some_and(|m| m != "none") {
+        return Err(oauth(
+            "invalid_client_metadata",
+            "only public clients (token_endpoint_auth_method none) with PKCE are supported",
+        ));
+    }
+    let name = req
+        .client_name
+        .map(|n| n.trim().chars().filter(|c| !c.is_control()).take(80).collect::<String>())
+        .filter(|n| !n.is_empty());
+    let name = name.unwrap_or_else(|| "Unnamed client".into());
+    let client_id =
+        format!("ghc_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
+    ds.oauth_client_put(&client_id, &name, &req.redirect_uris, "registered").await?;
+    Ok(Registered {
+        client_id,
+        client_name: name,
+        redirect_uris: req.redirect_uris,
+        token_endpoint_auth_method: "none",
+        grant_types: ["authorization_code", "refresh_token"],
+        response_types: ["code"],
+    })
+}
+
+/// A client ID metadata document, as fetched from the `client_id` URL.
+#[derive(Debug, Deserialize)]
+pub struct MetadataDocument {
+    pub client_id: String,
+    #[serde(default)]
+    pub client_name: Option<String>,
+    #[serde(default)]
+    pub redirect_uris: Vec<String>,
+}
+
+/// Checks a fetched metadata document against the URL it came from and stores it.
+pub async fn accept_metadata_document(
+    ds: &Datastore,
+    url: &str,
+    doc: MetadataDocument,
+) -> std::result::Result<ClientRow, OAuthError> {
+    if doc.client_id != url {
+        return Err(oauth(
+            "invalid_client",
+            "the metadata document's client_id differs from its URL",
+        ));
+    }
+    if doc.redirect_uris.is_empty() || doc.redirect_uris.iter().any(|u| !redirect_uri_allowed(u)) {
+        return Err(oauth("invalid_client", "the metadata document lists no usable redirect_uris"));
+    }
+    let name = doc.client_name.unwrap_or_else(|| url.to_owned());
+    ds.oauth_client_put(url, &name, &doc.redirect_uris, "metadata_document").await?;
+    ds.oauth_client_get(url).await?.ok_or_else(|| oauth("server_error", "client vanished"))
+}
+
+/// What `/oauth/authorize` was asked for, validated.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuthorizeRequest {
+    pub client_id: String,
+    pub redirect_uri: String,
+    pub code_challenge: String,
+    pub state: Option<String>,
+    pub resource: String,
+    /// Rights asked for (the `scope`); all of the person's rights when absent.
+    pub scope: Option<String>,
+}
+
+/// Validates an authorization request for `client`. Errors before the redirect URI is known to
+/// be the client's are shown to the person, never redirected (RFC 6749 §4.1.2.1).
+pub fn check_authorize(
+    client: &ClientRow,
+    redirect_uri: &str,
+    response_type: &str,
+    code_challenge: Option<&str>,
+    method: Option<&str>,
+    resource: Option<&str>,
+    allowed_resources: &[String],
+) -> std::result::Result<(), OAuthError> {
+    if !client.redirect_uris.iter().any(|u| u == redirect_uri) {
+        return Err(oauth(
+            "invalid_request",
+            "redirect_uri does not exactly match one the client registered",
+        ));
+    }
+    if response_type != "code" {
+        return Err(oauth("unsupported_response_type", "only response_type=code"));
+    }
+    if method != Some("S256") || code_challenge.is_none_or(|c| c.len() < 43 || c.len() > 128) {
+        return Err(oauth("invalid_request", "PKCE with code_challenge_method=S256 is required"));
+    }
+    match resource {
+        Some(r)
+            if allowed_resources
+                .iter()
+                .any(|a| a.trim_end_matches('/') == r.trim_end_matches('/')) =>
+        {
+            Ok(())
+        }
+        Some(r) => Err(oauth("invalid_target", format!("{r} is not a resource of this server"))),
+        None => Err(oauth(
+            "invalid_target",
+            "the resource parameter (RFC 8707) naming the MCP URL is required",
+        )),
+    }
+}
+
+/// The rights a request asks for, capped by what the person holds now.
+pub fn requested_rights(scope: Option<&str>, holds: RightSet) -> RightSet {
+    match scope.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) => {
+            RightSet::parse_lenient(&s.split_whitespace().collect::<Vec<_>>()).intersect(holds)
+        }
+        None => holds,
+    }
+}
+
+/// The person approved: create or update the client's connection in this tenant with the
+/// granted rights (never more than the person holds) and issue a code.
+pub async fn approve(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    client: &ClientRow,
+    req: &AuthorizeRequest,
+    granted: RightSet,
+) -> Result<String> {
+    let person_id = ctx.actor_person_id().ok_or(Error::NoActor)?;
+    let granted = granted.intersect(ctx.rights);
+    if granted == RightSet::EMPTY {
+        return Err(Error::invalid("rights", "grant at least one right"));
+    }
+    let mut tx = ds.begin().await?;
+    let (connection_id, handle) =
+        match db::oauth_connection_find(&mut tx, ctx, person_id, &client.client_id).await? {
+            Some(found) => found,
+            None => {
+                let handle = ConnectionHandle::generate();
+                let id = db::connection_insert(
+                    &mut tx,
+                    ctx,
+                    handle.as_str(),
+                    person_id,
+                    &client.client_name,
+                    &client.client_name,
+                    &granted.names(),
+                )
+                .await?;
+                (id, handle.to_string())
+            }
+        };
+    db::connection_set_oauth(&mut tx, connection_id, &client.client_id, &granted.names()).await?;
+    let code = secret::generate(CredentialKind::Mcp);
+    db::oauth_code_insert(
+        &mut tx,
+        NewCode {
+            code_hash: &secret::hash_token(&code),
+            client_id: &client.client_id,
+            connection_id,
+            redirect_uri: &req.redirect_uri,
+            code_challenge: &req.code_challenge,
+            resource: &req.resource,
+        },
+    )
+    .await?;
+    db::audit_insert(&mut tx, ctx, AuditEntry::ok("connection.authorize", vec![handle])).await?;
+    tx.commit().await?;
+    Ok(code)
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenResponse {
+    pub access_token: String,
+    pub token_type: &'static str,
+    pub expires_in: i64,
+    pub refresh_token: String,
+}
+
+fn pkce_matches(verifier: &str, challenge: &str) -> bool {
+    let valid = (43..=128).contains(&verifier.len())
+        && verifier.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~".contains(&b));
+    valid && URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes())) == challenge
+}
+
+async fn issue(
+    tx: &mut db::Tx<'static>,
+    connection_id: i64,
+    resource: &str,
+) -> Result<(String, String)> {
+    let access = secret::generate(CredentialKind::Mcp);
+    let refresh = secret::generate(CredentialKind::Mcp);
+    let now = jiff::Timestamp::now();
+    let at = |secs: i64| {
+        now.checked_add(jiff::SignedDuration::from_secs(secs))
+            .map(from_ts)
+            .map_err(|e| Error::Internal(e.to_string()))
+    };
+    db::connection_token_insert(
+        tx,
+        connection_id,
+        "access",
+        &secret::hash_token(&access),
+        Some(resource),
+        Some(at(ACCESS_TTL_SECS)?),
+    )
+    .await?;
+    db::connection_token_insert(
+        tx,
+        connection_id,
+        "refresh",
+        &secret::hash_token(&refresh),
+        Some(resource),
+        Some(at(REFRESH_TTL_SECS)?),
+    )
+    .await?;
+    Ok((access, refresh))
+}
+
+/// `grant_type=authorization_code`.
+pub async fn exchange_code(
+    ds: &Datastore,
+    code: &str,
+    client_id: &str,
+    redirect_uri: &str,
+    verifier: &str,
+    resource: Option<&str>,
+) -> std::result::Result<TokenResponse, OAuthError> {
+    let mut tx = ds.begin().await.map_err(OAuthError::from)?;
+    let Some(c) = db::oauth_code_lock(&mut tx, &secret::hash_token(code)).await? else {
+        return Err(oauth("invalid_grant", "unknown authorization code"));
+    };
+    if c.used {
+        // A code used twice: someone replays it; end the grant it produced (RFC 6749 §4.1.2).
+        revoke_connection(ds, tx, c.connection_id, "authorization code reused").await?;
+        return Err(oauth(
+            "invalid_grant",
+            "this authorization code was used already; the grant is revoked",
+        ));
+    }
+    if c.expired {
+        return Err(oauth("invalid_grant", "the authorization code expired; authorize again"));
+    }
+    if c.client_id != client_id {
+        return Err(oauth("invalid_grant", "the code was issued to another client"));
+    }
+    if c.redirect_uri != redirect_uri {
+        return Err(oauth("invalid_grant", "redirect_uri differs from the authorization request"));
+    }
+    if !pkce_matches(verifier, &c.code_challenge) {
+        return Err(oauth("invalid_grant", "code_verifier does not match the code_challenge"));
+    }
+    if resource.is_some_and(|r| r.trim_end_matches('/') != c.resource.trim_end_matches('/')) {
+        return Err(oauth("invalid_target", "resource differs from the authorization request"));
+    }
+    db::oauth_code_use(&mut tx, c.id).await?;
+    let (access, refresh) = issue(&mut tx, c.connection_id, &c.resource).await?;
+    tx.commit().await.map_err(Error::from)?;
+    Ok(TokenResponse {
+        access_token: access,
+        token_type: "Bearer",
+        expires_in: ACCESS_TTL_SECS,
+        refresh_token: refresh,
+    })
+}
+
+/// `grant_type=refresh_token`: rotates; a refresh token used twice revokes the connection.
+pub async fn refresh(
+    ds: &Datastore,
+    token: &str,
+    client_id: &str,
+    resource: Option<&str>,
+) -> std::result::Result<TokenResponse, OAuthError> {
+    let mut tx = ds.begin().await.map_err(OAuthError::from)?;
+    let Some(r) = db::refresh_lock(&mut tx, &secret::hash_token(token)).await? else {
+        return Err(oauth("invalid_grant", "unknown refresh token"));
+    };
+    if r.used {
+        revoke_connection(ds, tx, r.connection_id, "refresh token reused").await?;
+        return Err(oauth(
+            "invalid_grant",
+            "this refresh token was used already; the connection is revoked for safety",
+        ));
+    }
+    if r.connection_status != "active" {
+        return Err(oauth("invalid_grant", "the connection was revoked"));
+    }
+    if r.expired {
+        return Err(oauth("invalid_grant", "the refresh token expired; authorize again"));
+    }
+    if r.oauth_client_id.as_deref() != Some(client_id) {
+        return Err(oauth("invalid_grant", "the refresh token belongs to another client"));
+    }
+    let audience = r.audience.clone().unwrap_or_default();
+    if resource.is_some_and(|res| res.trim_end_matches('/') != audience.trim_end_matches('/')) {
+        return Err(oauth("invalid_target", "resource differs from the one this grant is for"));
+    }
+    db::token_mark_used(&mut tx, r.id).await?;
+    let (access, refresh) = issue(&mut tx, r.connection_id, &audience).await?;
+    tx.commit().await.map_err(Error::from)?;
+    Ok(TokenResponse {
+        access_token: access,
+        token_type: "Bearer",
+        expires_in: ACCESS_TTL_SECS,
+        refresh_token: refresh,
+    })
+}
+
+/// Ends a connection found through one of its tokens, through the one revocation service.
+async fn revoke_connection(
+    ds: &Datastore,
+    mut tx: db::Tx<'static>,
+    connection_id: i64,
+    reason: &str,
+) -> Result<()> {
+    let Some((tenant_id, handle)) = db::connection_by_id(&mut tx, connection_id).await? else {
+        return Ok(());
+    };
+    let tenant = db::tenant_by_id(&mut tx, tenant_id).await?;
+    drop(tx);
+    let ctx = admin::operator_ctx(&tenant, Channel::System, "oauth")?;
+    match admin::connection_revoke(ds, &ctx, &handle, reason).await {
+        Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// RFC 7009: an access token is deleted; a refresh token ends its connection. Unknown tokens
+/// are not an error.
+pub async fn revoke(ds: &Datastore, token: &str) -> Result<()> {
+    let hash = secret::hash_token(token);
+    let mut tx = ds.begin().await?;
+    if db::access_token_delete(&mut tx, &hash).await? {
+        tx.commit().await?;
+        return Ok(());
+    }
+    match db::refresh_lock(&mut tx, &hash).await? {
+        Some(r) => revoke_connection(ds, tx, r.connection_id, "revoked by the client").await,
+        None => Ok(()),
+    }
+}
+
+/// The rights an authorization server advertises.
+pub fn scopes_supported() -> Vec<&'static str> {
+    Right::ALL.iter().map(|r| r.as_str()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pkce_accepts_only_the_matching_s256_verifier() {
+        // RFC 7636 appendix B.
+        let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
+        assert!(pkce_matches(verifier, "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"));
+        assert!(!pkce_matches(
+            "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXX",
+            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+        ));
+        assert!(!pkce_matches("short", "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"));
+    }
+
+    #[test]
+    fn redirect_uris_are_https_or_loopback() {
+        assert!(redirect_uri_allowed("https://app.example.com/cb"));
+        assert!(redirect_uri_allowed("http://127.0.0.1:33418/callback"));
+        assert!(redirect_uri_allowed("http://localhost/cb"));
+        assert!(!redirect_uri_allowed("http://evil.example.com/cb"));
+        assert!(!redirect_uri_allowed("http://localhost.evil.example/cb"));
+        assert!(!redirect_uri_allowed("https://app.example.com/cb#frag"));
+    }
+}
