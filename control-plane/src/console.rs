@@ -3,7 +3,10 @@
 //! the session's CSRF token; the session cookie is HttpOnly, SameSite=Lax and Secure behind
 //! https. The console takes console sessions only: a bearer token gets 401 naming the kind.
 
-#![expect(clippy::result_large_err, reason = "handlers return early with the axum response to send")]
+#![expect(
+    clippy::result_large_err,
+    reason = "handlers return early with the axum response to send"
+)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
