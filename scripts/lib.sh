@@ -86,10 +86,21 @@ ensure_all() {
   ensure_postgres
   ensure_nats
   ensure_venv
+  ensure_browser
 }
 
 # Drops databases earlier test runs left behind.
 drop_test_databases() {
   psql "$PG_URL/postgres" -Atqc "SELECT datname FROM pg_database WHERE datname ~ '^gh_(test|tpl|e2e)_'" |
     while read -r db; do psql "$PG_URL/postgres" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null; done
+}
+
+# The console's browser tests: Debian's Chromium driven by playwright-core from npm.
+ensure_browser() {
+  [ -x /usr/bin/chromium ] || apt_install chromium
+  command -v node >/dev/null || apt_install nodejs npm
+  if [ ! -d "$REPO/e2e/browser/node_modules/playwright-core" ]; then
+    say "installing playwright-core"
+    (cd "$REPO/e2e/browser" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 }

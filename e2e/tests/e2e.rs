@@ -884,3 +884,54 @@ async fn hostile_oauth_requests_are_refused() {
         .expect("mcp");
     assert_eq!(cookie_at_mcp.status(), 401);
 }
+
+#[tokio::test]
+async fn a_tenant_admin_manages_connections_people_and_the_switch_in_a_browser() {
+    let stack = Stack::start(Options::for_test("browser", 1)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let shots = stack.run_dir.join("screenshots");
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/console.mjs"))
+        .args(["--control", &stack.control_url])
+        .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+        .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .args(["--dispatcher", tenant["dispatcher"]["email"].as_str().expect("email")])
+        .arg("--shots")
+        .arg(&shots)
+        .output()
+        .expect("node (scripts/test installs playwright-core and Chromium)");
+    assert!(
+        out.status.success(),
+        "browser test failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(out.stdout.trim_ascii()).expect("json");
+    // What the browser did took effect: the token it saw once is revoked, the role changed,
+    // and each console write was audited with channel console.
+    let token = seen["token"].as_str().expect("token");
+    assert_eq!(tool_names(&stack.lb_url, token).await.0, 401);
+    let role = psql_count(
+        &stack,
+        &format!(
+            "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = '{}' AND m.role = 'viewer'",
+            tenant["dispatcher"]["email"].as_str().expect("e")
+        ),
+    );
+    assert_eq!(role, 1);
+    let audited = psql_count(
+        &stack,
+        "SELECT count(*) FROM audit_log WHERE channel = 'console' AND action IN ('connection.create', 'connection.revoke', 'person.set_role', 'agent_access.off', 'agent_access.on')",
+    );
+    assert_eq!(audited, 5);
+    assert_eq!(
+        psql_count(
+            &stack,
+            &format!(
+                "SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{token}', 'UTF8'))"
+            )
+        ),
+        0,
+        "revoked tokens are gone"
+    );
+}

@@ -54,9 +54,11 @@ async fn main() -> anyhow::Result<()> {
     println!();
     println!("Everything the demo seeded: {}/seed.json. Ctrl-C stops it all.", run_dir.display());
     std::fs::write(run_dir.join("seed.json"), serde_json::to_string_pretty(&stack.seed)?)?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
             _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
         }
     }
