@@ -45,6 +45,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/settings", get(settings))
         .route("/settings/agent-access", post(agent_access))
         .route("/audit", get(audit))
+        .route("/messages", get(messages))
         .route("/operator", get(operator))
         .route("/operator/kill-switch", post(global_switch))
 }
@@ -766,4 +767,39 @@ async fn global_switch(
         Ok(_) => Redirect::to("/operator").into_response(),
         Err(e) => fail(e),
     }
+}
+
+async fn messages(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if let Err(e) = ctx.require(Right::AuditRead) {
+        return fail(e);
+    }
+    let rows = match state.ds.outbox_list(&ctx, 200).await {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let fmt = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    let shown: String = rows
+        .iter()
+        .map(|m| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+                esc(&fmt(m.created_at)),
+                esc(&m.channel),
+                esc(&m.recipient),
+                esc(&m.subject),
+                esc(&format!("{} (attempts: {})", m.status, m.attempts)),
+                esc(&m.sent_at.map(fmt).unwrap_or_default()),
+                esc(m.action_handle.as_deref().unwrap_or(""))
+            )
+        })
+        .collect();
+    let body = format!(
+        "<p>Emails and pages that confirmed agent actions sent, newest first.</p>\
+         <table><thead><tr><th>Queued</th><th>Channel</th><th>To</th><th>Subject</th><th>Status</th><th>Sent</th><th>Action</th></tr></thead><tbody>{shown}</tbody></table>"
+    );
+    Html(page("Messages", Some(&s.nav("/messages")), &body)).into_response()
 }

@@ -51,6 +51,7 @@ pub fn page(title: &str, nav: Option<&Nav<'_>>, body: &str) -> String {
                 links.push_str(&link("/connections", "Connections"));
                 links.push_str(&link("/people", "People"));
                 links.push_str(&link("/audit", "Audit"));
+                links.push_str(&link("/messages", "Messages"));
                 links.push_str(&link("/settings", "Agent access"));
             }
             if n.operator {

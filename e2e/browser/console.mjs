@@ -84,6 +84,10 @@ try {
   await page.goto(`${control}/audit?tool=connection.revoke`);
   expect((await page.locator("tbody").textContent()).includes(out.connection), "the revocation is in the audit");
 
+  step = "messages";
+  await page.goto(`${control}/messages`);
+  expect((await page.locator("h1").textContent()) === "Messages", "the messages page opens");
+
   step = "sign out";
   await page.getByRole("button", { name: "Sign out" }).click();
   await page.waitForURL(/\/login/);

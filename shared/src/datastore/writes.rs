@@ -622,3 +622,32 @@ impl Datastore {
         .await?)
     }
 }
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxListRow {
+    pub id: i64,
+    pub channel: String,
+    pub recipient: String,
+    pub subject: String,
+    pub status: String,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub sent_at: Option<DateTime<Utc>>,
+    pub action_handle: Option<String>,
+}
+
+impl Datastore {
+    /// The tenant's outgoing messages, newest first (the text stays out of lists).
+    pub async fn outbox_list(&self, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
+        Ok(sqlx::query_as::<_, OutboxListRow>(
+            "SELECT o.id, o.channel, o.recipient, o.subject, o.status, o.attempts, o.created_at, o.sent_at,
+                    p.handle AS action_handle
+             FROM outbox o LEFT JOIN pending_actions p ON p.id = o.pending_action_id
+             WHERE o.tenant_id = $1 ORDER BY o.id DESC LIMIT $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
