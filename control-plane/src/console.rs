@@ -339,7 +339,7 @@ async fn connections(State(state): State<Arc<AppState>>, s: Session) -> Response
         .iter()
         .map(|c| {
             format!(
-                "<tr><td><a href=\"/connections/{0}\">{1}</a><br><code>{0}</code></td><td>{2}</td><td>{3}</td><td>{4}</td><td>{5}</td><td>{6}</td><td class=\"status-{7}\">{7}</td></tr>",
+                "<tr><td><a href=\"/connections/{0}\">{1}</a><br><code>{0}</code></td><td>{2}</td><td>{3}</td><td>{4}<br><small>toolset {8}</small></td><td>{5}</td><td>{6}</td><td class=\"status-{7}\">{7}</td></tr>",
                 esc(&c.connection),
                 esc(&c.name),
                 esc(&c.client_name),
@@ -347,14 +347,17 @@ async fn connections(State(state): State<Arc<AppState>>, s: Session) -> Response
                 esc(&c.rights.join(", ")),
                 esc(&c.created_at),
                 esc(c.last_used_at.as_deref().unwrap_or("never")),
-                esc(&c.status)
+                esc(&c.status),
+                esc(&c.toolset)
             )
         })
         .collect();
     let body = format!(
         "<table><thead><tr><th>Connection</th><th>Client</th><th>Created by</th><th>Rights</th><th>Created</th><th>Last used</th><th>Status</th></tr></thead><tbody>{rows}</tbody></table>\
          <form method=\"post\" action=\"/connections\" class=\"card\"><h2>New connection</h2>{}\
-         <label>Name <input type=\"text\" name=\"name\" required maxlength=\"80\" placeholder=\"Claude Code on my laptop\"></label>{}\
+         <label>Name <input type=\"text\" name=\"name\" required maxlength=\"80\" placeholder=\"Claude Code on my laptop\"></label>\
+         <label>Toolset <select name=\"toolset\"><option value=\"full\">full — every tool the rights allow</option>\
+         <option value=\"read_only\">read_only — read tools only</option><option value=\"small\">small — a few combined tools for small models</option></select></label>{}\
          <button type=\"submit\">Create connection</button></form>",
         csrf_field(&s.row.csrf_token),
         rights_picker(ctx.rights, shared::rights::read_only().intersect(ctx.rights))
@@ -382,7 +385,15 @@ async fn create_connection(
         Err(e) => return fail(e),
     };
     let name = map.get("name").cloned().unwrap_or_default();
-    match admin::connection_create(&state.ds, &ctx, &s.row.email, &name, "console", rights).await {
+    let toolset = map.get("toolset").map(String::as_str).unwrap_or("full");
+    let new = admin::NewConnection {
+        creator_email: &s.row.email,
+        name: &name,
+        client_name: "console",
+        rights,
+        toolset,
+    };
+    match admin::connection_create_in(&state.ds, &ctx, new).await {
         Ok(c) => {
             let mcp = state.mcp_resources.first().cloned().unwrap_or_default();
             let claude = format!(

@@ -32,7 +32,14 @@ struct Args {
 /// Delivers queued messages every half second through the log sink.
 async fn dispatcher(ds: Datastore) {
     let sink = shared::services::outbox::LogSink;
+    let mut last_prune = std::time::Instant::now() - std::time::Duration::from_secs(3600);
     loop {
+        if last_prune.elapsed() > std::time::Duration::from_secs(300) {
+            last_prune = std::time::Instant::now();
+            if let Err(e) = ds.rate_windows_prune().await {
+                tracing::warn!(error = %e, "pruning rate windows failed");
+            }
+        }
         match shared::services::outbox::dispatch_once(&ds, &sink, 50).await {
             Ok(n) if n > 0 => continue,
             Ok(_) => {}

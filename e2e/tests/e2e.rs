@@ -20,7 +20,7 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
                 stack.log("worker-2")
             )
         });
-        assert_eq!(out["tools"].as_array().expect("tools").len(), 23, "{mode}: {out}");
+        assert_eq!(out["tools"].as_array().expect("tools").len(), 24, "{mode}: {out}");
         assert_eq!(out["found"], 5, "{mode}");
         assert_eq!(out["refused_is_error"], true, "{mode}: unknown fields are refused");
         assert_eq!(out["refused_text_starts"], "Error:");

@@ -133,6 +133,7 @@ pub fn mcp_context(
             handle: ConnectionHandle::from_db(row.connection_handle),
             name: row.connection_name,
             client_name: client_name.map(str::to_owned).unwrap_or(row.client_name),
+            toolset: row.connection_toolset,
         }),
         request_id: new_request_id(),
     };

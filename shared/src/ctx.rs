@@ -60,6 +60,8 @@ pub struct ConnectionRef {
     pub handle: ConnectionHandle,
     pub name: String,
     pub client_name: String,
+    /// The toolset the connection was given: `full`, `read_only` or `small` (R21).
+    pub toolset: String,
 }
 
 #[derive(Debug, Clone)]

@@ -91,6 +91,14 @@ pub enum Error {
     #[error("the action changed since its preview")]
     ChangedSincePreview { preview: Box<serde_json::Value> },
 
+    /// The connection used up its allowance for this effect class.
+    #[error("the {class} limit of {limit} calls per minute is used up")]
+    RateLimited { class: &'static str, limit: i32, retry_after_secs: u32 },
+
+    /// The tool is not in the connection's toolset (R21).
+    #[error("{tool} is not in this connection's toolset {toolset}")]
+    NotInToolset { tool: String, toolset: String, available_in: Vec<String> },
+
     /// The operation cannot run in the object's current state (a confirmed booking's time is
     /// changed by rescheduling, not editing).
     #[error("{message}")]
@@ -136,6 +144,8 @@ impl Error {
             Error::ActionRefused { reason, .. } => reason.code(),
             Error::ChangedSincePreview { .. } => "changed_since_preview",
             Error::WrongState { .. } => "wrong_state",
+            Error::RateLimited { .. } => "rate_limited",
+            Error::NotInToolset { .. } => "not_in_toolset",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::Internal(_) => "internal",
         }

@@ -51,6 +51,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     pub tools: tools::Registry,
     pub live: Arc<live::Live>,
+    /// Per-worker read buckets (writes count in Postgres, shared by all workers).
+    pub reads: shared::services::rates::LocalBuckets,
 }
 
 impl AppState {
@@ -61,6 +63,7 @@ impl AppState {
             metrics: Arc::new(metrics::Metrics::new()),
             tools: tools::Registry::new(),
             live: Arc::new(live::Live::default()),
+            reads: Default::default(),
         }
     }
 }

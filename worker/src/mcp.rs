@@ -46,6 +46,29 @@ fn bound(context: &RequestContext<RoleServer>) -> Result<Arc<McpContext>, ErrorD
         })
 }
 
+fn toolset(ctx: &shared::OpCtx) -> &str {
+    ctx.connection.as_ref().map(|c| c.toolset.as_str()).unwrap_or("full")
+}
+
+impl Server {
+    /// One call against the connection's bucket for the tool's class.
+    async fn take_rate(
+        &self,
+        spec: &crate::tools::ToolSpec,
+        ctx: &shared::OpCtx,
+    ) -> shared::Result<()> {
+        match spec.rate_class() {
+            None => Ok(()),
+            Some(crate::tools::EffectClass::Read) => {
+                self.state.reads.take(ctx, jiff::Timestamp::now().as_second())
+            }
+            Some(class) => {
+                shared::services::rates::take_shared(&self.state.ds, ctx, class.as_str()).await
+            }
+        }
+    }
+}
+
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -72,6 +95,7 @@ impl ServerHandler for Server {
             .all()
             .iter()
             .filter(|t| t.access.missing(bound.ctx.rights).is_none())
+            .filter(|t| t.toolsets.contains(&toolset(&bound.ctx)))
             .map(|t| t.tool.clone())
             .collect();
         // The list depends on this caller's live rights: cache it briefly and privately.
@@ -100,11 +124,29 @@ impl ServerHandler for Server {
         let request_id = ctx.request_id.clone();
         let connection = ctx.connection.as_ref().map(|c| c.handle.to_string()).unwrap_or_default();
         let missing = spec.access.missing(ctx.rights);
-        let outcome = if let Some(right) = missing {
+        let outcome = if !spec.toolsets.contains(&toolset(&ctx)) {
+            Err(Error::NotInToolset {
+                tool: name.to_owned(),
+                toolset: toolset(&ctx).to_owned(),
+                available_in: spec.toolsets.iter().map(|t| (*t).to_owned()).collect(),
+            })
+        } else if let Some(right) = missing {
             Err(Error::Forbidden { right })
+        } else if let Err(limited) = self.take_rate(spec, &ctx).await {
+            Err(limited)
         } else {
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-            let env = Env { ds: self.state.ds.clone(), ctx, now: jiff::Timestamp::now() };
+            let progress = crate::tools::Progress {
+                peer: Some(context.peer.clone()),
+                token: context.meta.get_progress_token(),
+            };
+            let env = Env {
+                ds: self.state.ds.clone(),
+                ctx,
+                now: jiff::Timestamp::now(),
+                progress,
+                cancel: context.ct.clone(),
+            };
             spec.call(env, args).await
         };
         let (result, label) = match outcome {

@@ -50,6 +50,18 @@ pub struct ErrorBody {
     /// A fresh preview when the action changed since the last one (R7).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preview: Option<Value>,
+    /// With `rate_limited`: the effect class, its limit per minute, and when to retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<u32>,
+    /// With `not_in_toolset`: this connection's toolset and the toolsets that have the tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub toolset: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub available_in: Option<Vec<String>>,
 }
 
 fn find_tool(resource: Resource) -> Option<&'static str> {
@@ -86,6 +98,11 @@ impl ErrorBody {
             current: None,
             matches: None,
             preview: None,
+            class: None,
+            limit: None,
+            retry_after_secs: None,
+            toolset: None,
+            available_in: None,
         }
     }
 
@@ -233,6 +250,34 @@ impl ErrorBody {
                 body.preview = Some((**preview).clone());
                 body
             }
+            Error::RateLimited { class, limit, retry_after_secs } => {
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    format!(
+                        "This connection used up its {class} allowance of {limit} calls per minute. Nothing was done."
+                    ),
+                    format!(
+                        "Retry {tool} in {retry_after_secs} seconds; a tenant admin can raise the limit if this is normal work."
+                    ),
+                );
+                body.class = Some((*class).to_owned());
+                body.limit = Some(*limit);
+                body.retry_after_secs = Some(*retry_after_secs);
+                body
+            }
+            Error::NotInToolset { tool, toolset, available_in } => {
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    format!("{tool} is not in this connection's toolset `{toolset}`."),
+                    format!(
+                        "Use the tools tools/list shows for this connection; {tool} is in the toolset(s) {}, which a tenant admin can give a connection.",
+                        available_in.join(", ")
+                    ),
+                );
+                body.toolset = Some(toolset.clone());
+                body.available_in = Some(available_in.clone());
+                body
+            }
             Error::WrongState { message, use_instead } => {
                 let fix = match use_instead {
                     Some(t) => format!("Use {t} instead."),
@@ -301,7 +346,7 @@ pub fn error_schema() -> Value {
                         "not_found", "invalid_argument", "unknown_field", "permission_denied", "conflict",
                         "duplicate", "count_mismatch", "changed_since_preview", "wrong_state",
                         "unknown_token", "token_used", "action_rejected", "token_expired", "foreign_token",
-                        "summary_mismatch", "unauthenticated", "internal"]},
+                        "summary_mismatch", "rate_limited", "not_in_toolset", "unauthenticated", "internal"]},
                     "message": {"type": "string"},
                     "fix": {"type": "string"},
                     "next_tool": {"type": "string"},
@@ -315,7 +360,12 @@ pub fn error_schema() -> Value {
                     "current_version": {"type": "string"},
                     "current": {"type": "object"},
                     "matches": {"type": "array", "items": {"type": "string"}},
-                    "preview": {"type": "object"}
+                    "preview": {"type": "object"},
+                    "class": {"type": "string"},
+                    "limit": {"type": "integer"},
+                    "retry_after_secs": {"type": "integer"},
+                    "toolset": {"type": "string"},
+                    "available_in": {"type": "array", "items": {"type": "string"}}
                 },
                 "additionalProperties": false
             }

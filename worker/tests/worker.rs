@@ -189,7 +189,8 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
 }
 
 /// What a read-only connection sees.
-const READ_ONLY_TOOLS: [&str; 7] = [
+const READ_ONLY_TOOLS: [&str; 8] = [
+    "export_bookings",
     "find_bookings",
     "find_customers",
     "find_services",
@@ -200,7 +201,7 @@ const READ_ONLY_TOOLS: [&str; 7] = [
 ];
 
 /// Every tool, with its effect class.
-const ALL_TOOLS: [(&str, &str); 23] = [
+const ALL_TOOLS: [(&str, &str); 24] = [
     ("add_booking_note", "silent_write"),
     ("cancel_bookings", "notify"),
     ("confirm_action", "notify"),
@@ -209,6 +210,7 @@ const ALL_TOOLS: [(&str, &str); 23] = [
     ("create_customer", "silent_write"),
     ("delete_booking", "delete"),
     ("delete_customer", "delete"),
+    ("export_bookings", "read"),
     ("find_alert_rules", "read"),
     ("find_bookings", "read"),
     ("find_customers", "read"),
@@ -290,7 +292,10 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
         .iter()
         .map(|t| t["name"].as_str().expect("name").to_owned())
         .collect();
-    assert_eq!(names, ["find_bookings", "find_services", "get_booking", "list_recent_changes"]);
+    assert_eq!(
+        names,
+        ["export_bookings", "find_bookings", "find_services", "get_booking", "list_recent_changes"]
+    );
     // R15: a hidden tool called by name says which right is missing.
     let err = stack.call(&narrow.token, "find_customers", json!({})).await.expect_err("hidden");
     assert_eq!(err["code"], "permission_denied");
@@ -1325,4 +1330,181 @@ async fn alerts_mute_for_a_bounded_time_and_deletes_check_what_depends_on_them()
         .await
         .expect_err("hidden");
     assert_eq!(err["code"], "permission_denied");
+}
+
+// ---------------------------------------------------------------- toolsets (R21) and rate buckets
+
+impl Stack {
+    async fn connection_with(&self, toolset: &str) -> String {
+        let tenant =
+            admin::tenant_by_slug(&self.db.ds, &self.seed.tenants[0].slug).await.expect("tenant");
+        let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+        let new = admin::NewConnection {
+            creator_email: &self.seed.tenants[0].admin.email,
+            name: toolset,
+            client_name: "test",
+            rights: shared::rights::Role::Admin.rights(),
+            toolset,
+        };
+        admin::connection_create_in(&self.db.ds, &ctx, new).await.expect("connection").token
+    }
+}
+
+#[tokio::test]
+async fn toolsets_decide_what_a_connection_sees_and_name_where_a_tool_lives() {
+    let stack = Stack::start().await;
+    let small = stack.connection_with("small").await;
+    let names: Vec<String> = stack
+        .list(&small)
+        .await
+        .iter()
+        .map(|t| t["name"].as_str().expect("n").to_owned())
+        .collect();
+    assert_eq!(names, ["booking_brief", "day_schedule", "list_recent_changes", "lookup"]);
+    let err = stack.call(&small, "find_bookings", json!({})).await.expect_err("not in toolset");
+    assert_eq!(err["code"], "not_in_toolset");
+    assert_eq!(err["toolset"], "small");
+    assert_eq!(err["available_in"], json!(["full", "read_only"]));
+    let found = stack.ok(&small, "lookup", json!({"query": "a"})).await;
+    assert!(found["customers"].as_array().expect("c").len() <= 5);
+    let day = stack.ok(&small, "day_schedule", json!({"date": "2026-03-29"})).await;
+    assert_eq!(day["bookings"].as_array().expect("b").len(), 1, "{day}");
+    let brief =
+        stack.ok(&small, "booking_brief", json!({"booking": day["bookings"][0]["booking"]})).await;
+    assert!(brief["total"].as_str().expect("total").ends_with("EUR"));
+    // read_only: the read tools of the full set, whatever the rights.
+    let read_only = stack.connection_with("read_only").await;
+    let names: Vec<String> = stack
+        .list(&read_only)
+        .await
+        .iter()
+        .map(|t| t["name"].as_str().expect("n").to_owned())
+        .collect();
+    assert!(
+        names.contains(&"find_alert_rules".to_owned())
+            && !names.contains(&"create_customer".to_owned()),
+        "{names:?}"
+    );
+    let err = stack
+        .call(&read_only, "create_customer", json!({"name": "X", "email": "x@example.net"}))
+        .await
+        .expect_err("write");
+    assert_eq!(err["available_in"], json!(["full"]));
+    assert_eq!(
+        stack.count("SELECT count(*) FROM customers WHERE email = 'x@example.net'").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn an_exceeded_bucket_names_the_class_the_limit_and_when_to_retry() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    stack
+        .db
+        .exec(&format!(
+            "INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT id, 'notify', 2 FROM tenants WHERE slug = '{}'",
+            stack.seed.tenants[0].slug
+        ))
+        .await;
+    let customer = stack.ok(&token, "find_customers", json!({"query": "Koch"})).await["customers"]
+        [0]["customer"]
+        .clone();
+    let args = json!({"customer": customer, "subject": "Hello", "body": "Just checking in."});
+    stack.ok(&token, "send_customer_message", args.clone()).await;
+    stack.ok(&token, "send_customer_message", args.clone()).await;
+    let err = stack.call(&token, "send_customer_message", args.clone()).await.expect_err("limited");
+    assert_eq!(err["code"], "rate_limited");
+    assert_eq!(err["class"], "notify");
+    assert_eq!(err["limit"], 2);
+    let retry = err["retry_after_secs"].as_u64().expect("retry");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(
+        stack.count("SELECT count(*) FROM pending_actions").await,
+        2,
+        "the refused preview stored nothing"
+    );
+    // Other classes and other tenants keep their own buckets.
+    stack
+        .ok(
+            &token,
+            "add_booking_note",
+            json!({"booking": stack.draft(0).await["booking"], "text": "still fine"}),
+        )
+        .await;
+    let other = stack.token(1, 0);
+    let c = stack.ok(&other, "find_customers", json!({})).await["customers"][0]["customer"].clone();
+    stack
+        .ok(&other, "send_customer_message", json!({"customer": c, "subject": "Hi", "body": "x"}))
+        .await;
+}
+
+#[tokio::test]
+async fn a_long_export_reports_progress_and_summarizes_thousands() {
+    let stack = Stack::start().await;
+    let slug = stack.seed.tenants[0].slug.clone();
+    // 1200 more bookings in December 2027, copied from a demo booking.
+    stack
+        .db
+        .exec(&format!(
+            "INSERT INTO bookings (tenant_id, handle, customer_id, technician_id, service_id, starts_at, zone, status,
+                                   currency, net_minor, tax_minor, total_minor)
+             SELECT b.tenant_id, 'bkg_' || lpad(to_hex(g), 16, '0'), b.customer_id, b.technician_id, b.service_id,
+                    timestamptz '2027-12-01 08:00+01' + g * interval '30 minutes', b.zone, 'confirmed',
+                    b.currency, b.net_minor, b.tax_minor, b.total_minor
+             FROM generate_series(1, 1200) g,
+                  (SELECT b.* FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' LIMIT 1) b"
+        ))
+        .await;
+    let token = stack.token(0, 1);
+    let tool = stack
+        .list(&token)
+        .await
+        .into_iter()
+        .find(|t| t["name"] == "export_bookings")
+        .expect("listed");
+    assert_eq!(tool["_meta"]["dev.gatehouse/slow"], true);
+    let response = stack
+        .http
+        .post(format!("{}/mcp", stack.url))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", PROTOCOL)
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", "export_bookings")
+        .bearer_auth(&token)
+        .json(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {
+            "name": "export_bookings", "arguments": {"from": "2027-12-01", "to": "2028-01-31", "zone": "Europe/Berlin"},
+            "_meta": {"progressToken": "export-1", "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                      "io.modelcontextprotocol/clientCapabilities": {}}}}))
+        .send()
+        .await
+        .expect("request");
+    assert!(response.headers()["content-type"].to_str().expect("ct").contains("text/event-stream"));
+    let body = response.text().await.expect("body");
+    let messages: Vec<Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| serde_json::from_str(d).expect("json"))
+        .collect();
+    let progress: Vec<f64> = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| {
+            assert_eq!(m["params"]["progressToken"], "export-1");
+            assert_eq!(m["params"]["total"], 1200.0);
+            m["params"]["progress"].as_f64().expect("progress")
+        })
+        .collect();
+    assert!(progress.len() >= 12, "a notification per page: {progress:?}");
+    assert!(progress.windows(2).all(|w| w[0] < w[1]), "progress increases: {progress:?}");
+    let result = messages.iter().find(|m| m["id"] == 99).expect("the result")["result"].clone();
+    let summary =
+        check_contract("export_bookings", &result, &tool["outputSchema"]).expect("summary");
+    assert_eq!(summary["count"], 1200);
+    assert_eq!(summary["by_status"], json!([{"status": "confirmed", "count": 1200}]));
+    assert_eq!(summary["first"].as_array().expect("first").len(), 20);
+    assert!(summary["continue_with"]["cursor"].is_string());
 }

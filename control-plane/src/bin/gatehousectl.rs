@@ -148,6 +148,9 @@ enum ConnectionCmd {
         /// The client this is for, shown in the console and audit.
         #[arg(long, default_value = "static")]
         client_name: String,
+        /// full, read_only, or small (a few combined tools for small models).
+        #[arg(long, default_value = "full")]
+        toolset: String,
     },
     /// Revoke a connection; its tokens stop working on the next call.
     Revoke {

@@ -41,6 +41,7 @@ pub struct ConnectionRow {
     pub client_name: String,
     pub rights: Vec<String>,
     pub status: String,
+    pub toolset: String,
     pub creator_email: String,
     pub created_at: DateTime<Utc>,
     pub last_used_at: Option<DateTime<Utc>>,
@@ -107,7 +108,7 @@ impl Datastore {
 
     pub async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
         Ok(sqlx::query_as::<_, ConnectionRow>(
-            "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status,
+            "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,
                     p.email AS creator_email, c.created_at, c.last_used_at
              FROM connections c JOIN people p ON p.id = c.creator_id
              WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
@@ -197,9 +198,23 @@ pub async fn connection_insert(
     client_name: &str,
     rights: &[String],
 ) -> Result<i64> {
+    connection_insert_toolset(tx, ctx, handle, creator_id, name, client_name, rights, "full").await
+}
+
+#[expect(clippy::too_many_arguments, reason = "one column each")]
+pub async fn connection_insert_toolset(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    creator_id: i64,
+    name: &str,
+    client_name: &str,
+    rights: &[String],
+    toolset: &str,
+) -> Result<i64> {
     Ok(sqlx::query_scalar(
-        "INSERT INTO connections (tenant_id, handle, creator_id, name, client_name, rights)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        "INSERT INTO connections (tenant_id, handle, creator_id, name, client_name, rights, toolset)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
     )
     .bind(ctx.tenant_id())
     .bind(handle)
@@ -207,6 +222,7 @@ pub async fn connection_insert(
     .bind(name)
     .bind(client_name)
     .bind(rights)
+    .bind(toolset)
     .fetch_one(&mut **tx)
     .await?)
 }

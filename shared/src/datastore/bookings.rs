@@ -187,3 +187,28 @@ impl Datastore {
         Ok(row)
     }
 }
+
+impl Datastore {
+    /// How many bookings a filter matches (its keyset and limit ignored).
+    pub async fn booking_count(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM bookings b
+             JOIN customers c ON c.id = b.customer_id
+             LEFT JOIN technicians t ON t.id = b.technician_id
+             WHERE b.tenant_id = $1
+               AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
+               AND ($3::timestamptz IS NULL OR b.starts_at < $3)
+               AND ($4::text IS NULL OR b.status = $4)
+               AND ($5::text IS NULL OR t.handle = $5)
+               AND ($6::text IS NULL OR c.handle = $6)",
+        )
+        .bind(ctx.tenant_id())
+        .bind(filter.from.map(from_ts))
+        .bind(filter.to.map(from_ts))
+        .bind(filter.status.as_deref())
+        .bind(filter.technician.as_deref())
+        .bind(filter.customer.as_deref())
+        .fetch_one(self.pool())
+        .await?)
+    }
+}

@@ -246,6 +246,38 @@ pub async fn connection_create(
     client_name: &str,
     rights: RightSet,
 ) -> Result<ConnectionCreated> {
+    connection_create_in(
+        ds,
+        ctx,
+        NewConnection { creator_email, name, client_name, rights, toolset: "full" },
+    )
+    .await
+}
+
+/// The names of the toolsets a connection can be given (R21).
+pub const TOOLSETS: &[&str] = &["full", "read_only", "small"];
+
+pub struct NewConnection<'a> {
+    pub creator_email: &'a str,
+    pub name: &'a str,
+    pub client_name: &'a str,
+    pub rights: RightSet,
+    pub toolset: &'a str,
+}
+
+pub async fn connection_create_in(
+    ds: &Datastore,
+    ctx: &OpCtx,
+    new: NewConnection<'_>,
+) -> Result<ConnectionCreated> {
+    let NewConnection { creator_email, name, client_name, rights, toolset } = new;
+    if !TOOLSETS.contains(&toolset) {
+        return Err(Error::invalid_with_options(
+            "toolset",
+            format!("{toolset:?} is not a toolset"),
+            TOOLSETS.iter().map(|t| (*t).to_owned()).collect(),
+        ));
+    }
     ctx.require(Right::ConnectionsManage)?;
     let name = name.trim();
     if name.is_empty() || name.chars().count() > 80 {
@@ -288,7 +320,7 @@ pub async fn connection_create(
     let token = secret::generate(CredentialKind::Mcp);
     let handle = ConnectionHandle::generate();
     let mut tx = ds.begin().await?;
-    let id = ds_fns::connection_insert(
+    let id = ds_fns::connection_insert_toolset(
         &mut tx,
         ctx,
         handle.as_str(),
@@ -296,6 +328,7 @@ pub async fn connection_create(
         name,
         client_name,
         &rights.names(),
+        toolset,
     )
     .await?;
     ds_fns::connection_token_insert(&mut tx, id, "static", &secret::hash_token(&token), None, None)
@@ -388,6 +421,7 @@ pub struct ConnectionSummary {
     pub name: String,
     pub client_name: String,
     pub status: String,
+    pub toolset: String,
     pub creator: String,
     pub rights: Vec<String>,
     pub created_at: String,
@@ -408,6 +442,7 @@ pub async fn connection_list(ds: &Datastore, ctx: &OpCtx) -> Result<Vec<Connecti
             name: c.name,
             client_name: c.client_name,
             status: c.status,
+            toolset: c.toolset,
             creator: c.creator_email,
             rights: c.rights,
             created_at: fmt(c.created_at),

@@ -13,6 +13,7 @@ pub mod customers;
 pub mod demo;
 pub mod oauth;
 pub mod outbox;
+pub mod rates;
 pub mod technicians;
 pub mod writes;
 

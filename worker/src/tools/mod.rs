@@ -8,7 +8,9 @@
 //! Annotations are derived from the effect class, never written by hand.
 
 mod actions;
+mod long;
 mod read;
+mod small;
 mod write;
 
 use std::future::Future;
@@ -74,6 +76,33 @@ pub struct Env {
     pub ds: Datastore,
     pub ctx: OpCtx,
     pub now: jiff::Timestamp,
+    /// Progress notifications to the caller, when it sent a `progressToken` (R22).
+    pub progress: Progress,
+    /// Cancelled when the client cancels or goes away.
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+/// Sends `notifications/progress` for the call, if the client asked for them.
+pub struct Progress {
+    pub peer: Option<rmcp::Peer<rmcp::RoleServer>>,
+    pub token: Option<rmcp::model::ProgressToken>,
+}
+
+impl Progress {
+    pub fn none() -> Self {
+        Progress { peer: None, token: None }
+    }
+
+    pub async fn report(&self, done: i64, total: i64, message: String) {
+        if let (Some(peer), Some(token)) = (&self.peer, &self.token) {
+            let param = rmcp::model::ProgressNotificationParam::new(token.clone(), done as f64)
+                .with_total(total as f64)
+                .with_message(message);
+            if let Err(e) = peer.notify_progress(param).await {
+                tracing::debug!(error = %e, "progress notification not delivered");
+            }
+        }
+    }
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = shared::Result<Value>> + Send>>;
@@ -84,6 +113,8 @@ pub struct ToolSpec {
     pub class: EffectClass,
     /// Who sees and may call the tool.
     pub access: Access,
+    /// The toolsets that include the tool (R21).
+    pub toolsets: Vec<&'static str>,
     pub tool: Tool,
     handler: Handler,
 }
@@ -165,7 +196,14 @@ where
             f(env, input).await
         })
     });
-    ToolSpec { name: def.name, class: def.class, access: def.access, tool, handler }
+    ToolSpec {
+        name: def.name,
+        class: def.class,
+        access: def.access,
+        toolsets: Vec::new(),
+        tool,
+        handler,
+    }
 }
 
 /// The input schema: the struct's schema, closed to unknown fields (R12).
@@ -178,6 +216,25 @@ fn input_schema<I: JsonSchema>() -> JsonObject {
     object
 }
 
+/// The toolsets (R21): `full` has every standard tool; `read_only` its read tools; `small`, for
+/// small models, a few combined tools whose handles and results fit one model reply.
+fn toolsets_of(name: &str, class: EffectClass) -> Vec<&'static str> {
+    match name {
+        "list_recent_changes" => vec!["full", "read_only", "small"],
+        n if small::NAMES.contains(&n) => vec!["small"],
+        _ if class == EffectClass::Read => vec!["full", "read_only"],
+        _ => vec!["full"],
+    }
+}
+
+impl ToolSpec {
+    /// Whether calls count against a rate bucket: every tool but confirming or rejecting an
+    /// action, whose preview already counted.
+    pub fn rate_class(&self) -> Option<EffectClass> {
+        (!matches!(self.access, Access::AnyOf(_))).then_some(self.class)
+    }
+}
+
 /// All tools, sorted by name so `tools/list` is deterministic.
 pub struct Registry {
     tools: Vec<ToolSpec>,
@@ -188,6 +245,11 @@ impl Registry {
         let mut tools = read::tools();
         tools.extend(write::tools());
         tools.extend(actions::tools());
+        tools.extend(small::tools());
+        tools.extend(long::tools());
+        for t in &mut tools {
+            t.toolsets = toolsets_of(t.name, t.class);
+        }
         tools.sort_by_key(|t| t.name);
         Registry { tools }
     }
