@@ -935,3 +935,60 @@ async fn a_tenant_admin_manages_connections_people_and_the_switch_in_a_browser()
         "revoked tokens are gone"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_connection_ends_its_streaming_export_on_another_worker() {
+    let stack = Stack::start(Options::for_test("stream", 2)).await.expect("stack");
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    // Enough bookings that the export streams for a while.
+    psql_count(
+        &stack,
+        &format!(
+            "WITH ins AS (INSERT INTO bookings (tenant_id, handle, customer_id, technician_id, service_id, starts_at, zone, status, currency, net_minor, tax_minor, total_minor)
+             SELECT b.tenant_id, 'bkg_' || lpad(to_hex(g), 16, '0'), b.customer_id, b.technician_id, b.service_id,
+                    timestamptz '2028-01-01 08:00+01' + g * interval '5 minutes', b.zone, 'confirmed', b.currency, b.net_minor, b.tax_minor, b.total_minor
+             FROM generate_series(1, 40000) g, (SELECT b.* FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' LIMIT 1) b
+             RETURNING 1) SELECT count(*) FROM ins"
+        ),
+    );
+    let token = stack.token(0, 1);
+    let connection =
+        stack.tenant(0)["connections"][1]["connection"].as_str().expect("handle").to_owned();
+    let started = std::time::Instant::now();
+    let mut response = reqwest::Client::new()
+        .post(format!("{}/mcp", stack.worker_urls[0]))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", "export_bookings")
+        .bearer_auth(&token)
+        .json(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "export_bookings",
+            "arguments": {"from": "2028-01-01", "to": "2028-12-31", "zone": "Europe/Berlin"},
+            "_meta": {"progressToken": "p", "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}))
+        .send()
+        .await
+        .expect("export");
+    // The first progress arrives: the export is under way.
+    let first = response.chunk().await.expect("chunk").expect("a first event");
+    assert!(String::from_utf8_lossy(&first).contains("progress") || !first.is_empty());
+    // Revoked through the other path (CLI → Postgres → NATS → worker-1).
+    stack
+        .ctl(&["connection", "revoke", "--tenant", &slug, "--connection", &connection])
+        .expect("revoke");
+    let mut rest = String::new();
+    while let Ok(Some(chunk)) =
+        tokio::time::timeout(std::time::Duration::from_secs(20), response.chunk())
+            .await
+            .expect("the stream ends promptly")
+    {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(!rest.contains("\"id\":5"), "the export never completed: it was cut");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(
+        tool_names(&stack.worker_urls[1], &token).await.0,
+        401,
+        "the next call, anywhere, is refused"
+    );
+}

@@ -15,6 +15,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use shared::auth::{self, AuthFailure, McpContext};
 use shared::secret::{self, CredentialKind};
 
@@ -86,7 +87,28 @@ pub async fn authenticate(
         response = next.run(request) => response,
         _ = inflight.token.cancelled() => unauthorized(&state, &AuthFailure::Revoked),
     };
-    finish(&state, response)
+    finish(&state, end_stream_on_revocation(response, inflight))
+}
+
+/// An SSE response (progress, long tools) keeps streaming after the handler returned its
+/// headers; a revocation pushed meanwhile ends the stream, which also cancels the call.
+fn end_stream_on_revocation(response: Response, inflight: crate::live::InFlight) -> Response {
+    let streaming = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    if !streaming {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let token = inflight.token.clone();
+    let stream = body.into_data_stream().take_until(token.cancelled_owned()).map(move |chunk| {
+        // The registration lives as long as the stream.
+        let _keep = &inflight;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
 fn finish(state: &AppState, response: Response) -> Response {

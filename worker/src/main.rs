@@ -66,6 +66,19 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stops accepting on SIGTERM (Kubernetes) or Ctrl-C; in-flight requests are drained.
 async fn shutdown() {
-    let _ = tokio::signal::ctrl_c().await;
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down: draining in-flight requests");
 }

@@ -749,7 +749,14 @@ async fn no_secret_reaches_a_result_or_a_log() {
             "a secret column leaked: {out}"
         );
     }
+    // Arguments never reach a log or the audit either.
+    let planted = "DECOY-ARGUMENT-51c2";
+    stack.ok(&token, "add_booking_note", json!({"booking": booking, "text": planted})).await;
+    stack.call(&token, "find_customers", json!({"query": planted})).await.expect("search");
+    let audit = stack.db.scalar_string("SELECT coalesce(string_agg(concat_ws(' ', action, outcome, array_to_string(targets, ','), reason), ' '), '') FROM audit_log").await;
+    assert!(!audit.contains(planted), "the audit holds no arguments");
     let logs = String::from_utf8(logs().lock().expect("logs").clone()).expect("utf8");
+    assert!(!logs.contains(planted), "logs hold no arguments");
     assert!(logs.contains("\"tool.name\":\"get_booking\""), "tool calls are logged with fields");
     assert!(!logs.contains(DECOY));
     assert!(!logs.contains(&token), "tokens never reach a log");
