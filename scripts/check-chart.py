@@ -1,0 +1,85 @@
+"""Checks the Helm chart without helm (it cannot be installed on our machines):
+
+1. values.yaml validates against values.schema.json;
+2. every `.Values.…` path a template references exists in values.yaml and in the schema;
+3. every template is well-formed YAML once its template actions are stubbed.
+
+Exits non-zero with one line per problem.
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+chart = Path(__file__).resolve().parent.parent / "charts" / "gatehouse"
+problems: list[str] = []
+
+values = yaml.safe_load((chart / "values.yaml").read_text())
+schema = json.loads((chart / "values.schema.json").read_text())
+jsonschema.Draft202012Validator.check_schema(schema)
+for error in jsonschema.Draft202012Validator(schema).iter_errors(values):
+    problems.append(f"values.yaml: {'.'.join(map(str, error.path))}: {error.message}")
+
+
+def schema_has(node: dict, path: list[str]) -> bool:
+    for key in path:
+        if "$ref" in node:
+            node = schema["$defs"][node["$ref"].split("/")[-1]]
+        props = node.get("properties", {})
+        if key not in props:
+            return False
+        node = props[key]
+    return True
+
+
+def values_has(path: list[str]) -> bool:
+    node = values
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+templates = sorted(p for p in (chart / "templates").iterdir() if p.suffix in (".yaml", ".tpl"))
+checked = 0
+for template in templates:
+    text = template.read_text()
+    for ref in sorted(set(re.findall(r"\.Values((?:\.[A-Za-z0-9_]+)+)", text))):
+        path = ref.strip(".").split(".")
+        checked += 1
+        if not values_has(path):
+            problems.append(f"{template.name}: .Values{ref} is not in values.yaml")
+        if not schema_has(schema, path):
+            problems.append(f"{template.name}: .Values{ref} is not in values.schema.json")
+    if template.suffix != ".yaml":
+        continue
+    stubbed = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        block = re.fullmatch(r"\{\{-?\s*(if|else|end|range|with|define)\b.*\}\}", stripped)
+        if block:
+            continue
+        nindent = re.fullmatch(r"\{\{-?\s*(include|toYaml)\b.*\|\s*nindent\s+(\d+)\s*\}\}", stripped)
+        if nindent:
+            stubbed.append(" " * int(nindent.group(2)) + "stub: value")
+            continue
+        stubbed.append(re.sub(r"\{\{-?.*?-?\}\}", "stub", line))
+    try:
+        documents = [d for d in yaml.safe_load_all("\n".join(stubbed)) if d is not None]
+        for d in documents:
+            if not isinstance(d, dict) or "kind" not in d or "apiVersion" not in d:
+                problems.append(f"{template.name}: a document without kind/apiVersion")
+    except yaml.YAMLError as e:
+        problems.append(f"{template.name}: not well-formed YAML once stubbed: {e}")
+
+if checked == 0:
+    problems.append("no .Values references found: the check saw no templates")
+for p in problems:
+    print(p)
+print(f"chart check: {len(templates)} templates, {checked} value references, {len(problems)} problems")
+sys.exit(1 if problems else 0)
