@@ -237,14 +237,51 @@ impl Stack {
     }
 
     fn write_nginx_conf(&self, lb_port: u16) -> Result<()> {
+        let conf = self.nginx_conf(lb_port, &self.worker_ports, "nginx")?;
+        std::fs::write(self.run_dir.join("nginx.conf"), conf)?;
+        Ok(())
+    }
+
+    /// Another nginx in front of only the given workers (0-based); returns its URL.
+    pub fn start_balancer(&mut self, workers: &[usize]) -> Result<String> {
+        let port = free_port()?;
+        let ports: Vec<u16> = workers.iter().map(|i| self.worker_ports[*i]).collect();
+        let name = format!("nginx-{port}");
+        let conf = self.nginx_conf(port, &ports, &name)?;
+        let path = self.run_dir.join(format!("{name}.conf"));
+        std::fs::write(&path, conf)?;
+        let mut nginx = Command::new(nginx_bin()?);
+        nginx.args(["-p", &self.run_dir.to_string_lossy(), "-c", &path.to_string_lossy()]);
+        self.procs.push(spawn_logged(&name, nginx, &self.run_dir)?);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!("{name} did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(format!("http://127.0.0.1:{port}"))
+    }
+
+    /// Starts a named helper process with this stack's database and NATS in its environment.
+    pub fn spawn_helper(&mut self, name: &str, binary: &str, args: &[&str]) -> Result<()> {
+        let mut cmd = Command::new(bin(binary)?);
+        cmd.args(args)
+            .env("DATABASE_URL", &self.database_url)
+            .env("NATS_URL", &self.nats_url)
+            .env("RUST_LOG", &self.opts_log);
+        self.procs.push(spawn_logged(name, cmd, &self.run_dir)?);
+        Ok(())
+    }
+
+    fn nginx_conf(&self, lb_port: u16, worker_ports: &[u16], name: &str) -> Result<String> {
         let dir = self.run_dir.to_string_lossy();
-        let servers: String = self
-            .worker_ports
+        let servers: String = worker_ports
             .iter()
             .map(|p| format!("        server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"))
             .collect();
-        let conf = format!(
-            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
+        Ok(format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {dir}/{name}.pid;\nerror_log {dir}/{name}-error.log warn;\n\
              events {{ worker_connections 1024; }}\n\
              http {{\n    access_log off;\n    client_body_temp_path {dir}/nginx-tmp/body;\n    proxy_temp_path {dir}/nginx-tmp/proxy;\n\
              fastcgi_temp_path {dir}/nginx-tmp/fastcgi;\n    uwsgi_temp_path {dir}/nginx-tmp/uwsgi;\n    scgi_temp_path {dir}/nginx-tmp/scgi;\n\
@@ -252,9 +289,7 @@ impl Stack {
              server {{\n        listen 127.0.0.1:{lb_port};\n        location / {{\n            proxy_pass http://gatehouse_workers;\n\
              proxy_http_version 1.1;\n            proxy_set_header Connection \"\";\n            proxy_set_header Host $http_host;\n\
              proxy_buffering off;\n            proxy_read_timeout 300s;\n            proxy_next_upstream error timeout http_502;\n        }}\n    }}\n}}\n"
-        );
-        std::fs::write(self.run_dir.join("nginx.conf"), conf)?;
-        Ok(())
+        ))
     }
 
     /// Starts (or restarts) this stack's NATS server and waits until it accepts connections.

@@ -5,6 +5,9 @@
 //! ignored field can never make a caller believe it set something, and type errors name the
 //! field. The allowed list comes from the same JSON Schema the tool publishes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, RwLock};
+
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -12,14 +15,24 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
-/// The property names a schema declares, in declaration order.
-pub fn allowed_fields<T: JsonSchema>() -> Vec<String> {
+/// The property names a schema declares, in declaration order. Computed once per type: building
+/// a JSON Schema is far costlier than parsing the arguments it describes.
+pub fn allowed_fields<T: JsonSchema>() -> Arc<Vec<String>> {
+    static CACHE: LazyLock<RwLock<HashMap<&'static str, Arc<Vec<String>>>>> =
+        LazyLock::new(Default::default);
+    let key = std::any::type_name::<T>();
+    if let Some(found) = CACHE.read().unwrap_or_else(|p| p.into_inner()).get(key) {
+        return found.clone();
+    }
     let schema = schemars::SchemaGenerator::default().into_root_schema_for::<T>();
-    schema
+    let fields: Vec<String> = schema
         .get("properties")
         .and_then(Value::as_object)
         .map(|props| props.keys().cloned().collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let fields = Arc::new(fields);
+    CACHE.write().unwrap_or_else(|p| p.into_inner()).insert(key, fields.clone());
+    fields
 }
 
 pub fn parse_input<T: DeserializeOwned + JsonSchema>(args: Value) -> Result<T> {
@@ -34,7 +47,7 @@ pub fn parse_input<T: DeserializeOwned + JsonSchema>(args: Value) -> Result<T> {
     let mut unknown: Vec<String> = map.keys().filter(|k| !allowed.contains(k)).cloned().collect();
     if !unknown.is_empty() {
         unknown.sort();
-        return Err(Error::UnknownFields { unknown, allowed });
+        return Err(Error::UnknownFields { unknown, allowed: allowed.to_vec() });
     }
     serde_json::from_value(args).map_err(|e| {
         let message = e.to_string();

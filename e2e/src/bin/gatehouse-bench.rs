@@ -1,21 +1,29 @@
-//! `gatehouse-bench`: measures a read tool call end to end and the database work under it,
-//! side by side on one machine, and writes the figures to `docs/benchmarks.md`.
+//! `gatehouse-bench`: measures Gatehouse next to its reference peers on one machine, in one run,
+//! and writes the figures to `docs/benchmarks.md`. Run it with `scripts/bench` (release build).
 //!
-//! Scenarios, all at the same concurrency with the same booking:
-//! - `get_booking` straight to one worker;
-//! - `get_booking` through nginx over two workers;
-//! - the same two SQL statements (connection context + booking lookup) through `pgbench`.
+//! Scenarios, all at the same concurrency:
+//! - `get_booking` and `find_bookings` straight to one worker, and through nginx over one and
+//!   over two workers (with worker CPU time per call, to show no cross-worker coordination cost);
+//! - the same lookup on a bare rmcp server with no gates, as plain JSON over axum + sqlx, and as
+//!   SQL through pgbench;
+//! - a silent write (`add_booking_note`, with replay and audit) and confirmed notifies
+//!   (`confirm_action`) per second;
+//! - the time from a kill-switch flip to 503 on every worker, and from a revocation to refusal;
+//! - worker memory idle and under load.
 //!
-//! Run it with `scripts/bench` (release build). The load generator runs on the same two cores
-//! as the servers, so absolute rates are lower than on a dedicated load machine; the ratios
-//! are what to compare.
+//! The load generator shares the two cores with nginx, the workers and Postgres, so absolute
+//! rates are lower than with a separate load machine; compare the ratios.
 
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::{Options, Stack};
+use e2e::{Options, Stack, free_port};
 use serde_json::{Value, json};
+use shared::ctx::Channel;
+use shared::services::admin;
 
 struct Args {
     concurrency: usize,
@@ -26,7 +34,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         concurrency: 16,
-        seconds: 10,
+        seconds: 8,
         out: e2e::repo_root().join("docs/benchmarks.md").to_string_lossy().into_owned(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -38,7 +46,7 @@ fn args() -> Args {
             "--out" => a.out = argv[i + 1].clone(),
             "--help" | "-h" => {
                 println!(
-                    "gatehouse-bench [--concurrency 16] [--seconds 10] [--out docs/benchmarks.md]"
+                    "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]"
                 );
                 std::process::exit(0);
             }
@@ -56,139 +64,171 @@ struct Figures {
     rate: f64,
     p50_ms: f64,
     p99_ms: f64,
-    cpu_ms_per_request: Option<f64>,
+    cpu_ms_per_call: Option<f64>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx] as f64 / 1000.0
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize] as f64 / 1000.0
 }
 
-/// CPU time (user + system) of a process in milliseconds, from /proc.
+/// CPU time (user + system) of a process in milliseconds.
 fn cpu_ms(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = stat.rsplit(')').next()?;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks * 10.0) // USER_HZ is 100 on Linux
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    Some((fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?) * 10.0)
 }
 
-fn tool_call_body(booking: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-        "name": "get_booking", "arguments": {"booking": booking},
-        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                  "io.modelcontextprotocol/clientCapabilities": {}}}})
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
 }
 
-async fn load(
-    name: &str,
-    url: &str,
-    token: &str,
-    booking: &str,
-    args: &Args,
-    pids: &[u32],
-) -> Result<Figures> {
-    let body = serde_json::to_vec(&tool_call_body(booking))?;
+/// What one load scenario sends.
+#[derive(Clone)]
+struct Target {
+    url: String,
+    /// MCP tool name (sets the MCP headers), or None for plain JSON.
+    tool: Option<&'static str>,
+    token: Option<String>,
+    /// The request body; `{n}` in it is replaced by a per-call counter (unique writes).
+    body: String,
+}
+
+fn mcp_body(tool: &str, args: Value) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}})
+    .to_string()
+}
+
+async fn send(http: &reqwest::Client, t: &Target, n: u64) -> bool {
+    let mut req = http
+        .post(&t.url)
+        .header("Content-Type", "application/json")
+        .body(t.body.replace("{n}", &n.to_string()));
+    if let Some(tool) = t.tool {
+        req = req
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", tool);
+    }
+    if let Some(token) = &t.token {
+        req = req.bearer_auth(token);
+    }
+    match req.send().await {
+        Ok(r) if r.status().is_success() => r
+            .bytes()
+            .await
+            .map(|b| !b.windows(13).any(|w| w == b"\"isError\":true"))
+            .unwrap_or(false),
+        _ => false,
+    }
+}
+
+async fn load(name: &str, t: &Target, args: &Args, pids: &[u32]) -> Result<Figures> {
+    let counter = Arc::new(AtomicU64::new(0));
     let run = |secs: u64| {
-        let body = body.clone();
-        let url = url.to_owned();
-        let token = token.to_owned();
-        let tasks: Vec<_> = (0..args.concurrency)
+        (0..args.concurrency)
             .map(|_| {
-                let (body, url, token) = (body.clone(), url.clone(), token.clone());
+                let (t, counter) = (t.clone(), counter.clone());
                 tokio::spawn(async move {
                     let http = reqwest::Client::new();
                     let deadline = Instant::now() + Duration::from_secs(secs);
-                    let mut latencies = Vec::new();
-                    let mut errors = 0usize;
+                    let (mut latencies, mut errors) = (Vec::new(), 0usize);
                     while Instant::now() < deadline {
                         let started = Instant::now();
-                        let response = http
-                            .post(&url)
-                            .header("Content-Type", "application/json")
-                            .header("Accept", "application/json, text/event-stream")
-                            .header("MCP-Protocol-Version", "2026-07-28")
-                            .header("Mcp-Method", "tools/call")
-                            .header("Mcp-Name", "get_booking")
-                            .bearer_auth(&token)
-                            .body(body.clone())
-                            .send()
-                            .await;
-                        let ok = match response {
-                            Ok(r) if r.status().is_success() => r
-                                .bytes()
-                                .await
-                                .map(|b| !b.windows(13).any(|w| w == b"\"isError\":true"))
-                                .unwrap_or(false),
-                            _ => false,
-                        };
+                        let ok = send(&http, &t, counter.fetch_add(1, Ordering::Relaxed)).await;
                         latencies.push(started.elapsed().as_micros() as u64);
-                        if !ok {
-                            errors += 1;
-                        }
+                        errors += usize::from(!ok);
                     }
                     (latencies, errors)
                 })
             })
-            .collect();
-        tasks
+            .collect::<Vec<_>>()
     };
-    // Warm up pools, prepared statements and keep-alive connections.
-    for t in run(2) {
-        t.await?;
+    for task in run(2) {
+        task.await?;
     }
-    let cpu_before: Vec<Option<f64>> = pids.iter().map(|p| cpu_ms(*p)).collect();
+    let before: Vec<Option<f64>> = pids.iter().map(|p| cpu_ms(*p)).collect();
     let started = Instant::now();
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    for t in run(args.seconds) {
-        let (l, e) = t.await?;
+    let (mut latencies, mut errors) = (Vec::new(), 0);
+    for task in run(args.seconds) {
+        let (l, e) = task.await?;
         latencies.extend(l);
         errors += e;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after: Vec<Option<f64>> = pids.iter().map(|p| cpu_ms(*p)).collect();
+    let cpu: Option<f64> = pids.iter().zip(&before).map(|(p, b)| Some(cpu_ms(*p)? - (*b)?)).sum();
     latencies.sort_unstable();
-    let cpu: Option<f64> =
-        cpu_before.iter().zip(&cpu_after).map(|(b, a)| Some((*a)? - (*b)?)).sum();
+    eprintln!("  {name}: {:.0}/s", latencies.len() as f64 / elapsed);
     Ok(Figures {
         name: name.to_owned(),
         requests: latencies.len(),
         errors,
         rate: latencies.len() as f64 / elapsed,
-        p50_ms: percentile(&latencies, 0.50),
+        p50_ms: percentile(&latencies, 0.5),
         p99_ms: percentile(&latencies, 0.99),
-        cpu_ms_per_request: cpu.map(|c| c / latencies.len().max(1) as f64),
+        cpu_ms_per_call: if pids.is_empty() {
+            None
+        } else {
+            cpu.map(|c| c / latencies.len().max(1) as f64)
+        },
     })
 }
 
-/// The same two statements a `get_booking` call runs, through pgbench.
-fn pgbench(stack: &Stack, token: &str, booking: &str, args: &Args) -> Result<Figures> {
-    let tenant_id = psql_scalar(
-        &stack.database_url,
-        &format!("SELECT tenant_id FROM bookings WHERE handle = '{booking}'"),
-    )?;
+fn psql(url: &str, sql: &str) -> Result<String> {
+    let out = Command::new("psql").arg(url).args(["-Atqc", sql]).output()?;
+    if !out.status.success() {
+        bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The two statements of a `get_booking` call, through pgbench.
+fn pgbench(
+    stack: &Stack,
+    token: &str,
+    booking: &str,
+    tenant_id: &str,
+    args: &Args,
+) -> Result<Figures> {
     let hash = hex::encode(shared::secret::hash_token(token));
     let context =
         shared::datastore::CONNECTION_CONTEXT_SQL.replace("$1", &format!("'\\x{hash}'::bytea"));
     let lookup = shared::datastore::booking_get_sql()
-        .replace("$1", &tenant_id)
+        .replace("$1", tenant_id)
         .replace("$2", &format!("'{booking}'"));
-    let script = stack.run_dir.join("pgbench-get-booking.sql");
-    // pgbench reads one statement per line unless it ends with a semicolon.
     let one_line = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    let script = stack.run_dir.join("pgbench-get-booking.sql");
     std::fs::write(&script, format!("{};\n{};\n", one_line(&context), one_line(&lookup)))?;
-    let log_dir = stack.run_dir.join("pgbench-logs");
-    let _ = std::fs::remove_dir_all(&log_dir);
-    std::fs::create_dir_all(&log_dir)?;
+    let logs = stack.run_dir.join("pgbench-logs");
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs)?;
     let out = Command::new("pgbench")
-        .current_dir(&log_dir)
-        .args(["-n", "-M", "prepared", "-l"])
-        .args(["-c", &args.concurrency.to_string(), "-j", "2", "-T", &args.seconds.to_string()])
-        .arg("-f")
+        .current_dir(&logs)
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-l",
+            "-c",
+            &args.concurrency.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &args.seconds.to_string(),
+            "-f",
+        ])
         .arg(&script)
         .arg(&stack.database_url)
         .output()
@@ -202,9 +242,9 @@ fn pgbench(stack: &Stack, token: &str, booking: &str, args: &Args) -> Result<Fig
         .find(|l| l.starts_with("tps ="))
         .and_then(|l| l.split_whitespace().nth(2))
         .and_then(|v| v.parse().ok())
-        .context("pgbench printed no tps")?;
+        .context("tps")?;
     let mut latencies = Vec::new();
-    for entry in std::fs::read_dir(&log_dir)? {
+    for entry in std::fs::read_dir(&logs)? {
         for line in std::fs::read_to_string(entry?.path())?.lines() {
             if let Some(us) = line.split_whitespace().nth(2).and_then(|v| v.parse::<u64>().ok()) {
                 latencies.push(us);
@@ -212,43 +252,55 @@ fn pgbench(stack: &Stack, token: &str, booking: &str, args: &Args) -> Result<Fig
         }
     }
     latencies.sort_unstable();
+    eprintln!("  pgbench: {tps:.0}/s");
     Ok(Figures {
         name: "same SQL through pgbench (context + lookup)".into(),
         requests: latencies.len(),
         errors: 0,
         rate: tps,
-        p50_ms: percentile(&latencies, 0.50),
+        p50_ms: percentile(&latencies, 0.5),
         p99_ms: percentile(&latencies, 0.99),
-        cpu_ms_per_request: None,
+        cpu_ms_per_call: None,
     })
 }
 
-fn psql_scalar(url: &str, sql: &str) -> Result<String> {
-    let out = Command::new("psql").arg(url).args(["-Atqc", sql]).output()?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+async fn status_of(http: &reqwest::Client, base: &str, token: &str) -> u16 {
+    http.post(format!("{base}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/list")
+        .bearer_auth(token)
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}).to_string())
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
 }
 
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| format!("{} GiB", kb / 1024 / 1024))
-        .unwrap_or_default();
-    format!("{cores} cores ({cpu}), {mem}")
+/// Milliseconds until every worker answers `want`.
+async fn until_all(
+    http: &reqwest::Client,
+    workers: &[String],
+    token: &str,
+    want: u16,
+    from: Instant,
+) -> f64 {
+    loop {
+        let mut all = true;
+        for w in workers {
+            all &= status_of(http, w, token).await == want;
+        }
+        if all || from.elapsed() > Duration::from_secs(5) {
+            return from.elapsed().as_secs_f64() * 1000.0;
+        }
+    }
+}
+
+fn summary(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    (at(0.5), at(0.99))
 }
 
 #[tokio::main]
@@ -257,19 +309,24 @@ async fn main() -> Result<()> {
     let mut opts = Options::for_test("bench", 2);
     opts.log_level = "warn".into();
     opts.db_pool = 16;
-    let stack = Stack::start(opts).await?;
+    let mut stack = Stack::start(opts).await?;
+    // The benchmark is a load drill: lift this tenant's write buckets.
+    psql(
+        &stack.database_url,
+        "INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT t.id, c, 100000000 FROM tenants t, unnest(ARRAY['silent_write', 'notify']) c",
+    )?;
     let token = stack.token(0, 0);
     let http = reqwest::Client::new();
+    let w1 = stack.worker_urls[0].clone();
     let found: Value = http
-        .post(format!("{}/mcp", stack.worker_urls[0]))
+        .post(format!("{w1}/mcp"))
         .header("Content-Type", "application/json")
         .header("Accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", "2026-07-28")
         .header("Mcp-Method", "tools/call")
         .header("Mcp-Name", "find_bookings")
         .bearer_auth(&token)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "find_bookings", "arguments": {"limit": 1},
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}))
+        .body(mcp_body("find_bookings", json!({"limit": 1})))
         .send()
         .await?
         .json()
@@ -278,33 +335,222 @@ async fn main() -> Result<()> {
         .as_str()
         .context("a booking")?
         .to_owned();
-    let worker_pids: Vec<u32> =
-        ["worker-1", "worker-2"].iter().filter_map(|w| stack.pid(w)).collect();
+    let tenant_id = psql(
+        &stack.database_url,
+        &format!("SELECT tenant_id FROM bookings WHERE handle = '{booking}'"),
+    )?;
+    let pids: Vec<u32> = ["worker-1", "worker-2"].iter().filter_map(|w| stack.pid(w)).collect();
+    let lb1 = stack.start_balancer(&[0])?;
+    let lb2 = stack.lb_url.clone();
+    let (rmcp_port, plain_port) = (free_port()?, free_port()?);
+    stack.spawn_helper(
+        "bench-peer-rmcp",
+        "bench-peer",
+        &["--mode", "rmcp", "--listen", &format!("127.0.0.1:{rmcp_port}"), "--tenant", &tenant_id],
+    )?;
+    stack.spawn_helper(
+        "bench-peer-plain",
+        "bench-peer",
+        &[
+            "--mode",
+            "plain",
+            "--listen",
+            &format!("127.0.0.1:{plain_port}"),
+            "--tenant",
+            &tenant_id,
+        ],
+    )?;
+    let peer_rmcp = format!("http://127.0.0.1:{rmcp_port}");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", rmcp_port)).is_ok()
+            && std::net::TcpStream::connect(("127.0.0.1", plain_port)).is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let idle_rss: Vec<f64> = pids.iter().map(|p| rss_mib(*p)).collect();
 
-    eprintln!("measuring get_booking straight to one worker…");
-    let direct = load(
-        "get_booking straight to one worker",
-        &format!("{}/mcp", stack.worker_urls[0]),
-        &token,
-        &booking,
-        &args,
-        &worker_pids[..1],
-    )
-    .await?;
-    eprintln!("measuring get_booking through nginx over two workers…");
-    let balanced = load(
-        "get_booking through nginx, two workers",
-        &format!("{}/mcp", stack.lb_url),
-        &token,
-        &booking,
-        &args,
-        &worker_pids,
-    )
-    .await?;
-    eprintln!("measuring the same SQL through pgbench…");
-    let sql = pgbench(&stack, &token, &booking, &args)?;
+    let get = |url: &str| Target {
+        url: format!("{url}/mcp"),
+        tool: Some("get_booking"),
+        token: Some(token.clone()),
+        body: mcp_body("get_booking", json!({"booking": booking})),
+    };
+    let find = |url: &str| Target {
+        url: format!("{url}/mcp"),
+        tool: Some("find_bookings"),
+        token: Some(token.clone()),
+        body: mcp_body("find_bookings", json!({"limit": 10})),
+    };
+    eprintln!("measuring…");
+    let mut rows = Vec::new();
+    rows.push(load("get_booking, straight to one worker", &get(&w1), &args, &pids[..1]).await?);
+    rows.push(load("get_booking, nginx over one worker", &get(&lb1), &args, &pids[..1]).await?);
+    let loaded_rss = Arc::new(std::sync::Mutex::new(vec![0.0f64; pids.len()]));
+    let sampler = {
+        let (pids, loaded_rss) = (pids.clone(), loaded_rss.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let mut m = loaded_rss.lock().expect("rss");
+                for (i, p) in pids.iter().enumerate() {
+                    m[i] = m[i].max(rss_mib(*p));
+                }
+            }
+        })
+    };
+    rows.push(load("get_booking, nginx over two workers", &get(&lb2), &args, &pids).await?);
+    sampler.abort();
+    rows.push(
+        load("find_bookings (10), straight to one worker", &find(&w1), &args, &pids[..1]).await?,
+    );
+    rows.push(load("find_bookings (10), nginx over two workers", &find(&lb2), &args, &pids).await?);
+    let bare = Target {
+        url: format!("{peer_rmcp}/mcp"),
+        tool: Some("get_booking"),
+        token: None,
+        body: mcp_body("get_booking", json!({"booking": booking})),
+    };
+    let rmcp_pid: Vec<u32> = stack.pid("bench-peer-rmcp").into_iter().collect();
+    rows.push(
+        load("peer: bare rmcp server, same lookup, no gates", &bare, &args, &rmcp_pid).await?,
+    );
+    let plain = Target {
+        url: format!("http://127.0.0.1:{plain_port}/booking"),
+        tool: None,
+        token: None,
+        body: json!({"booking": booking}).to_string(),
+    };
+    let plain_pid: Vec<u32> = stack.pid("bench-peer-plain").into_iter().collect();
+    rows.push(
+        load("peer: plain JSON over axum + sqlx, same lookup", &plain, &args, &plain_pid).await?,
+    );
+    rows.push(pgbench(&stack, &token, &booking, &tenant_id, &args)?);
+    let note = Target {
+        url: format!("{w1}/mcp"),
+        tool: Some("add_booking_note"),
+        token: Some(token.clone()),
+        body: mcp_body("add_booking_note", json!({"booking": booking, "text": "bench note {n}"})),
+    };
+    rows.push(
+        load(
+            "add_booking_note (silent write: replay check, write, audit), one worker",
+            &note,
+            &args,
+            &pids[..1],
+        )
+        .await?,
+    );
 
-    let rows: String = [&direct, &balanced, &sql]
+    // Confirmed notifies: prepare a batch of previews, then confirm them concurrently.
+    let customer = found["result"]["structuredContent"]["bookings"][0]["customer"]["customer"]
+        .as_str()
+        .context("customer")?
+        .to_owned();
+    let mut previews = Vec::new();
+    for i in 0..400 {
+        let v: Value = http
+            .post(format!("{lb2}/mcp"))
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", "send_customer_message")
+            .bearer_auth(&token)
+            .body(mcp_body("send_customer_message", json!({"customer": customer, "subject": format!("Bench {i}"), "body": "Benchmark message."})))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let sc = &v["result"]["structuredContent"];
+        previews.push(
+            json!({"confirm_token": sc["confirm_token"], "confirm_summary": sc["confirm_summary"]}),
+        );
+    }
+    let queue = Arc::new(std::sync::Mutex::new(previews));
+    let started = Instant::now();
+    let confirmers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (queue, lb2, token) = (queue.clone(), lb2.clone(), token.clone());
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                let mut done = 0;
+                loop {
+                    let Some(args) = queue.lock().expect("queue").pop() else { return done };
+                    let t = Target {
+                        url: format!("{lb2}/mcp"),
+                        tool: Some("confirm_action"),
+                        token: Some(token.clone()),
+                        body: mcp_body("confirm_action", args),
+                    };
+                    done += usize::from(send(&http, &t, 0).await);
+                }
+            })
+        })
+        .collect();
+    let mut confirmed = 0;
+    for c in confirmers {
+        confirmed += c.await?;
+    }
+    let confirm_rate = confirmed as f64 / started.elapsed().as_secs_f64();
+    eprintln!("  confirm_action: {confirm_rate:.0}/s");
+
+    // Kill switch and revocation propagation.
+    let ds = shared::Datastore::connect(&stack.database_url, 2)
+        .await?
+        .with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5)).await?);
+    let workers = stack.worker_urls.clone();
+    let (mut on_ms, mut off_ms, mut revoke_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        admin::kill_switch_set(
+            &ds,
+            admin::SwitchScope::Global,
+            "bench",
+            Channel::Cli,
+            true,
+            "benchmark",
+        )
+        .await?;
+        on_ms.push(until_all(&http, &workers, &token, 503, t0).await);
+        let t1 = Instant::now();
+        admin::kill_switch_set(
+            &ds,
+            admin::SwitchScope::Global,
+            "bench",
+            Channel::Cli,
+            false,
+            "benchmark",
+        )
+        .await?;
+        off_ms.push(until_all(&http, &workers, &token, 200, t1).await);
+    }
+    let tenant =
+        admin::tenant_by_slug(&ds, stack.tenant(0)["slug"].as_str().context("slug")?).await?;
+    let ctx = admin::operator_ctx(&tenant, Channel::Cli, "bench")?;
+    let admin_email = stack.tenant(0)["admin"]["email"].as_str().context("email")?.to_owned();
+    for i in 0..20 {
+        let c = admin::connection_create(
+            &ds,
+            &ctx,
+            &admin_email,
+            &format!("bench {i}"),
+            "bench",
+            shared::rights::read_only(),
+        )
+        .await?;
+        until_all(&http, &workers, &c.token, 200, Instant::now()).await;
+        let t0 = Instant::now();
+        admin::connection_revoke(&ds, &ctx, &c.connection, "benchmark").await?;
+        revoke_ms.push(until_all(&http, &workers, &c.token, 401, t0).await);
+    }
+    let (on50, on99) = summary(on_ms);
+    let (off50, off99) = summary(off_ms);
+    let (rv50, rv99) = summary(revoke_ms);
+    let loaded = loaded_rss.lock().expect("rss").clone();
+
+    let table: String = rows
         .iter()
         .map(|f| {
             format!(
@@ -313,32 +559,89 @@ async fn main() -> Result<()> {
                 f.rate,
                 f.p50_ms,
                 f.p99_ms,
-                f.cpu_ms_per_request.map(|c| format!("{c:.3}")).unwrap_or_else(|| "–".into()),
+                f.cpu_ms_per_call.map(|c| format!("{c:.3}")).unwrap_or_else(|| "–".into()),
                 f.requests,
                 f.errors
             )
         })
         .collect();
+    let r = |i: usize| rows[i].rate;
+    let cpu = |i: usize| rows[i].cpu_ms_per_call.unwrap_or(0.0);
+    let machine = {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| {
+                c.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+            })
+            .unwrap_or_default();
+        let mem = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .next()
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map(|kb| kb / 1024 / 1024)
+            .unwrap_or(0);
+        format!(
+            "{} cores ({cpu}), {mem} GiB",
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        )
+    };
     let report = format!(
         "# Benchmarks\n\n\
-         Measured by `scripts/bench` ({concurrency} concurrent clients, {seconds} s per scenario after a 2 s warm-up), \
-         which builds the release binaries and runs `target/release/gatehouse-bench`. The figures below are from the last run.\n\n\
-         - Machine: {machine}. Postgres and NATS are the local Debian packages; the load generator, nginx, \
-         the workers and Postgres all share these cores, so absolute rates are lower than with a separate load machine.\n\
-         - Each `get_booking` call: HTTP POST with a bearer token → one SQL query for the connection context \
-         (token, connection, tenant, switches, creator's membership) → one SQL query for the booking with its \
-         customer, technician, service and notes → presenter → JSON.\n\
-         - The pgbench row runs exactly those two statements (prepared) at the same concurrency: \
-         the database work alone, the ceiling for any MCP layer on this machine.\n\n\
-         | scenario | calls/s | p50 ms | p99 ms | worker CPU ms per call | calls | errors |\n\
-         |---|---|---|---|---|---|---|\n{rows}\n\
-         Ratios: one worker reaches {r1:.0} % of the database-only rate; through nginx over two workers {r2:.0} %.\n\n\
-         Reproduce: `scripts/bench` (options: `scripts/bench --concurrency 16 --seconds 10`).\n",
-        concurrency = args.concurrency,
-        seconds = args.seconds,
-        machine = machine(),
-        r1 = 100.0 * direct.rate / sql.rate,
-        r2 = 100.0 * balanced.rate / sql.rate,
+         Measured by `scripts/bench` ({c} concurrent clients, {s} s per scenario after a 2 s warm-up); it builds release \
+         binaries and runs `target/release/gatehouse-bench`. Figures from the last run, on: {machine}. Postgres and NATS \
+         are Debian's packages; the load generator, nginx, the workers, the peers and Postgres share these cores, so \
+         absolute rates are lower than with a separate load machine — compare the ratios.\n\n\
+         A `get_booking` call is: HTTP POST with a bearer token → one SQL statement for the connection context (token, \
+         connection, tenant, both switches, creator's membership) → one statement for the booking with customer, \
+         technician, service and notes → presenter → JSON. The bare rmcp peer runs the same lookup with no gates at all; \
+         the plain peer is the same lookup as JSON over axum + sqlx; pgbench runs Gatehouse's two statements alone.\n\n\
+         | scenario | calls/s | p50 ms | p99 ms | server CPU ms per call | calls | errors |\n\
+         |---|---|---|---|---|---|---|\n{table}\
+         | confirm_action (confirmed notify: lock, checks, re-plan, outbox, audit), nginx over two workers | {confirm_rate:.0} | – | – | – | {confirmed} | {cerr} |\n\n\
+         ## Ratios\n\n\
+         - Gatehouse `get_booking` through every gate, one worker: **{g_bare:.0} %** of the bare rmcp peer's rate \
+         (target ≥ 80 %), {g_plain:.0} % of plain axum + sqlx, {g_sql:.0} % of the database work alone.\n\
+         - CPU per call in the serving process: Gatehouse worker {c0:.3} ms, bare rmcp peer {cb:.3} ms, plain axum + sqlx \
+         {cp:.3} ms: the gates, the second query and the presenters cost {gate:.3} ms per call.\n\
+         - Worker CPU per call, nginx over one worker vs two: {c1:.3} ms vs {c2:.3} ms ({cdiff:+.0} %; target within 10 %).\n\
+         - Two workers vs one through nginx: {two_one:.2}× the rate (two cores shared by everything: CPU per call is the measure).\n\n\
+         ## Propagation\n\n\
+         | event | p50 ms | p99 ms |\n|---|---|---|\n\
+         | kill switch on → 503 on every worker | {on50:.1} | {on99:.1} |\n\
+         | kill switch off → served again on every worker | {off50:.1} | {off99:.1} |\n\
+         | revocation → 401 on every worker | {rv50:.1} | {rv99:.1} |\n\n\
+         (20 flips each; measured from the service call, which commits to Postgres and then publishes to NATS, to the \
+         moment a probe on each worker sees the new answer. The per-request context query alone guarantees the next \
+         request; NATS makes it sooner for in-flight work.)\n\n\
+         ## Worker memory (RSS)\n\n\
+         | worker | idle MiB | peak under load MiB |\n|---|---|---|\n{mem}\n\
+         Reproduce: `scripts/bench` (options: `--concurrency 16 --seconds 8`).\n",
+        c = args.concurrency,
+        s = args.seconds,
+        cerr = 400 - confirmed,
+        g_bare = 100.0 * r(0) / r(5),
+        g_plain = 100.0 * r(0) / r(6),
+        g_sql = 100.0 * r(0) / r(7),
+        c0 = cpu(0),
+        cb = cpu(5),
+        cp = cpu(6),
+        gate = cpu(0) - cpu(5),
+        c1 = cpu(1),
+        c2 = cpu(2),
+        cdiff = if cpu(1) > 0.0 { 100.0 * (cpu(2) - cpu(1)) / cpu(1) } else { 0.0 },
+        two_one = r(2) / r(1),
+        mem = idle_rss
+            .iter()
+            .zip(&loaded)
+            .enumerate()
+            .map(|(i, (a, b))| format!("| worker-{} | {a:.1} | {b:.1} |\n", i + 1))
+            .collect::<String>(),
     );
     std::fs::write(&args.out, &report)?;
     println!("{report}");

@@ -1,0 +1,115 @@
+//! Reference peers for the benchmark: the same booking lookup with no Gatehouse gates.
+//!
+//! - `--mode rmcp`: a bare rmcp Streamable HTTP server (stateless, JSON responses) with one tool,
+//!   `get_booking`, that runs the lookup SQL and returns its fields — no auth, rights, switches,
+//!   replay or presenters. Gatehouse's cost is the ratio against it.
+//! - `--mode plain`: the same lookup as plain JSON over axum + sqlx: the floor under any MCP layer.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgPool, Row};
+
+const LOOKUP: &str = "SELECT b.handle, b.status, b.starts_at::text AS starts_at, b.zone, b.total_minor, b.currency::text AS currency,
+        c.handle AS customer, c.name AS customer_name, s.name AS service
+ FROM bookings b JOIN customers c ON c.id = b.customer_id JOIN services s ON s.id = b.service_id
+ WHERE b.tenant_id = $1 AND b.handle = $2";
+
+async fn lookup(pool: &PgPool, tenant: i64, handle: &str) -> Value {
+    match sqlx::query(LOOKUP).bind(tenant).bind(handle).fetch_optional(pool).await {
+        Ok(Some(r)) => json!({
+            "booking": r.get::<String, _>("handle"), "status": r.get::<String, _>("status"),
+            "starts_at": r.get::<String, _>("starts_at"), "zone": r.get::<String, _>("zone"),
+            "total_minor": r.get::<i64, _>("total_minor"), "currency": r.get::<String, _>("currency"),
+            "customer": r.get::<String, _>("customer"), "customer_name": r.get::<String, _>("customer_name"),
+            "service": r.get::<String, _>("service"),
+        }),
+        Ok(None) => json!({"error": "not found"}),
+        Err(e) => json!({"error": e.to_string()}),
+    }
+}
+
+#[derive(Clone)]
+struct Bare {
+    pool: PgPool,
+    tenant: i64,
+}
+
+impl ServerHandler for Bare {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+    }
+
+    async fn list_tools(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let schema = json!({"type": "object", "properties": {"booking": {"type": "string"}}});
+        Ok(ListToolsResult::with_all_items(vec![Tool::new(
+            "get_booking",
+            "lookup",
+            Arc::new(schema.as_object().cloned().unwrap_or_default()),
+        )]))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let handle = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("booking"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        Ok(CallToolResult::structured(lookup(&self.pool, self.tenant, &handle).await).into())
+    }
+}
+
+async fn plain(State(peer): State<Bare>, Json(body): Json<Value>) -> Json<Value> {
+    Json(lookup(&peer.pool, peer.tenant, body["booking"].as_str().unwrap_or_default()).await)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg =
+        |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let mode = arg("--mode").unwrap_or_else(|| "rmcp".into());
+    let listen = arg("--listen").unwrap_or_else(|| "127.0.0.1:9300".into());
+    let tenant: i64 = arg("--tenant").and_then(|t| t.parse().ok()).unwrap_or(1);
+    let pool =
+        PgPoolOptions::new().max_connections(16).connect(&std::env::var("DATABASE_URL")?).await?;
+    let peer = Bare { pool, tenant };
+    let router = if mode == "plain" {
+        axum::Router::new().route("/booking", axum::routing::post(plain)).with_state(peer)
+    } else {
+        let config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(false)
+            .with_json_response(true)
+            .with_sse_keep_alive(None);
+        let service = StreamableHttpService::new(
+            move || Ok(peer.clone()),
+            Arc::new(NeverSessionManager::default()),
+            config,
+        );
+        axum::Router::new().nest_service("/mcp", service)
+    };
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    axum::serve(listener, router).await?;
+    Ok(())
+}
