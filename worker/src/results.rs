@@ -374,9 +374,27 @@ pub fn error_schema() -> Value {
     })
 }
 
+/// Drops schemars' numeric `format`s (`uint`, `int64`, …): they are not JSON Schema formats,
+/// and validating clients warn about every one of them.
+pub fn strip_numeric_formats(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if map.get("format").and_then(Value::as_str).is_some_and(|f| {
+                f.starts_with("int") || f.starts_with("uint") || f == "float" || f == "double"
+            }) {
+                map.remove("format");
+            }
+            map.values_mut().for_each(strip_numeric_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_numeric_formats),
+        _ => {}
+    }
+}
+
 /// An output schema covering the success type and the error shape.
 pub fn output_schema(success: schemars::Schema) -> Map<String, Value> {
     let mut success = success.to_value();
+    strip_numeric_formats(&mut success);
     let defs = success.as_object_mut().and_then(|o| {
         o.remove("$schema");
         o.remove("title");

@@ -209,7 +209,9 @@ where
 /// The input schema: the struct's schema, closed to unknown fields (R12).
 fn input_schema<I: JsonSchema>() -> JsonObject {
     let schema = schemars::SchemaGenerator::default().into_root_schema_for::<I>();
-    let mut object = schema.to_value().as_object().cloned().unwrap_or_default();
+    let mut value = schema.to_value();
+    results::strip_numeric_formats(&mut value);
+    let mut object = value.as_object().cloned().unwrap_or_default();
     object.remove("$schema");
     object.insert("additionalProperties".into(), Value::Bool(false));
     object.entry("properties").or_insert_with(|| Value::Object(Default::default()));
