@@ -15,11 +15,12 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
+type FieldCache = RwLock<HashMap<&'static str, Arc<Vec<String>>>>;
+
 /// The property names a schema declares, in declaration order. Computed once per type: building
 /// a JSON Schema is far costlier than parsing the arguments it describes.
 pub fn allowed_fields<T: JsonSchema>() -> Arc<Vec<String>> {
-    static CACHE: LazyLock<RwLock<HashMap<&'static str, Arc<Vec<String>>>>> =
-        LazyLock::new(Default::default);
+    static CACHE: LazyLock<FieldCache> = LazyLock::new(Default::default);
     let key = std::any::type_name::<T>();
     if let Some(found) = CACHE.read().unwrap_or_else(|p| p.into_inner()).get(key) {
         return found.clone();
