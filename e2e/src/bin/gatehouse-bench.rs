@@ -113,10 +113,11 @@ fn mcp_body(tool: &str, args: Value) -> String {
 }
 
 async fn send(http: &reqwest::Client, t: &Target, n: u64) -> bool {
-    let mut req = http
-        .post(&t.url)
-        .header("Content-Type", "application/json")
-        .body(t.body.replace("{n}", &n.to_string()));
+    let mut body = t.body.replace("{n}", &n.to_string());
+    if !t.rotate.is_empty() {
+        body = body.replace("{b}", &t.rotate[n as usize % t.rotate.len()]);
+    }
+    let mut req = http.post(&t.url).header("Content-Type", "application/json").body(body);
     if let Some(tool) = t.tool {
         req = req
             .header("Accept", "application/json, text/event-stream")
