@@ -53,6 +53,8 @@ pub struct Options {
     pub log_level: String,
     /// Pool size per process.
     pub db_pool: u32,
+    /// The Postgres server (`postgres://user@host:port`); the machine's own by default.
+    pub pg_server: String,
 }
 
 impl Options {
@@ -65,7 +67,111 @@ impl Options {
             run_dir: std::env::temp_dir().join(format!("gatehouse-{unique}")),
             log_level: "info,sqlx=warn".into(),
             db_pool: 8,
+            pg_server: pg_server(),
         }
+    }
+}
+
+/// A Postgres server of a test's own (initdb'd as the `postgres` user on a free port), so a
+/// test can stop and start it without disturbing anything else. Stopped on drop.
+pub struct PrivatePostgres {
+    dir: PathBuf,
+    pub url: String,
+}
+
+fn pg_bin(tool: &str) -> Result<PathBuf> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|v| v.join("bin").join(tool))
+        .context("no Postgres server binaries under /usr/lib/postgresql")
+}
+
+fn as_postgres(args: &[&str]) -> Result<()> {
+    let out = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .args(args)
+        .output()
+        .context("runuser")?;
+    if !out.status.success() {
+        bail!(
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+impl PrivatePostgres {
+    pub fn start(name: &str) -> Result<PrivatePostgres> {
+        let dir = std::env::temp_dir().join(format!("gatehouse-pg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Command::new("chown").args(["postgres:postgres"]).arg(&dir).status()?;
+        let data = dir.join("data");
+        as_postgres(&[
+            &pg_bin("initdb")?.to_string_lossy(),
+            "-D",
+            &data.to_string_lossy(),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+        ])?;
+        let port = free_port()?;
+        let pg = PrivatePostgres { dir, url: format!("postgres://postgres@127.0.0.1:{port}") };
+        std::fs::write(pg.dir.join("port"), port.to_string())?;
+        pg.resume()?;
+        Ok(pg)
+    }
+
+    fn port(&self) -> String {
+        std::fs::read_to_string(self.dir.join("port")).unwrap_or_default()
+    }
+
+    /// Starts the server (again) and waits until it accepts connections.
+    pub fn resume(&self) -> Result<()> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port(),
+            self.dir.display()
+        );
+        as_postgres(&[
+            &pg_bin("pg_ctl")?.to_string_lossy(),
+            "-D",
+            &self.dir.join("data").to_string_lossy(),
+            "-o",
+            &options,
+            "-l",
+            &self.dir.join("log").to_string_lossy(),
+            "-w",
+            "start",
+        ])
+    }
+
+    /// Stops the server at once, as an outage would.
+    pub fn stop(&self) -> Result<()> {
+        as_postgres(&[
+            &pg_bin("pg_ctl")?.to_string_lossy(),
+            "-D",
+            &self.dir.join("data").to_string_lossy(),
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ])
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -105,9 +211,9 @@ fn bin(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn psql(sql: &str) -> Result<()> {
+fn psql(server: &str, sql: &str) -> Result<()> {
     let out = Command::new("psql")
-        .arg(format!("{}/postgres", pg_server()))
+        .arg(format!("{server}/postgres"))
         .args(["-v", "ON_ERROR_STOP=1", "-qc", sql])
         .output()
         .context("run psql (apt-get install postgresql-client)")?;
@@ -157,9 +263,9 @@ pub async fn wait_ready(url: &str, within: Duration) -> Result<()> {
 impl Stack {
     pub async fn start(opts: Options) -> Result<Stack> {
         std::fs::create_dir_all(opts.run_dir.join("nginx-tmp"))?;
-        psql(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", opts.database))?;
-        psql(&format!("CREATE DATABASE {}", opts.database))?;
-        let database_url = format!("{}/{}", pg_server(), opts.database);
+        psql(&opts.pg_server, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", opts.database))?;
+        psql(&opts.pg_server, &format!("CREATE DATABASE {}", opts.database))?;
+        let database_url = format!("{}/{}", opts.pg_server, opts.database);
         gatehousectl(&database_url, &["migrate"])?;
         let seed = gatehousectl(&database_url, &["demo", "seed"])?;
 

@@ -1184,3 +1184,50 @@ async fn the_mcp_inspector_lists_and_calls_tools_in_both_protocol_eras() {
         );
     }
 }
+
+#[tokio::test]
+async fn with_postgres_down_workers_answer_503_and_a_retry_after_recovery_executes_once() {
+    let pg = e2e::PrivatePostgres::start("outage").expect("a private Postgres");
+    let mut opts = Options::for_test("outage", 2);
+    opts.pg_server = pg.url.clone();
+    let stack = Stack::start(opts).await.expect("stack");
+    let token = stack.token(0, 0);
+    let booking = tool_call(&stack.lb_url, &token, "find_bookings", json!({"limit": 1})).await["structuredContent"]["bookings"][0]["booking"].clone();
+    let args = json!({"booking": booking, "text": "written across an outage"});
+    pg.stop().expect("stop postgres");
+    // A clear, retryable refusal on every worker; never a hang.
+    for w in &stack.worker_urls {
+        let started = std::time::Instant::now();
+        let (status, retry) = write_status(w, &token, "outage@example.net").await;
+        assert_eq!(status, 503, "{w}");
+        assert_eq!(retry.as_deref(), Some("30"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "answered promptly");
+    }
+    let ready = reqwest::get(format!("{}/readyz", stack.worker_urls[0])).await.expect("readyz");
+    assert_eq!(ready.status(), 503, "not ready while Postgres is down");
+    pg.resume().expect("start postgres");
+    // Workers recover by themselves; the client's retry executes once, a second retry replays.
+    let mut first = Value::Null;
+    for _ in 0..100 {
+        first = tool_call(&stack.lb_url, &token, "add_booking_note", args.clone()).await;
+        if first["isError"] == false {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(first["structuredContent"]["replayed"], false, "{first}");
+    let again = tool_call(&stack.lb_url, &token, "add_booking_note", args).await;
+    assert_eq!(again["structuredContent"]["replayed"], true);
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM booking_notes WHERE body = 'written across an outage'"
+        ),
+        1
+    );
+    assert_eq!(
+        psql_count(&stack, "SELECT count(*) FROM customers WHERE email = 'outage@example.net'"),
+        0,
+        "nothing half-applied"
+    );
+}

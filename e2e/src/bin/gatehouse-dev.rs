@@ -23,6 +23,7 @@ async fn main() -> anyhow::Result<()> {
         run_dir: run_dir.clone(),
         log_level: "info,sqlx=warn".into(),
         db_pool: 8,
+        pg_server: e2e::pg_server(),
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
