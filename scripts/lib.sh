@@ -72,12 +72,12 @@ ensure_nats() {
 
 ensure_venv() {
   local py="$REPO/.venv/bin/python"
-  if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys, yaml, jsonschema; sys.exit(m.version('mcp') != '$MCP_SDK_VERSION')" 2>/dev/null; then
+  if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys, yaml, jsonschema, aiosmtpd; sys.exit(m.version('mcp') != '$MCP_SDK_VERSION')" 2>/dev/null; then
     return
   fi
   say "creating .venv with the MCP Python SDK $MCP_SDK_VERSION"
   python3 -m venv "$REPO/.venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$REPO/.venv"; }
-  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP_SDK_VERSION" pyyaml jsonschema
+  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP_SDK_VERSION" pyyaml jsonschema aiosmtpd
 }
 
 ensure_all() {

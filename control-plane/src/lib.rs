@@ -5,6 +5,7 @@ pub mod api;
 pub mod console;
 pub mod html;
 pub mod oauth;
+pub mod smtp;
 
 use std::sync::Arc;
 

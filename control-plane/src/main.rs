@@ -24,14 +24,24 @@ struct Args {
     /// Development: fetch client ID metadata documents over http and from loopback/private addresses.
     #[arg(long)]
     dev_mode: bool,
+    /// Deliver emails through this SMTP relay (smtps://user:pass@host, smtp://host:port?tls=required);
+    /// without it, deliveries are only logged.
+    #[arg(long, env = "GATEHOUSE_SMTP_URL", hide_env_values = true)]
+    smtp_url: Option<String>,
+    /// The From address of emails.
+    #[arg(
+        long,
+        env = "GATEHOUSE_SMTP_FROM",
+        default_value = "Gatehouse <no-reply@gatehouse.invalid>"
+    )]
+    smtp_from: String,
     /// Do not deliver the outbox from this process (another one does).
     #[arg(long)]
     no_dispatcher: bool,
 }
 
-/// Delivers queued messages every half second through the log sink.
-async fn dispatcher(ds: Datastore) {
-    let sink = shared::services::outbox::LogSink;
+/// Delivers queued messages every half second through `sink`.
+async fn dispatcher<S: shared::services::outbox::Sink>(ds: Datastore, sink: S) {
     let mut last_prune = std::time::Instant::now() - std::time::Duration::from_secs(3600);
     loop {
         if last_prune.elapsed() > std::time::Duration::from_secs(300) {
@@ -70,7 +80,17 @@ async fn main() -> anyhow::Result<()> {
     });
     if !args.no_dispatcher {
         let ds = state.ds.clone();
-        tokio::spawn(async move { dispatcher(ds).await });
+        match &args.smtp_url {
+            Some(url) => {
+                let sink = control_plane::smtp::SmtpSink::new(url, &args.smtp_from)?;
+                tokio::spawn(async move { dispatcher(ds, sink).await });
+            }
+            None => {
+                tokio::spawn(
+                    async move { dispatcher(ds, shared::services::outbox::LogSink).await },
+                );
+            }
+        }
     }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, "control plane listening");

@@ -55,6 +55,8 @@ pub struct Options {
     pub db_pool: u32,
     /// The Postgres server (`postgres://user@host:port`); the machine's own by default.
     pub pg_server: String,
+    /// An SMTP relay for the outbox; deliveries are only logged without one.
+    pub smtp_url: Option<String>,
 }
 
 impl Options {
@@ -68,6 +70,7 @@ impl Options {
             log_level: "info,sqlx=warn".into(),
             db_pool: 8,
             pg_server: pg_server(),
+            smtp_url: None,
         }
     }
 }
@@ -299,6 +302,7 @@ impl Stack {
         let mut cp = Command::new(bin("control-plane")?);
         cp.args(["--listen", &format!("127.0.0.1:{control_port}"), "--public-url", &control_url])
             .args(["--mcp-resource", &format!("{lb_url}/mcp")])
+            .args(opts.smtp_url.iter().flat_map(|u| ["--smtp-url", u.as_str()]))
             .env("DATABASE_URL", &database_url)
             .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)

@@ -1231,3 +1231,66 @@ async fn with_postgres_down_workers_answer_503_and_a_retry_after_recovery_execut
         "nothing half-applied"
     );
 }
+
+#[tokio::test]
+async fn confirmed_emails_leave_through_an_smtp_relay_with_their_idempotency_key() {
+    let port = e2e::free_port().expect("port");
+    let mut relay = tokio::process::Command::new(e2e::python())
+        .args([
+            "-u",
+            "-m",
+            "aiosmtpd",
+            "-n",
+            "-l",
+            &format!("127.0.0.1:{port}"),
+            "-c",
+            "aiosmtpd.handlers.Debugging",
+            "stdout",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("aiosmtpd (scripts/test installs it)");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut opts = Options::for_test("smtp", 1);
+    opts.smtp_url = Some(format!("smtp://127.0.0.1:{port}"));
+    let stack = Stack::start(opts).await.expect("stack");
+    let token = stack.token(0, 0);
+    let customer = tool_call(&stack.lb_url, &token, "find_customers", json!({"query": "Fischer"}))
+        .await["structuredContent"]["customers"][0]["customer"]
+        .clone();
+    let preview = tool_call(&stack.lb_url, &token, "send_customer_message", json!({"customer": customer, "subject": "Your boiler service", "body": "We come on Monday at 9."})).await;
+    let p = &preview["structuredContent"];
+    let done = tool_call(
+        &stack.lb_url,
+        &token,
+        "confirm_action",
+        json!({"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}),
+    )
+    .await;
+    assert_eq!(done["structuredContent"]["status"], "EXECUTED");
+    let mut sent = 0;
+    for _ in 0..100 {
+        sent = psql_count(&stack, "SELECT count(*) FROM outbox WHERE status = 'sent'");
+        if sent == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(sent, 1, "delivered and marked sent");
+    relay.start_kill().expect("stop relay");
+    let out = relay.wait_with_output().await.expect("relay output");
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(seen.contains("Subject: Your boiler service"), "{seen}");
+    assert!(seen.contains("anna.fischer@example.net"), "{seen}");
+    let action = p["action"].as_str().expect("action");
+    assert!(
+        seen.contains(&format!("Message-ID: <{action}.0@gatehouse>")),
+        "the idempotency key travels as Message-ID: {seen}"
+    );
+}

@@ -24,6 +24,7 @@ async fn main() -> anyhow::Result<()> {
         log_level: "info,sqlx=warn".into(),
         db_pool: 8,
         pg_server: e2e::pg_server(),
+        smtp_url: std::env::var("GATEHOUSE_SMTP_URL").ok(),
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
