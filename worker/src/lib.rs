@@ -68,15 +68,25 @@ impl AppState {
     }
 }
 
-pub fn app(state: Arc<AppState>) -> Router {
-    let handler_state = state.clone();
-    let config = StreamableHttpServerConfig::default()
+/// The Streamable HTTP protocol layer every worker serves: stateless for every protocol era,
+/// JSON unless a notification must stream, `Host` and `Origin` allow-lists. The conformance
+/// fixture (`e2e`) is served with the same configuration.
+pub fn protocol_config(
+    allowed_hosts: &[String],
+    allowed_origins: &[String],
+) -> StreamableHttpServerConfig {
+    StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_sse_keep_alive(None)
-        .with_allowed_hosts(state.settings.allowed_hosts.clone())
-        .with_allowed_origins(state.settings.allowed_origins.clone())
-        .enforce_origin_validation();
+        .with_allowed_hosts(allowed_hosts.to_vec())
+        .with_allowed_origins(allowed_origins.to_vec())
+        .enforce_origin_validation()
+}
+
+pub fn app(state: Arc<AppState>) -> Router {
+    let handler_state = state.clone();
+    let config = protocol_config(&state.settings.allowed_hosts, &state.settings.allowed_origins);
     let mcp = StreamableHttpService::new(
         move || Ok(mcp::Server::new(handler_state.clone())),
         Arc::new(NeverSessionManager::default()),
