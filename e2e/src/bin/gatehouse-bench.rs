@@ -638,7 +638,8 @@ async fn main() -> Result<()> {
          calls/s for both), and its presenter renders every time with weekday, zone, UTC and distance, money three \
          ways, untrusted text and a content-hash version. A silent write costs about eight round trips in one \
          transaction (context, advisory lock, replay lookup, row lock, insert, replay record, audit, commit) and waits \
-         for the commit to reach disk; that, not the worker, bounds its rate. \Worker memory stays in the tens of MiB.\n\n\
+         for the commit to reach disk; that, not the worker, bounds its rate. \
+         Worker memory stays in the tens of MiB.\n\n\
          Reproduce: `scripts/bench` (options: `--concurrency 16 --seconds 8`).\n",
         c = args.concurrency,
         s = args.seconds,
