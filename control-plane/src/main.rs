@@ -94,22 +94,6 @@ async fn main() -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, "control plane listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;
+    axum::serve(listener, app(state)).with_graceful_shutdown(config::shutdown_signal()).await?;
     Ok(())
-}
-
-/// Stops accepting on SIGTERM (Kubernetes) or Ctrl-C; in-flight requests are drained.
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
 }

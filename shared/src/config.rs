@@ -54,3 +54,21 @@ pub fn init_tracing() {
         builder.init();
     }
 }
+
+/// Resolves on SIGTERM (Kubernetes stopping a pod) or Ctrl-C; servers then stop accepting and
+/// drain in-flight requests.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+}

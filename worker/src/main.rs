@@ -62,23 +62,6 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown()).await?;
+    axum::serve(listener, app(state)).with_graceful_shutdown(config::shutdown_signal()).await?;
     Ok(())
-}
-
-/// Stops accepting on SIGTERM (Kubernetes) or Ctrl-C; in-flight requests are drained.
-async fn shutdown() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
-    tracing::info!("shutting down: draining in-flight requests");
 }

@@ -75,20 +75,26 @@ const FROM: &str = "
     JOIN services s ON s.id = b.service_id AND s.tenant_id = b.tenant_id
     LEFT JOIN technicians t ON t.id = b.technician_id AND t.tenant_id = b.tenant_id";
 
+/// The filter of a booking search ($1 tenant, $2–$3 range, $4 status, $5 technician, $6 customer).
+const FILTER: &str = "
+    WHERE b.tenant_id = $1
+      AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
+      AND ($3::timestamptz IS NULL OR b.starts_at < $3)
+      AND ($4::text IS NULL OR b.status = $4)
+      AND ($5::text IS NULL OR t.handle = $5)
+      AND ($6::text IS NULL OR c.handle = $6)";
+
 static BOOKING_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{SELECT}, '[]'::json AS notes {FROM}
-             WHERE b.tenant_id = $1
-               AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
-               AND ($3::timestamptz IS NULL OR b.starts_at < $3)
-               AND ($4::text IS NULL OR b.status = $4)
-               AND ($5::text IS NULL OR t.handle = $5)
-               AND ($6::text IS NULL OR c.handle = $6)
+        "{SELECT}, '[]'::json AS notes {FROM} {FILTER}
                AND ($7::timestamptz IS NULL OR (b.starts_at, b.handle) > ($7, $8))
              ORDER BY b.starts_at, b.handle
              LIMIT $9"
     )
 });
+
+static BOOKING_COUNT_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT count(*) {FROM} {FILTER}"));
 
 static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -191,24 +197,14 @@ impl Datastore {
 impl Datastore {
     /// How many bookings a filter matches (its keyset and limit ignored).
     pub async fn booking_count(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM bookings b
-             JOIN customers c ON c.id = b.customer_id
-             LEFT JOIN technicians t ON t.id = b.technician_id
-             WHERE b.tenant_id = $1
-               AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
-               AND ($3::timestamptz IS NULL OR b.starts_at < $3)
-               AND ($4::text IS NULL OR b.status = $4)
-               AND ($5::text IS NULL OR t.handle = $5)
-               AND ($6::text IS NULL OR c.handle = $6)",
-        )
-        .bind(ctx.tenant_id())
-        .bind(filter.from.map(from_ts))
-        .bind(filter.to.map(from_ts))
-        .bind(filter.status.as_deref())
-        .bind(filter.technician.as_deref())
-        .bind(filter.customer.as_deref())
-        .fetch_one(self.pool())
-        .await?)
+        Ok(sqlx::query_scalar(BOOKING_COUNT_SQL.as_str())
+            .bind(ctx.tenant_id())
+            .bind(filter.from.map(from_ts))
+            .bind(filter.to.map(from_ts))
+            .bind(filter.status.as_deref())
+            .bind(filter.technician.as_deref())
+            .bind(filter.customer.as_deref())
+            .fetch_one(self.pool())
+            .await?)
     }
 }

@@ -818,32 +818,55 @@ pub async fn prepare<T: Serialize>(
 }
 
 /// Refuses a token: audited (linked to its action) and committed, then the error.
-async fn refuse(
-    mut tx: Tx<'static>,
-    ctx: &OpCtx,
-    tool: &str,
-    pending: i64,
-    error: Error,
-) -> Result<Value> {
+async fn refuse(mut tx: Tx<'static>, ctx: &OpCtx, tool: &str, pending: i64, error: Error) -> Error {
     let action = format!("{tool}.confirm");
-    db::audit_insert(
-        &mut tx,
-        ctx,
-        AuditEntry {
-            action: &action,
-            outcome: "refused",
-            targets: Vec::new(),
-            pending_action: Some(pending),
-            reason: None,
-        },
-    )
-    .await?;
-    tx.commit().await?;
-    Err(error)
+    let entry = AuditEntry {
+        action: &action,
+        outcome: "refused",
+        targets: Vec::new(),
+        pending_action: Some(pending),
+        reason: None,
+    };
+    if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
+        return e;
+    }
+    match tx.commit().await {
+        Ok(()) => error,
+        Err(e) => e.into(),
+    }
 }
 
 fn refused(reason: ActionRefusal, message: impl Into<String>) -> Error {
     Error::ActionRefused { reason, message: message.into() }
+}
+
+enum Opened {
+    /// This connection's pending action, locked for the rest of the transaction.
+    Mine(Tx<'static>, db::PendingRow),
+    /// Unknown, or another connection's (refusal audited).
+    Refused(Error),
+}
+
+/// Finds the pending action of a token under its advisory lock and checks that it belongs to
+/// this connection; both steps start here.
+async fn open_pending(ds: &Datastore, ctx: &OpCtx, token: &str) -> Result<Opened> {
+    let mut tx = ds.begin().await?;
+    let Some(p) =
+        db::pending_lock_by_token(&mut tx, ctx, &secret::hash_token(token.trim())).await?
+    else {
+        return Ok(Opened::Refused(refused(
+            ActionRefusal::Unknown,
+            "this confirm_token is not known; prepare the action again",
+        )));
+    };
+    if Some(p.connection_id) != ctx.connection.as_ref().map(|c| c.id) {
+        let error = refused(
+            ActionRefusal::OtherConnection,
+            "this confirm_token belongs to another connection; prepare the action on this one",
+        );
+        return Ok(Opened::Refused(refuse(tx, ctx, &p.tool, p.id, error).await));
+    }
+    Ok(Opened::Mine(tx, p))
 }
 
 /// Step two: execute a previewed action after every check.
@@ -853,32 +876,13 @@ pub async fn confirm(
     input: &ConfirmActionInput,
     now: Timestamp,
 ) -> Result<Value> {
-    let mut tx = ds.begin().await?;
-    let Some(p) =
-        db::pending_lock_by_token(&mut tx, ctx, &secret::hash_token(input.confirm_token.trim()))
-            .await?
-    else {
-        return Err(Error::ActionRefused {
-            reason: ActionRefusal::Unknown,
-            message: "this confirm_token is not known; prepare the action again".into(),
-        });
+    let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
+        Opened::Mine(tx, p) => (tx, p),
+        Opened::Refused(error) => return Err(error),
     };
-    if Some(p.connection_id) != ctx.connection.as_ref().map(|c| c.id) {
-        return refuse(
-            tx,
-            ctx,
-            &p.tool,
-            p.id,
-            refused(
-                ActionRefusal::OtherConnection,
-                "this confirm_token belongs to another connection; prepare the action on this one",
-            ),
-        )
-        .await;
-    }
     match p.status.as_str() {
         "executed" => {
-            return refuse(
+            return Err(refuse(
                 tx,
                 ctx,
                 &p.tool,
@@ -888,20 +892,20 @@ pub async fn confirm(
                     format!("action {} was executed already; a token works once", p.handle),
                 ),
             )
-            .await;
+            .await);
         }
         "rejected" => {
-            return refuse(
+            return Err(refuse(
                 tx,
                 ctx,
                 &p.tool,
                 p.id,
                 refused(ActionRefusal::Rejected, format!("action {} was rejected", p.handle)),
             )
-            .await;
+            .await);
         }
         "superseded" => {
-            return refuse(
+            return Err(refuse(
                 tx,
                 ctx,
                 &p.tool,
@@ -911,12 +915,12 @@ pub async fn confirm(
                     format!("action {} was replaced by a newer preview; use its token", p.handle),
                 ),
             )
-            .await;
+            .await);
         }
         _ => {}
     }
     if p.expired {
-        return refuse(
+        return Err(refuse(
             tx,
             ctx,
             &p.tool,
@@ -926,15 +930,15 @@ pub async fn confirm(
                 format!("action {} expired; prepare it again", p.handle),
             ),
         )
-        .await;
+        .await);
     }
     if input.confirm_summary != p.summary {
-        return refuse(tx, ctx, &p.tool, p.id, refused(ActionRefusal::SummaryMismatch, "confirm_summary differs from the one issued; pass it exactly as the preview gave it")).await;
+        return Err(refuse(tx, ctx, &p.tool, p.id, refused(ActionRefusal::SummaryMismatch, "confirm_summary differs from the one issued; pass it exactly as the preview gave it")).await);
     }
     let op = Op::by_name(&p.tool)
         .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
     if let Err(e) = ctx.require(op.right()) {
-        return refuse(tx, ctx, &p.tool, p.id, e).await;
+        return Err(refuse(tx, ctx, &p.tool, p.id, e).await);
     }
     let plan = match plan(&mut tx, ctx, op, &p.args, now).await {
         Ok(plan) => plan,
@@ -985,38 +989,19 @@ pub async fn confirm(
 }
 
 pub async fn reject(ds: &Datastore, ctx: &OpCtx, input: &RejectActionInput) -> Result<Value> {
-    let mut tx = ds.begin().await?;
-    let Some(p) =
-        db::pending_lock_by_token(&mut tx, ctx, &secret::hash_token(input.confirm_token.trim()))
-            .await?
-    else {
-        return Err(Error::ActionRefused {
-            reason: ActionRefusal::Unknown,
-            message: "this confirm_token is not known".into(),
-        });
+    let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
+        Opened::Mine(tx, p) => (tx, p),
+        Opened::Refused(error) => return Err(error),
     };
-    if Some(p.connection_id) != ctx.connection.as_ref().map(|c| c.id) {
-        return refuse(
-            tx,
-            ctx,
-            &p.tool,
-            p.id,
-            refused(
-                ActionRefusal::OtherConnection,
-                "this confirm_token belongs to another connection",
-            ),
-        )
-        .await;
-    }
     if p.status != "pending" {
-        return refuse(
+        return Err(refuse(
             tx,
             ctx,
             &p.tool,
             p.id,
             refused(ActionRefusal::Used, format!("action {} is {} already", p.handle, p.status)),
         )
-        .await;
+        .await);
     }
     db::pending_decide(&mut tx, p.id, "rejected", None).await?;
     let action = format!("{}.reject", p.tool);
