@@ -225,6 +225,25 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     let audited = db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'cli'").await;
     assert!(audited >= 4, "every CLI write is audited ({audited})");
+    let (ok, op) = ctl(&db, &["operator", "--email", "lee@acme.example"]);
+    assert!(ok, "{op}");
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM people WHERE email = 'lee@acme.example' AND is_operator"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        db.scalar_i64(
+            "SELECT count(*) FROM audit_log WHERE action = 'operator.grant' AND tenant_id IS NULL"
+        )
+        .await,
+        1
+    );
+    let (ok, _) = ctl(&db, &["operator", "--email", "lee@acme.example", "--revoke"]);
+    assert!(ok);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM people WHERE is_operator").await, 0);
 }
 
 #[tokio::test]

@@ -56,6 +56,14 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Make a person a platform operator (the console's global kill switch), or withdraw it.
+    Operator {
+        #[arg(long)]
+        email: String,
+        /// Withdraw the operator role instead of granting it.
+        #[arg(long)]
+        revoke: bool,
+    },
     /// Read the audit log of a tenant: tool, outcome, public ids, channel, connection, client.
     Audit {
         #[command(flatten)]
@@ -250,6 +258,12 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 json!({"tenant": t.handle, "slug": t.slug, "zone": t.zone, "currency": t.currency}),
                 format!("created tenant {} ({})", t.slug, t.handle),
             ))
+        }
+        Command::Operator { email, revoke } => {
+            let p = admin::person_set_operator(&ds, Channel::Cli, &email, !revoke).await?;
+            let text =
+                format!("{} is {}an operator", p.email, if revoke { "no longer " } else { "" });
+            Ok((json!({"person": p.handle, "email": p.email, "operator": !revoke}), text))
         }
         Command::Person(cmd) => {
             let slug = match &cmd {

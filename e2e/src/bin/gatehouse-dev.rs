@@ -29,6 +29,8 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
     let tenant = stack.tenant(0);
+    // The demo admin also operates the platform, so the console shows the global kill switch.
+    stack.ctl(&["operator", "--email", tenant["admin"]["email"].as_str().unwrap_or_default()])?;
     let token = stack.token(0, 0);
     let mcp_url = format!("{}/mcp", stack.lb_url);
     println!();

@@ -527,3 +527,29 @@ pub async fn tenant_agent_access_set(tx: &mut Tx<'_>, ctx: &OpCtx, on: bool) -> 
 pub async fn platform_kill_get(ds: &Datastore) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT global_kill FROM platform_state").fetch_one(ds.pool()).await?)
 }
+
+/// Makes a person an operator of the platform (or not): operators get the global kill switch.
+pub async fn person_set_operator(tx: &mut Tx<'_>, person_id: i64, operator: bool) -> Result<()> {
+    sqlx::query("UPDATE people SET is_operator = $2 WHERE id = $1")
+        .bind(person_id)
+        .bind(operator)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// An audit row of the platform (no tenant): operator grants and the like.
+pub async fn platform_audit_insert(
+    tx: &mut Tx<'_>,
+    channel: &str,
+    action: &str,
+    target: &str,
+) -> Result<()> {
+    sqlx::query("INSERT INTO audit_log (tenant_id, channel, action, outcome, targets) VALUES (NULL, $1, $2, 'ok', ARRAY[$3])")
+        .bind(channel)
+        .bind(action)
+        .bind(target)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

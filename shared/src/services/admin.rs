@@ -565,3 +565,31 @@ pub async fn audit_list(
         })
         .collect())
 }
+
+/// Grants or withdraws the platform operator role (the console's global kill switch). Operators
+/// act for the platform, so only an operator command (`gatehousectl`) may call this.
+pub async fn person_set_operator(
+    ds: &Datastore,
+    channel: Channel,
+    email: &str,
+    operator: bool,
+) -> Result<crate::datastore::PersonRow> {
+    if channel != Channel::Cli {
+        return Err(Error::Forbidden { right: Right::PeopleManage });
+    }
+    let person = ds
+        .person_by_email(email)
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Person, email))?;
+    let mut tx = ds.begin().await?;
+    ds_fns::person_set_operator(&mut tx, person.id, operator).await?;
+    ds_fns::platform_audit_insert(
+        &mut tx,
+        channel.as_str(),
+        if operator { "operator.grant" } else { "operator.revoke" },
+        &person.handle,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(person)
+}
