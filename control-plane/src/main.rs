@@ -46,8 +46,9 @@ async fn dispatcher<S: shared::services::outbox::Sink>(ds: Datastore, sink: S) {
     loop {
         if last_prune.elapsed() > std::time::Duration::from_secs(300) {
             last_prune = std::time::Instant::now();
-            if let Err(e) = ds.rate_windows_prune().await {
-                tracing::warn!(error = %e, "pruning rate windows failed");
+            match ds.housekeeping().await {
+                Ok(removed) => tracing::debug!(rows = removed, "housekeeping done"),
+                Err(e) => tracing::warn!(error = %e, "housekeeping failed; retrying later"),
             }
         }
         match shared::services::outbox::dispatch_once(&ds, &sink, 50).await {

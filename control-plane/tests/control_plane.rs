@@ -318,3 +318,24 @@ async fn a_stale_version_through_the_api_conflicts() {
     let audited = api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'api' AND action = 'update_customer' AND connection_id IS NULL").await;
     assert_eq!(audited, 1);
 }
+
+#[tokio::test]
+async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
+    let db = TestDb::new().await;
+    demo::seed(&db.ds, "").await.expect("seed");
+    db.exec(
+        "INSERT INTO login_failures (email, at) VALUES ('old@example.net', now() - interval '2 days'), ('new@example.net', now());
+         INSERT INTO replay_entries (connection_id, tool, args_digest, result, created_at)
+         SELECT id, 'add_booking_note', 'old', '{}', now() - interval '2 days' FROM connections LIMIT 1;
+         INSERT INTO replay_entries (connection_id, tool, args_digest, result)
+         SELECT id, 'add_booking_note', 'new', '{}' FROM connections LIMIT 1;",
+    )
+    .await;
+    let removed = db.ds.housekeeping().await.expect("housekeeping");
+    assert_eq!(removed, 2);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM login_failures").await, 1);
+    assert_eq!(
+        db.scalar_string("SELECT string_agg(args_digest, ',') FROM replay_entries").await,
+        "new"
+    );
+}

@@ -681,11 +681,20 @@ impl Datastore {
         .await?)
     }
 
-    /// Drops rate windows older than an hour.
-    pub async fn rate_windows_prune(&self) -> Result<u64> {
-        Ok(sqlx::query("DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'")
-            .execute(self.pool())
-            .await?
-            .rows_affected())
+    /// Drops what has outlived its use: rate windows older than an hour, replay entries older
+    /// than a day (the replay window is minutes), expired console sessions, sign-in failures
+    /// older than a day, and expired authorization codes. Returns the rows removed.
+    pub async fn housekeeping(&self) -> Result<u64> {
+        let mut removed = 0;
+        for sql in [
+            "DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'",
+            "DELETE FROM replay_entries WHERE created_at < now() - interval '1 day'",
+            "DELETE FROM console_sessions WHERE expires_at < now()",
+            "DELETE FROM login_failures WHERE at < now() - interval '1 day'",
+            "DELETE FROM oauth_codes WHERE expires_at < now() - interval '1 hour'",
+        ] {
+            removed += sqlx::query(sql).execute(self.pool()).await?.rows_affected();
+        }
+        Ok(removed)
     }
 }
