@@ -179,6 +179,16 @@ fn tenant_ctx(s: &Session) -> Result<OpCtx, Response> {
     s.ctx().ok_or_else(|| Redirect::to("/tenants").into_response())
 }
 
+/// A stored UTC time (ISO 8601) as people in the tenant read it: weekday, local time, zone.
+fn local(ctx: &OpCtx, iso: &str) -> String {
+    iso.parse::<jiff::Timestamp>()
+        .map(|t| {
+            time::present(t, &ctx.tenant.zone, &ctx.tenant.zone_name, jiff::Timestamp::now())
+                .display
+        })
+        .unwrap_or_else(|_| iso.to_owned())
+}
+
 fn safe_next(next: Option<&String>) -> String {
     next.filter(|n| n.starts_with('/') && !n.starts_with("//"))
         .cloned()
@@ -345,8 +355,8 @@ async fn connections(State(state): State<Arc<AppState>>, s: Session) -> Response
                 esc(&c.client_name),
                 esc(&c.creator),
                 esc(&c.rights.join(", ")),
-                esc(&c.created_at),
-                esc(c.last_used_at.as_deref().unwrap_or("never")),
+                esc(&local(&ctx, &c.created_at)),
+                esc(&c.last_used_at.as_deref().map(|t| local(&ctx, t)).unwrap_or_else(|| "never".into())),
                 esc(&c.status),
                 esc(&c.toolset)
             )
@@ -442,7 +452,7 @@ async fn connection_detail(
         .map(|a| {
             format!(
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&a.at),
+                esc(&local(&ctx, &a.at)),
                 esc(&a.action),
                 esc(&a.outcome),
                 esc(&a.targets.join(", "))
@@ -459,12 +469,16 @@ async fn connection_detail(
     };
     let body = format!(
         "<div class=\"card\"><p><code>{handle}</code> · client {client} · created by {creator} on {created} · last used {used} · <span class=\"status-{status}\">{status}</span></p><p>Rights: {rights}</p>{revoke}</div>\
-         <h2>Recent changes</h2><table><thead><tr><th>When (UTC)</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>",
+         <h2>Recent changes</h2><table><thead><tr><th>When</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>",
         handle = esc(&c.connection),
         client = esc(&c.client_name),
         creator = esc(&c.creator),
-        created = esc(&c.created_at),
-        used = esc(c.last_used_at.as_deref().unwrap_or("never")),
+        created = esc(&local(&ctx, &c.created_at)),
+        used = esc(&c
+            .last_used_at
+            .as_deref()
+            .map(|t| local(&ctx, t))
+            .unwrap_or_else(|| "never".into())),
         status = esc(&c.status),
         rights = esc(&c.rights.join(", ")),
     );
