@@ -328,11 +328,20 @@ async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
          INSERT INTO replay_entries (connection_id, tool, args_digest, result, created_at)
          SELECT id, 'add_booking_note', 'old', '{}', now() - interval '2 days' FROM connections LIMIT 1;
          INSERT INTO replay_entries (connection_id, tool, args_digest, result)
-         SELECT id, 'add_booking_note', 'new', '{}' FROM connections LIMIT 1;",
+         SELECT id, 'add_booking_note', 'new', '{}' FROM connections LIMIT 1;
+         INSERT INTO connection_tokens (connection_id, kind, token_hash, expires_at, used_at)
+         SELECT id, 'refresh', sha256('expired-refresh'::bytea), now() - interval '2 days', now() - interval '3 days' FROM connections LIMIT 1;",
     )
     .await;
+    let static_tokens =
+        db.scalar_i64("SELECT count(*) FROM connection_tokens WHERE kind = 'static'").await;
     let removed = db.ds.housekeeping().await.expect("housekeeping");
-    assert_eq!(removed, 2);
+    assert_eq!(removed, 3);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM connection_tokens").await,
+        static_tokens,
+        "static tokens never expire"
+    );
     assert_eq!(db.scalar_i64("SELECT count(*) FROM login_failures").await, 1);
     assert_eq!(
         db.scalar_string("SELECT string_agg(args_digest, ',') FROM replay_entries").await,
