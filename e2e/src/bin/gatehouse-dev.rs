@@ -38,7 +38,7 @@ async fn main() -> anyhow::Result<()> {
     println!();
     println!("  Console:   {}/", stack.control_url);
     println!(
-        "  Login:     {} / {}",
+        "  Login:     {} / {}   (tenant admin and platform operator)",
         tenant["admin"]["email"].as_str().unwrap_or_default(),
         tenant["admin"]["password"].as_str().unwrap_or_default()
     );
