@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use e2e::{Options, Stack, sdk_check};
+use e2e::{Options, Stack, sdk_check, tool_call, tool_names};
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -55,35 +55,21 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
     assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox"), 2);
 }
 
-/// Raw tools/list through one worker.
-async fn list_status(http: &reqwest::Client, base: &str, token: &str) -> u16 {
-    http.post(format!("{base}/mcp"))
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/list")
-        .bearer_auth(token)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {}}}}))
-        .send()
-        .await
-        .expect("request")
-        .status()
-        .as_u16()
+/// The status of a raw tools/list through one worker.
+async fn list_status(base: &str, token: &str) -> u16 {
+    e2e::tool_names(base, token).await.0
 }
 
 #[tokio::test]
 async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
     let stack = Stack::start(Options::for_test("revoke", 2)).await.expect("stack");
-    let http = reqwest::Client::new();
     let tenant = stack.tenant(0).clone();
     let slug = tenant["slug"].as_str().expect("slug");
     let read_only = stack.token(0, 1);
     let full = stack.token(0, 0);
     for w in &stack.worker_urls {
-        assert_eq!(list_status(&http, w, &read_only).await, 200);
-        assert_eq!(list_status(&http, w, &full).await, 200);
+        assert_eq!(list_status(w, &read_only).await, 200);
+        assert_eq!(list_status(w, &full).await, 200);
     }
     let connection = tenant["connections"][1]["connection"].as_str().expect("handle");
     let revoked: Value = stack
@@ -93,33 +79,11 @@ async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
     let admin = tenant["admin"]["email"].as_str().expect("email");
     stack.ctl(&["person", "deactivate", "--tenant", slug, "--email", admin]).expect("deactivate");
     for w in &stack.worker_urls {
-        assert_eq!(list_status(&http, w, &read_only).await, 401, "revoked on {w}");
-        assert_eq!(list_status(&http, w, &full).await, 401, "creator gone on {w}");
+        assert_eq!(list_status(w, &read_only).await, 401, "revoked on {w}");
+        assert_eq!(list_status(w, &full).await, 401, "creator gone on {w}");
     }
     // The other tenant is untouched.
-    assert_eq!(list_status(&http, &stack.lb_url, &stack.token(1, 0)).await, 200);
-}
-
-/// One tools/call through a given base URL, with its own HTTP client (its own connection).
-async fn tool_call(base: &str, token: &str, tool: &str, args: Value) -> Value {
-    let body: Value = reqwest::Client::new()
-        .post(format!("{base}/mcp"))
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", tool)
-        .bearer_auth(token)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": args,
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                      "io.modelcontextprotocol/clientCapabilities": {}}}}))
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("json");
-    body["result"].clone()
+    assert_eq!(list_status(&stack.lb_url, &stack.token(1, 0)).await, 200);
 }
 
 fn psql_count(stack: &Stack, sql: &str) -> i64 {
@@ -270,20 +234,9 @@ async fn inputs_the_api_rejects_are_rejected_by_the_tools_too() {
 
 /// Status of a raw create_customer call through one base URL, and its Retry-After.
 async fn write_status(base: &str, token: &str, email: &str) -> (u16, Option<String>) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/mcp"))
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", "create_customer")
-        .bearer_auth(token)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "create_customer",
-            "arguments": {"name": "Switch Test", "email": email},
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}))
-        .send()
-        .await
-        .expect("request");
+    let args =
+        json!({"name": "create_customer", "arguments": {"name": "Switch Test", "email": email}});
+    let response = e2e::mcp_request(base, token, "tools/call", Some("create_customer"), args).await;
     let retry =
         response.headers().get("retry-after").map(|v| v.to_str().unwrap_or_default().to_owned());
     (response.status().as_u16(), retry)
@@ -639,28 +592,6 @@ mod oauth_flow {
 }
 
 use std::collections::BTreeMap;
-
-async fn tool_names(base: &str, token: &str) -> (u16, Vec<String>) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/mcp"))
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/list")
-        .bearer_auth(token)
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}}))
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap_or(Value::Null);
-    let names = body["result"]["tools"]
-        .as_array()
-        .map(|t| t.iter().map(|t| t["name"].as_str().unwrap_or_default().to_owned()).collect())
-        .unwrap_or_default();
-    (status, names)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oauth_client_connects_with_nothing_but_the_mcp_url() {
