@@ -37,9 +37,19 @@ pub fn pg_server() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
-/// A free loopback port (bound, then released).
+/// A free loopback port (bound, then released), never one this process handed out before: the
+/// OS may return a just-released port again, and two servers of concurrent tests (or of one
+/// stack, like NATS and a worker) must not be given the same one.
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        if HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner()).insert(port) {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port found")
 }
 
 pub struct Options {
