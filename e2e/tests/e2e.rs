@@ -282,7 +282,7 @@ async fn kill_switches_reach_every_worker_and_hold_without_nats() {
     // The flip arrived over NATS on every worker, not only through Postgres.
     for w in &stack.worker_urls {
         let mut pushed = false;
-        for _ in 0..50 {
+        for _ in 0..250 {
             let metrics = reqwest::get(format!("{w}/metrics"))
                 .await
                 .expect("metrics")
