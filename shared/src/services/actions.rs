@@ -880,60 +880,31 @@ pub async fn confirm(
         Opened::Mine(tx, p) => (tx, p),
         Opened::Refused(error) => return Err(error),
     };
-    match p.status.as_str() {
-        "executed" => {
-            return Err(refuse(
-                tx,
-                ctx,
-                &p.tool,
-                p.id,
-                refused(
-                    ActionRefusal::Used,
-                    format!("action {} was executed already; a token works once", p.handle),
-                ),
-            )
-            .await);
-        }
+    // Every reason this token cannot execute, checked in order; each refusal is audited.
+    let refusal = match p.status.as_str() {
+        "executed" => Some(refused(
+            ActionRefusal::Used,
+            format!("action {} was executed already; a token works once", p.handle),
+        )),
         "rejected" => {
-            return Err(refuse(
-                tx,
-                ctx,
-                &p.tool,
-                p.id,
-                refused(ActionRefusal::Rejected, format!("action {} was rejected", p.handle)),
-            )
-            .await);
+            Some(refused(ActionRefusal::Rejected, format!("action {} was rejected", p.handle)))
         }
-        "superseded" => {
-            return Err(refuse(
-                tx,
-                ctx,
-                &p.tool,
-                p.id,
-                refused(
-                    ActionRefusal::Used,
-                    format!("action {} was replaced by a newer preview; use its token", p.handle),
-                ),
-            )
-            .await);
-        }
-        _ => {}
-    }
-    if p.expired {
-        return Err(refuse(
-            tx,
-            ctx,
-            &p.tool,
-            p.id,
-            refused(
-                ActionRefusal::Expired,
-                format!("action {} expired; prepare it again", p.handle),
-            ),
-        )
-        .await);
-    }
-    if input.confirm_summary != p.summary {
-        return Err(refuse(tx, ctx, &p.tool, p.id, refused(ActionRefusal::SummaryMismatch, "confirm_summary differs from the one issued; pass it exactly as the preview gave it")).await);
+        "superseded" => Some(refused(
+            ActionRefusal::Used,
+            format!("action {} was replaced by a newer preview; use its token", p.handle),
+        )),
+        _ if p.expired => Some(refused(
+            ActionRefusal::Expired,
+            format!("action {} expired; prepare it again", p.handle),
+        )),
+        _ if input.confirm_summary != p.summary => Some(refused(
+            ActionRefusal::SummaryMismatch,
+            "confirm_summary differs from the one issued; pass it exactly as the preview gave it",
+        )),
+        _ => None,
+    };
+    if let Some(error) = refusal {
+        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
     }
     let op = Op::by_name(&p.tool)
         .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
