@@ -403,7 +403,7 @@ async fn create_connection(
         rights,
         toolset,
     };
-    match admin::connection_create_in(&state.ds, &ctx, new).await {
+    match admin::connection_create(&state.ds, &ctx, new).await {
         Ok(c) => {
             let mcp = state.mcp_resources.first().cloned().unwrap_or_default();
             let claude = format!(

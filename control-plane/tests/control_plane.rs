@@ -198,10 +198,61 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     assert_eq!(stored, 1, "only the hash is stored");
     let plain = db.scalar_i64(&format!("SELECT count(*) FROM connection_tokens WHERE encode(token_hash, 'escape') LIKE '%{token}%'")).await;
     assert_eq!(plain, 0);
+    // The toolset asked for is the toolset the connection gets, and an unknown one is refused.
+    let (ok, small) = ctl(
+        &db,
+        &[
+            "connection",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--creator",
+            "lee@acme.example",
+            "--name",
+            "small bot",
+            "--rights",
+            "bookings:read",
+            "--toolset",
+            "small",
+        ],
+    );
+    assert!(ok, "{small}");
+    let toolset = db
+        .scalar_string(&format!(
+            "SELECT toolset FROM connections WHERE handle = '{}'",
+            small["connection"].as_str().expect("handle")
+        ))
+        .await;
+    assert_eq!(toolset, "small");
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "connection",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--creator",
+            "lee@acme.example",
+            "--name",
+            "odd bot",
+            "--rights",
+            "bookings:read",
+            "--toolset",
+            "huge",
+        ],
+    );
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
     let (ok, d) =
         ctl(&db, &["person", "deactivate", "--tenant", "acme-air", "--email", "lee@acme.example"]);
     assert!(ok);
-    assert_eq!(d["revoked_connections"], json!([c["connection"]]));
+    let mut revoked: Vec<String> =
+        serde_json::from_value(d["revoked_connections"].clone()).expect("list");
+    revoked.sort();
+    let mut created: Vec<String> =
+        serde_json::from_value(json!([c["connection"], small["connection"]])).expect("list");
+    created.sort();
+    assert_eq!(revoked, created, "deactivating a person ends every connection they created");
     let (ok, list) = ctl(&db, &["connection", "list", "--tenant", "acme-air"]);
     assert!(ok);
     assert_eq!(list["connections"][0]["status"], "revoked");

@@ -80,7 +80,13 @@ pub enum Error {
 
     /// A batch filter matched another number of objects than the caller expected (R11).
     #[error("the filter matches {} bookings, not {expected}", matches.len())]
-    CountMismatch { expected: usize, matches: Vec<String> },
+    CountMismatch {
+        expected: usize,
+        /// How many records the filter really matches.
+        count: usize,
+        /// Their handles, the first [`MAX_LISTED_MATCHES`] of them.
+        matches: Vec<String>,
+    },
 
     /// A two-step action cannot proceed with this token (R7).
     #[error("{message}")]
@@ -112,6 +118,9 @@ pub enum Error {
     #[error("internal error")]
     Internal(String),
 }
+
+/// How many matches a count mismatch lists at most; the count itself is always exact (R11).
+pub const MAX_LISTED_MATCHES: usize = 100;
 
 impl Error {
     pub fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Self {

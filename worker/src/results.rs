@@ -47,6 +47,9 @@ pub struct ErrorBody {
     /// What a batch filter matched when the count differed (R11).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matches: Option<Vec<String>>,
+    /// With `count_mismatch`: how many records the filter really matches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
     /// A fresh preview when the action changed since the last one (R7).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preview: Option<Value>,
@@ -97,6 +100,7 @@ impl ErrorBody {
             current_version: None,
             current: None,
             matches: None,
+            count: None,
             preview: None,
             class: None,
             limit: None,
@@ -210,19 +214,22 @@ impl ErrorBody {
                 body.next_tool = Some(update.to_owned());
                 body
             }
-            Error::CountMismatch { expected, matches } => {
+            Error::CountMismatch { expected, count, matches } => {
+                let listed = if matches.len() < *count {
+                    format!(" The first {} are listed.", matches.len())
+                } else {
+                    String::new()
+                };
                 let mut body = ErrorBody::new(
                     error.code(),
                     format!(
-                        "The filter matches {} booking(s), not the expected {expected}. Nothing was changed.",
-                        matches.len()
+                        "The filter matches {count} booking(s), not the expected {expected}. Nothing was changed.{listed}"
                     ),
                     format!(
-                        "Check the matches listed here. If all {} should be cancelled, call {tool} again with expected_count: {}; otherwise narrow the filter or pass booking handles.",
-                        matches.len(),
-                        matches.len()
+                        "Check the matches listed here. If all {count} should be cancelled, call {tool} again with expected_count: {count}; otherwise narrow the filter or pass booking handles."
                     ),
                 );
+                body.count = Some(*count);
                 body.matches = Some(matches.clone());
                 body.next_tool = Some(tool.to_owned());
                 body
@@ -360,6 +367,7 @@ pub fn error_schema() -> Value {
                     "current_version": {"type": "string"},
                     "current": {"type": "object"},
                     "matches": {"type": "array", "items": {"type": "string"}},
+                    "count": {"type": "integer", "minimum": 0},
                     "preview": {"type": "object"},
                     "class": {"type": "string"},
                     "limit": {"type": "integer"},

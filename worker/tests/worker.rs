@@ -169,6 +169,7 @@ impl Stack {
 fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, Value> {
     let structured = result["structuredContent"].clone();
     let text = result["content"][0]["text"].as_str().expect("a text block");
+    assert_times_are_full(tool, &structured, "");
     let validator = jsonschema::validator_for(schema).expect("outputSchema compiles");
     let problems: Vec<String> = validator.iter_errors(&structured).map(|e| e.to_string()).collect();
     assert!(
@@ -186,6 +187,58 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
         assert_eq!(parsed, structured, "{tool}: text equals structuredContent");
         Ok(structured)
     }
+}
+
+/// R17 for every result: a time is an object with weekday, local time, zone, display, UTC and
+/// distance from now; a bare time string anywhere else fails.
+fn assert_times_are_full(tool: &str, value: &Value, path: &str) {
+    const VIEW: [&str; 6] = ["weekday", "local", "zone", "display", "utc", "from_now"];
+    match value {
+        Value::Object(map) => {
+            if map.contains_key("utc") || map.contains_key("from_now") {
+                for key in VIEW {
+                    assert!(map.contains_key(key), "{tool}: time at {path} lacks `{key}`: {value}");
+                }
+                return;
+            }
+            for (k, v) in map {
+                // Options are values to send back as arguments, not times to show.
+                if path == ".error" && k == "options" {
+                    continue;
+                }
+                assert_times_are_full(tool, v, &format!("{path}.{k}"));
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                assert_times_are_full(tool, v, &format!("{path}[{i}]"));
+            }
+        }
+        Value::String(s) => {
+            assert!(
+                !looks_like_a_time(s),
+                "{tool}: bare time {s:?} at {path}; present it as a time view"
+            );
+        }
+        _ => {}
+    }
+}
+
+/// An ISO 8601 date-time (`2026-12-01T09:00…`) or a display time (`Tue 1 Dec 2026, 09:00 CET`).
+fn looks_like_a_time(s: &str) -> bool {
+    let b = s.as_bytes();
+    let iso = b.len() >= 16
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && (b[10] == b'T' || b[10] == b' ')
+        && b[13] == b':';
+    let display =
+        ["Mon ", "Tue ", "Wed ", "Thu ", "Fri ", "Sat ", "Sun "].iter().any(|d| s.starts_with(d))
+            && s.len() < 40
+            && s.contains(", ")
+            && s.contains(':');
+    iso || display
 }
 
 /// What a read-only connection sees.
@@ -279,10 +332,13 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
     let narrow = admin::connection_create(
         &stack.db.ds,
         &ctx,
-        &stack.seed.tenants[0].admin.email,
-        "narrow",
-        "test",
-        shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]),
+        admin::NewConnection {
+            creator_email: &stack.seed.tenants[0].admin.email,
+            name: "narrow",
+            client_name: "test",
+            rights: shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]),
+            toolset: "full",
+        },
     )
     .await
     .expect("connection");
@@ -660,16 +716,16 @@ async fn another_tenants_handles_are_not_found_and_nothing_changes() {
         .await
         .expect_err("foreign customer");
     assert_eq!(err["next_tool"], "find_customers");
-    let none = stack
+    let err = stack
         .call(&token_a, "find_bookings", json!({"customer": customer_b}))
         .await
-        .expect("filter");
-    assert_eq!(none["count"], 0);
-    let none = stack
+        .expect_err("foreign filter");
+    assert_eq!(err["code"], "not_found");
+    let err = stack
         .call(&token_a, "find_bookings", json!({"technician": technician_b}))
         .await
-        .expect("filter");
-    assert_eq!(none["count"], 0);
+        .expect_err("foreign filter");
+    assert_eq!(err["next_tool"], "find_technicians");
     let err = stack
         .call(&token_a, "get_booking", json!({"booking": customer_b}))
         .await
@@ -857,10 +913,13 @@ impl Stack {
         admin::connection_create(
             &self.db.ds,
             &ctx,
-            &self.seed.tenants[0].admin.email,
-            "second",
-            "test",
-            shared::rights::Role::Admin.rights(),
+            admin::NewConnection {
+                creator_email: &self.seed.tenants[0].admin.email,
+                name: "second",
+                client_name: "test",
+                rights: shared::rights::Role::Admin.rights(),
+                toolset: "full",
+            },
         )
         .await
         .expect("connection")
@@ -1353,7 +1412,7 @@ impl Stack {
             rights: shared::rights::Role::Admin.rights(),
             toolset,
         };
-        admin::connection_create_in(&self.db.ds, &ctx, new).await.expect("connection").token
+        admin::connection_create(&self.db.ds, &ctx, new).await.expect("connection").token
     }
 }
 
@@ -1514,4 +1573,196 @@ async fn a_long_export_reports_progress_and_summarizes_thousands() {
     assert_eq!(summary["by_status"], json!([{"status": "confirmed", "count": 1200}]));
     assert_eq!(summary["first"].as_array().expect("first").len(), 20);
     assert!(summary["continue_with"]["cursor"].is_string());
+}
+
+// ---------------------------------------------------------------- hostile cases that once got through
+
+/// Inserts `n` live draft bookings of tenant `t` in 2031, spread over the year.
+async fn many_drafts(stack: &Stack, t: usize, n: usize) {
+    let slug = &stack.seed.tenants[t].slug;
+    stack
+        .db
+        .exec(&format!(
+            "INSERT INTO bookings (tenant_id, handle, customer_id, service_id, starts_at, zone, status, currency, net_minor, tax_minor, total_minor)
+             SELECT t.id, 'bkg_bulk' || lpad(g::text, 12, '0'), c.id, s.id,
+                    timestamptz '2031-01-01 08:00+00' + g * interval '10 hours', t.zone, 'draft', t.currency, 1000, 190, 1190
+             FROM tenants t
+             CROSS JOIN generate_series(1, {n}) g
+             CROSS JOIN LATERAL (SELECT id FROM customers WHERE tenant_id = t.id ORDER BY id LIMIT 1) c
+             CROSS JOIN LATERAL (SELECT id FROM services WHERE tenant_id = t.id ORDER BY id LIMIT 1) s
+             WHERE t.slug = '{slug}'"
+        ))
+        .await;
+}
+
+#[tokio::test]
+async fn a_batch_filter_counts_every_match_and_never_previews_part_of_them() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    many_drafts(&stack, 0, 600).await;
+    // Cancelled bookings in the range must neither count nor crowd live ones out of the count.
+    stack
+        .db
+        .exec("UPDATE bookings SET status = 'cancelled' WHERE handle <= 'bkg_bulk000000000050'")
+        .await;
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let range = json!({"from": "2031-01-01", "to": "2031-12-31", "zone": "UTC"});
+    let with_count = |n: usize| {
+        let mut args = range.clone();
+        args["expected_count"] = json!(n);
+        args
+    };
+    // 550 live matches: expecting the first 500 of them is a mismatch, never a preview.
+    let err = stack.call(&token, "cancel_bookings", with_count(500)).await.expect_err("mismatch");
+    assert_eq!(err["code"], "count_mismatch", "{err}");
+    assert_eq!(err["count"], 550, "the count is exact: {err}");
+    assert!(err["matches"].as_array().expect("matches").len() <= 100);
+    // The exact count of more than one call may cancel is refused, naming the limit.
+    let err = stack.call(&token, "cancel_bookings", with_count(550)).await.expect_err("too many");
+    assert_eq!(err["field"], "expected_count", "{err}");
+    assert!(err.to_string().contains("550"), "{err}");
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing was prepared");
+    // Narrowed to what one call may do, it previews and cancels exactly that many.
+    let narrow = json!({"from": "2031-01-01", "to": "2031-01-31", "zone": "UTC"});
+    let live_in_january = stack
+        .count("SELECT count(*) FROM bookings WHERE handle LIKE 'bkg_bulk%' AND status = 'draft' AND starts_at < '2031-02-01'")
+        .await;
+    let mut args = narrow.clone();
+    args["expected_count"] = json!(live_in_january);
+    let preview = stack.ok(&token, "cancel_bookings", args).await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    let cancelled = stack
+        .count("SELECT count(*) FROM bookings WHERE handle LIKE 'bkg_bulk%' AND status = 'cancelled' AND starts_at < '2031-02-01'")
+        .await;
+    let was_cancelled = stack
+        .count("SELECT count(*) FROM bookings WHERE handle <= 'bkg_bulk000000000050' AND handle LIKE 'bkg_bulk%' AND starts_at < '2031-02-01'")
+        .await;
+    assert_eq!(cancelled, live_in_january + was_cancelled);
+}
+
+#[tokio::test]
+async fn a_handle_listed_twice_in_a_batch_is_refused_and_nobody_is_emailed() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let confirmed = stack
+        .ok(&token, "find_bookings", json!({"status": "confirmed", "limit": 2}))
+        .await["bookings"]
+        .clone();
+    let (a, b) = (confirmed[0]["booking"].clone(), confirmed[1]["booking"].clone());
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    for list in
+        [json!([a, b, a]), json!([a, a]), json!([a, format!(" {} ", a.as_str().expect("h"))])]
+    {
+        let err = stack
+            .call(&token, "cancel_bookings", json!({"bookings": list}))
+            .await
+            .expect_err("listed twice");
+        assert_eq!(err["field"], "bookings", "{list}: {err}");
+        assert!(err["message"].as_str().expect("m").contains(a.as_str().expect("h")), "{err}");
+    }
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing prepared or sent");
+    // Listed once each, one email per customer booking.
+    let preview = stack.ok(&token, "cancel_bookings", json!({"bookings": [a, b]})).await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_with_one_business_key_make_one_record() {
+    let stack = Arc::new(Stack::start().await);
+    let token = stack.token(0, 0);
+    for (field, value, count_sql) in [
+        (
+            "email",
+            "race@example.net",
+            "SELECT count(*) FROM customers WHERE lower(email) = 'race@example.net'",
+        ),
+        (
+            "phone",
+            "+49 30 5550 1234",
+            "SELECT count(*) FROM customers WHERE regexp_replace(coalesce(phone, ''), '[^0-9+]', '', 'g') = '+493055501234'",
+        ),
+    ] {
+        let calls = (0..20).map(|i| {
+            let stack = stack.clone();
+            let token = token.clone();
+            let args = json!({"name": format!("Racer {i}"), field: value});
+            tokio::spawn(async move { stack.call(&token, "create_customer", args).await })
+        });
+        let mut created = 0;
+        for call in futures_util::future::join_all(calls).await {
+            match call.expect("task") {
+                Ok(_) => created += 1,
+                Err(e) => assert_eq!(e["code"], "duplicate", "{field}: {e}"),
+            }
+        }
+        assert_eq!(created, 1, "{field}: exactly one call creates");
+        assert_eq!(stack.count(count_sql).await, 1, "{field}: one row");
+    }
+}
+
+#[tokio::test]
+async fn the_mute_that_executes_ends_when_its_preview_said() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let rule = stack.ok(&token, "find_alert_rules", json!({})).await["rules"][0]["rule"].clone();
+    let preview = stack.ok(&token, "mute_alerts", json!({"rule": rule, "minutes": 30})).await;
+    let promised = preview["effect"]["until"]["utc"].clone();
+    // The person takes a while to agree: the end time stays the one shown.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let done = stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    assert_eq!(done["result"]["changed"]["muted_until"]["utc"], promised, "{done}");
+    let stored = stack
+        .db
+        .scalar_string(&format!(
+            "SELECT to_char(muted_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM alert_rules WHERE handle = '{}'",
+            rule.as_str().expect("h")
+        ))
+        .await;
+    assert_eq!(json!(stored), promised);
+    // A preview whose window has passed executes nothing.
+    let rule2 = stack.ok(&token, "find_alert_rules", json!({})).await["rules"][1]["rule"].clone();
+    let preview = stack.ok(&token, "mute_alerts", json!({"rule": rule2, "minutes": 5})).await;
+    stack
+        .db
+        .exec(&format!(
+            "UPDATE pending_actions SET created_at = created_at - interval '6 minutes' WHERE handle = '{}'",
+            preview["action"].as_str().expect("h")
+        ))
+        .await;
+    let err = stack
+        .call(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]}))
+        .await
+        .expect_err("window passed");
+    assert_eq!(err["code"], "wrong_state", "{err}");
+    let muted = stack
+        .count(&format!(
+            "SELECT count(*) FROM alert_rules WHERE handle = '{}' AND muted_until IS NOT NULL",
+            rule2.as_str().expect("h")
+        ))
+        .await;
+    assert_eq!(muted, 0);
+}
+
+#[tokio::test]
+async fn filter_handles_that_name_nothing_in_the_tenant_are_not_found() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (_, customer_b, technician_b) = handles(&stack, 1).await;
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    for (tool, args, next) in [
+        ("find_bookings", json!({"customer": customer_b}), "find_customers"),
+        ("find_bookings", json!({"technician": technician_b}), "find_technicians"),
+        ("cancel_bookings", json!({"customer": customer_b, "expected_count": 0}), "find_customers"),
+        (
+            "cancel_bookings",
+            json!({"technician": technician_b, "expected_count": 0}),
+            "find_technicians",
+        ),
+    ] {
+        let err = stack.call(&token, tool, args).await.expect_err(tool);
+        assert_eq!(err["code"], "not_found", "{tool}: {err}");
+        assert_eq!(err["next_tool"], next, "{tool}: {err}");
+    }
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
 }

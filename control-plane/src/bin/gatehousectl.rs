@@ -317,11 +317,16 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let tenant = admin::tenant_by_slug(&ds, &slug).await?;
             let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
             match cmd {
-                ConnectionCmd::Create { creator, name, rights, client_name, .. } => {
+                ConnectionCmd::Create { creator, name, rights, client_name, toolset, .. } => {
                     let rights = RightSet::parse(&rights)?;
-                    let c =
-                        admin::connection_create(&ds, &ctx, &creator, &name, &client_name, rights)
-                            .await?;
+                    let new = admin::NewConnection {
+                        creator_email: &creator,
+                        name: &name,
+                        client_name: &client_name,
+                        rights,
+                        toolset: &toolset,
+                    };
+                    let c = admin::connection_create(&ds, &ctx, new).await?;
                     let text = format!(
                         "created connection {} ({}) with rights {}\ntoken (shown once): {}",
                         c.connection,

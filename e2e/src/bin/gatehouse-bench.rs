@@ -543,10 +543,13 @@ async fn main() -> Result<()> {
         let c = admin::connection_create(
             &ds,
             &ctx,
-            &admin_email,
-            &format!("bench {i}"),
-            "bench",
-            shared::rights::read_only(),
+            admin::NewConnection {
+                creator_email: &admin_email,
+                name: &format!("bench {i}"),
+                client_name: "bench",
+                rights: shared::rights::read_only(),
+                toolset: "full",
+            },
         )
         .await?;
         until_all(&http, &workers, &c.token, 200, Instant::now()).await;

@@ -5,7 +5,7 @@ use sqlx::types::Json;
 
 use crate::ctx::OpCtx;
 use crate::datastore::{Datastore, Tx, from_ts};
-use crate::error::Result;
+use crate::error::{Error, Resource, Result};
 use crate::handle::BookingHandle;
 
 /// A booking with what every presenter of it needs, joined in one query.
@@ -53,7 +53,8 @@ pub struct NoteRow {
 pub struct BookingFilter {
     pub from: Option<jiff::Timestamp>,
     pub to: Option<jiff::Timestamp>,
-    pub status: Option<String>,
+    /// Any of these statuses; empty means every status.
+    pub statuses: Vec<String>,
     pub technician: Option<String>,
     pub customer: Option<String>,
     /// Keyset: bookings strictly after `(starts_at, handle)`.
@@ -75,12 +76,12 @@ const FROM: &str = "
     JOIN services s ON s.id = b.service_id AND s.tenant_id = b.tenant_id
     LEFT JOIN technicians t ON t.id = b.technician_id AND t.tenant_id = b.tenant_id";
 
-/// The filter of a booking search ($1 tenant, $2–$3 range, $4 status, $5 technician, $6 customer).
+/// The filter of a booking search ($1 tenant, $2–$3 range, $4 statuses, $5 technician, $6 customer).
 const FILTER: &str = "
     WHERE b.tenant_id = $1
       AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
       AND ($3::timestamptz IS NULL OR b.starts_at < $3)
-      AND ($4::text IS NULL OR b.status = $4)
+      AND (cardinality($4::text[]) = 0 OR b.status = ANY($4))
       AND ($5::text IS NULL OR t.handle = $5)
       AND ($6::text IS NULL OR c.handle = $6)";
 
@@ -148,7 +149,7 @@ pub async fn booking_find_locked(
         .bind(ctx.tenant_id())
         .bind(filter.from.map(from_ts))
         .bind(filter.to.map(from_ts))
-        .bind(filter.status.as_deref())
+        .bind(&filter.statuses)
         .bind(filter.technician.as_deref())
         .bind(filter.customer.as_deref())
         .bind(after_at.map(from_ts))
@@ -169,7 +170,7 @@ impl Datastore {
             .bind(ctx.tenant_id())
             .bind(filter.from.map(from_ts))
             .bind(filter.to.map(from_ts))
-            .bind(filter.status.as_deref())
+            .bind(&filter.statuses)
             .bind(filter.technician.as_deref())
             .bind(filter.customer.as_deref())
             .bind(after_at.map(from_ts))
@@ -194,17 +195,52 @@ impl Datastore {
     }
 }
 
+/// Checks that the technician and customer a filter names exist in the tenant, so that a
+/// foreign or mistyped handle answers not found instead of silently matching nothing (R3, R15).
+pub async fn booking_filter_refs<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    ctx: &OpCtx,
+    filter: &BookingFilter,
+) -> Result<()> {
+    if filter.technician.is_none() && filter.customer.is_none() {
+        return Ok(());
+    }
+    let (technician, customer): (bool, bool) = sqlx::query_as(
+        "SELECT $2::text IS NULL OR EXISTS (SELECT 1 FROM technicians WHERE tenant_id = $1 AND handle = $2),
+                $3::text IS NULL OR EXISTS (SELECT 1 FROM customers WHERE tenant_id = $1 AND handle = $3)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(filter.technician.as_deref())
+    .bind(filter.customer.as_deref())
+    .fetch_one(executor)
+    .await?;
+    match (technician, customer, &filter.technician, &filter.customer) {
+        (false, _, Some(t), _) => Err(Error::not_found(Resource::Technician, t.as_str())),
+        (_, false, _, Some(c)) => Err(Error::not_found(Resource::Customer, c.as_str())),
+        _ => Ok(()),
+    }
+}
+
+/// How many bookings a filter matches (its keyset and limit ignored), on any executor.
+pub async fn booking_count_in<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    ctx: &OpCtx,
+    filter: &BookingFilter,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(BOOKING_COUNT_SQL.as_str())
+        .bind(ctx.tenant_id())
+        .bind(filter.from.map(from_ts))
+        .bind(filter.to.map(from_ts))
+        .bind(&filter.statuses)
+        .bind(filter.technician.as_deref())
+        .bind(filter.customer.as_deref())
+        .fetch_one(executor)
+        .await?)
+}
+
 impl Datastore {
     /// How many bookings a filter matches (its keyset and limit ignored).
     pub async fn booking_count(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<i64> {
-        Ok(sqlx::query_scalar(BOOKING_COUNT_SQL.as_str())
-            .bind(ctx.tenant_id())
-            .bind(filter.from.map(from_ts))
-            .bind(filter.to.map(from_ts))
-            .bind(filter.status.as_deref())
-            .bind(filter.technician.as_deref())
-            .bind(filter.customer.as_deref())
-            .fetch_one(self.pool())
-            .await?)
+        booking_count_in(self.pool(), ctx, filter).await
     }
 }

@@ -314,6 +314,8 @@ pub struct PendingRow {
     pub status: String,
     pub expires_at: DateTime<Utc>,
     pub expired: bool,
+    /// When the preview was made: durations in the preview are measured from here.
+    pub created_at: DateTime<Utc>,
 }
 
 pub struct NewPending<'a> {
@@ -326,6 +328,8 @@ pub struct NewPending<'a> {
     pub summary: &'a str,
     pub token_hash: &'a [u8],
     pub ttl_seconds: i64,
+    /// The instant the preview was planned at.
+    pub previewed_at: DateTime<Utc>,
 }
 
 pub async fn pending_insert(
@@ -335,8 +339,8 @@ pub async fn pending_insert(
 ) -> Result<(i64, DateTime<Utc>)> {
     Ok(sqlx::query_as::<_, (i64, DateTime<Utc>)>(
         "INSERT INTO pending_actions (tenant_id, handle, connection_id, tool, args, args_digest,
-                                      content_hash, summary, token_hash, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10))
+                                      content_hash, summary, token_hash, expires_at, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11)
          RETURNING id, expires_at",
     )
     .bind(ctx.tenant_id())
@@ -349,6 +353,7 @@ pub async fn pending_insert(
     .bind(p.summary)
     .bind(p.token_hash)
     .bind(p.ttl_seconds as f64)
+    .bind(p.previewed_at)
     .fetch_one(&mut **tx)
     .await?)
 }
@@ -371,7 +376,7 @@ pub async fn pending_lock_by_token(
     sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(id).execute(&mut **tx).await?;
     Ok(sqlx::query_as::<_, PendingRow>(
         "SELECT id, handle, connection_id, tool, args, content_hash, summary, status, expires_at,
-                expires_at <= now() AS expired
+                expires_at <= now() AS expired, created_at
          FROM pending_actions WHERE id = $1",
     )
     .bind(id)
@@ -393,6 +398,20 @@ pub async fn pending_decide(
     .bind(result)
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ business keys (R9)
+
+/// Serializes, for this transaction, every write of the tenant that could claim the same
+/// business key (a customer's email or phone), so that the duplicate guard's read and the
+/// insert that follows it act as one step across workers.
+pub async fn business_key_lock(tx: &mut Tx<'_>, ctx: &OpCtx, kind: &str, key: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
+        .bind(format!("key:{kind}:{key}"))
+        .bind(ctx.tenant_id())
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 

@@ -299,13 +299,25 @@ fn booking_line(row: &BookingRow, now: Timestamp) -> String {
     format!("{} ({}, {})", row.handle, row.service_name, when(row, now).display)
 }
 
-async fn plan(
-    tx: &mut Tx<'static>,
-    ctx: &OpCtx,
-    op: Op,
-    args: &Value,
+/// The instants a plan is made at: `now` for what is shown and checked, `previewed` for what
+/// the preview promised (a mute "for 30 minutes" ends 30 minutes after the preview, so the end
+/// time that executes is the one the preview showed).
+#[derive(Clone, Copy)]
+struct At {
     now: Timestamp,
-) -> Result<Plan> {
+    previewed: Timestamp,
+}
+
+impl At {
+    /// A plan for a new preview. Whole seconds, so that the instant stored with the pending
+    /// action is exactly the one planned from.
+    fn fresh(now: Timestamp) -> At {
+        At { now, previewed: Timestamp::from_second(now.as_second()).unwrap_or(now) }
+    }
+}
+
+async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -> Result<Plan> {
+    let now = at.now;
     match op {
         Op::SendCustomerMessage => {
             let input: SendCustomerMessageInput = parse_input(args.clone())?;
@@ -461,9 +473,19 @@ async fn plan(
             let r = db::alert_rule_lock(tx, ctx, rule)
                 .await?
                 .ok_or_else(|| Error::not_found(Resource::AlertRule, rule))?;
-            let until = now
+            let until = at
+                .previewed
                 .checked_add(jiff::SignedDuration::from_mins(i64::from(minutes)))
                 .map_err(|e| Error::Internal(e.to_string()))?;
+            if until <= now {
+                return Err(Error::WrongState {
+                    message: format!(
+                        "the mute this preview showed would have ended at {}; prepare it again",
+                        time::present(until, &ctx.tenant.zone, &ctx.tenant.zone_name, now).display
+                    ),
+                    use_instead: Some("mute_alerts"),
+                });
+            }
             let until_view = time::present(until, &ctx.tenant.zone, &ctx.tenant.zone_name, now);
             Ok(Plan {
                 summary: format!(
@@ -471,7 +493,7 @@ async fn plan(
                     r.name, until_view.display
                 ),
                 preview: json!({"rule": r.handle, "name": r.name, "until": until_view}),
-                content: json!({"rule": r.handle, "minutes": minutes, "muted_until": r.muted_until.map(|m| m.timestamp())}),
+                content: json!({"rule": r.handle, "minutes": minutes, "until": until.to_string(), "muted_until": r.muted_until.map(|m| m.timestamp())}),
                 targets: vec![r.handle.clone()],
                 apply: Apply::Mute { id: r.id, until },
                 messages: Vec::new(),
@@ -523,7 +545,10 @@ async fn plan(
     }
 }
 
+/// Explicit handles in one batch.
 const MAX_BATCH: usize = 50;
+/// Bookings one filter may cancel in one call.
+const MAX_FILTER_BATCH: usize = 500;
 
 async fn plan_cancel(
     tx: &mut Tx<'static>,
@@ -550,11 +575,18 @@ async fn plan_cancel(
                     format!("give 1 to {MAX_BATCH} booking handles"),
                 ));
             }
-            let mut rows = Vec::new();
-            for h in handles {
-                rows.push(booking(tx, ctx, h).await?);
+            let mut rows: Vec<BookingRow> = Vec::with_capacity(handles.len());
+            for raw in handles {
+                let row = booking(tx, ctx, raw).await?;
+                // A handle listed twice would be cancelled and emailed twice (R11).
+                if rows.iter().any(|r| r.id == row.id) {
+                    return Err(Error::invalid(
+                        "bookings",
+                        format!("{} is listed more than once; list each booking once", row.handle),
+                    ));
+                }
+                rows.push(row);
             }
-            rows.dedup_by(|a, b| a.id == b.id);
             rows
         }
         (None, false) => {
@@ -579,17 +611,35 @@ async fn plan_cancel(
                 ..Default::default()
             };
             let mut filter: BookingFilter = crate::services::bookings::filter(&find)?;
-            filter.limit = 500;
-            let matched: Vec<BookingRow> = db::booking_find_locked(tx, ctx, &filter)
-                .await?
-                .into_iter()
-                .filter(|b| b.status == "draft" || b.status == "confirmed")
-                .collect();
-            if matched.len() != expected as usize {
+            db::booking_filter_refs(&mut **tx, ctx, &filter).await?;
+            // Only bookings that can still be cancelled count, and they are counted in SQL
+            // before any limit: one more than a batch may hold tells "too many" exactly.
+            filter.statuses = vec!["draft".into(), "confirmed".into()];
+            filter.limit = MAX_FILTER_BATCH as i64 + 1;
+            let matched: Vec<BookingRow> = db::booking_find_locked(tx, ctx, &filter).await?;
+            let count = if matched.len() > MAX_FILTER_BATCH {
+                db::booking_count_in(&mut **tx, ctx, &filter).await? as usize
+            } else {
+                matched.len()
+            };
+            if count != expected as usize {
                 return Err(Error::CountMismatch {
                     expected: expected as usize,
-                    matches: matched.iter().map(|b| b.handle.clone()).collect(),
+                    count,
+                    matches: matched
+                        .iter()
+                        .take(crate::error::MAX_LISTED_MATCHES)
+                        .map(|b| b.handle.clone())
+                        .collect(),
                 });
+            }
+            if count > MAX_FILTER_BATCH {
+                return Err(Error::invalid(
+                    "expected_count",
+                    format!(
+                        "the filter matches {count} bookings; one call cancels at most {MAX_FILTER_BATCH}: narrow the range"
+                    ),
+                ));
             }
             matched
         }
@@ -746,6 +796,7 @@ async fn store_preview(
     plan: &Plan,
     now: Timestamp,
 ) -> Result<Value> {
+    let previewed = At::fresh(now).previewed;
     let token =
         format!("cfm_{}", &secret::generate(secret::CredentialKind::Session)["gh_ses_".len()..]);
     let handle = format!("pac_{}", &crate::handle::NoteHandle::generate().as_str()[4..]);
@@ -763,6 +814,7 @@ async fn store_preview(
             summary: &plan.summary,
             token_hash: &secret::hash_token(&token),
             ttl_seconds: ds.policy().action_ttl_secs,
+            previewed_at: from_ts(previewed),
         },
     )
     .await?;
@@ -811,7 +863,7 @@ pub async fn prepare<T: Serialize>(
             .collect(),
     );
     let mut tx = ds.begin().await?;
-    let plan = plan(&mut tx, ctx, op, &args, now).await?;
+    let plan = plan(&mut tx, ctx, op, &args, At::fresh(now)).await?;
     let preview = store_preview(&mut tx, ctx, ds, op, &args, &plan, now).await?;
     tx.commit().await?;
     Ok(preview)
@@ -911,7 +963,8 @@ pub async fn confirm(
     if let Err(e) = ctx.require(op.right()) {
         return Err(refuse(tx, ctx, &p.tool, p.id, e).await);
     }
-    let plan = match plan(&mut tx, ctx, op, &p.args, now).await {
+    let at = At { now, previewed: to_ts(p.created_at) };
+    let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
         Ok(plan) => plan,
         Err(e) => {
             // The action no longer applies (the booking was deleted, confirmed elsewhere…): the token dies.
@@ -936,7 +989,9 @@ pub async fn confirm(
     let content_hash = sha256_hex(canonical_json(&plan.content).as_bytes());
     if content_hash != p.content_hash {
         db::pending_decide(&mut tx, p.id, "superseded", None).await?;
-        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &plan, now).await?;
+        // The new preview promises what holds from now on.
+        let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
+        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now).await?;
         tx.commit().await?;
         return Err(Error::ChangedSincePreview { preview: Box::new(preview) });
     }

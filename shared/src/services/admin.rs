@@ -238,22 +238,6 @@ pub struct ConnectionCreated {
 
 /// Creates a static connection for `creator_email` with `rights`, which may not exceed the
 /// creator's current rights in the tenant (R4).
-pub async fn connection_create(
-    ds: &Datastore,
-    ctx: &OpCtx,
-    creator_email: &str,
-    name: &str,
-    client_name: &str,
-    rights: RightSet,
-) -> Result<ConnectionCreated> {
-    connection_create_in(
-        ds,
-        ctx,
-        NewConnection { creator_email, name, client_name, rights, toolset: "full" },
-    )
-    .await
-}
-
 /// The names of the toolsets a connection can be given (R21).
 pub const TOOLSETS: &[&str] = &["full", "read_only", "small"];
 
@@ -265,7 +249,9 @@ pub struct NewConnection<'a> {
     pub toolset: &'a str,
 }
 
-pub async fn connection_create_in(
+/// Creates a static connection for a person of the tenant, with the rights and toolset given
+/// (never more rights than the creator holds); the token is returned once.
+pub async fn connection_create(
     ds: &Datastore,
     ctx: &OpCtx,
     new: NewConnection<'_>,

@@ -283,19 +283,25 @@ async fn seed_tenant(ds: &Datastore, plan: &Plan, suffix: &str) -> Result<DemoTe
     let full = admin::connection_create(
         ds,
         &ctx,
-        &admin_login.email,
-        "Claude Code (all rights)",
-        "demo",
-        full_rights,
+        admin::NewConnection {
+            creator_email: &admin_login.email,
+            name: "Claude Code (all rights)",
+            client_name: "demo",
+            rights: full_rights,
+            toolset: "full",
+        },
     )
     .await?;
     let read = admin::connection_create(
         ds,
         &ctx,
-        &admin_login.email,
-        "Read-only agent",
-        "demo",
-        rights::read_only(),
+        admin::NewConnection {
+            creator_email: &admin_login.email,
+            name: "Read-only agent",
+            client_name: "demo",
+            rights: rights::read_only(),
+            toolset: "full",
+        },
     )
     .await?;
     let api = admin::api_token_create(ds, &ctx, &admin_login.email, "demo API token").await?;

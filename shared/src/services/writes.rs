@@ -183,6 +183,24 @@ fn separate_reason(separate: bool, reason: Option<&str>) -> Result<Option<String
 
 // ------------------------------------------------------------------ customers
 
+/// Takes the business-key locks of a customer's contact details, always email before phone,
+/// before the duplicate guard reads (R9): two racing creates with one email serialize here,
+/// and the second one's guard sees the first one's row.
+async fn lock_contact_keys(
+    tx: &mut Tx<'static>,
+    ctx: &OpCtx,
+    email: Option<&str>,
+    phone: Option<&(String, String)>,
+) -> Result<()> {
+    if let Some(e) = email {
+        db::business_key_lock(tx, ctx, "customer.email", e).await?;
+    }
+    if let Some((_, digits)) = phone {
+        db::business_key_lock(tx, ctx, "customer.phone", digits).await?;
+    }
+    Ok(())
+}
+
 /// Create a customer.
 #[derive(Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -257,6 +275,7 @@ pub async fn create_customer(
     };
     let written: Result<(Value, Vec<String>)> = async {
         let tx = &mut w.tx;
+        lock_contact_keys(tx, ctx, email.as_deref(), phone.as_ref()).await?;
         if reason.is_none()
             && let Some((existing, key)) = db::customer_by_key(
                 tx,
@@ -333,6 +352,7 @@ pub async fn update_customer(
                 row.phone.as_deref().map(|p| phone(Some(p))).transpose().ok().flatten().flatten()
             }
         };
+        lock_contact_keys(tx, ctx, email.as_deref(), phone.as_ref()).await?;
         if let Some((existing, key)) = db::customer_by_key(
             tx,
             ctx,

@@ -8,6 +8,7 @@ use shared::rights::Right;
 use shared::services::bookings::{self, FindBookingsInput, GetBookingInput};
 use shared::services::customers::{self, FindCustomersInput};
 use shared::services::technicians::{self, FindTechniciansInput};
+use shared::time::TimeView;
 use shared::views;
 
 use super::{Access, Def, EffectClass, Env, ToolSpec, tool};
@@ -49,8 +50,8 @@ pub struct DayScheduleInput {
 #[derive(Serialize, JsonSchema)]
 pub struct Line {
     pub booking: String,
-    /// Weekday, local time and zone.
-    pub at: String,
+    /// When it starts: weekday, local time with zone, UTC and distance from now (R17).
+    pub at: TimeView,
     pub status: String,
     pub customer: String,
     pub technician: Option<String>,
@@ -78,7 +79,8 @@ pub struct Brief {
     pub booking: String,
     pub version: String,
     pub status: String,
-    pub at: String,
+    /// When it starts: weekday, local time with zone, UTC and distance from now (R17).
+    pub at: TimeView,
     pub customer: String,
     pub technician: Option<String>,
     pub service: String,
@@ -162,7 +164,7 @@ pub fn tools() -> Vec<ToolSpec> {
                         let v = views::booking(b, false, env.now);
                         Line {
                             booking: v.booking,
-                            at: v.starts.display,
+                            at: v.starts,
                             status: v.status,
                             customer: v.customer.name,
                             technician: v.technician.map(|t| t.name),
@@ -194,7 +196,7 @@ pub fn tools() -> Vec<ToolSpec> {
                     booking: v.booking,
                     version: v.version,
                     status: v.status,
-                    at: v.starts.display,
+                    at: v.starts,
                     customer: v.customer.name,
                     technician: v.technician.map(|t| t.name),
                     service: v.service.name,
