@@ -17,7 +17,7 @@ use shared::OpCtx;
 use shared::auth::{self, AuthFailure};
 use shared::error::Error;
 use shared::input::parse_input;
-use shared::secret::{self, CredentialKind};
+use shared::secret::CredentialKind;
 use shared::services::bookings::{self as booking_svc, FindBookingsInput, GetBookingInput};
 use shared::services::customers::{self as customer_svc, FindCustomersInput, GetCustomerInput};
 use shared::services::writes::{
@@ -127,17 +127,10 @@ impl FromRequestParts<Arc<AppState>> for ApiCtx {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
-        let bearer = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+        let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let refuse =
             |f: AuthFailure| ApiError(Error::Unauthenticated(f.message(CredentialKind::Api)));
-        let token = auth::expect_kind(bearer, CredentialKind::Api).map_err(refuse)?;
-        let row = state.ds.api_token_context(&secret::hash_token(token)).await?;
-        auth::api_context(row).map(ApiCtx).map_err(refuse)
+        auth::authenticate_api(&state.ds, authorization).await?.map(ApiCtx).map_err(refuse)
     }
 }
 
@@ -159,7 +152,7 @@ async fn find_customers(
     let items: Vec<_> = found
         .items
         .iter()
-        .map(|c| views::customer(c, &ctx.tenant.zone, &ctx.tenant.zone_name, now))
+        .map(|c| views::customer(c, &ctx.tenant().zone, &ctx.tenant().zone_name, now))
         .collect();
     Ok(Json(json!({"customers": items, "count": items.len(), "next_cursor": found.next_cursor})))
 }
@@ -172,8 +165,8 @@ async fn get_customer(
     let row = customer_svc::get(&state.ds, &ctx, &GetCustomerInput { customer }).await?;
     Ok(Json(json!(views::customer(
         &row,
-        &ctx.tenant.zone,
-        &ctx.tenant.zone_name,
+        &ctx.tenant().zone,
+        &ctx.tenant().zone_name,
         jiff::Timestamp::now()
     ))))
 }

@@ -17,11 +17,11 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
-use shared::ctx::Channel;
-use shared::datastore::SessionRow;
 use shared::error::Error;
 use shared::rights::{Right, RightSet, Role};
-use shared::secret::{self, CredentialKind};
+use shared::secret::CredentialKind;
+use shared::services::console::SessionRow;
+use shared::services::operators;
 use shared::services::{admin, console};
 use shared::{OpCtx, time};
 
@@ -53,7 +53,8 @@ pub fn routes() -> Router<Arc<AppState>> {
 /// A signed-in console user.
 pub struct Session {
     pub row: SessionRow,
-    pub token_hash: Vec<u8>,
+    /// The cookie's session secret, to sign out with.
+    token: String,
 }
 
 impl Session {
@@ -111,7 +112,7 @@ impl FromRequestParts<Arc<AppState>> for Session {
     ) -> Result<Self, Self::Rejection> {
         // R20: the console takes console sessions only.
         if let Some(auth) = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-            let kind = match CredentialKind::of(auth.trim_start_matches("Bearer ").trim()) {
+            let kind = match shared::auth::bearer(Some(auth)).and_then(CredentialKind::of) {
                 Some(CredentialKind::Mcp) => "an MCP token, which only /mcp accepts",
                 Some(CredentialKind::Api) => "an API token, which only /api accepts",
                 _ => "a bearer token",
@@ -132,15 +133,12 @@ impl FromRequestParts<Arc<AppState>> for Session {
             url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
         ))
         .into_response();
-        let Some(token) = cookie(&parts.headers)
-            .filter(|t| CredentialKind::of(t) == Some(CredentialKind::Session))
-        else {
+        let Some(token) = cookie(&parts.headers) else {
             return Err(login);
         };
-        let token_hash = secret::hash_token(&token);
-        match state.ds.session_get(&token_hash).await {
-            Ok(Some(row)) if row.person_active => Ok(Session { row, token_hash }),
-            Ok(_) => Err(login),
+        match console::session(&state.ds, &token).await {
+            Ok(Some(row)) => Ok(Session { row, token }),
+            Ok(None) => Err(login),
             Err(e) => Err(fail(e)),
         }
     }
@@ -183,7 +181,7 @@ fn tenant_ctx(s: &Session) -> Result<OpCtx, Response> {
 fn local(ctx: &OpCtx, iso: &str) -> String {
     iso.parse::<jiff::Timestamp>()
         .map(|t| {
-            time::present(t, &ctx.tenant.zone, &ctx.tenant.zone_name, jiff::Timestamp::now())
+            time::present(t, &ctx.tenant().zone, &ctx.tenant().zone_name, jiff::Timestamp::now())
                 .display
         })
         .unwrap_or_else(|_| iso.to_owned())
@@ -254,7 +252,7 @@ async fn logout(
     if let Err(r) = s.check_csrf(&form) {
         return r;
     }
-    if let Err(e) = state.ds.session_delete(&s.token_hash).await {
+    if let Err(e) = console::sign_out(&state.ds, &s.token).await {
         return fail(e);
     }
     let mut response = Redirect::to("/login").into_response();
@@ -270,7 +268,7 @@ async fn tenants(
     s: Session,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let list = match state.ds.memberships_of(s.row.person_id).await {
+    let list = match console::tenants_of(&state.ds, &s.row).await {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
@@ -308,12 +306,7 @@ async fn pick_tenant(
     let Some(tenant) = form.get("tenant").and_then(|t| t.parse::<i64>().ok()) else {
         return fail(Error::invalid("tenant", "pick a tenant"));
     };
-    match state.ds.memberships_of(s.row.person_id).await {
-        Ok(list) if list.iter().any(|m| m.tenant_id == tenant) => {}
-        Ok(_) => return fail(Error::invalid("tenant", "you are not a member of that tenant")),
-        Err(e) => return fail(e),
-    }
-    if let Err(e) = state.ds.session_set_tenant(s.row.id, tenant).await {
+    if let Err(e) = console::pick_tenant(&state.ds, &s.row, tenant).await {
         return fail(e);
     }
     Redirect::to(&safe_next(form.get("next"))).into_response()
@@ -370,7 +363,7 @@ async fn connections(State(state): State<Arc<AppState>>, s: Session) -> Response
          <option value=\"read_only\">read_only — read tools only</option><option value=\"small\">small — a few combined tools for small models</option></select></label>{}\
          <button type=\"submit\">Create connection</button></form>",
         csrf_field(&s.row.csrf_token),
-        rights_picker(ctx.rights, shared::rights::read_only().intersect(ctx.rights))
+        rights_picker(ctx.rights(), shared::rights::read_only().intersect(ctx.rights()))
     );
     Html(page("Connections", Some(&s.nav("/connections")), &body)).into_response()
 }
@@ -526,10 +519,7 @@ async fn people(State(state): State<Arc<AppState>>, s: Session) -> Response {
         Ok(c) => c,
         Err(r) => return r,
     };
-    if let Err(e) = ctx.require(Right::PeopleManage) {
-        return fail(e);
-    }
-    let list = match state.ds.people_list(&ctx).await {
+    let list = match console::people(&state.ds, &ctx).await {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
@@ -652,7 +642,7 @@ async fn settings(s: Session) -> Response {
         "<div class=\"card\"><p id=\"agent-access-state\">{state_text}</p><form method=\"post\" action=\"/settings/agent-access\">{}<input type=\"hidden\" name=\"to\" value=\"{to}\">\
          <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label>{button}</form></div><p>Tenant: {}</p>",
         csrf_field(&s.row.csrf_token),
-        esc(&ctx.tenant.slug)
+        esc(&ctx.tenant().slug)
     );
     Html(page("Agent access", Some(&s.nav("/settings")), &body)).into_response()
 }
@@ -671,16 +661,7 @@ async fn agent_access(
     };
     let kill = form.get("to").map(String::as_str) == Some("off");
     let reason = form.get("reason").cloned().unwrap_or_default();
-    match admin::kill_switch_set(
-        &state.ds,
-        admin::SwitchScope::Tenant(&ctx),
-        &s.row.email,
-        Channel::Console,
-        kill,
-        &reason,
-    )
-    .await
-    {
+    match admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&ctx), kill, &reason).await {
         Ok(_) => Redirect::to("/settings").into_response(),
         Err(e) => fail(e),
     }
@@ -737,10 +718,11 @@ async fn audit(
 }
 
 async fn operator(State(state): State<Arc<AppState>>, s: Session) -> Response {
-    if !s.row.is_operator {
-        return fail(Error::Forbidden { right: Right::TenantSwitch });
-    }
-    let on = match shared::datastore::platform_kill_get(&state.ds).await {
+    let operator = match operators::from_session(&state.ds, &s.row).await {
+        Ok(op) => op,
+        Err(e) => return fail(e),
+    };
+    let on = match admin::global_kill_state(&state.ds, &operator).await {
         Ok(on) => on,
         Err(e) => return fail(e),
     };
@@ -775,15 +757,14 @@ async fn global_switch(
     if let Err(r) = s.check_csrf(&form) {
         return r;
     }
-    if !s.row.is_operator {
-        return fail(Error::Forbidden { right: Right::TenantSwitch });
-    }
+    let operator = match operators::from_session(&state.ds, &s.row).await {
+        Ok(op) => op,
+        Err(e) => return fail(e),
+    };
     let kill = form.get("to").map(String::as_str) == Some("on");
     match admin::kill_switch_set(
         &state.ds,
-        admin::SwitchScope::Global,
-        &s.row.email,
-        Channel::Console,
+        admin::SwitchScope::Global(&operator),
         kill,
         form.get("reason").map(String::as_str).unwrap_or(""),
     )
@@ -799,10 +780,7 @@ async fn messages(State(state): State<Arc<AppState>>, s: Session) -> Response {
         Ok(c) => c,
         Err(r) => return r,
     };
-    if let Err(e) = ctx.require(Right::AuditRead) {
-        return fail(e);
-    }
-    let rows = match state.ds.outbox_list(&ctx, 200).await {
+    let rows = match console::messages(&state.ds, &ctx, 200).await {
         Ok(r) => r,
         Err(e) => return fail(e),
     };

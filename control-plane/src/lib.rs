@@ -15,10 +15,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
-use shared::Datastore;
+use shared::Services;
 
 pub struct AppState {
-    pub ds: Datastore,
+    pub ds: Services,
     /// The control plane's public URL: the OAuth issuer and the console's origin.
     pub public_url: String,
     pub metrics: Metrics,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use control_plane::{AppState, Metrics, app};
-use shared::Datastore;
+use shared::Services;
 use shared::config::{self, Common};
 
 #[derive(Debug, Parser)]
@@ -41,12 +41,12 @@ struct Args {
 }
 
 /// Delivers queued messages every half second through `sink`.
-async fn dispatcher<S: shared::services::outbox::Sink>(ds: Datastore, sink: S) {
+async fn dispatcher<S: shared::services::outbox::Sink>(ds: Services, sink: S) {
     let mut last_prune = std::time::Instant::now() - std::time::Duration::from_secs(3600);
     loop {
         if last_prune.elapsed() > std::time::Duration::from_secs(300) {
             last_prune = std::time::Instant::now();
-            match ds.housekeeping().await {
+            match shared::services::housekeeping(&ds).await {
                 Ok(removed) => tracing::debug!(rows = removed, "housekeeping done"),
                 Err(e) => tracing::warn!(error = %e, "housekeeping failed; retrying later"),
             }
@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     config::init_tracing();
     let args = Args::parse();
     let common = Common::from_env()?;
-    let ds = Datastore::connect(common.database_url.expose(), common.db_max_connections)
+    let ds = Services::connect(common.database_url.expose(), common.db_max_connections)
         .await?
         .with_bus(shared::bus::Bus::spawn(&common.nats_url));
     let state = Arc::new(AppState {

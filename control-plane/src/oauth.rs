@@ -4,9 +4,7 @@
 //! endpoints.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
@@ -14,9 +12,8 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
 use serde_json::json;
-use shared::datastore::ClientRow;
 use shared::rights::RightSet;
-use shared::services::oauth::{self, AuthorizeRequest, MetadataDocument, OAuthError};
+use shared::services::oauth::{self, AuthorizeRequest, ClientRow, OAuthError};
 
 use crate::AppState;
 use crate::console::Session;
@@ -66,110 +63,8 @@ async fn register(
     }
 }
 
-// ---------------------------------------------------------------- client ID metadata documents
-
-/// Why an address may not be fetched: loopback, private, link-local (cloud metadata),
-/// unspecified, multicast, unique-local.
-fn forbidden_ip(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.octets()[0] == 100 && (64..128).contains(&v4.octets()[1])
-        }
-        IpAddr::V6(v6) => {
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (v6.segments()[0] & 0xfe00) == 0xfc00
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6.to_ipv4_mapped().is_some_and(|v4| forbidden_ip(IpAddr::V4(v4)))
-        }
-    }
-}
-
-const CIMD_MAX_BYTES: usize = 64 * 1024;
-const CIMD_CACHE_SECS: i64 = 3600;
-
-/// Fetches a client ID metadata document: https only, every resolved address public (unless
-/// the development flag allows loopback and private ones), the connection pinned to the checked
-/// address, five seconds and 64 KiB at most, no redirects. Results are cached for an hour.
-async fn fetch_metadata_document(state: &AppState, url: &str) -> Result<ClientRow, OAuthError> {
-    if let Some(client) = state.ds.oauth_client_get(url).await.map_err(OAuthError::from)?
-        && client
-            .fetched_at
-            .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS)
-    {
-        return Ok(client);
-    }
-    let invalid = |why: &str| OAuthError {
-        error: "invalid_client",
-        error_description: format!("client_id {url}: {why}"),
-    };
-    let parsed = url::Url::parse(url).map_err(|_| invalid("not a URL"))?;
-    let dev = state.dev_mode;
-    if parsed.scheme() != "https" && !(dev && parsed.scheme() == "http") {
-        return Err(invalid("metadata documents are fetched over https only"));
-    }
-    let host = parsed.host_str().ok_or_else(|| invalid("no host"))?.to_owned();
-    let port = parsed.port_or_known_default().unwrap_or(443);
-    let addrs: Vec<SocketAddr> = tokio::time::timeout(
-        Duration::from_secs(3),
-        tokio::net::lookup_host((host.trim_matches(['[', ']']), port)),
-    )
-    .await
-    .map_err(|_| invalid("DNS lookup timed out"))?
-    .map_err(|_| invalid("the host does not resolve"))?
-    .collect();
-    if addrs.is_empty() {
-        return Err(invalid("the host does not resolve"));
-    }
-    if !dev && addrs.iter().any(|a| forbidden_ip(a.ip())) {
-        return Err(invalid(
-            "the host resolves to a private, loopback or link-local address, which is never fetched",
-        ));
-    }
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(5))
-        .resolve(&host, addrs[0])
-        .build()
-        .map_err(|_| invalid("cannot build the HTTP client"))?;
-    let mut response = client
-        .get(parsed)
-        .header(header::ACCEPT, "application/json")
-        .send()
-        .await
-        .map_err(|_| invalid("fetching the document failed"))?;
-    if !response.status().is_success() {
-        return Err(invalid(&format!("fetching the document answered {}", response.status())));
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) =
-        response.chunk().await.map_err(|_| invalid("reading the document failed"))?
-    {
-        body.extend_from_slice(&chunk);
-        if body.len() > CIMD_MAX_BYTES {
-            return Err(invalid("the document is larger than 64 KiB"));
-        }
-    }
-    let doc: MetadataDocument = serde_json::from_slice(&body)
-        .map_err(|_| invalid("the document is not client metadata JSON"))?;
-    oauth::accept_metadata_document(&state.ds, url, doc).await
-}
-
 async fn client(state: &AppState, client_id: &str) -> Result<ClientRow, OAuthError> {
-    if client_id.starts_with("https://") || client_id.starts_with("http://") {
-        return fetch_metadata_document(state, client_id).await;
-    }
-    state.ds.oauth_client_get(client_id).await.map_err(OAuthError::from)?.ok_or(OAuthError {
-        error: "invalid_client",
-        error_description: "unknown client_id; register first".into(),
-    })
+    oauth::resolve_client(&state.ds, client_id, state.dev_mode).await
 }
 
 // ---------------------------------------------------------------- authorize and consent
@@ -235,14 +130,14 @@ async fn authorize(
         ))
         .into_response();
     };
-    let wanted = oauth::requested_rights(req.scope.as_deref(), ctx.rights);
+    let wanted = oauth::requested_rights(req.scope.as_deref(), ctx.rights());
     let hidden: String = q
         .iter()
         .filter(|(k, _)| *k != "csrf")
         .map(|(k, v)| format!("<input type=\"hidden\" name=\"{}\" value=\"{}\">", esc(k), esc(v)))
         .collect();
     let boxes: String = ctx
-        .rights
+        .rights()
         .iter()
         .map(|r| {
             format!(
@@ -261,7 +156,7 @@ async fn authorize(
          <p><button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" value=\"deny\" class=\"plain\">Deny</button></p></form>",
         csrf_field(&session.row.csrf_token),
         esc(&client.client_name),
-        esc(&ctx.tenant.slug),
+        esc(&ctx.tenant().slug),
         esc(&req.resource),
         esc(&client.client_id),
         esc(&req.redirect_uri)
@@ -366,32 +261,5 @@ async fn revoke(
     {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => oauth_error(StatusCode::SERVICE_UNAVAILABLE, e.into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::forbidden_ip;
-
-    #[test]
-    fn private_loopback_and_metadata_addresses_are_never_fetched() {
-        for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "::1",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(forbidden_ip(ip.parse().expect("ip")), "{ip}");
-        }
-        for ip in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"] {
-            assert!(!forbidden_ip(ip.parse().expect("ip")), "{ip}");
-        }
     }
 }

@@ -7,7 +7,7 @@
 use lettre::message::Mailbox;
 use lettre::message::header::ContentType;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
-use shared::datastore::OutboxRow;
+use shared::services::outbox::OutboxRow;
 use shared::services::outbox::{LogSink, Sink};
 
 pub struct SmtpSink {

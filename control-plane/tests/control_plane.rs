@@ -107,13 +107,21 @@ async fn mcp_tokens_and_strangers_get_401_naming_the_credential_wanted() {
 
 // ---------------------------------------------------------------- gatehousectl
 
+/// The platform operator the CLI tests act as.
+const OPS: &str = "ops@platform.example";
+
+/// `gatehousectl` run by the operator `OPS`.
 fn ctl(db: &TestDb, args: &[&str]) -> (bool, Value) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"))
-        .args(args)
-        .arg("--json")
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .expect("run gatehousectl");
+    ctl_as(db, Some(OPS), args)
+}
+
+fn ctl_as(db: &TestDb, operator: Option<&str>, args: &[&str]) -> (bool, Value) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"));
+    command.args(args).arg("--json").env("DATABASE_URL", &db.url).env_remove("GATEHOUSE_OPERATOR");
+    if let Some(email) = operator {
+        command.env("GATEHOUSE_OPERATOR", email);
+    }
+    let out = command.output().expect("run gatehousectl");
     let value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&out.stdout)}));
     (out.status.success(), value)
@@ -122,9 +130,28 @@ fn ctl(db: &TestDb, args: &[&str]) -> (bool, Value) {
 #[tokio::test]
 async fn gatehousectl_manages_tenants_people_and_connections() {
     let db = TestDb::new().await;
-    let (ok, migrated) = ctl(&db, &["migrate"]);
+    let (ok, migrated) = ctl_as(&db, None, &["migrate"]);
     assert!(ok, "{migrated}");
     assert_eq!(migrated["applied"], 0, "the template is migrated already");
+    // A new install has no operator: the first one is granted without --as, and only once.
+    let (ok, first) = ctl_as(&db, None, &["operator", "--email", OPS, "--name", "Olu Ops"]);
+    assert!(ok, "{first}");
+    let (ok, err) =
+        ctl_as(&db, None, &["operator", "--email", "mallory@evil.example", "--name", "Mallory"]);
+    assert!(!ok, "a second bootstrap is refused: {err}");
+    assert_eq!(err["error"]["code"], "unauthenticated", "{err}");
+    // Platform actions name who runs them: none, or a stranger, is refused before anything.
+    for who in [None, Some("mallory@evil.example")] {
+        let (ok, err) = ctl_as(
+            &db,
+            who,
+            &["tenant", "create", "--slug", "evil", "--name", "Evil", "--zone", "UTC"],
+        );
+        assert!(!ok, "{who:?}: {err}");
+        assert_eq!(err["error"]["code"], "unauthenticated", "{who:?}: {err}");
+        assert!(err["error"]["message"].as_str().expect("m").contains("operator"), "{err}");
+    }
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM tenants WHERE slug = 'evil'").await, 0);
     let (ok, t) = ctl(
         &db,
         &[
@@ -139,6 +166,11 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
         ],
     );
     assert!(ok, "{t}");
+    // The audit names the operator who created the tenant.
+    let by = db
+        .scalar_string("SELECT p.email FROM audit_log a JOIN people p ON p.id = a.actor_id WHERE a.action = 'tenant.create'")
+        .await;
+    assert_eq!(by, OPS);
     let (ok, _) = ctl(
         &db,
         &[
@@ -294,13 +326,21 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     let (ok, _) = ctl(&db, &["operator", "--email", "lee@acme.example", "--revoke"]);
     assert!(ok);
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM people WHERE is_operator").await, 0);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM people WHERE is_operator").await,
+        1,
+        "only the operator who ran the commands is left"
+    );
+    // The last operator cannot withdraw their own role and lock the platform out.
+    let (ok, err) = ctl(&db, &["operator", "--email", OPS, "--revoke"]);
+    assert!(!ok, "{err}");
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM people WHERE is_operator").await, 1);
 }
 
 #[tokio::test]
 async fn demo_seed_prints_the_documented_shape() {
     let db = TestDb::new().await;
-    let (ok, seed) = ctl(&db, &["demo", "seed"]);
+    let (ok, seed) = ctl_as(&db, None, &["demo", "seed"]);
     assert!(ok, "{seed}");
     let tenants = seed["tenants"].as_array().expect("tenants");
     assert_eq!(tenants.len(), 2);
@@ -386,7 +426,7 @@ async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
     .await;
     let static_tokens =
         db.scalar_i64("SELECT count(*) FROM connection_tokens WHERE kind = 'static'").await;
-    let removed = db.ds.housekeeping().await.expect("housekeeping");
+    let removed = shared::services::housekeeping(&db.ds).await.expect("housekeeping");
     assert_eq!(removed, 3);
     assert_eq!(
         db.scalar_i64("SELECT count(*) FROM connection_tokens").await,

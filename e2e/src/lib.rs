@@ -440,9 +440,13 @@ impl Stack {
         Ok(())
     }
 
-    /// `gatehousectl` against this stack's database and NATS.
+    /// `gatehousectl` against this stack's database and NATS, run by the platform operator the
+    /// demo seed made (the first tenant's admin).
     pub fn ctl(&self, args: &[&str]) -> Result<Value> {
-        gatehousectl_with(&self.database_url, &self.nats_url, args)
+        let operator = self.tenant(0)["admin"]["email"].as_str().unwrap_or_default().to_owned();
+        let mut with = vec!["--as", operator.as_str()];
+        with.extend_from_slice(args);
+        gatehousectl_with(&self.database_url, &self.nats_url, &with)
     }
 
     /// Kills worker `i` (SIGKILL), as a crashed pod would die.

@@ -6,8 +6,8 @@
 //! token's rights ∩ the creator's current role rights. The context has the creator as actor
 //! and no other "current user".
 
-use crate::ctx::{Actor, Channel, ConnectionRef, OpCtx, TenantRef, new_request_id};
-use crate::datastore::{ApiContextRow, ConnectionContextRow, to_ts};
+use crate::ctx::{ConnectionRef, OpCtx, TenantRef};
+use crate::datastore::{ApiContextRow, ConnectionContextRow, Services, to_ts};
 use crate::handle::{ConnectionHandle, PersonHandle, TenantHandle};
 use crate::rights::{RightSet, Role};
 use crate::secret::CredentialKind;
@@ -59,6 +59,45 @@ pub struct McpContext {
     pub global_kill: bool,
 }
 
+/// The credential of an `Authorization` header value: `Bearer <token>`, the scheme matched
+/// case-insensitively (RFC 7235). The one bearer parser of every adapter.
+pub fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let value = authorization?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Authenticates one MCP request from its `Authorization` header value: the kind is checked
+/// before any database work, then one statement reads the connection context (R4, R20).
+/// The outer error is the database's; the inner one says why the credential was refused.
+pub async fn authenticate_mcp(
+    svc: &Services,
+    authorization: Option<&str>,
+    audience: &str,
+    now: jiff::Timestamp,
+) -> crate::Result<Result<McpContext, AuthFailure>> {
+    let token = match expect_kind(bearer(authorization), CredentialKind::Mcp) {
+        Ok(token) => token,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let row = svc.connection_context(&crate::secret::hash_token(token)).await?;
+    Ok(mcp_context(row, audience, now))
+}
+
+/// Authenticates one REST API request by its API token, with the person's current rights.
+pub async fn authenticate_api(
+    svc: &Services,
+    authorization: Option<&str>,
+) -> crate::Result<Result<OpCtx, AuthFailure>> {
+    let token = match expect_kind(bearer(authorization), CredentialKind::Api) {
+        Ok(token) => token,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let row = svc.api_token_context(&crate::secret::hash_token(token)).await?;
+    Ok(api_context(row))
+}
+
 /// Checks the bearer value's kind before any database work.
 pub fn expect_kind(bearer: Option<&str>, wants: CredentialKind) -> Result<&str, AuthFailure> {
     let token = bearer.ok_or(AuthFailure::Missing)?;
@@ -80,21 +119,20 @@ fn tenant_ref(id: i64, handle: &str, slug: &str, zone: &str, currency: &str) -> 
     }
 }
 
-/// Live rights of a creator: their role's rights while person and membership are active.
-fn current_rights(
+/// A person's current role in the tenant, while person and membership are active.
+fn current_role(
     person_active: bool,
     role: Option<&str>,
     membership_active: Option<bool>,
-) -> Option<RightSet> {
+) -> Option<Role> {
     let role: Role = role?.parse().ok()?;
-    (person_active && membership_active == Some(true)).then(|| role.rights())
+    (person_active && membership_active == Some(true)).then_some(role)
 }
 
-pub fn mcp_context(
+pub(crate) fn mcp_context(
     row: Option<ConnectionContextRow>,
     audience: &str,
     now: jiff::Timestamp,
-    client_name: Option<&str>,
 ) -> Result<McpContext, AuthFailure> {
     let row = row.ok_or(AuthFailure::Unknown)?;
     if let Some(expires) = row.token_expires_at
@@ -111,32 +149,31 @@ pub fn mcp_context(
         return Err(AuthFailure::Revoked);
     }
     let creator_rights =
-        current_rights(row.creator_active, row.creator_role.as_deref(), row.membership_active)
-            .ok_or(AuthFailure::CreatorGone)?;
+        current_role(row.creator_active, row.creator_role.as_deref(), row.membership_active)
+            .ok_or(AuthFailure::CreatorGone)?
+            .rights();
     let token_rights = RightSet::parse_lenient(&row.connection_rights);
-    let ctx = OpCtx {
-        actor: Actor::Person {
-            id: row.creator_id,
-            handle: PersonHandle::from_db(row.creator_handle),
-        },
-        tenant: tenant_ref(
-            row.tenant_id,
-            &row.tenant_handle,
-            &row.tenant_slug,
-            &row.tenant_zone,
-            &row.tenant_currency,
-        ),
-        rights: token_rights.intersect(creator_rights),
-        channel: Channel::Mcp,
-        connection: Some(ConnectionRef {
-            id: row.connection_id,
-            handle: ConnectionHandle::from_db(row.connection_handle),
-            name: row.connection_name,
-            client_name: client_name.map(str::to_owned).unwrap_or(row.client_name),
-            toolset: row.connection_toolset,
-        }),
-        request_id: new_request_id(),
+    let tenant = tenant_ref(
+        row.tenant_id,
+        &row.tenant_handle,
+        &row.tenant_slug,
+        &row.tenant_zone,
+        &row.tenant_currency,
+    );
+    let connection = ConnectionRef {
+        id: row.connection_id,
+        handle: ConnectionHandle::from_db(row.connection_handle),
+        name: row.connection_name,
+        client_name: row.client_name,
+        toolset: row.connection_toolset,
     };
+    let ctx = OpCtx::for_connection(
+        (row.creator_id, PersonHandle::from_db(row.creator_handle)),
+        tenant,
+        token_rights,
+        creator_rights,
+        connection,
+    );
     Ok(McpContext {
         ctx,
         tenant_agent_access: row.tenant_agent_access,
@@ -144,25 +181,20 @@ pub fn mcp_context(
     })
 }
 
-pub fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailure> {
+pub(crate) fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailure> {
     let row = row.ok_or(AuthFailure::Unknown)?;
-    let rights = current_rights(row.person_active, row.role.as_deref(), row.membership_active)
+    let role = current_role(row.person_active, row.role.as_deref(), row.membership_active)
         .ok_or(AuthFailure::CreatorGone)?;
-    Ok(OpCtx {
-        actor: Actor::Person {
-            id: row.person_id,
-            handle: PersonHandle::from_db(row.person_handle),
-        },
-        tenant: tenant_ref(
-            row.tenant_id,
-            &row.tenant_handle,
-            &row.tenant_slug,
-            &row.tenant_zone,
-            &row.tenant_currency,
-        ),
-        rights,
-        channel: Channel::Api,
-        connection: None,
-        request_id: new_request_id(),
-    })
+    let tenant = tenant_ref(
+        row.tenant_id,
+        &row.tenant_handle,
+        &row.tenant_slug,
+        &row.tenant_zone,
+        &row.tenant_currency,
+    );
+    Ok(OpCtx::for_api_token(
+        (row.person_id, PersonHandle::from_db(row.person_handle)),
+        tenant,
+        role,
+    ))
 }

@@ -1,13 +1,18 @@
-//! The operation context every service and datastore function takes first (STYLE 1, R5).
+//! The operation context every service and datastore function takes first (STYLE 1, 12; R4, R5).
 //!
-//! It says who acts (a person, the system, or nobody), in which tenant, through which
-//! channel, with which live rights, and for MCP calls through which connection and client.
-//! There is no ambient "current user": a context built for an MCP request carries the
-//! connection's creator as actor and the live rights computed for this call, nothing else.
+//! It says who acts, in which tenant, through which channel, with which live rights, and for
+//! MCP calls through which connection and client. It is constructed, never assembled: the
+//! fields are private and there is one constructor per kind of actor. Only two are public:
+//! [`OpCtx::for_operator`], which needs an [`Operator`] (a person the library verified to hold
+//! the platform operator role), and [`OpCtx::pre_auth`], which holds no right at all. The
+//! others are built by the library's own authentication steps (a connection's token, a
+//! console session, an API token) and its background jobs, so an adapter cannot make a
+//! context with rights it was not given. There is no "all rights" context and no ambient
+//! "current user".
 
 use crate::error::{Error, Result};
 use crate::handle::{ConnectionHandle, PersonHandle, TenantHandle};
-use crate::rights::{Right, RightSet};
+use crate::rights::{Right, RightSet, Role};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {
@@ -30,17 +35,16 @@ impl Channel {
     }
 }
 
+/// Who acts.
 #[derive(Debug, Clone)]
 pub enum Actor {
-    Person {
-        id: i64,
-        handle: PersonHandle,
-    },
-    /// A background job or operator command, named for the audit.
-    System {
-        name: &'static str,
-    },
-    /// Nobody is bound: every service refuses (fail closed).
+    /// A person: a connection's creator, a console user, an API token's owner.
+    Person { id: i64, handle: PersonHandle },
+    /// A platform operator acting for the platform (the CLI, the console's operator page).
+    Operator { id: i64, handle: PersonHandle },
+    /// A background job, named for the audit.
+    Job { name: &'static str },
+    /// Nobody is bound yet (a pre-authentication step): every service refuses (fail closed).
     Nobody,
 }
 
@@ -64,17 +68,103 @@ pub struct ConnectionRef {
     pub toolset: String,
 }
 
+/// A person the library verified, for this command, to hold the platform operator role.
+/// Platform actions (the global kill switch, creating tenants, granting the role) take one;
+/// only `services::operators` makes them.
+#[derive(Debug, Clone)]
+pub struct Operator {
+    id: i64,
+    handle: PersonHandle,
+    email: String,
+    channel: Channel,
+}
+
+impl Operator {
+    pub(crate) fn verified(id: i64, handle: PersonHandle, email: String, channel: Channel) -> Self {
+        Operator { id, handle, email, channel }
+    }
+
+    pub fn email(&self) -> &str {
+        &self.email
+    }
+
+    pub fn channel(&self) -> Channel {
+        self.channel
+    }
+
+    pub(crate) fn id(&self) -> i64 {
+        self.id
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct OpCtx {
-    pub actor: Actor,
-    pub tenant: TenantRef,
-    pub rights: RightSet,
-    pub channel: Channel,
-    pub connection: Option<ConnectionRef>,
-    pub request_id: String,
+    actor: Actor,
+    tenant: TenantRef,
+    rights: RightSet,
+    channel: Channel,
+    connection: Option<ConnectionRef>,
+    request_id: String,
 }
 
 impl OpCtx {
+    fn new(
+        actor: Actor,
+        tenant: TenantRef,
+        rights: RightSet,
+        channel: Channel,
+        connection: Option<ConnectionRef>,
+    ) -> Self {
+        OpCtx { actor, tenant, rights, channel, connection, request_id: new_request_id() }
+    }
+
+    /// An MCP call through a connection: its creator acts, with the token's rights cut to the
+    /// creator's current ones (R4).
+    pub(crate) fn for_connection(
+        creator: (i64, PersonHandle),
+        tenant: TenantRef,
+        token_rights: RightSet,
+        creator_rights: RightSet,
+        connection: ConnectionRef,
+    ) -> Self {
+        let actor = Actor::Person { id: creator.0, handle: creator.1 };
+        let rights = token_rights.intersect(creator_rights);
+        OpCtx::new(actor, tenant, rights, Channel::Mcp, Some(connection))
+    }
+
+    /// A console session in its tenant: the person with their current role's rights.
+    pub(crate) fn for_session(person: (i64, PersonHandle), tenant: TenantRef, role: Role) -> Self {
+        let actor = Actor::Person { id: person.0, handle: person.1 };
+        OpCtx::new(actor, tenant, role.rights(), Channel::Console, None)
+    }
+
+    /// A REST API call by an API token: its person with their current role's rights.
+    pub(crate) fn for_api_token(
+        person: (i64, PersonHandle),
+        tenant: TenantRef,
+        role: Role,
+    ) -> Self {
+        let actor = Actor::Person { id: person.0, handle: person.1 };
+        OpCtx::new(actor, tenant, role.rights(), Channel::Api, None)
+    }
+
+    /// An operator working in a tenant (through the CLI or the console): they act as the
+    /// tenant's admin would, and the audit names them.
+    pub fn for_operator(operator: &Operator, tenant: TenantRef) -> Self {
+        let actor = Actor::Operator { id: operator.id, handle: operator.handle.clone() };
+        OpCtx::new(actor, tenant, Role::Admin.rights(), operator.channel, None)
+    }
+
+    /// A background job of the library in a tenant, with only the rights its work needs.
+    pub(crate) fn for_job(name: &'static str, tenant: TenantRef, rights: &[Right]) -> Self {
+        OpCtx::new(Actor::Job { name }, tenant, RightSet::of(rights), Channel::System, None)
+    }
+
+    /// A step before anyone is authenticated: no actor and no right, so every service refuses.
+    pub fn pre_auth(tenant: TenantRef, channel: Channel) -> Self {
+        OpCtx::new(Actor::Nobody, tenant, RightSet::default(), channel, None)
+    }
+
     /// Fails unless a real actor is bound and holds `right`. Every service calls this before
     /// it touches data.
     pub fn require(&self, right: Right) -> Result<()> {
@@ -85,15 +175,42 @@ impl OpCtx {
         }
     }
 
+    pub fn actor(&self) -> &Actor {
+        &self.actor
+    }
+
+    /// The person behind the actor, for the audit's `actor_id`.
     pub fn actor_person_id(&self) -> Option<i64> {
         match &self.actor {
-            Actor::Person { id, .. } => Some(*id),
+            Actor::Person { id, .. } | Actor::Operator { id, .. } => Some(*id),
             _ => None,
         }
     }
 
+    pub fn tenant(&self) -> &TenantRef {
+        &self.tenant
+    }
+
     pub fn tenant_id(&self) -> i64 {
         self.tenant.id
+    }
+
+    /// The live rights of this call.
+    pub fn rights(&self) -> RightSet {
+        self.rights
+    }
+
+    pub fn channel(&self) -> Channel {
+        self.channel
+    }
+
+    /// The connection of an MCP call; `None` for every other channel.
+    pub fn connection(&self) -> Option<&ConnectionRef> {
+        self.connection.as_ref()
+    }
+
+    pub fn request_id(&self) -> &str {
+        &self.request_id
     }
 }
 

@@ -5,7 +5,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::OnceCell;
 
-use crate::datastore::Datastore;
+use crate::datastore::Services;
 
 /// The server every test database lives on; `GATEHOUSE_TEST_PG` overrides it.
 pub fn server_url() -> String {
@@ -31,7 +31,7 @@ async fn template() -> &'static str {
                 .execute(&mut admin)
                 .await
                 .expect("create template");
-            let ds = Datastore::from_pool(
+            let ds = Services::from_pool(
                 PgPoolOptions::new()
                     .max_connections(1)
                     .connect(&format!("{}/{name}", server_url()))
@@ -49,7 +49,7 @@ async fn template() -> &'static str {
 pub struct TestDb {
     pub name: String,
     pub url: String,
-    pub ds: Datastore,
+    pub ds: Services,
 }
 
 impl TestDb {
@@ -76,7 +76,7 @@ impl TestDb {
             }
         }
         let url = format!("{}/{name}", server_url());
-        let ds = Datastore::connect(&url, 8).await.expect("connect test database");
+        let ds = Services::connect(&url, 8).await.expect("connect test database");
         TestDb { name, url, ds }
     }
 

@@ -17,7 +17,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use shared::auth::{self, AuthFailure, McpContext};
-use shared::secret::{self, CredentialKind};
+use shared::secret::CredentialKind;
 
 use crate::AppState;
 
@@ -37,23 +37,20 @@ pub async fn authenticate(
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
         );
     }
-    let bearer = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
-    let outcome = match auth::expect_kind(bearer, CredentialKind::Mcp) {
-        Err(failure) => Err(failure),
-        Ok(token) => match state.ds.connection_context(&secret::hash_token(token)).await {
-            Ok(row) => {
-                auth::mcp_context(row, &state.settings.mcp_url(), jiff::Timestamp::now(), None)
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "connection context lookup failed");
-                return finish(&state, unavailable("The database is unreachable; retry shortly."));
-            }
-        },
+    let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let outcome = match auth::authenticate_mcp(
+        &state.ds,
+        authorization,
+        &state.settings.mcp_url(),
+        jiff::Timestamp::now(),
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            tracing::error!(error = %e, "connection context lookup failed");
+            return finish(&state, unavailable("The database is unreachable; retry shortly."));
+        }
     };
     let label = if outcome.is_ok() { "ok" } else { "refused" };
     state
@@ -71,14 +68,14 @@ pub async fn authenticate(
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
         );
     }
-    if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant.id) {
+    if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant().id) {
         let body = serde_json::json!({
             "error": "agent_access_off",
             "error_description": "Agent access for this tenant was turned off by the tenant's admin; ask them to turn it back on in the console.",
         });
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
-    let connection_id = context.ctx.connection.as_ref().map(|c| c.id).unwrap_or_default();
+    let connection_id = context.ctx.connection().map(|c| c.id).unwrap_or_default();
     let context: Arc<McpContext> = Arc::new(context);
     request.extensions_mut().insert(context);
     // A revocation pushed while this request runs cancels it.

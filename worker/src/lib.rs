@@ -18,7 +18,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use shared::Datastore;
+use shared::Services;
 
 /// What a worker is told at start.
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ impl Settings {
 }
 
 pub struct AppState {
-    pub ds: Datastore,
+    pub ds: Services,
     pub settings: Settings,
     pub metrics: Arc<metrics::Metrics>,
     pub tools: tools::Registry,
@@ -56,7 +56,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(ds: Datastore, settings: Settings) -> Self {
+    pub fn new(ds: Services, settings: Settings) -> Self {
         AppState {
             ds,
             settings,

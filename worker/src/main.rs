@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use shared::Datastore;
+use shared::Services;
 use shared::config::{self, Common};
 use worker::{AppState, Settings, app};
 
@@ -39,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
     config::init_tracing();
     let args = Args::parse();
     let common = Common::from_env()?;
-    let ds = Datastore::connect(common.database_url.expose(), common.db_max_connections).await?;
+    let ds = Services::connect(common.database_url.expose(), common.db_max_connections).await?;
     let public_url = args.public_url.trim_end_matches('/').to_owned();
     let mut allowed_hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
     if let Some(authority) =

@@ -47,7 +47,7 @@ fn bound(context: &RequestContext<RoleServer>) -> Result<Arc<McpContext>, ErrorD
 }
 
 fn toolset(ctx: &shared::OpCtx) -> &str {
-    ctx.connection.as_ref().map(|c| c.toolset.as_str()).unwrap_or("full")
+    ctx.connection().map(|c| c.toolset.as_str()).unwrap_or("full")
 }
 
 impl Server {
@@ -94,7 +94,7 @@ impl ServerHandler for Server {
             .tools
             .all()
             .iter()
-            .filter(|t| t.access.missing(bound.ctx.rights).is_none())
+            .filter(|t| t.access.missing(bound.ctx.rights()).is_none())
             .filter(|t| t.toolsets.contains(&toolset(&bound.ctx)))
             .map(|t| t.tool.clone())
             .collect();
@@ -121,9 +121,9 @@ impl ServerHandler for Server {
             ));
         };
         let ctx = bound.ctx.clone();
-        let request_id = ctx.request_id.clone();
-        let connection = ctx.connection.as_ref().map(|c| c.handle.to_string()).unwrap_or_default();
-        let missing = spec.access.missing(ctx.rights);
+        let request_id = ctx.request_id().to_owned();
+        let connection = ctx.connection().map(|c| c.handle.to_string()).unwrap_or_default();
+        let missing = spec.access.missing(ctx.rights());
         let outcome = if !spec.toolsets.contains(&toolset(&ctx)) {
             Err(Error::NotInToolset {
                 tool: name.to_owned(),

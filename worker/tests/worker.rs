@@ -326,9 +326,7 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
     let names: Vec<&str> = read_only.iter().map(|t| t["name"].as_str().expect("name")).collect();
     assert_eq!(names, READ_ONLY_TOOLS);
     // A connection granted bookings:read only sees the booking tools.
-    let tenant =
-        admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
-    let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+    let ctx = stack.operator_in(0).await;
     let narrow = admin::connection_create(
         &stack.db.ds,
         &ctx,
@@ -375,9 +373,7 @@ async fn creators_lost_rights_end_their_connections_on_the_next_call() {
     let token = stack.token(0, 0);
     assert!(stack.call(&token, "find_customers", json!({})).await.is_ok());
     // Deactivating the creator ends the connection at once (R4).
-    let tenant =
-        admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[0].slug).await.expect("tenant");
-    let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+    let ctx = stack.operator_in(0).await;
     admin::person_set_role(
         &stack.db.ds,
         &ctx,
@@ -401,9 +397,7 @@ async fn a_revoked_connection_is_refused_on_the_next_call() {
     let stack = Stack::start().await;
     let token = stack.token(1, 1);
     assert_eq!(stack.list(&token).await.len(), READ_ONLY_TOOLS.len());
-    let tenant =
-        admin::tenant_by_slug(&stack.db.ds, &stack.seed.tenants[1].slug).await.expect("tenant");
-    let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+    let ctx = stack.operator_in(1).await;
     admin::connection_revoke(
         &stack.db.ds,
         &ctx,
@@ -874,21 +868,15 @@ fn tool_code_never_touches_persistence_or_an_ambient_user() {
 
 #[test]
 fn a_context_without_an_actor_fails_closed() {
-    let ctx = shared::OpCtx {
-        actor: shared::ctx::Actor::Nobody,
-        tenant: shared::ctx::TenantRef {
-            id: 1,
-            handle: shared::handle::TenantHandle::generate(),
-            slug: "x".into(),
-            zone: jiff::tz::TimeZone::UTC,
-            zone_name: "UTC".into(),
-            currency: "EUR".into(),
-        },
-        rights: shared::rights::RightSet::of(shared::rights::Right::ALL),
-        channel: shared::ctx::Channel::Mcp,
-        connection: None,
-        request_id: "t".into(),
+    let tenant = shared::ctx::TenantRef {
+        id: 1,
+        handle: shared::handle::TenantHandle::generate(),
+        slug: "x".into(),
+        zone: jiff::tz::TimeZone::UTC,
+        zone_name: "UTC".into(),
+        currency: "EUR".into(),
     };
+    let ctx = shared::OpCtx::pre_auth(tenant, shared::ctx::Channel::Mcp);
     for right in shared::rights::Right::ALL {
         assert!(matches!(ctx.require(*right), Err(shared::Error::NoActor)));
     }
@@ -897,6 +885,21 @@ fn a_context_without_an_actor_fails_closed() {
 // ---------------------------------------------------------------- write rails (R6–R11, R19)
 
 impl Stack {
+    /// Tenant `t` as the platform operator the demo seed made (tenant 0's admin) works in it.
+    async fn operator_in(&self, t: usize) -> shared::OpCtx {
+        let email = &self.seed.tenants[0].admin.email;
+        let operator = shared::services::operators::authenticate(
+            &self.db.ds,
+            email,
+            shared::ctx::Channel::Cli,
+        )
+        .await
+        .expect("the demo admin is an operator");
+        let tenant =
+            admin::tenant_by_slug(&self.db.ds, &self.seed.tenants[t].slug).await.expect("tenant");
+        shared::OpCtx::for_operator(&operator, admin::tenant_ref(&tenant).expect("tenant"))
+    }
+
     async fn ok(&self, token: &str, tool: &str, args: Value) -> Value {
         self.call(token, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
     }
@@ -907,9 +910,7 @@ impl Stack {
 
     /// A second connection of tenant 0's admin with every right.
     async fn second_connection(&self) -> String {
-        let tenant =
-            admin::tenant_by_slug(&self.db.ds, &self.seed.tenants[0].slug).await.expect("tenant");
-        let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+        let ctx = self.operator_in(0).await;
         admin::connection_create(
             &self.db.ds,
             &ctx,
@@ -1402,9 +1403,7 @@ async fn alerts_mute_for_a_bounded_time_and_deletes_check_what_depends_on_them()
 
 impl Stack {
     async fn connection_with(&self, toolset: &str) -> String {
-        let tenant =
-            admin::tenant_by_slug(&self.db.ds, &self.seed.tenants[0].slug).await.expect("tenant");
-        let ctx = admin::operator_ctx(&tenant, shared::ctx::Channel::Cli, "test").expect("ctx");
+        let ctx = self.operator_in(0).await;
         let new = admin::NewConnection {
             creator_email: &self.seed.tenants[0].admin.email,
             name: toolset,

@@ -4,12 +4,13 @@
 
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
-use shared::Datastore;
+use shared::OpCtx;
+use shared::Services;
 use shared::config::Common;
-use shared::ctx::Channel;
+use shared::ctx::{Channel, Operator};
 use shared::error::Error;
 use shared::rights::{RightSet, Role};
-use shared::services::{admin, demo};
+use shared::services::{admin, demo, operators};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,12 +19,18 @@ use shared::services::{admin, demo};
     about = "Operate Gatehouse: schema, tenants, people, connections, demo data"
 )]
 #[command(
-    after_help = "Configuration: DATABASE_URL (required), NATS_URL (default nats://127.0.0.1:4222)."
+    after_help = "Configuration: DATABASE_URL (required), NATS_URL (default nats://127.0.0.1:4222).\n\
+Who you are: every command but `migrate`, `demo seed` and granting the platform's first\n\
+operator acts as a platform operator named with --as EMAIL (or GATEHOUSE_OPERATOR); the\n\
+audit log records them."
 )]
 struct Cli {
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// The platform operator running the command (their email); the audit names them.
+    #[arg(long = "as", global = true, env = "GATEHOUSE_OPERATOR", value_name = "EMAIL")]
+    operator: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,6 +67,9 @@ enum Command {
     Operator {
         #[arg(long)]
         email: String,
+        /// Their name, to create the person: the first operator of a new install.
+        #[arg(long)]
+        name: Option<String>,
         /// Withdraw the operator role instead of granting it.
         #[arg(long)]
         revoke: bool,
@@ -226,13 +236,37 @@ fn describe(error: &Error) -> (String, String) {
             format!("internal error: {detail}"),
             "check DATABASE_URL and that migrations ran (`gatehousectl migrate`)".into(),
         ),
+        Error::Unauthenticated(_) => (
+            error.to_string(),
+            "run it as a platform operator: --as EMAIL or GATEHOUSE_OPERATOR=EMAIL (see --help)"
+                .into(),
+        ),
         other => (other.to_string(), "see --help".into()),
     }
 }
 
+fn need_operator(operator: Option<&Operator>) -> shared::Result<&Operator> {
+    operator.ok_or_else(|| {
+        Error::Unauthenticated(
+            "say which platform operator you are: --as EMAIL or GATEHOUSE_OPERATOR=EMAIL".into(),
+        )
+    })
+}
+
+/// The operator's context in a tenant named by slug.
+async fn in_tenant(
+    ds: &Services,
+    operator: Option<&Operator>,
+    slug: &str,
+) -> shared::Result<OpCtx> {
+    let operator = need_operator(operator)?;
+    let tenant = admin::tenant_by_slug(ds, slug).await?;
+    Ok(OpCtx::for_operator(operator, admin::tenant_ref(&tenant)?))
+}
+
 async fn run(cli: Cli) -> shared::Result<(Value, String)> {
     let common = Common::from_env()?;
-    let mut ds = Datastore::connect(common.database_url.expose(), 4).await?;
+    let mut ds = Services::connect(common.database_url.expose(), 4).await?;
     if cli.command.pushes() {
         match shared::bus::Bus::connect(&common.nats_url, std::time::Duration::from_secs(2)).await {
             Ok(bus) => ds = ds.with_bus(bus),
@@ -242,6 +276,12 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             ),
         }
     }
+    // The operator this command acts as, checked against Postgres before anything is done.
+    let operator = match &cli.operator {
+        Some(email) => Some(operators::authenticate(&ds, email, Channel::Cli).await?),
+        None => None,
+    };
+    let need = || need_operator(operator.as_ref());
     match cli.command {
         Command::Migrate => {
             let applied = ds.migrate().await?;
@@ -250,7 +290,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
         Command::Tenant(TenantCmd::Create { slug, name, currency, zone }) => {
             let t = admin::tenant_create(
                 &ds,
-                Channel::Cli,
+                need()?,
                 admin::NewTenant { slug: &slug, name: &name, currency: &currency, zone: &zone },
             )
             .await?;
@@ -259,8 +299,9 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 format!("created tenant {} ({})", t.slug, t.handle),
             ))
         }
-        Command::Operator { email, revoke } => {
-            let p = admin::person_set_operator(&ds, Channel::Cli, &email, !revoke).await?;
+        Command::Operator { email, name, revoke } => {
+            let p = operators::set_role(&ds, operator.as_ref(), &email, name.as_deref(), !revoke)
+                .await?;
             let text =
                 format!("{} is {}an operator", p.email, if revoke { "no longer " } else { "" });
             Ok((json!({"person": p.handle, "email": p.email, "operator": !revoke}), text))
@@ -271,8 +312,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 | PersonCmd::SetRole { t, .. }
                 | PersonCmd::Deactivate { t, .. } => t.tenant.clone(),
             };
-            let tenant = admin::tenant_by_slug(&ds, &slug).await?;
-            let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+            let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
             match cmd {
                 PersonCmd::Create { email, name, role, password, .. } => {
                     let p = admin::person_create(
@@ -314,8 +354,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 | ConnectionCmd::Revoke { t, .. }
                 | ConnectionCmd::List { t } => t.tenant.clone(),
             };
-            let tenant = admin::tenant_by_slug(&ds, &slug).await?;
-            let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+            let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
             match cmd {
                 ConnectionCmd::Create { creator, name, rights, client_name, toolset, .. } => {
                     let rights = RightSet::parse(&rights)?;
@@ -372,28 +411,13 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let kill = state == "on";
             let flipped = match tenant {
                 None => {
-                    admin::kill_switch_set(
-                        &ds,
-                        admin::SwitchScope::Global,
-                        "gatehousectl",
-                        Channel::Cli,
-                        kill,
-                        &reason,
-                    )
-                    .await?
+                    admin::kill_switch_set(&ds, admin::SwitchScope::Global(need()?), kill, &reason)
+                        .await?
                 }
                 Some(slug) => {
-                    let tenant = admin::tenant_by_slug(&ds, &slug).await?;
-                    let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
-                    admin::kill_switch_set(
-                        &ds,
-                        admin::SwitchScope::Tenant(&ctx),
-                        "gatehousectl",
-                        Channel::Cli,
-                        kill,
-                        &reason,
-                    )
-                    .await?
+                    let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
+                    admin::kill_switch_set(&ds, admin::SwitchScope::Tenant(&ctx), kill, &reason)
+                        .await?
                 }
             };
             let text = format!(
@@ -405,8 +429,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             Ok((to_json(&flipped), text))
         }
         Command::Audit { t, connection, limit } => {
-            let tenant = admin::tenant_by_slug(&ds, &t.tenant).await?;
-            let ctx = admin::operator_ctx(&tenant, Channel::Cli, "gatehousectl")?;
+            let ctx = in_tenant(&ds, operator.as_ref(), &t.tenant).await?;
             let rows = admin::audit_list(&ds, &ctx, connection.as_deref(), limit).await?;
             let text = rows
                 .iter()

@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use e2e::{Options, Stack, free_port};
 use serde_json::{Value, json};
 use shared::ctx::Channel;
-use shared::services::admin;
+use shared::services::{admin, operators};
 
 struct Args {
     concurrency: usize,
@@ -206,11 +206,9 @@ fn pgbench(
     args: &Args,
 ) -> Result<Figures> {
     let hash = hex::encode(shared::secret::hash_token(token));
-    let context =
-        shared::datastore::CONNECTION_CONTEXT_SQL.replace("$1", &format!("'\\x{hash}'::bytea"));
-    let lookup = shared::datastore::booking_get_sql()
-        .replace("$1", tenant_id)
-        .replace("$2", &format!("'{booking}'"));
+    let (context_sql, lookup_sql) = shared::services::read_path_statements();
+    let context = context_sql.replace("$1", &format!("'\\x{hash}'::bytea"));
+    let lookup = lookup_sql.replace("$1", tenant_id).replace("$2", &format!("'{booking}'"));
     let one_line = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
     let script = stack.run_dir.join("pgbench-get-booking.sql");
     std::fs::write(&script, format!("{};\n{};\n", one_line(&context), one_line(&lookup)))?;
@@ -506,39 +504,26 @@ async fn main() -> Result<()> {
     eprintln!("  confirm_action: {confirm_rate:.0}/s");
 
     // Kill switch and revocation propagation.
-    let ds = shared::Datastore::connect(&stack.database_url, 2)
+    let ds = shared::Services::connect(&stack.database_url, 2)
         .await?
         .with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5)).await?);
     let workers = stack.worker_urls.clone();
+    let admin_email = stack.tenant(0)["admin"]["email"].as_str().context("email")?.to_owned();
+    let operator = operators::authenticate(&ds, &admin_email, Channel::Cli).await?;
     let (mut on_ms, mut off_ms, mut revoke_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..20 {
         let t0 = Instant::now();
-        admin::kill_switch_set(
-            &ds,
-            admin::SwitchScope::Global,
-            "bench",
-            Channel::Cli,
-            true,
-            "benchmark",
-        )
-        .await?;
+        admin::kill_switch_set(&ds, admin::SwitchScope::Global(&operator), true, "benchmark")
+            .await?;
         on_ms.push(until_all(&http, &workers, &token, 503, t0).await);
         let t1 = Instant::now();
-        admin::kill_switch_set(
-            &ds,
-            admin::SwitchScope::Global,
-            "bench",
-            Channel::Cli,
-            false,
-            "benchmark",
-        )
-        .await?;
+        admin::kill_switch_set(&ds, admin::SwitchScope::Global(&operator), false, "benchmark")
+            .await?;
         off_ms.push(until_all(&http, &workers, &token, 200, t1).await);
     }
     let tenant =
         admin::tenant_by_slug(&ds, stack.tenant(0)["slug"].as_str().context("slug")?).await?;
-    let ctx = admin::operator_ctx(&tenant, Channel::Cli, "bench")?;
-    let admin_email = stack.tenant(0)["admin"]["email"].as_str().context("email")?.to_owned();
+    let ctx = shared::OpCtx::for_operator(&operator, admin::tenant_ref(&tenant)?);
     for i in 0..20 {
         let c = admin::connection_create(
             &ds,

@@ -29,8 +29,8 @@ async fn main() -> anyhow::Result<()> {
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
     let tenant = stack.tenant(0);
-    // The demo admin also operates the platform, so the console shows the global kill switch.
-    stack.ctl(&["operator", "--email", tenant["admin"]["email"].as_str().unwrap_or_default()])?;
+    // The demo seed made the first tenant's admin the platform's operator, so the console
+    // shows them the global kill switch and `gatehousectl --as` takes their email.
     let token = stack.token(0, 0);
     let mcp_url = format!("{}/mcp", stack.lb_url);
     println!();

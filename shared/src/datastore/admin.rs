@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
 
 use crate::ctx::OpCtx;
-use crate::datastore::Datastore;
+use crate::datastore::Services;
 use crate::error::Result;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -35,7 +35,6 @@ pub struct MembershipRow {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ConnectionRow {
-    pub id: i64,
     pub handle: String,
     pub name: String,
     pub client_name: String,
@@ -60,20 +59,20 @@ pub struct AuditEntry<'a> {
 }
 
 impl<'a> AuditEntry<'a> {
-    pub fn ok(action: &'a str, targets: Vec<String>) -> Self {
+    pub(crate) fn ok(action: &'a str, targets: Vec<String>) -> Self {
         AuditEntry { action, outcome: "ok", targets, pending_action: None, reason: None }
     }
 }
 
 pub type Tx<'c> = Transaction<'c, Postgres>;
 
-impl Datastore {
+impl Services {
     /// Starts the one kind of transaction services use; dropping it uncommitted rolls back.
-    pub async fn begin(&self) -> Result<Tx<'static>> {
+    pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         Ok(self.pool().begin().await?)
     }
 
-    pub async fn tenant_by_slug(&self, slug: &str) -> Result<Option<TenantRow>> {
+    pub(crate) async fn tenant_by_slug(&self, slug: &str) -> Result<Option<TenantRow>> {
         Ok(sqlx::query_as::<_, TenantRow>(
             "SELECT id, handle, slug, name, currency::text AS currency, zone, agent_access
              FROM tenants WHERE slug = $1",
@@ -83,7 +82,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn person_by_email(&self, email: &str) -> Result<Option<PersonRow>> {
+    pub(crate) async fn person_by_email(&self, email: &str) -> Result<Option<PersonRow>> {
         Ok(sqlx::query_as::<_, PersonRow>(
             "SELECT id, handle, email, name, active FROM people WHERE lower(email) = lower($1)",
         )
@@ -92,7 +91,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn membership_get(
+    pub(crate) async fn membership_get(
         &self,
         ctx: &OpCtx,
         person_id: i64,
@@ -106,7 +105,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
+    pub(crate) async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
         Ok(sqlx::query_as::<_, ConnectionRow>(
             "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,
                     p.email AS creator_email, c.created_at, c.last_used_at
@@ -119,7 +118,7 @@ impl Datastore {
     }
 }
 
-pub async fn tenant_insert(
+pub(crate) async fn tenant_insert(
     tx: &mut Tx<'_>,
     handle: &str,
     slug: &str,
@@ -140,7 +139,7 @@ pub async fn tenant_insert(
     .await?)
 }
 
-pub async fn person_insert(
+pub(crate) async fn person_insert(
     tx: &mut Tx<'_>,
     handle: &str,
     email: &str,
@@ -159,7 +158,7 @@ pub async fn person_insert(
     .await?)
 }
 
-pub async fn membership_upsert(
+pub(crate) async fn membership_upsert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     person_id: i64,
@@ -178,7 +177,11 @@ pub async fn membership_upsert(
 }
 
 /// Ends a person's membership in the context's tenant; returns whether there was one.
-pub async fn membership_deactivate(tx: &mut Tx<'_>, ctx: &OpCtx, person_id: i64) -> Result<bool> {
+pub(crate) async fn membership_deactivate(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+) -> Result<bool> {
     let done = sqlx::query(
         "UPDATE memberships SET active = false WHERE tenant_id = $1 AND person_id = $2 AND active",
     )
@@ -189,7 +192,7 @@ pub async fn membership_deactivate(tx: &mut Tx<'_>, ctx: &OpCtx, person_id: i64)
     Ok(done.rows_affected() > 0)
 }
 
-pub async fn connection_insert(
+pub(crate) async fn connection_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -202,7 +205,7 @@ pub async fn connection_insert(
 }
 
 #[expect(clippy::too_many_arguments, reason = "one column each")]
-pub async fn connection_insert_toolset(
+pub(crate) async fn connection_insert_toolset(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -227,7 +230,7 @@ pub async fn connection_insert_toolset(
     .await?)
 }
 
-pub async fn connection_token_insert(
+pub(crate) async fn connection_token_insert(
     tx: &mut Tx<'_>,
     connection_id: i64,
     kind: &str,
@@ -251,7 +254,7 @@ pub async fn connection_token_insert(
 
 /// Revokes the active connections of the tenant that match: one handle, or every connection a
 /// creator made. Returns the ids and handles revoked.
-pub async fn connection_revoke_where(
+pub(crate) async fn connection_revoke_where(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: Option<&str>,
@@ -285,7 +288,7 @@ pub async fn connection_revoke_where(
     Ok(revoked)
 }
 
-pub async fn connection_status(
+pub(crate) async fn connection_status(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -297,7 +300,7 @@ pub async fn connection_status(
         .await?)
 }
 
-pub async fn api_token_insert(
+pub(crate) async fn api_token_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -321,15 +324,19 @@ pub async fn api_token_insert(
 
 /// Writes one audit row from the context: channel, actor, connection and client name come from
 /// the entry point (R19), never from the caller's arguments.
-pub async fn audit_insert(tx: &mut Tx<'_>, ctx: &OpCtx, entry: AuditEntry<'_>) -> Result<()> {
-    let connection = ctx.connection.as_ref();
+pub(crate) async fn audit_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    entry: AuditEntry<'_>,
+) -> Result<()> {
+    let connection = ctx.connection();
     sqlx::query(
         "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
                                 client_name, action, outcome, targets, request_id, pending_action_id, reason)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(ctx.tenant_id())
-    .bind(ctx.channel.as_str())
+    .bind(ctx.channel().as_str())
     .bind(ctx.actor_person_id())
     .bind(connection.map(|c| c.id))
     .bind(connection.map(|c| c.name.as_str()))
@@ -337,7 +344,7 @@ pub async fn audit_insert(tx: &mut Tx<'_>, ctx: &OpCtx, entry: AuditEntry<'_>) -
     .bind(entry.action)
     .bind(entry.outcome)
     .bind(&entry.targets)
-    .bind(&ctx.request_id)
+    .bind(ctx.request_id())
     .bind(entry.pending_action)
     .bind(entry.reason)
     .execute(&mut **tx)
@@ -362,7 +369,7 @@ pub struct NewBooking<'a> {
     pub customer_note: Option<&'a str>,
 }
 
-pub async fn customer_insert(
+pub(crate) async fn customer_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -386,7 +393,7 @@ pub async fn customer_insert(
     .await?)
 }
 
-pub async fn technician_insert(
+pub(crate) async fn technician_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -409,7 +416,7 @@ pub async fn technician_insert(
     .await?)
 }
 
-pub async fn service_insert(
+pub(crate) async fn service_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -432,7 +439,7 @@ pub async fn service_insert(
     .await?)
 }
 
-pub async fn booking_insert(tx: &mut Tx<'_>, ctx: &OpCtx, b: NewBooking<'_>) -> Result<i64> {
+pub(crate) async fn booking_insert(tx: &mut Tx<'_>, ctx: &OpCtx, b: NewBooking<'_>) -> Result<i64> {
     Ok(sqlx::query_scalar(
         "INSERT INTO bookings (tenant_id, handle, customer_id, technician_id, service_id, starts_at,
                                zone, status, currency, net_minor, tax_minor, total_minor,
@@ -456,7 +463,7 @@ pub async fn booking_insert(tx: &mut Tx<'_>, ctx: &OpCtx, b: NewBooking<'_>) -> 
     .await?)
 }
 
-pub async fn booking_note_insert(
+pub(crate) async fn booking_note_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -480,7 +487,7 @@ pub async fn booking_note_insert(
 }
 
 /// Sets the platform kill switch and audits it as a platform-wide row (no tenant).
-pub async fn platform_kill_set(
+pub(crate) async fn platform_kill_set(
     tx: &mut Tx<'_>,
     on: bool,
     by: &str,
@@ -511,7 +518,11 @@ pub async fn platform_kill_set(
     Ok(was)
 }
 
-pub async fn tenant_agent_access_set(tx: &mut Tx<'_>, ctx: &OpCtx, on: bool) -> Result<bool> {
+pub(crate) async fn tenant_agent_access_set(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    on: bool,
+) -> Result<bool> {
     let was: bool = sqlx::query_scalar("SELECT agent_access FROM tenants WHERE id = $1 FOR UPDATE")
         .bind(ctx.tenant_id())
         .fetch_one(&mut **tx)
@@ -524,12 +535,16 @@ pub async fn tenant_agent_access_set(tx: &mut Tx<'_>, ctx: &OpCtx, on: bool) -> 
     Ok(was)
 }
 
-pub async fn platform_kill_get(ds: &Datastore) -> Result<bool> {
+pub(crate) async fn platform_kill_get(ds: &Services) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT global_kill FROM platform_state").fetch_one(ds.pool()).await?)
 }
 
 /// Makes a person an operator of the platform (or not): operators get the global kill switch.
-pub async fn person_set_operator(tx: &mut Tx<'_>, person_id: i64, operator: bool) -> Result<()> {
+pub(crate) async fn person_set_operator(
+    tx: &mut Tx<'_>,
+    person_id: i64,
+    operator: bool,
+) -> Result<()> {
     sqlx::query("UPDATE people SET is_operator = $2 WHERE id = $1")
         .bind(person_id)
         .bind(operator)
@@ -538,18 +553,59 @@ pub async fn person_set_operator(tx: &mut Tx<'_>, person_id: i64, operator: bool
     Ok(())
 }
 
-/// An audit row of the platform (no tenant): operator grants and the like.
-pub async fn platform_audit_insert(
+/// An audit row of the platform (no tenant): operator grants and the like, with who did it.
+pub(crate) async fn platform_audit_insert(
     tx: &mut Tx<'_>,
     channel: &str,
+    actor_id: Option<i64>,
     action: &str,
     target: &str,
 ) -> Result<()> {
-    sqlx::query("INSERT INTO audit_log (tenant_id, channel, action, outcome, targets) VALUES (NULL, $1, $2, 'ok', ARRAY[$3])")
+    sqlx::query("INSERT INTO audit_log (tenant_id, channel, actor_id, action, outcome, targets) VALUES (NULL, $1, $2, $3, 'ok', ARRAY[$4])")
         .bind(channel)
+        .bind(actor_id)
         .bind(action)
         .bind(target)
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// A person as the operator check reads them.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OperatorRow {
+    pub id: i64,
+    pub handle: String,
+    pub email: String,
+    pub active: bool,
+    pub is_operator: bool,
+}
+
+pub(crate) async fn operator_get(ds: &Services, email: &str) -> Result<Option<OperatorRow>> {
+    Ok(sqlx::query_as::<_, OperatorRow>(
+        "SELECT id, handle, email, active, is_operator FROM people WHERE lower(email) = lower($1)",
+    )
+    .bind(email.trim())
+    .fetch_optional(ds.pool())
+    .await?)
+}
+
+pub(crate) async fn operator_by_id(ds: &Services, id: i64) -> Result<Option<OperatorRow>> {
+    Ok(sqlx::query_as::<_, OperatorRow>(
+        "SELECT id, handle, email, active, is_operator FROM people WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(ds.pool())
+    .await?)
+}
+
+/// How many active operators the platform has, serialized against other grants in `tx` so that
+/// two racing bootstraps cannot both find none.
+pub(crate) async fn operator_count_locked(tx: &mut Tx<'_>) -> Result<i64> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('operator-role', 0))")
+        .execute(&mut **tx)
+        .await?;
+    Ok(sqlx::query_scalar("SELECT count(*) FROM people WHERE is_operator AND active")
+        .fetch_one(&mut **tx)
+        .await?)
 }

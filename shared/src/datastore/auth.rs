@@ -1,6 +1,6 @@
 //! The connection context: one query per MCP request (DESIGN step 3, R4).
 
-use crate::datastore::Datastore;
+use crate::datastore::Services;
 use crate::error::Result;
 
 /// Everything a worker needs to decide about one MCP request, read in one round trip:
@@ -8,7 +8,6 @@ use crate::error::Result;
 /// membership. Live rights are computed from it in [`crate::auth`].
 #[derive(Debug, sqlx::FromRow)]
 pub struct ConnectionContextRow {
-    pub token_kind: String,
     pub token_expires_at: Option<chrono::DateTime<chrono::Utc>>,
     pub token_audience: Option<String>,
     pub connection_id: i64,
@@ -49,7 +48,7 @@ pub struct ApiContextRow {
 
 /// The hot-path query: the token, its connection, tenant, switches and the creator's current
 /// membership in one round trip. Public so the benchmark can run the same SQL through pgbench.
-pub const CONNECTION_CONTEXT_SQL: &str = r#"
+pub(crate) const CONNECTION_CONTEXT_SQL: &str = r#"
             WITH tok AS (
                 SELECT connection_id, kind, expires_at, audience
                 FROM connection_tokens
@@ -79,10 +78,10 @@ pub const CONNECTION_CONTEXT_SQL: &str = r#"
             LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
             "#;
 
-impl Datastore {
+impl Services {
     /// Looks up an MCP token by hash. Also stamps `last_used_at`, at most once a minute, in
     /// the same statement so the hot path stays one round trip.
-    pub async fn connection_context(
+    pub(crate) async fn connection_context(
         &self,
         token_hash: &[u8],
     ) -> Result<Option<ConnectionContextRow>> {
@@ -94,7 +93,10 @@ impl Datastore {
     }
 
     /// Looks up an API token by hash, with its person's current membership.
-    pub async fn api_token_context(&self, token_hash: &[u8]) -> Result<Option<ApiContextRow>> {
+    pub(crate) async fn api_token_context(
+        &self,
+        token_hash: &[u8],
+    ) -> Result<Option<ApiContextRow>> {
         let row = sqlx::query_as::<_, ApiContextRow>(
             r#"
             SELECT p.id AS person_id, p.handle AS person_handle, p.active AS person_active,

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Datastore, Tx, from_ts};
+use crate::datastore::{Services, Tx, from_ts};
 use crate::error::{Error, Resource, Result};
 use crate::handle::BookingHandle;
 
@@ -36,7 +36,7 @@ pub struct BookingRow {
     pub priority: String,
     pub reference: Option<String>,
     pub updated_at: DateTime<Utc>,
-    /// Filled by [`Datastore::booking_get`] only.
+    /// Filled by [`Services::booking_get`] only.
     pub notes: Json<Vec<NoteRow>>,
 }
 
@@ -121,12 +121,12 @@ static BOOKING_FIND_LOCK_SQL: LazyLock<String> =
     LazyLock::new(|| format!("{} FOR UPDATE OF b", BOOKING_FIND_SQL.as_str()));
 
 /// The single-booking query, built once. Public so the benchmark can run it through pgbench.
-pub fn booking_get_sql() -> &'static str {
+pub(crate) fn booking_get_sql() -> &'static str {
     BOOKING_GET_SQL.as_str()
 }
 
 /// Locks one booking of the tenant for a write in `tx`.
-pub async fn booking_lock(
+pub(crate) async fn booking_lock(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -139,7 +139,7 @@ pub async fn booking_lock(
 }
 
 /// The bookings a filter matches, locked for a batch write in `tx`.
-pub async fn booking_find_locked(
+pub(crate) async fn booking_find_locked(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     filter: &BookingFilter,
@@ -159,8 +159,8 @@ pub async fn booking_find_locked(
         .await?)
 }
 
-impl Datastore {
-    pub async fn booking_find(
+impl Services {
+    pub(crate) async fn booking_find(
         &self,
         ctx: &OpCtx,
         filter: &BookingFilter,
@@ -181,7 +181,7 @@ impl Datastore {
         Ok(rows)
     }
 
-    pub async fn booking_get(
+    pub(crate) async fn booking_get(
         &self,
         ctx: &OpCtx,
         handle: &BookingHandle,
@@ -197,7 +197,7 @@ impl Datastore {
 
 /// Checks that the technician and customer a filter names exist in the tenant, so that a
 /// foreign or mistyped handle answers not found instead of silently matching nothing (R3, R15).
-pub async fn booking_filter_refs<'e, E: sqlx::PgExecutor<'e>>(
+pub(crate) async fn booking_filter_refs<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
     filter: &BookingFilter,
@@ -222,7 +222,7 @@ pub async fn booking_filter_refs<'e, E: sqlx::PgExecutor<'e>>(
 }
 
 /// How many bookings a filter matches (its keyset and limit ignored), on any executor.
-pub async fn booking_count_in<'e, E: sqlx::PgExecutor<'e>>(
+pub(crate) async fn booking_count_in<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
     filter: &BookingFilter,
@@ -238,9 +238,9 @@ pub async fn booking_count_in<'e, E: sqlx::PgExecutor<'e>>(
         .await?)
 }
 
-impl Datastore {
+impl Services {
     /// How many bookings a filter matches (its keyset and limit ignored).
-    pub async fn booking_count(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<i64> {
+    pub(crate) async fn booking_count(&self, ctx: &OpCtx, filter: &BookingFilter) -> Result<i64> {
         booking_count_in(self.pool(), ctx, filter).await
     }
 }

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Datastore, Tx};
+use crate::datastore::{Services, Tx};
 use crate::error::Result;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -81,12 +81,11 @@ pub struct RefreshRow {
     pub expired: bool,
     pub used: bool,
     pub connection_status: String,
-    pub tenant_id: i64,
     pub oauth_client_id: Option<String>,
 }
 
-impl Datastore {
-    pub async fn person_login(&self, email: &str) -> Result<Option<LoginRow>> {
+impl Services {
+    pub(crate) async fn person_login(&self, email: &str) -> Result<Option<LoginRow>> {
         Ok(sqlx::query_as::<_, LoginRow>(
             "SELECT id, password_hash, active FROM people WHERE lower(email) = lower($1)",
         )
@@ -95,7 +94,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn login_failures_recent(&self, email: &str, window_secs: i64) -> Result<i64> {
+    pub(crate) async fn login_failures_recent(&self, email: &str, window_secs: i64) -> Result<i64> {
         Ok(sqlx::query_scalar(
             "SELECT count(*) FROM login_failures WHERE lower(email) = lower($1) AND at > now() - make_interval(secs => $2)",
         )
@@ -105,7 +104,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn login_failure_add(&self, email: &str) -> Result<()> {
+    pub(crate) async fn login_failure_add(&self, email: &str) -> Result<()> {
         sqlx::query("INSERT INTO login_failures (email) VALUES ($1)")
             .bind(email)
             .execute(self.pool())
@@ -113,7 +112,7 @@ impl Datastore {
         Ok(())
     }
 
-    pub async fn session_create(
+    pub(crate) async fn session_create(
         &self,
         token_hash: &[u8],
         person_id: i64,
@@ -136,7 +135,7 @@ impl Datastore {
     }
 
     /// A live session with its person and, when picked, the tenant and current membership.
-    pub async fn session_get(&self, token_hash: &[u8]) -> Result<Option<SessionRow>> {
+    pub(crate) async fn session_get(&self, token_hash: &[u8]) -> Result<Option<SessionRow>> {
         Ok(sqlx::query_as::<_, SessionRow>(
             "SELECT s.id, p.id AS person_id, p.handle AS person_handle, p.email, p.name,
                     p.active AS person_active, p.is_operator, s.csrf_token,
@@ -154,7 +153,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn session_set_tenant(&self, session_id: i64, tenant_id: i64) -> Result<()> {
+    pub(crate) async fn session_set_tenant(&self, session_id: i64, tenant_id: i64) -> Result<()> {
         sqlx::query("UPDATE console_sessions SET tenant_id = $2 WHERE id = $1")
             .bind(session_id)
             .bind(tenant_id)
@@ -163,7 +162,7 @@ impl Datastore {
         Ok(())
     }
 
-    pub async fn session_delete(&self, token_hash: &[u8]) -> Result<()> {
+    pub(crate) async fn session_delete(&self, token_hash: &[u8]) -> Result<()> {
         sqlx::query("DELETE FROM console_sessions WHERE token_hash = $1")
             .bind(token_hash)
             .execute(self.pool())
@@ -171,7 +170,7 @@ impl Datastore {
         Ok(())
     }
 
-    pub async fn memberships_of(&self, person_id: i64) -> Result<Vec<MembershipListRow>> {
+    pub(crate) async fn memberships_of(&self, person_id: i64) -> Result<Vec<MembershipListRow>> {
         Ok(sqlx::query_as::<_, MembershipListRow>(
             "SELECT t.id AS tenant_id, t.slug, t.name, m.role FROM memberships m JOIN tenants t ON t.id = m.tenant_id
              WHERE m.person_id = $1 AND m.active ORDER BY t.name",
@@ -181,7 +180,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn people_list(&self, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
+    pub(crate) async fn people_list(&self, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
         Ok(sqlx::query_as::<_, PersonListRow>(
             "SELECT p.handle, p.email, p.name, m.role, (m.active AND p.active) AS active
              FROM memberships m JOIN people p ON p.id = m.person_id
@@ -192,7 +191,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn oauth_client_get(&self, client_id: &str) -> Result<Option<ClientRow>> {
+    pub(crate) async fn oauth_client_get(&self, client_id: &str) -> Result<Option<ClientRow>> {
         Ok(sqlx::query_as::<_, ClientRow>(
             "SELECT client_id, client_name, redirect_uris, kind, fetched_at FROM oauth_clients WHERE client_id = $1",
         )
@@ -201,7 +200,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn oauth_client_put(
+    pub(crate) async fn oauth_client_put(
         &self,
         client_id: &str,
         name: &str,
@@ -225,7 +224,7 @@ impl Datastore {
 }
 
 /// The active OAuth connection of this client for the context's person, if any.
-pub async fn oauth_connection_find(
+pub(crate) async fn oauth_connection_find(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     person_id: i64,
@@ -242,7 +241,7 @@ pub async fn oauth_connection_find(
     .await?)
 }
 
-pub async fn connection_set_oauth(
+pub(crate) async fn connection_set_oauth(
     tx: &mut Tx<'_>,
     id: i64,
     client_id: &str,
@@ -266,7 +265,7 @@ pub struct NewCode<'a> {
     pub resource: &'a str,
 }
 
-pub async fn oauth_code_insert(tx: &mut Tx<'_>, c: NewCode<'_>) -> Result<()> {
+pub(crate) async fn oauth_code_insert(tx: &mut Tx<'_>, c: NewCode<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO oauth_codes (code_hash, client_id, connection_id, redirect_uri, code_challenge, resource, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, now() + interval '2 minutes')",
@@ -283,7 +282,7 @@ pub async fn oauth_code_insert(tx: &mut Tx<'_>, c: NewCode<'_>) -> Result<()> {
 }
 
 /// Locks a code for exchange.
-pub async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result<Option<CodeRow>> {
+pub(crate) async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result<Option<CodeRow>> {
     Ok(sqlx::query_as::<_, CodeRow>(
         "SELECT id, client_id, connection_id, redirect_uri, code_challenge, resource,
                 expires_at <= now() AS expired, used_at IS NOT NULL AS used
@@ -294,7 +293,7 @@ pub async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result<Option
     .await?)
 }
 
-pub async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+pub(crate) async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     sqlx::query("UPDATE oauth_codes SET used_at = now() WHERE id = $1")
         .bind(id)
         .execute(&mut **tx)
@@ -302,7 +301,7 @@ pub async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     Ok(())
 }
 
-pub async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<Option<RefreshRow>> {
+pub(crate) async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<Option<RefreshRow>> {
     Ok(sqlx::query_as::<_, RefreshRow>(
         "SELECT t.id, t.connection_id, t.audience, coalesce(t.expires_at <= now(), false) AS expired,
                 t.used_at IS NOT NULL AS used, c.status AS connection_status, c.tenant_id, c.oauth_client_id
@@ -314,7 +313,7 @@ pub async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<Option<R
     .await?)
 }
 
-pub async fn token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+pub(crate) async fn token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     sqlx::query("UPDATE connection_tokens SET used_at = now() WHERE id = $1")
         .bind(id)
         .execute(&mut **tx)
@@ -323,7 +322,7 @@ pub async fn token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
 }
 
 /// Deletes one access token by hash; returns whether it existed.
-pub async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<bool> {
+pub(crate) async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<bool> {
     Ok(sqlx::query("DELETE FROM connection_tokens WHERE token_hash = $1 AND kind = 'access'")
         .bind(token_hash)
         .execute(&mut **tx)
@@ -333,7 +332,7 @@ pub async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<b
 }
 
 /// The tenant, handle and status of a connection, by id (for revocations found by token).
-pub async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<(i64, String)>> {
+pub(crate) async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<(i64, String)>> {
     Ok(sqlx::query_as::<_, (i64, String)>(
         "SELECT tenant_id, handle FROM connections WHERE id = $1",
     )
@@ -342,7 +341,7 @@ pub async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<(i64, S
     .await?)
 }
 
-pub async fn tenant_by_id(tx: &mut Tx<'_>, id: i64) -> Result<crate::datastore::TenantRow> {
+pub(crate) async fn tenant_by_id(tx: &mut Tx<'_>, id: i64) -> Result<crate::datastore::TenantRow> {
     Ok(sqlx::query_as::<_, crate::datastore::TenantRow>(
         "SELECT id, handle, slug, name, currency::text AS currency, zone, agent_access FROM tenants WHERE id = $1",
     )

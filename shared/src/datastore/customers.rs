@@ -3,7 +3,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 
 use crate::ctx::OpCtx;
-use crate::datastore::Datastore;
+use crate::datastore::Services;
 use crate::error::Result;
 use crate::handle::CustomerHandle;
 
@@ -35,10 +35,10 @@ static CUSTOMER_GET_SQL: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {COLUMNS} FROM customers WHERE tenant_id = $1 AND handle = $2")
 });
 
-impl Datastore {
+impl Services {
     /// Customers of the tenant ordered by name, optionally matching `query` in name, email or
     /// phone, after the keyset `(lower(name), handle)`.
-    pub async fn customer_find(
+    pub(crate) async fn customer_find(
         &self,
         ctx: &OpCtx,
         query: Option<&str>,
@@ -58,7 +58,7 @@ impl Datastore {
         Ok(rows)
     }
 
-    pub async fn customer_get(
+    pub(crate) async fn customer_get(
         &self,
         ctx: &OpCtx,
         handle: &CustomerHandle,

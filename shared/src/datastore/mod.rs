@@ -29,9 +29,11 @@ use crate::error::{Error, Result};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
-/// The handle to Postgres that services use. Cloning is cheap (the pool is shared).
+/// The handle adapters hold to call the services (`shared::services::*`). Its pool is private
+/// to this library: only the datastore functions below reach Postgres, and only services call
+/// them, so an adapter that wants SQL does not compile (R2, STYLE 11). Cloning is cheap.
 #[derive(Clone, Debug)]
-pub struct Datastore {
+pub struct Services {
     pool: PgPool,
     policy: Policy,
     /// Where committed switch flips and revocations are pushed; `None` without NATS.
@@ -53,7 +55,7 @@ impl Default for Policy {
     }
 }
 
-impl Datastore {
+impl Services {
     /// Connects a pool of at most `max_connections` to `url`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)
@@ -65,11 +67,12 @@ impl Datastore {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(Datastore { pool, policy: Policy::default(), bus: None })
+        Ok(Services { pool, policy: Policy::default(), bus: None })
     }
 
-    pub fn from_pool(pool: PgPool) -> Self {
-        Datastore { pool, policy: Policy::default(), bus: None }
+    #[cfg(feature = "testing")]
+    pub(crate) fn from_pool(pool: PgPool) -> Self {
+        Services { pool, policy: Policy::default(), bus: None }
     }
 
     pub fn with_policy(mut self, policy: Policy) -> Self {
@@ -77,7 +80,7 @@ impl Datastore {
         self
     }
 
-    pub fn policy(&self) -> Policy {
+    pub(crate) fn policy(&self) -> Policy {
         self.policy
     }
 
@@ -86,7 +89,7 @@ impl Datastore {
         self
     }
 
-    pub fn bus(&self) -> Option<&crate::bus::Bus> {
+    pub(crate) fn bus(&self) -> Option<&crate::bus::Bus> {
         self.bus.as_ref()
     }
 

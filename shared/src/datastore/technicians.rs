@@ -1,7 +1,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::ctx::OpCtx;
-use crate::datastore::Datastore;
+use crate::datastore::Services;
 use crate::datastore::customers::escape_like;
 use crate::error::Result;
 
@@ -17,8 +17,8 @@ pub struct TechnicianRow {
     pub updated_at: DateTime<Utc>,
 }
 
-impl Datastore {
-    pub async fn technician_find(
+impl Services {
+    pub(crate) async fn technician_find(
         &self,
         ctx: &OpCtx,
         query: Option<&str>,

@@ -6,12 +6,12 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{CustomerRow, Datastore, TechnicianRow, Tx};
+use crate::datastore::{CustomerRow, Services, TechnicianRow, Tx};
 use crate::error::Result;
 
 const CUSTOMER_COLUMNS: &str = "id, handle, name, email, phone, created_at, updated_at";
 
-pub async fn customer_lock(
+pub(crate) async fn customer_lock(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -26,7 +26,7 @@ pub async fn customer_lock(
 }
 
 /// The handle and key of a customer with this normalized email or phone, if any (R9).
-pub async fn customer_by_key(
+pub(crate) async fn customer_by_key(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     email: Option<&str>,
@@ -49,7 +49,7 @@ pub async fn customer_by_key(
     .await?)
 }
 
-pub async fn customer_create(
+pub(crate) async fn customer_create(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -73,7 +73,7 @@ pub async fn customer_create(
     .await?)
 }
 
-pub async fn customer_update(
+pub(crate) async fn customer_update(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     id: i64,
@@ -94,7 +94,7 @@ pub async fn customer_update(
     .await?)
 }
 
-pub async fn customer_booking_handles(
+pub(crate) async fn customer_booking_handles(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     customer_id: i64,
@@ -108,7 +108,7 @@ pub async fn customer_booking_handles(
     .await?)
 }
 
-pub async fn customer_delete(tx: &mut Tx<'_>, ctx: &OpCtx, id: i64) -> Result<()> {
+pub(crate) async fn customer_delete(tx: &mut Tx<'_>, ctx: &OpCtx, id: i64) -> Result<()> {
     sqlx::query("DELETE FROM customers WHERE tenant_id = $1 AND id = $2")
         .bind(ctx.tenant_id())
         .bind(id)
@@ -129,7 +129,11 @@ pub struct ServiceRow {
 
 const SERVICE_COLUMNS: &str = "id, handle, name, duration_minutes, price_minor, tax_rate_bp";
 
-pub async fn service_get(tx: &mut Tx<'_>, ctx: &OpCtx, handle: &str) -> Result<Option<ServiceRow>> {
+pub(crate) async fn service_get(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<ServiceRow>> {
     Ok(sqlx::query_as::<_, ServiceRow>(sqlx::AssertSqlSafe(format!(
         "SELECT {SERVICE_COLUMNS} FROM services WHERE tenant_id = $1 AND handle = $2"
     )))
@@ -139,7 +143,7 @@ pub async fn service_get(tx: &mut Tx<'_>, ctx: &OpCtx, handle: &str) -> Result<O
     .await?)
 }
 
-pub async fn technician_lock(
+pub(crate) async fn technician_lock(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -155,7 +159,7 @@ pub async fn technician_lock(
 }
 
 /// Another live booking of this customer for this service at this start (R9).
-pub async fn booking_by_key(
+pub(crate) async fn booking_by_key(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     customer_id: i64,
@@ -187,7 +191,7 @@ pub struct BookingChange<'a> {
     pub status: &'a str,
 }
 
-pub async fn booking_update(
+pub(crate) async fn booking_update(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     id: i64,
@@ -214,7 +218,7 @@ pub async fn booking_update(
     Ok(())
 }
 
-pub async fn booking_set_separate_reason(
+pub(crate) async fn booking_set_separate_reason(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     id: i64,
@@ -229,7 +233,7 @@ pub async fn booking_set_separate_reason(
     Ok(())
 }
 
-pub async fn booking_delete(tx: &mut Tx<'_>, ctx: &OpCtx, id: i64) -> Result<()> {
+pub(crate) async fn booking_delete(tx: &mut Tx<'_>, ctx: &OpCtx, id: i64) -> Result<()> {
     sqlx::query("DELETE FROM bookings WHERE tenant_id = $1 AND id = $2")
         .bind(ctx.tenant_id())
         .bind(id)
@@ -247,7 +251,7 @@ pub struct AlertRuleRow {
     pub muted_until: Option<DateTime<Utc>>,
 }
 
-pub async fn alert_rule_insert(
+pub(crate) async fn alert_rule_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -267,7 +271,7 @@ pub async fn alert_rule_insert(
     Ok(())
 }
 
-pub async fn alert_rule_lock(
+pub(crate) async fn alert_rule_lock(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     handle: &str,
@@ -282,7 +286,7 @@ pub async fn alert_rule_lock(
     .await?)
 }
 
-pub async fn alert_rule_mute(
+pub(crate) async fn alert_rule_mute(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     id: i64,
@@ -312,7 +316,6 @@ pub struct PendingRow {
     pub content_hash: String,
     pub summary: String,
     pub status: String,
-    pub expires_at: DateTime<Utc>,
     pub expired: bool,
     /// When the preview was made: durations in the preview are measured from here.
     pub created_at: DateTime<Utc>,
@@ -332,7 +335,7 @@ pub struct NewPending<'a> {
     pub previewed_at: DateTime<Utc>,
 }
 
-pub async fn pending_insert(
+pub(crate) async fn pending_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     p: NewPending<'_>,
@@ -360,7 +363,7 @@ pub async fn pending_insert(
 
 /// Finds a pending action of the tenant by token hash, takes its advisory lock for the rest of
 /// the transaction, and reads it again under the lock.
-pub async fn pending_lock_by_token(
+pub(crate) async fn pending_lock_by_token(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     token_hash: &[u8],
@@ -384,7 +387,7 @@ pub async fn pending_lock_by_token(
     .await?)
 }
 
-pub async fn pending_decide(
+pub(crate) async fn pending_decide(
     tx: &mut Tx<'_>,
     id: i64,
     status: &str,
@@ -406,7 +409,12 @@ pub async fn pending_decide(
 /// Serializes, for this transaction, every write of the tenant that could claim the same
 /// business key (a customer's email or phone), so that the duplicate guard's read and the
 /// insert that follows it act as one step across workers.
-pub async fn business_key_lock(tx: &mut Tx<'_>, ctx: &OpCtx, kind: &str, key: &str) -> Result<()> {
+pub(crate) async fn business_key_lock(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    kind: &str,
+    key: &str,
+) -> Result<()> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, $2))")
         .bind(format!("key:{kind}:{key}"))
         .bind(ctx.tenant_id())
@@ -418,7 +426,7 @@ pub async fn business_key_lock(tx: &mut Tx<'_>, ctx: &OpCtx, kind: &str, key: &s
 // ------------------------------------------------------------------ replay cache (R8)
 
 /// Serializes identical silent writes of one connection across workers for this transaction.
-pub async fn replay_lock(
+pub(crate) async fn replay_lock(
     tx: &mut Tx<'_>,
     connection_id: i64,
     tool: &str,
@@ -432,7 +440,7 @@ pub async fn replay_lock(
     Ok(())
 }
 
-pub async fn replay_find(
+pub(crate) async fn replay_find(
     tx: &mut Tx<'_>,
     connection_id: i64,
     tool: &str,
@@ -454,7 +462,7 @@ pub async fn replay_find(
 }
 
 /// The entry recorded under an idempotency key: tool, digest and result.
-pub async fn replay_find_key(
+pub(crate) async fn replay_find_key(
     tx: &mut Tx<'_>,
     connection_id: i64,
     key: &str,
@@ -468,7 +476,7 @@ pub async fn replay_find_key(
     .await?)
 }
 
-pub async fn replay_insert(
+pub(crate) async fn replay_insert(
     tx: &mut Tx<'_>,
     connection_id: i64,
     tool: &str,
@@ -501,7 +509,7 @@ pub struct NewMessage<'a> {
     pub idempotency_key: &'a str,
 }
 
-pub async fn outbox_insert(tx: &mut Tx<'_>, ctx: &OpCtx, m: NewMessage<'_>) -> Result<()> {
+pub(crate) async fn outbox_insert(tx: &mut Tx<'_>, ctx: &OpCtx, m: NewMessage<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO outbox (tenant_id, pending_action_id, channel, recipient, subject, body, idempotency_key)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -535,15 +543,12 @@ pub struct AuditRow {
     pub action: String,
     pub outcome: String,
     pub targets: Vec<String>,
-    pub channel: String,
-    pub connection_name: Option<String>,
-    pub client_name: Option<String>,
 }
 
-impl Datastore {
+impl Services {
     /// Claims up to `limit` queued messages (skipping rows another dispatcher holds) and
     /// hands them to `deliver` inside the claiming transaction; delivered rows are marked sent.
-    pub async fn outbox_claim(&self, limit: i64) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
+    pub(crate) async fn outbox_claim(&self, limit: i64) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query_as::<_, OutboxRow>(
             "SELECT id, channel, recipient, subject, body, idempotency_key, attempts FROM outbox
@@ -555,7 +560,7 @@ impl Datastore {
         Ok((tx, rows))
     }
 
-    pub async fn alert_rule_list(&self, ctx: &OpCtx) -> Result<Vec<AlertRuleRow>> {
+    pub(crate) async fn alert_rule_list(&self, ctx: &OpCtx) -> Result<Vec<AlertRuleRow>> {
         Ok(sqlx::query_as::<_, AlertRuleRow>(
             "SELECT id, handle, name, description, muted_until FROM alert_rules WHERE tenant_id = $1 ORDER BY name",
         )
@@ -564,7 +569,7 @@ impl Datastore {
         .await?)
     }
 
-    pub async fn service_list(&self, ctx: &OpCtx) -> Result<Vec<ServiceRow>> {
+    pub(crate) async fn service_list(&self, ctx: &OpCtx) -> Result<Vec<ServiceRow>> {
         Ok(sqlx::query_as::<_, ServiceRow>(sqlx::AssertSqlSafe(format!(
             "SELECT {SERVICE_COLUMNS} FROM services WHERE tenant_id = $1 ORDER BY name, handle"
         )))
@@ -574,7 +579,7 @@ impl Datastore {
     }
 
     /// What one connection did, newest first.
-    pub async fn audit_for_connection(
+    pub(crate) async fn audit_for_connection(
         &self,
         ctx: &OpCtx,
         connection_id: i64,
@@ -592,7 +597,12 @@ impl Datastore {
     }
 }
 
-pub async fn outbox_mark(tx: &mut Tx<'_>, id: i64, sent: bool, error: Option<&str>) -> Result<()> {
+pub(crate) async fn outbox_mark(
+    tx: &mut Tx<'_>,
+    id: i64,
+    sent: bool,
+    error: Option<&str>,
+) -> Result<()> {
     sqlx::query(
         "UPDATE outbox SET attempts = attempts + 1, last_error = $3,
                 status = CASE WHEN $2 THEN 'sent' WHEN attempts + 1 >= 5 THEN 'failed' ELSE 'queued' END,
@@ -620,8 +630,8 @@ pub struct AuditListRow {
     pub reason: Option<String>,
 }
 
-impl Datastore {
-    pub async fn audit_list(
+impl Services {
+    pub(crate) async fn audit_list(
         &self,
         ctx: &OpCtx,
         connection: Option<&str>,
@@ -655,9 +665,9 @@ pub struct OutboxListRow {
     pub action_handle: Option<String>,
 }
 
-impl Datastore {
+impl Services {
     /// The tenant's outgoing messages, newest first (the text stays out of lists).
-    pub async fn outbox_list(&self, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
+    pub(crate) async fn outbox_list(&self, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
         Ok(sqlx::query_as::<_, OutboxListRow>(
             "SELECT o.id, o.channel, o.recipient, o.subject, o.status, o.attempts, o.created_at, o.sent_at,
                     p.handle AS action_handle
@@ -671,10 +681,10 @@ impl Datastore {
     }
 }
 
-impl Datastore {
+impl Services {
     /// Counts one call in the current minute's window; returns the count, the limit (the
     /// tenant's override or `default_limit`) and the seconds until the window ends.
-    pub async fn rate_take(
+    pub(crate) async fn rate_take(
         &self,
         connection_id: i64,
         tenant_id: i64,
@@ -704,7 +714,7 @@ impl Datastore {
     /// than a day (the replay window is minutes), expired console sessions, sign-in failures
     /// older than a day, expired authorization codes and tokens expired for a day. Returns the
     /// rows removed.
-    pub async fn housekeeping(&self) -> Result<u64> {
+    pub(crate) async fn housekeeping(&self) -> Result<u64> {
         let mut removed = 0;
         for sql in [
             "DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'",

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::canon::{canonical_json, sha256_hex};
 use crate::ctx::OpCtx;
 use crate::datastore::{
-    self as db, AuditEntry, BookingFilter, BookingRow, Datastore, NewMessage, NewPending, Tx,
+    self as db, AuditEntry, BookingFilter, BookingRow, NewMessage, NewPending, Services, Tx,
     from_ts, to_ts,
 };
 use crate::error::{ActionRefusal, Error, Resource, Result};
@@ -481,12 +481,13 @@ async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -
                 return Err(Error::WrongState {
                     message: format!(
                         "the mute this preview showed would have ended at {}; prepare it again",
-                        time::present(until, &ctx.tenant.zone, &ctx.tenant.zone_name, now).display
+                        time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now)
+                            .display
                     ),
                     use_instead: Some("mute_alerts"),
                 });
             }
-            let until_view = time::present(until, &ctx.tenant.zone, &ctx.tenant.zone_name, now);
+            let until_view = time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
             Ok(Plan {
                 summary: format!(
                     "Mute alert rule \"{}\" for {minutes} minutes, until {}",
@@ -519,7 +520,7 @@ async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -
             }
             Ok(Plan {
                 summary: format!("Delete customer {} ({})", c.name, c.handle),
-                preview: json!({"customer": views::customer(&c, &ctx.tenant.zone, &ctx.tenant.zone_name, now)}),
+                preview: json!({"customer": views::customer(&c, &ctx.tenant().zone, &ctx.tenant().zone_name, now)}),
                 content: json!({"customer": c.handle, "version": views::customer_version(&c)}),
                 targets: vec![c.handle.clone()],
                 apply: Apply::DeleteCustomer { id: c.id },
@@ -764,7 +765,7 @@ async fn apply(
         }
         Apply::Mute { id, until } => {
             db::alert_rule_mute(tx, ctx, *id, from_ts(*until)).await?;
-            json!({ "muted_until": time::present(*until, &ctx.tenant.zone, &ctx.tenant.zone_name, now) })
+            json!({ "muted_until": time::present(*until, &ctx.tenant().zone, &ctx.tenant().zone_name, now) })
         }
         Apply::DeleteCustomer { id } => {
             db::customer_delete(tx, ctx, *id).await?;
@@ -781,7 +782,7 @@ async fn apply(
 // ------------------------------------------------------------------ the two steps
 
 fn connection_id(ctx: &OpCtx) -> Result<i64> {
-    ctx.connection.as_ref().map(|c| c.id).ok_or_else(|| {
+    ctx.connection().map(|c| c.id).ok_or_else(|| {
         Error::invalid("connection", "two-step actions are taken through an agent connection")
     })
 }
@@ -790,7 +791,7 @@ fn connection_id(ctx: &OpCtx) -> Result<i64> {
 async fn store_preview(
     tx: &mut Tx<'static>,
     ctx: &OpCtx,
-    ds: &Datastore,
+    ds: &Services,
     op: Op,
     args: &Value,
     plan: &Plan,
@@ -837,7 +838,7 @@ async fn store_preview(
         "tool": op.name(),
         "confirm_token": token,
         "confirm_summary": plan.summary,
-        "expires": time::present(to_ts(expires_at), &ctx.tenant.zone, &ctx.tenant.zone_name, now),
+        "expires": time::present(to_ts(expires_at), &ctx.tenant().zone, &ctx.tenant().zone_name, now),
         "effect": plan.preview,
         "next": "Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action.",
     }))
@@ -845,7 +846,7 @@ async fn store_preview(
 
 /// Step one: plan the action and return a preview. Executes nothing.
 pub async fn prepare<T: Serialize>(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     op: Op,
     input: &T,
@@ -901,7 +902,7 @@ enum Opened {
 
 /// Finds the pending action of a token under its advisory lock and checks that it belongs to
 /// this connection; both steps start here.
-async fn open_pending(ds: &Datastore, ctx: &OpCtx, token: &str) -> Result<Opened> {
+async fn open_pending(ds: &Services, ctx: &OpCtx, token: &str) -> Result<Opened> {
     let mut tx = ds.begin().await?;
     let Some(p) =
         db::pending_lock_by_token(&mut tx, ctx, &secret::hash_token(token.trim())).await?
@@ -911,7 +912,7 @@ async fn open_pending(ds: &Datastore, ctx: &OpCtx, token: &str) -> Result<Opened
             "this confirm_token is not known; prepare the action again",
         )));
     };
-    if Some(p.connection_id) != ctx.connection.as_ref().map(|c| c.id) {
+    if Some(p.connection_id) != ctx.connection().map(|c| c.id) {
         let error = refused(
             ActionRefusal::OtherConnection,
             "this confirm_token belongs to another connection; prepare the action on this one",
@@ -923,7 +924,7 @@ async fn open_pending(ds: &Datastore, ctx: &OpCtx, token: &str) -> Result<Opened
 
 /// Step two: execute a previewed action after every check.
 pub async fn confirm(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &ConfirmActionInput,
     now: Timestamp,
@@ -1014,7 +1015,7 @@ pub async fn confirm(
     Ok(out)
 }
 
-pub async fn reject(ds: &Datastore, ctx: &OpCtx, input: &RejectActionInput) -> Result<Value> {
+pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Result<Value> {
     let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
         Opened::Mine(tx, p) => (tx, p),
         Opened::Refused(error) => return Err(error),

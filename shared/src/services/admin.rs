@@ -5,26 +5,13 @@
 use serde::Serialize;
 
 use crate::bus::{self, Event};
-use crate::ctx::{Actor, Channel, OpCtx, TenantRef, new_request_id};
-use crate::datastore::{self as ds_fns, AuditEntry, Datastore, TenantRow};
+use crate::ctx::{OpCtx, Operator, TenantRef};
+use crate::datastore::{self as ds_fns, AuditEntry, Services, TenantRow};
 use crate::error::{Error, Resource, Result};
 use crate::handle::{ApiTokenHandle, ConnectionHandle, PersonHandle, TenantHandle};
 use crate::rights::{Right, RightSet, Role};
 use crate::secret::{self, CredentialKind};
 use crate::time;
-
-/// Builds the context for an operator command in a tenant: a named system actor holding every
-/// right (operators act for the platform), audited with `channel`.
-pub fn operator_ctx(tenant: &TenantRow, channel: Channel, name: &'static str) -> Result<OpCtx> {
-    Ok(OpCtx {
-        actor: Actor::System { name },
-        tenant: tenant_ref(tenant)?,
-        rights: RightSet::of(Right::ALL),
-        channel,
-        connection: None,
-        request_id: new_request_id(),
-    })
-}
 
 pub fn tenant_ref(t: &TenantRow) -> Result<TenantRef> {
     Ok(TenantRef {
@@ -37,7 +24,7 @@ pub fn tenant_ref(t: &TenantRow) -> Result<TenantRef> {
     })
 }
 
-pub async fn tenant_by_slug(ds: &Datastore, slug: &str) -> Result<TenantRow> {
+pub async fn tenant_by_slug(ds: &Services, slug: &str) -> Result<TenantRow> {
     ds.tenant_by_slug(slug).await?.ok_or_else(|| Error::not_found(Resource::Tenant, slug))
 }
 
@@ -57,10 +44,24 @@ pub struct NewTenant<'a> {
     pub zone: &'a str,
 }
 
-pub async fn tenant_create(
-    ds: &Datastore,
-    channel: Channel,
+/// Creates a tenant with its default alert rules: a platform action, operators only.
+pub async fn tenant_create(ds: &Services, by: &Operator, t: NewTenant<'_>) -> Result<TenantRow> {
+    insert_tenant(ds, t, |tenant| OpCtx::for_operator(by, tenant)).await
+}
+
+/// Creates a tenant for a job of the library (the demo seed), audited as that job.
+pub(crate) async fn tenant_create_by_job(
+    ds: &Services,
+    job: &'static str,
     t: NewTenant<'_>,
+) -> Result<TenantRow> {
+    insert_tenant(ds, t, |tenant| OpCtx::for_job(job, tenant, &[])).await
+}
+
+async fn insert_tenant(
+    ds: &Services,
+    t: NewTenant<'_>,
+    actor: impl FnOnce(TenantRef) -> OpCtx,
 ) -> Result<TenantRow> {
     let slug = t.slug.trim().to_lowercase();
     let valid_slug = slug.len() >= 2
@@ -89,7 +90,7 @@ pub async fn tenant_create(
         t.zone.trim(),
     )
     .await?;
-    let ctx = operator_ctx(&row, channel, "operator")?;
+    let ctx = actor(tenant_ref(&row)?);
     for (name, description) in DEFAULT_ALERT_RULES {
         let handle = format!("alr_{}", &crate::handle::NoteHandle::generate().as_str()[4..]);
         ds_fns::alert_rule_insert(&mut tx, &ctx, &handle, name, description).await?;
@@ -108,9 +109,27 @@ pub struct PersonCreated {
     pub tenant: String,
 }
 
+/// What a new person must give: an email address, a name, and a password of 12 or more
+/// characters if any.
+pub(crate) fn check_person(email: &str, name: &str, password: Option<&str>) -> Result<()> {
+    if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_whitespace) {
+        return Err(Error::invalid("email", format!("{email:?} is not an email address")));
+    }
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 120 || name.chars().any(char::is_control) {
+        return Err(Error::invalid("name", "use 1 to 120 characters without control characters"));
+    }
+    if let Some(p) = password
+        && p.chars().count() < 12
+    {
+        return Err(Error::invalid("password", "use at least 12 characters"));
+    }
+    Ok(())
+}
+
 /// Creates a person (or finds them by email) and gives them `role` in the context's tenant.
 pub async fn person_create(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     email: &str,
     name: &str,
@@ -119,14 +138,7 @@ pub async fn person_create(
 ) -> Result<PersonCreated> {
     ctx.require(Right::PeopleManage)?;
     let email = email.trim();
-    if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_whitespace) {
-        return Err(Error::invalid("email", format!("{email:?} is not an email address")));
-    }
-    if let Some(p) = password
-        && p.chars().count() < 12
-    {
-        return Err(Error::invalid("password", "use at least 12 characters"));
-    }
+    check_person(email, name, password)?;
     let hash = password.map(secret::hash_password).transpose()?;
     let existing = ds.person_by_email(email).await?;
     let mut tx = ds.begin().await?;
@@ -155,11 +167,11 @@ pub async fn person_create(
         person: person.handle,
         email: person.email,
         role: role.as_str().into(),
-        tenant: ctx.tenant.slug.clone(),
+        tenant: ctx.tenant().slug.clone(),
     })
 }
 
-async fn member(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<crate::datastore::PersonRow> {
+async fn member(ds: &Services, ctx: &OpCtx, email: &str) -> Result<crate::datastore::PersonRow> {
     let person = ds
         .person_by_email(email)
         .await?
@@ -173,7 +185,7 @@ async fn member(ds: &Datastore, ctx: &OpCtx, email: &str) -> Result<crate::datas
 /// Changes a person's role. Their connections keep their stored rights, but the live rights
 /// of every call are cut to the new role from the next call on (R4).
 pub async fn person_set_role(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     email: &str,
     role: Role,
@@ -193,7 +205,7 @@ pub async fn person_set_role(
         person: person.handle,
         email: person.email,
         role: role.as_str().into(),
-        tenant: ctx.tenant.slug.clone(),
+        tenant: ctx.tenant().slug.clone(),
     })
 }
 
@@ -205,7 +217,7 @@ pub struct PersonDeactivated {
 
 /// Ends a person's membership in the tenant and every connection they created there (R4).
 pub async fn person_deactivate(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     email: &str,
 ) -> Result<PersonDeactivated> {
@@ -252,7 +264,7 @@ pub struct NewConnection<'a> {
 /// Creates a static connection for a person of the tenant, with the rights and toolset given
 /// (never more rights than the creator holds); the token is returned once.
 pub async fn connection_create(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     new: NewConnection<'_>,
 ) -> Result<ConnectionCreated> {
@@ -342,7 +354,7 @@ pub struct ConnectionRevoked {
 
 /// The one revocation path (R4): every channel revokes through here, and it audits.
 pub async fn connection_revoke(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     handle: &str,
     reason: &str,
@@ -372,7 +384,7 @@ pub struct ApiTokenCreated {
 }
 
 pub async fn api_token_create(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     person_email: &str,
     name: &str,
@@ -414,7 +426,7 @@ pub struct ConnectionSummary {
     pub last_used_at: Option<String>,
 }
 
-pub async fn connection_list(ds: &Datastore, ctx: &OpCtx) -> Result<Vec<ConnectionSummary>> {
+pub async fn connection_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<ConnectionSummary>> {
     ctx.require(Right::ConnectionsManage)?;
     let fmt = |t: chrono::DateTime<chrono::Utc>| {
         crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
@@ -440,8 +452,8 @@ pub async fn connection_list(ds: &Datastore, ctx: &OpCtx) -> Result<Vec<Connecti
 /// Where a kill switch acts.
 #[derive(Debug, Clone, Copy)]
 pub enum SwitchScope<'a> {
-    /// Every tenant: operators only.
-    Global,
+    /// Every tenant: operators only, so it takes the verified operator.
+    Global(&'a Operator),
     /// One tenant's agent access.
     Tenant(&'a OpCtx),
 }
@@ -461,10 +473,8 @@ pub struct SwitchFlipped {
 /// `kill: true` turns agents away: globally every MCP request answers 503, for a tenant its
 /// requests are refused with the reason.
 pub async fn kill_switch_set(
-    ds: &Datastore,
+    ds: &Services,
     scope: SwitchScope<'_>,
-    operator: &str,
-    channel: Channel,
     kill: bool,
     reason: &str,
 ) -> Result<SwitchFlipped> {
@@ -477,12 +487,12 @@ pub async fn kill_switch_set(
     }
     let mut tx = ds.begin().await?;
     let (label, changed, event) = match scope {
-        SwitchScope::Global => {
+        SwitchScope::Global(operator) => {
             let was = ds_fns::platform_kill_set(
                 &mut tx,
                 kill,
-                operator,
-                channel.as_str(),
+                operator.email(),
+                operator.channel().as_str(),
                 reason,
                 &crate::ctx::new_request_id(),
             )
@@ -493,13 +503,13 @@ pub async fn kill_switch_set(
             ctx.require(Right::TenantSwitch)?;
             let was_on = ds_fns::tenant_agent_access_set(&mut tx, ctx, !kill).await?;
             let action = if kill { "agent_access.off" } else { "agent_access.on" };
-            let mut entry = AuditEntry::ok(action, vec![ctx.tenant.handle.to_string()]);
+            let mut entry = AuditEntry::ok(action, vec![ctx.tenant().handle.to_string()]);
             entry.reason = Some(reason);
             ds_fns::audit_insert(&mut tx, ctx, entry).await?;
             (
-                format!("tenant {}", ctx.tenant.slug),
+                format!("tenant {}", ctx.tenant().slug),
                 was_on == kill,
-                Event::TenantAccess { tenant_id: ctx.tenant.id, on: !kill },
+                Event::TenantAccess { tenant_id: ctx.tenant().id, on: !kill },
             )
         }
     };
@@ -525,7 +535,7 @@ pub struct AuditView {
 /// The tenant's audit log for admins (R23): what was done, by which channel and connection, to
 /// which public ids — never arguments or personal data, because the log never holds them.
 pub async fn audit_list(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     connection: Option<&str>,
     limit: i64,
@@ -552,30 +562,7 @@ pub async fn audit_list(
         .collect())
 }
 
-/// Grants or withdraws the platform operator role (the console's global kill switch). Operators
-/// act for the platform, so only an operator command (`gatehousectl`) may call this.
-pub async fn person_set_operator(
-    ds: &Datastore,
-    channel: Channel,
-    email: &str,
-    operator: bool,
-) -> Result<crate::datastore::PersonRow> {
-    if channel != Channel::Cli {
-        return Err(Error::Forbidden { right: Right::PeopleManage });
-    }
-    let person = ds
-        .person_by_email(email)
-        .await?
-        .ok_or_else(|| Error::not_found(Resource::Person, email))?;
-    let mut tx = ds.begin().await?;
-    ds_fns::person_set_operator(&mut tx, person.id, operator).await?;
-    ds_fns::platform_audit_insert(
-        &mut tx,
-        channel.as_str(),
-        if operator { "operator.grant" } else { "operator.revoke" },
-        &person.handle,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(person)
+/// Whether the global kill switch is on, for the operator page.
+pub async fn global_kill_state(ds: &Services, _by: &Operator) -> Result<bool> {
+    ds_fns::platform_kill_get(ds).await
 }

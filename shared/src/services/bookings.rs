@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{BookingFilter, BookingRow, Datastore, to_ts};
+use crate::datastore::{BookingFilter, BookingRow, Services, to_ts};
 use crate::error::{Error, Resource, Result};
 use crate::handle::{BookingHandle, CustomerHandle, TechnicianHandle};
 use crate::input::lenient_u32;
@@ -108,7 +108,7 @@ pub(crate) fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
 }
 
 pub async fn find(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &FindBookingsInput,
 ) -> Result<Found<BookingRow>> {
@@ -132,7 +132,7 @@ pub async fn find(
     Ok(Found { items, next_cursor })
 }
 
-pub async fn get(ds: &Datastore, ctx: &OpCtx, input: &GetBookingInput) -> Result<BookingRow> {
+pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<BookingRow> {
     ctx.require(Right::BookingsRead)?;
     let handle = BookingHandle::parse("booking", &input.booking)?;
     ds.booking_get(ctx, &handle)
@@ -196,12 +196,12 @@ pub struct Export {
 const EXPORT_PAGE: u32 = 100;
 
 pub async fn export_start(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &ExportBookingsInput,
 ) -> Result<Export> {
     ctx.require(Right::BookingsRead)?;
-    let zone = nonempty(&input.zone).unwrap_or(&ctx.tenant.zone_name).to_owned();
+    let zone = nonempty(&input.zone).unwrap_or(&ctx.tenant().zone_name).to_owned();
     let find = FindBookingsInput {
         from: Some(input.from.clone()),
         to: Some(input.to.clone()),
@@ -234,7 +234,7 @@ pub async fn export_start(
 
 impl Export {
     /// Reads the next page; false when the range is exhausted.
-    pub async fn step(&mut self, ds: &Datastore, ctx: &OpCtx) -> Result<bool> {
+    pub async fn step(&mut self, ds: &Services, ctx: &OpCtx) -> Result<bool> {
         if self.done {
             return Ok(false);
         }
@@ -259,7 +259,7 @@ impl Export {
     }
 
     pub fn finish(self, ctx: &OpCtx, now: jiff::Timestamp) -> ExportSummary {
-        let tz = time::zone("zone", &self.zone).unwrap_or(ctx.tenant.zone.clone());
+        let tz = time::zone("zone", &self.zone).unwrap_or(ctx.tenant().zone.clone());
         let continue_with = self.after_first.filter(|_| self.seen > 20).map(|cursor| {
             serde_json::json!({"from": self.find.from, "to": self.find.to, "zone": self.zone, "status": self.find.status, "cursor": cursor})
         });

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Datastore, to_ts};
+use crate::datastore::{Services, to_ts};
 use crate::error::{Error, Result};
 use crate::input::lenient_u32;
 use crate::money::{self, MoneyView};
@@ -29,12 +29,12 @@ pub struct ServiceView {
 }
 
 pub async fn find_services(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     _input: &FindServicesInput,
 ) -> Result<Vec<ServiceView>> {
     ctx.require(Right::BookingsRead)?;
-    let currency = &ctx.tenant.currency;
+    let currency = &ctx.tenant().currency;
     Ok(ds
         .service_list(ctx)
         .await?
@@ -69,7 +69,7 @@ pub struct AlertRuleView {
 }
 
 pub async fn find_alert_rules(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     _input: &FindAlertRulesInput,
     now: Timestamp,
@@ -87,7 +87,7 @@ pub async fn find_alert_rules(
                 .muted_until
                 .map(to_ts)
                 .filter(|t| *t > now)
-                .map(|t| time::present(t, &ctx.tenant.zone, &ctx.tenant.zone_name, now)),
+                .map(|t| time::present(t, &ctx.tenant().zone, &ctx.tenant().zone_name, now)),
         })
         .collect())
 }
@@ -114,12 +114,12 @@ pub struct ChangeView {
 }
 
 pub async fn list_recent_changes(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &ListRecentChangesInput,
     now: Timestamp,
 ) -> Result<Vec<ChangeView>> {
-    let connection = ctx.connection.as_ref().ok_or_else(|| {
+    let connection = ctx.connection().ok_or_else(|| {
         Error::invalid("connection", "recent changes are listed per agent connection")
     })?;
     let limit = match input.limit.unwrap_or(20) {
@@ -131,7 +131,7 @@ pub async fn list_recent_changes(
         .await?
         .into_iter()
         .map(|a| ChangeView {
-            at: time::present(to_ts(a.at), &ctx.tenant.zone, &ctx.tenant.zone_name, now),
+            at: time::present(to_ts(a.at), &ctx.tenant().zone, &ctx.tenant().zone_name, now),
             action: a.action,
             outcome: a.outcome,
             targets: a.targets,

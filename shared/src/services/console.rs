@@ -3,10 +3,12 @@
 //! A session is a `gh_ses_…` secret in an HttpOnly cookie, stored hashed, carrying a CSRF token
 //! that every console form must echo.
 
-use crate::ctx::{Actor, Channel, OpCtx, TenantRef, new_request_id};
-use crate::datastore::{Datastore, SessionRow};
+use crate::ctx::{OpCtx, TenantRef};
+use crate::datastore::Services;
+pub use crate::datastore::{MembershipListRow, OutboxListRow, PersonListRow, SessionRow};
 use crate::error::{Error, Result};
 use crate::handle::{PersonHandle, TenantHandle};
+use crate::rights::Right;
 use crate::rights::{RightSet, Role};
 use crate::secret::{self, CredentialKind};
 use crate::time;
@@ -20,7 +22,7 @@ pub struct SignedIn {
     pub token: String,
 }
 
-pub async fn sign_in(ds: &Datastore, email: &str, password: &str) -> Result<SignedIn> {
+pub async fn sign_in(ds: &Services, email: &str, password: &str) -> Result<SignedIn> {
     let email = email.trim();
     if ds.login_failures_recent(email, FAILURE_WINDOW_SECS).await? >= MAX_FAILURES {
         return Err(Error::Unauthenticated(
@@ -62,27 +64,61 @@ pub fn session_ctx(s: &SessionRow) -> Option<OpCtx> {
         return None;
     }
     let zone_name = s.tenant_zone.clone()?;
-    Some(OpCtx {
-        actor: Actor::Person {
-            id: s.person_id,
-            handle: PersonHandle::from_db(s.person_handle.clone()),
-        },
-        tenant: TenantRef {
-            id: s.tenant_id?,
-            handle: TenantHandle::from_db(s.tenant_handle.clone()?),
-            slug: s.tenant_slug.clone()?,
-            zone: time::zone("zone", &zone_name).unwrap_or(jiff::tz::TimeZone::UTC),
-            zone_name,
-            currency: s.tenant_currency.clone()?,
-        },
-        rights: role.rights(),
-        channel: Channel::Console,
-        connection: None,
-        request_id: new_request_id(),
-    })
+    let tenant = TenantRef {
+        id: s.tenant_id?,
+        handle: TenantHandle::from_db(s.tenant_handle.clone()?),
+        slug: s.tenant_slug.clone()?,
+        zone: time::zone("zone", &zone_name).unwrap_or(jiff::tz::TimeZone::UTC),
+        zone_name,
+        currency: s.tenant_currency.clone()?,
+    };
+    Some(OpCtx::for_session(
+        (s.person_id, PersonHandle::from_db(s.person_handle.clone())),
+        tenant,
+        role,
+    ))
 }
 
 /// Rights a person holds in the session's tenant.
 pub fn session_rights(s: &SessionRow) -> RightSet {
-    session_ctx(s).map(|c| c.rights).unwrap_or_default()
+    session_ctx(s).map(|c| c.rights()).unwrap_or_default()
+}
+
+/// The console session a cookie value names: a `gh_ses_…` secret of a person who is still
+/// active. `None` sends the browser to sign in.
+pub async fn session(svc: &Services, cookie: &str) -> Result<Option<SessionRow>> {
+    if CredentialKind::of(cookie) != Some(CredentialKind::Session) {
+        return Ok(None);
+    }
+    Ok(svc.session_get(&secret::hash_token(cookie)).await?.filter(|row| row.person_active))
+}
+
+/// Ends the session a cookie value names.
+pub async fn sign_out(svc: &Services, cookie: &str) -> Result<()> {
+    svc.session_delete(&secret::hash_token(cookie)).await
+}
+
+/// The tenants the session's person is an active member of, to pick one.
+pub async fn tenants_of(svc: &Services, s: &SessionRow) -> Result<Vec<MembershipListRow>> {
+    svc.memberships_of(s.person_id).await
+}
+
+/// Moves the session into a tenant the person is a member of; any other is refused.
+pub async fn pick_tenant(svc: &Services, s: &SessionRow, tenant_id: i64) -> Result<()> {
+    if !svc.memberships_of(s.person_id).await?.iter().any(|m| m.tenant_id == tenant_id) {
+        return Err(Error::invalid("tenant", "you are not a member of that tenant"));
+    }
+    svc.session_set_tenant(s.id, tenant_id).await
+}
+
+/// The tenant's people with their roles, for those who manage people.
+pub async fn people(svc: &Services, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
+    ctx.require(Right::PeopleManage)?;
+    svc.people_list(ctx).await
+}
+
+/// What confirmed actions sent (the outbox), newest first, for those who read the audit.
+pub async fn messages(svc: &Services, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
+    ctx.require(Right::AuditRead)?;
+    svc.outbox_list(ctx, limit).await
 }

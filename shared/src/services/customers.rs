@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{CustomerRow, Datastore};
+use crate::datastore::{CustomerRow, Services};
 use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
@@ -36,7 +36,7 @@ pub struct GetCustomerInput {
 }
 
 pub async fn find(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &FindCustomersInput,
 ) -> Result<Found<CustomerRow>> {
@@ -54,7 +54,7 @@ pub async fn find(
     Ok(Found { items, next_cursor })
 }
 
-pub async fn get(ds: &Datastore, ctx: &OpCtx, input: &GetCustomerInput) -> Result<CustomerRow> {
+pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetCustomerInput) -> Result<CustomerRow> {
     ctx.require(Right::CustomersRead)?;
     let handle = CustomerHandle::parse("customer", &input.customer)?;
     ds.customer_get(ctx, &handle)

@@ -12,6 +12,7 @@ pub mod console;
 pub mod customers;
 pub mod demo;
 pub mod oauth;
+pub mod operators;
 pub mod outbox;
 pub mod rates;
 pub mod technicians;
@@ -21,6 +22,20 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::error::{Error, Result};
+
+/// Drops what outlived its use: rate windows, old replay entries, expired sessions and codes,
+/// old sign-in failures, tokens a day after they expired. The control plane runs it as a
+/// background job; it reads no tenant's data.
+pub async fn housekeeping(svc: &crate::Services) -> Result<u64> {
+    svc.housekeeping().await
+}
+
+/// The statements of the read hot path (the connection context, then `get_booking`), as text
+/// for the benchmark to run through pgbench; `$1`/`$2` are their parameters. Text only: the
+/// pool stays private to the library.
+pub fn read_path_statements() -> (&'static str, &'static str) {
+    (crate::datastore::CONNECTION_CONTEXT_SQL, crate::datastore::booking_get_sql())
+}
 
 pub const DEFAULT_LIMIT: u32 = 25;
 pub const MAX_LIMIT: u32 = 100;

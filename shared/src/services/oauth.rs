@@ -8,13 +8,17 @@
 //! are `gh_mcp_…` secrets stored hashed and belong to it; revocation goes through the one
 //! revocation service.
 
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::ctx::{Channel, OpCtx};
-use crate::datastore::{self as db, AuditEntry, ClientRow, Datastore, NewCode, from_ts};
+use crate::ctx::OpCtx;
+pub use crate::datastore::ClientRow;
+use crate::datastore::{self as db, AuditEntry, NewCode, Services, from_ts};
 use crate::error::{Error, Result};
 use crate::handle::ConnectionHandle;
 use crate::rights::{Right, RightSet};
@@ -83,7 +87,7 @@ pub struct Registered {
 
 /// Dynamic client registration (RFC 7591): public clients only.
 pub async fn register(
-    ds: &Datastore,
+    ds: &Services,
     req: RegisterRequest,
 ) -> std::result::Result<Registered, OAuthError> {
     if req.redirect_uris.is_empty() || req.redirect_uris.len() > 10 {
@@ -131,7 +135,7 @@ pub struct MetadataDocument {
 
 /// Checks a fetched metadata document against the URL it came from and stores it.
 pub async fn accept_metadata_document(
-    ds: &Datastore,
+    ds: &Services,
     url: &str,
     doc: MetadataDocument,
 ) -> std::result::Result<ClientRow, OAuthError> {
@@ -213,14 +217,14 @@ pub fn requested_rights(scope: Option<&str>, holds: RightSet) -> RightSet {
 /// The person approved: create or update the client's connection in this tenant with the
 /// granted rights (never more than the person holds) and issue a code.
 pub async fn approve(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     client: &ClientRow,
     req: &AuthorizeRequest,
     granted: RightSet,
 ) -> Result<String> {
     let person_id = ctx.actor_person_id().ok_or(Error::NoActor)?;
-    let granted = granted.intersect(ctx.rights);
+    let granted = granted.intersect(ctx.rights());
     if granted == RightSet::EMPTY {
         return Err(Error::invalid("rights", "grant at least one right"));
     }
@@ -312,7 +316,7 @@ async fn issue(
 
 /// `grant_type=authorization_code`.
 pub async fn exchange_code(
-    ds: &Datastore,
+    ds: &Services,
     code: &str,
     client_id: &str,
     redirect_uri: &str,
@@ -359,7 +363,7 @@ pub async fn exchange_code(
 
 /// `grant_type=refresh_token`: rotates; a refresh token used twice revokes the connection.
 pub async fn refresh(
-    ds: &Datastore,
+    ds: &Services,
     token: &str,
     client_id: &str,
     resource: Option<&str>,
@@ -401,7 +405,7 @@ pub async fn refresh(
 
 /// Ends a connection found through one of its tokens, through the one revocation service.
 async fn revoke_connection(
-    ds: &Datastore,
+    ds: &Services,
     mut tx: db::Tx<'static>,
     connection_id: i64,
     reason: &str,
@@ -411,7 +415,12 @@ async fn revoke_connection(
     };
     let tenant = db::tenant_by_id(&mut tx, tenant_id).await?;
     drop(tx);
-    let ctx = admin::operator_ctx(&tenant, Channel::System, "oauth")?;
+    // Reuse of a refresh token is a theft signal: the authorization server ends the grant.
+    let ctx = OpCtx::for_job(
+        "oauth-reuse-detection",
+        admin::tenant_ref(&tenant)?,
+        &[Right::ConnectionsManage],
+    );
     match admin::connection_revoke(ds, &ctx, &handle, reason).await {
         Ok(_) | Err(Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
@@ -420,7 +429,7 @@ async fn revoke_connection(
 
 /// RFC 7009: an access token is deleted; a refresh token ends its connection. Unknown tokens
 /// are not an error.
-pub async fn revoke(ds: &Datastore, token: &str) -> Result<()> {
+pub async fn revoke(ds: &Services, token: &str) -> Result<()> {
     let hash = secret::hash_token(token);
     let mut tx = ds.begin().await?;
     if db::access_token_delete(&mut tx, &hash).await? {
@@ -438,8 +447,146 @@ pub fn scopes_supported() -> Vec<&'static str> {
     Right::ALL.iter().map(|r| r.as_str()).collect()
 }
 
+// ---------------------------------------------------------------- client ID metadata documents
+
+/// Why an address may not be fetched: loopback, private, link-local (cloud metadata),
+/// unspecified, multicast, unique-local.
+pub fn forbidden_ip(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.octets()[0] == 100 && (64..128).contains(&v4.octets()[1])
+        }
+        IpAddr::V6(v6) => {
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (v6.segments()[0] & 0xfe00) == 0xfc00
+                || (v6.segments()[0] & 0xffc0) == 0xfe80
+                || v6.to_ipv4_mapped().is_some_and(|v4| forbidden_ip(IpAddr::V4(v4)))
+        }
+    }
+}
+
+const CIMD_MAX_BYTES: usize = 64 * 1024;
+const CIMD_CACHE_SECS: i64 = 3600;
+
+/// Fetches a client ID metadata document: https only, every resolved address public (unless
+/// the development flag allows loopback and private ones), the connection pinned to the checked
+/// address, five seconds and 64 KiB at most, no redirects. Results are cached for an hour.
+async fn fetch_metadata_document(
+    svc: &Services,
+    url: &str,
+    dev: bool,
+) -> std::result::Result<ClientRow, OAuthError> {
+    if let Some(client) = svc.oauth_client_get(url).await.map_err(OAuthError::from)?
+        && client
+            .fetched_at
+            .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS)
+    {
+        return Ok(client);
+    }
+    let invalid = |why: &str| OAuthError {
+        error: "invalid_client",
+        error_description: format!("client_id {url}: {why}"),
+    };
+    let parsed = url::Url::parse(url).map_err(|_| invalid("not a URL"))?;
+    if parsed.scheme() != "https" && !(dev && parsed.scheme() == "http") {
+        return Err(invalid("metadata documents are fetched over https only"));
+    }
+    let host = parsed.host_str().ok_or_else(|| invalid("no host"))?.to_owned();
+    let port = parsed.port_or_known_default().unwrap_or(443);
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio::net::lookup_host((host.trim_matches(['[', ']']), port)),
+    )
+    .await
+    .map_err(|_| invalid("DNS lookup timed out"))?
+    .map_err(|_| invalid("the host does not resolve"))?
+    .collect();
+    if addrs.is_empty() {
+        return Err(invalid("the host does not resolve"));
+    }
+    if !dev && addrs.iter().any(|a| forbidden_ip(a.ip())) {
+        return Err(invalid(
+            "the host resolves to a private, loopback or link-local address, which is never fetched",
+        ));
+    }
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(5))
+        .resolve(&host, addrs[0])
+        .build()
+        .map_err(|_| invalid("cannot build the HTTP client"))?;
+    let mut response = client
+        .get(parsed)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|_| invalid("fetching the document failed"))?;
+    if !response.status().is_success() {
+        return Err(invalid(&format!("fetching the document answered {}", response.status())));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) =
+        response.chunk().await.map_err(|_| invalid("reading the document failed"))?
+    {
+        body.extend_from_slice(&chunk);
+        if body.len() > CIMD_MAX_BYTES {
+            return Err(invalid("the document is larger than 64 KiB"));
+        }
+    }
+    let doc: MetadataDocument = serde_json::from_slice(&body)
+        .map_err(|_| invalid("the document is not client metadata JSON"))?;
+    accept_metadata_document(svc, url, doc).await
+}
+
+/// Resolves the `client_id` of an authorization request: a registered client, or a client ID
+/// metadata document fetched behind the SSRF guard (`dev_mode` lets loopback and http through,
+/// for a stack on one machine).
+pub async fn resolve_client(
+    svc: &Services,
+    client_id: &str,
+    dev_mode: bool,
+) -> std::result::Result<ClientRow, OAuthError> {
+    if client_id.starts_with("https://") || client_id.starts_with("http://") {
+        return fetch_metadata_document(svc, client_id, dev_mode).await;
+    }
+    svc.oauth_client_get(client_id).await.map_err(OAuthError::from)?.ok_or(OAuthError {
+        error: "invalid_client",
+        error_description: "unknown client_id; register first".into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn private_loopback_and_metadata_addresses_are_never_fetched() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(forbidden_ip(ip.parse().expect("ip")), "{ip}");
+        }
+        for ip in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"] {
+            assert!(!forbidden_ip(ip.parse().expect("ip")), "{ip}");
+        }
+    }
+
     use super::*;
 
     #[test]

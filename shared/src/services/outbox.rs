@@ -4,7 +4,8 @@
 //! idempotency key (so a sink or the provider behind it can drop a repeat), and marked sent;
 //! a failed attempt stays queued and is retried, up to five attempts.
 
-use crate::datastore::{self as db, Datastore, OutboxRow};
+pub use crate::datastore::OutboxRow;
+use crate::datastore::{self as db, Services};
 use crate::error::Result;
 
 /// Where messages go.
@@ -33,7 +34,7 @@ impl Sink for LogSink {
 }
 
 /// Delivers up to `batch` queued messages; returns how many were sent.
-pub async fn dispatch_once<S: Sink>(ds: &Datastore, sink: &S, batch: i64) -> Result<usize> {
+pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Result<usize> {
     let (mut tx, rows) = ds.outbox_claim(batch).await?;
     let mut sent = 0;
     for row in &rows {

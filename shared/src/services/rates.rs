@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::ctx::OpCtx;
-use crate::datastore::Datastore;
+use crate::datastore::Services;
 use crate::error::{Error, Result};
 
 /// The default allowance per connection and minute, defined once.
@@ -26,8 +26,8 @@ pub fn default_per_minute(class: &str) -> i32 {
 }
 
 /// Counts one call of `class` for the context's connection in the shared window.
-pub async fn take_shared(ds: &Datastore, ctx: &OpCtx, class: &'static str) -> Result<()> {
-    let Some(connection) = ctx.connection.as_ref() else { return Ok(()) };
+pub async fn take_shared(ds: &Services, ctx: &OpCtx, class: &'static str) -> Result<()> {
+    let Some(connection) = ctx.connection() else { return Ok(()) };
     let (count, limit, retry) =
         ds.rate_take(connection.id, ctx.tenant_id(), class, default_per_minute(class)).await?;
     if count > limit {
@@ -48,7 +48,7 @@ pub struct LocalBuckets {
 
 impl LocalBuckets {
     pub fn take(&self, ctx: &OpCtx, now_secs: i64) -> Result<()> {
-        let Some(connection) = ctx.connection.as_ref() else { return Ok(()) };
+        let Some(connection) = ctx.connection() else { return Ok(()) };
         let minute = now_secs.div_euclid(60);
         let limit = default_per_minute("read");
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());

@@ -4,7 +4,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Datastore, TechnicianRow};
+use crate::datastore::{Services, TechnicianRow};
 use crate::error::Result;
 use crate::input::lenient_u32;
 use crate::rights::Right;
@@ -30,7 +30,7 @@ pub struct FindTechniciansInput {
 }
 
 pub async fn find(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &FindTechniciansInput,
 ) -> Result<Vec<TechnicianRow>> {

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::canon::{canonical_json, sha256_hex};
 use crate::ctx::OpCtx;
-use crate::datastore::{self as db, AuditEntry, BookingChange, Datastore, NewBooking, Tx, from_ts};
+use crate::datastore::{self as db, AuditEntry, BookingChange, NewBooking, Services, Tx, from_ts};
 use crate::error::{Error, Resource, Result};
 use crate::handle::{BookingHandle, CustomerHandle, NoteHandle, ServiceHandle, TechnicianHandle};
 use crate::money;
@@ -61,7 +61,7 @@ struct SilentWrite {
 /// result with `replayed: true` and executes nothing. Identical calls racing on different
 /// workers serialize on an advisory lock, so exactly one executes.
 async fn begin(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     tool: &'static str,
     digest: String,
@@ -74,7 +74,7 @@ async fn begin(
         return Err(Error::invalid("idempotency_key", "use at most 200 printable characters"));
     }
     let mut tx = ds.begin().await?;
-    let connection = ctx.connection.as_ref().map(|c| c.id);
+    let connection = ctx.connection().map(|c| c.id);
     if let Some(connection) = connection {
         db::replay_lock(&mut tx, connection, tool, &digest).await?;
         if let Some(k) = key {
@@ -245,7 +245,7 @@ pub struct UpdateCustomerInput {
 }
 
 pub async fn create_customer(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &CreateCustomerInput,
     now: Timestamp,
@@ -299,7 +299,7 @@ pub async fn create_customer(
             reason.as_deref(),
         )
         .await?;
-        let view = views::customer(&row, &ctx.tenant.zone, &ctx.tenant.zone_name, now);
+        let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
         Ok((json!({ "customer": view }), vec![row.handle]))
     }
     .await;
@@ -307,7 +307,7 @@ pub async fn create_customer(
 }
 
 pub async fn update_customer(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &UpdateCustomerInput,
     now: Timestamp,
@@ -336,7 +336,7 @@ pub async fn update_customer(
             .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
         let current = views::customer_version(&row);
         if current != input.version.trim() {
-            let view = views::customer(&row, &ctx.tenant.zone, &ctx.tenant.zone_name, now);
+            let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
             return Err(Error::Conflict {
                 resource: Resource::Customer,
                 handle: row.handle,
@@ -374,7 +374,7 @@ pub async fn update_customer(
             phone.as_ref().map(|p| p.0.as_str()),
         )
         .await?;
-        let view = views::customer(&updated, &ctx.tenant.zone, &ctx.tenant.zone_name, now);
+        let view = views::customer(&updated, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
         Ok((json!({ "customer": view }), vec![updated.handle]))
     }
     .await;
@@ -494,7 +494,7 @@ async fn present_booking(
 }
 
 pub async fn create_booking(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &CreateBookingInput,
     now: Timestamp,
@@ -509,7 +509,7 @@ pub async fn create_booking(
             "the start is in the past; bookings are made for the future",
         ));
     }
-    let zone = zone_name.unwrap_or(&ctx.tenant.zone_name).to_owned();
+    let zone = zone_name.unwrap_or(&ctx.tenant().zone_name).to_owned();
     time::zone("zone", &zone)?;
     let reason = separate_reason(input.separate, input.reason.as_deref())?;
     let mut w = match begin(
@@ -557,7 +557,7 @@ pub async fn create_booking(
                 starts_at: from_ts(start),
                 zone: &zone,
                 status: "draft",
-                currency: &ctx.tenant.currency,
+                currency: &ctx.tenant().currency,
                 net_minor: service.price_minor,
                 tax_minor: money::tax(service.price_minor, service.tax_rate_bp),
                 customer_note: None,
@@ -574,7 +574,7 @@ pub async fn create_booking(
 }
 
 pub async fn update_booking(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &UpdateBookingInput,
     now: Timestamp,
@@ -689,7 +689,7 @@ pub async fn update_booking(
 }
 
 pub async fn add_booking_note(
-    ds: &Datastore,
+    ds: &Services,
     ctx: &OpCtx,
     input: &AddBookingNoteInput,
     now: Timestamp,
@@ -716,7 +716,7 @@ pub async fn add_booking_note(
         let row = locked_booking(tx, ctx, &input.booking).await?;
         let note = NoteHandle::generate();
         db::booking_note_insert(tx, ctx, note.as_str(), row.id, "staff", text).await?;
-        let written = time::present(now, &ctx.tenant.zone, &ctx.tenant.zone_name, now);
+        let written = time::present(now, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
         Ok((
             json!({ "note": note.as_str(), "booking": row.handle, "written": written }),
             vec![row.handle.clone(), note.to_string()],

@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use shared::rights::Right;
-use shared::{Datastore, OpCtx};
+use shared::{OpCtx, Services};
 
 use crate::results;
 
@@ -73,7 +73,7 @@ impl EffectClass {
 /// What a tool adapter gets: the datastore handle for services, the call's context, the time
 /// the call is served at (so every time in one result has the same "now").
 pub struct Env {
-    pub ds: Datastore,
+    pub ds: Services,
     pub ctx: OpCtx,
     pub now: jiff::Timestamp,
     /// Progress notifications to the caller, when it sent a `progressToken` (R22).

@@ -153,7 +153,7 @@ pub fn tools() -> Vec<ToolSpec> {
 
 async fn find_customers(env: Env, input: FindCustomersInput) -> shared::Result<CustomersOut> {
     let found = customers::find(&env.ds, &env.ctx, &input).await?;
-    let tenant = &env.ctx.tenant;
+    let tenant = &env.ctx.tenant();
     let customers: Vec<CustomerView> = found
         .items
         .iter()
@@ -164,7 +164,7 @@ async fn find_customers(env: Env, input: FindCustomersInput) -> shared::Result<C
 
 async fn get_customer(env: Env, input: GetCustomerInput) -> shared::Result<CustomerView> {
     let row = customers::get(&env.ds, &env.ctx, &input).await?;
-    Ok(views::customer(&row, &env.ctx.tenant.zone, &env.ctx.tenant.zone_name, env.now))
+    Ok(views::customer(&row, &env.ctx.tenant().zone, &env.ctx.tenant().zone_name, env.now))
 }
 
 async fn find_bookings(env: Env, input: FindBookingsInput) -> shared::Result<BookingsOut> {

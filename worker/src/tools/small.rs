@@ -108,7 +108,7 @@ pub fn tools() -> Vec<ToolSpec> {
                     },
                 )
                 .await?;
-                let techs = if env.ctx.rights.contains(Right::TechniciansRead) {
+                let techs = if env.ctx.rights().contains(Right::TechniciansRead) {
                     technicians::find(
                         &env.ds,
                         &env.ctx,
@@ -144,7 +144,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 access: Access::Right(Right::BookingsRead),
             },
             async |env: Env, input: DayScheduleInput| {
-                let zone = input.zone.clone().unwrap_or_else(|| env.ctx.tenant.zone_name.clone());
+                let zone = input.zone.clone().unwrap_or_else(|| env.ctx.tenant().zone_name.clone());
                 let found = bookings::find(
                     &env.ds,
                     &env.ctx,
