@@ -72,6 +72,8 @@ fn find_tool(resource: Resource) -> Option<&'static str> {
         Resource::Customer => Some("find_customers"),
         Resource::Booking => Some("find_bookings"),
         Resource::Technician => Some("find_technicians"),
+        Resource::Service => Some("find_services"),
+        Resource::AlertRule => Some("find_alert_rules"),
         _ => None,
     }
 }

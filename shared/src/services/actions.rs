@@ -397,6 +397,14 @@ async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -
             }
             let tz = jiff::tz::TimeZone::get(&b.zone).unwrap_or(jiff::tz::TimeZone::UTC);
             let new_at = time::present(start, &tz, &b.zone, now);
+            let new_end = time::present(
+                start
+                    .checked_add(jiff::SignedDuration::from_mins(i64::from(b.duration_minutes)))
+                    .unwrap_or(start),
+                &tz,
+                &b.zone,
+                now,
+            );
             let messages = if b.status == "confirmed" {
                 let to = customer_email(&b)?;
                 vec![Message {
@@ -425,7 +433,7 @@ async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -
                     booking_line(&b, now),
                     new_at.display
                 ),
-                preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "emails": messages.len()}),
+                preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "ends": new_end, "emails": messages.len()}),
                 content: json!({"booking": b.handle, "version": views::booking_version(&b), "start": start.to_string(), "messages": messages}),
                 targets: vec![b.handle.clone()],
                 apply: Apply::Reschedule { id: b.id, handle: b.handle.clone(), starts_at: start },
@@ -673,7 +681,7 @@ async fn plan_cancel(
             handles.join(", "),
             messages.len()
         ),
-        preview: json!({"bookings": rows.iter().map(|b| json!({"booking": b.handle, "customer": b.customer_name, "starts": when(b, now), "status": b.status})).collect::<Vec<_>>(), "emails": messages.len()}),
+        preview: json!({"bookings": rows.iter().map(|b| views::booking(b, false, now)).collect::<Vec<_>>(), "emails": messages.len()}),
         content: json!({"bookings": handles, "versions": versions, "messages": messages}),
         targets: handles,
         apply: Apply::SetStatus {

@@ -11,7 +11,9 @@ use shared::services::actions::{
 };
 use shared::time::TimeView;
 
-use super::{Access, Def, EffectClass, Env, ToolSpec, tool_json};
+use super::{
+    Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool_json,
+};
 
 /// A prepared action: nothing has happened yet.
 #[derive(JsonSchema)]
@@ -75,8 +77,22 @@ const TWO_STEP_RIGHTS: &[Right] = &[
 
 const TWO_STEP: &str = " Returns a preview with confirm_token and confirm_summary; nothing happens until confirm_action.";
 
-fn def(op: Op, title: &'static str, description: &'static str) -> Def {
-    Def { name: op.name(), title, description, class: class(op), access: Access::Right(op.right()) }
+fn def(
+    op: Op,
+    title: &'static str,
+    description: &'static str,
+    refs: &'static [Ref],
+    untrusted: &'static [ThirdPartyText],
+) -> Def {
+    Def {
+        name: op.name(),
+        title,
+        description,
+        class: class(op),
+        access: Access::Right(op.right()),
+        refs,
+        untrusted,
+    }
 }
 
 pub fn tools() -> Vec<ToolSpec> {
@@ -86,6 +102,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::SendCustomerMessage,
                 "Email a customer",
                 "Prepare an email to a customer (subject and text).",
+                &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }],
+                &[],
             ),
             async |env: Env, input: SendCustomerMessageInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::SendCustomerMessage, &input, env.now).await
@@ -96,6 +114,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::ConfirmBooking,
                 "Confirm a booking",
                 "Prepare confirming a draft booking; the customer receives a confirmation email.",
+                &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: ConfirmBookingInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::ConfirmBooking, &input, env.now).await
@@ -106,6 +126,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::RescheduleBooking,
                 "Reschedule a booking",
                 "Prepare moving a booking to a new start (local time with zone, or ISO 8601 with offset); a confirmed booking's customer is emailed.",
+                &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                &[],
             ),
             async |env: Env, input: RescheduleBookingInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::RescheduleBooking, &input, env.now).await
@@ -116,6 +138,12 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::CancelBookings,
                 "Cancel bookings",
                 "Prepare cancelling bookings given by handle, or by a filter together with expected_count (the number of bookings you expect it to match; if it differs, the matches are listed and nothing happens). Customers of confirmed bookings are emailed.",
+                &[
+                    Ref { field: "bookings", kind: RefKind::Booking, shape: Shape::List },
+                    Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Filter },
+                    Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Filter },
+                ],
+                &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: CancelBookingsInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::CancelBookings, &input, env.now).await
@@ -126,6 +154,11 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::PageTechnician,
                 "Page a technician",
                 "Prepare paging a technician's phone with a short message, optionally about a booking.",
+                &[
+                    Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Single },
+                    Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single },
+                ],
+                &[],
             ),
             async |env: Env, input: PageTechnicianInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::PageTechnician, &input, env.now).await
@@ -136,6 +169,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::MuteAlerts,
                 "Mute an alert rule",
                 "Prepare silencing one alert rule (alr_…) for 5 to 240 minutes.",
+                &[Ref { field: "rule", kind: RefKind::AlertRule, shape: Shape::Single }],
+                &[],
             ),
             async |env: Env, input: MuteAlertsInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::MuteAlerts, &input, env.now).await
@@ -146,13 +181,21 @@ pub fn tools() -> Vec<ToolSpec> {
                 Op::DeleteCustomer,
                 "Delete a customer",
                 "Prepare deleting a customer who has no bookings.",
+                &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }],
+                &[],
             ),
             async |env: Env, input: DeleteCustomerInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::DeleteCustomer, &input, env.now).await
             },
         ),
         tool_json::<DeleteBookingInput, Preview, _, _>(
-            def(Op::DeleteBooking, "Delete a booking", "Prepare deleting a booking and its notes."),
+            def(
+                Op::DeleteBooking,
+                "Delete a booking",
+                "Prepare deleting a booking and its notes.",
+                &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                &[ThirdPartyText::CustomerNote],
+            ),
             async |env: Env, input: DeleteBookingInput| {
                 actions::prepare(&env.ds, &env.ctx, Op::DeleteBooking, &input, env.now).await
             },
@@ -169,6 +212,8 @@ pub fn tools() -> Vec<ToolSpec> {
             description: "Execute an action prepared by a notify, wake, alert or delete tool, given its confirm_token and its confirm_summary exactly as issued. If what the action would do changed since the preview, nothing is executed and a new preview is returned.",
             class: EffectClass::Notify,
             access: Access::AnyOf(TWO_STEP_RIGHTS),
+            refs: &[Ref { field: "confirm_token", kind: RefKind::ConfirmToken, shape: Shape::Single }],
+            untrusted: &[ThirdPartyText::CustomerNote],
         },
         async |env: Env, input: ConfirmActionInput| actions::confirm(&env.ds, &env.ctx, &input, env.now).await,
     ));
@@ -179,6 +224,8 @@ pub fn tools() -> Vec<ToolSpec> {
             description: "Discard an action prepared by a notify, wake, alert or delete tool; its token stops working.",
             class: EffectClass::SilentWrite,
             access: Access::AnyOf(TWO_STEP_RIGHTS),
+            refs: &[Ref { field: "confirm_token", kind: RefKind::ConfirmToken, shape: Shape::Single }],
+            untrusted: &[],
         },
         async |env: Env, input: RejectActionInput| actions::reject(&env.ds, &env.ctx, &input).await,
     ));

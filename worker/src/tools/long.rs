@@ -17,6 +17,8 @@ pub fn tools() -> Vec<ToolSpec> {
             description: "Summarize every booking in a time range, however many: counts by status, totals per currency, the first twenty handles and the find_bookings arguments that continue after them. Slow on large ranges: it reads the range in pages and reports progress when the request carries a progressToken.",
             class: EffectClass::Read,
             access: Access::Right(Right::BookingsRead),
+            refs: &[],
+            untrusted: &[],
         },
         async |env: Env, input: ExportBookingsInput| {
             let mut run = bookings::export_start(&env.ds, &env.ctx, &input).await?;

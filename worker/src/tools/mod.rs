@@ -113,6 +113,8 @@ pub struct ToolSpec {
     pub class: EffectClass,
     /// Who sees and may call the tool.
     pub access: Access,
+    pub refs: &'static [Ref],
+    pub untrusted: &'static [ThirdPartyText],
     /// The toolsets that include the tool (R21).
     pub toolsets: Vec<&'static str>,
     pub tool: Tool,
@@ -131,6 +133,56 @@ pub struct Def {
     pub description: &'static str,
     pub class: EffectClass,
     pub access: Access,
+    /// Every argument that names a record, and how (R3): the contract suite passes another
+    /// tenant's valid handle in each one, and the coverage test fails on an undeclared one.
+    pub refs: &'static [Ref],
+    /// The third-party text fields its results can carry (R13), always as `untrusted_text`;
+    /// the contract suite plants a canary in each and checks the declaration both ways.
+    pub untrusted: &'static [ThirdPartyText],
+}
+
+/// An argument that names a record of the tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ref {
+    pub field: &'static str,
+    pub kind: RefKind,
+    pub shape: Shape,
+}
+
+/// What a reference argument names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefKind {
+    Booking,
+    Customer,
+    Technician,
+    Service,
+    AlertRule,
+    /// A pending action, by its confirm token.
+    ConfirmToken,
+    /// A position in a listing of the tenant's records.
+    Cursor,
+}
+
+/// How an argument names records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One record the call acts on or reads.
+    Single,
+    /// A list of records the call acts on (a batch).
+    List,
+    /// Narrows which records a search or batch matches.
+    Filter,
+    /// Continues a listing.
+    Cursor,
+}
+
+/// Third-party text a result can carry: written by customers or other systems, never by staff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThirdPartyText {
+    /// `bookings.customer_note`: what the customer wrote when booking.
+    CustomerNote,
+    /// `booking_notes` written by the customer portal or an external system.
+    BookingNotes,
 }
 
 /// Which live rights show a tool. A hidden tool called by name is refused naming the right.
@@ -200,6 +252,8 @@ where
         name: def.name,
         class: def.class,
         access: def.access,
+        refs: def.refs,
+        untrusted: def.untrusted,
         toolsets: Vec::new(),
         tool,
         handler,

@@ -12,7 +12,7 @@ use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
 use shared::services::technicians::{self, FindTechniciansInput};
 use shared::views::{self, BookingView, CustomerView, TechnicianView};
 
-use super::{Access, Def, EffectClass, Env, ToolSpec, tool};
+use super::{Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool};
 
 #[derive(Serialize, JsonSchema)]
 pub struct CustomersOut {
@@ -62,6 +62,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "The tenant's service catalog: what can be booked, its duration and price with tax. Returns each service's handle (svc_…).",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
+                refs: &[],
+                untrusted: &[],
             },
             async |env: Env, input: FindServicesInput| {
                 Ok(ServicesOut {
@@ -76,6 +78,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "The tenant's alert rules with their handles (alr_…) and whether each is muted, and until when.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::AlertsMute),
+                refs: &[],
+                untrusted: &[],
             },
             async |env: Env, input: FindAlertRulesInput| {
                 Ok(AlertRulesOut {
@@ -90,6 +94,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "What this connection changed, newest first, from the audit log: action, outcome, the handles it touched and when.",
                 class: EffectClass::Read,
                 access: Access::Always,
+                refs: &[],
+                untrusted: &[],
             },
             async |env: Env, input: ListRecentChangesInput| {
                 Ok(ChangesOut {
@@ -105,6 +111,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Search the tenant's customers by part of their name, email or phone, ordered by name and paginated. Returns each customer's handle (cus_…) and version.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::CustomersRead),
+                refs: &[Ref { field: "cursor", kind: RefKind::Cursor, shape: Shape::Cursor }],
+                untrusted: &[],
             },
             find_customers,
         ),
@@ -115,6 +123,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "One customer by handle (cus_…) with contact details and version.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::CustomersRead),
+                refs: &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }],
+                untrusted: &[],
             },
             get_customer,
         ),
@@ -125,6 +135,12 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Search bookings in a time range, optionally by status, technician (tec_…) or customer (cus_…), ordered by start and paginated. Dates and local times are read in `zone` (an IANA name); times with an offset need no zone. Every time is shown with weekday, local time, zone, UTC and distance from now. Text written by customers is returned under untrusted_text.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
+                refs: &[
+                    Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Filter },
+                    Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Filter },
+                    Ref { field: "cursor", kind: RefKind::Cursor, shape: Shape::Cursor },
+                ],
+                untrusted: &[ThirdPartyText::CustomerNote],
             },
             find_bookings,
         ),
@@ -135,6 +151,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "One booking by handle (bkg_…) with customer, technician, service, price, notes and version. Text written by customers or external systems is returned under untrusted_text.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
+                refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                untrusted: &[ThirdPartyText::CustomerNote, ThirdPartyText::BookingNotes],
             },
             get_booking,
         ),
@@ -145,6 +163,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "List the tenant's technicians, optionally by part of the name or by skill. Returns each technician's handle (tec_…).",
                 class: EffectClass::Read,
                 access: Access::Right(Right::TechniciansRead),
+                refs: &[],
+                untrusted: &[],
             },
             find_technicians,
         ),

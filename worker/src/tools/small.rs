@@ -11,7 +11,7 @@ use shared::services::technicians::{self, FindTechniciansInput};
 use shared::time::TimeView;
 use shared::views;
 
-use super::{Access, Def, EffectClass, Env, ToolSpec, tool};
+use super::{Access, Def, EffectClass, Env, Ref, RefKind, Shape, ToolSpec, tool};
 
 pub const NAMES: &[&str] = &["booking_brief", "day_schedule", "lookup"];
 
@@ -96,6 +96,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Customers and technicians whose name, email or phone contains the text: at most five of each, with handles.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::CustomersRead),
+                refs: &[],
+                untrusted: &[],
             },
             async |env: Env, input: LookupInput| {
                 let found = customers::find(
@@ -142,6 +144,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "The bookings of one local day, one line each: handle, time, status, customer, technician.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
+                refs: &[],
+                untrusted: &[],
             },
             async |env: Env, input: DayScheduleInput| {
                 let zone = input.zone.clone().unwrap_or_else(|| env.ctx.tenant().zone_name.clone());
@@ -186,6 +190,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "One booking in a few fields: status, time, customer, technician, service, total and version.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
+                refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                untrusted: &[],
             },
             async |env: Env, input: BookingBriefInput| {
                 let row =

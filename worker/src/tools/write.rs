@@ -10,7 +10,9 @@ use shared::services::writes::{
 use shared::time::TimeView;
 use shared::views::{BookingView, CustomerView};
 
-use super::{Access, Def, EffectClass, Env, ToolSpec, tool_json};
+use super::{
+    Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool_json,
+};
 
 /// A customer after a write.
 #[derive(JsonSchema)]
@@ -51,6 +53,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Create a customer with name and email or phone. A customer with the same email or phone is reported with its handle instead of creating a second one; separate: true with a reason creates anyway. Silent: the customer is not contacted. Repeating an identical call returns the first result with replayed: true.",
                 class: EffectClass::SilentWrite,
                 access: Access::Right(Right::CustomersWrite),
+                refs: &[],
+                untrusted: &[],
             },
             async |env: Env, input: CreateCustomerInput| writes::create_customer(&env.ds, &env.ctx, &input, env.now).await,
         ),
@@ -61,6 +65,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Change a customer's name, email or phone. Needs the version you read; if the customer changed since, nothing is written and the current state is returned. Silent: the customer is not contacted.",
                 class: EffectClass::SilentWrite,
                 access: Access::Right(Right::CustomersWrite),
+                refs: &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }],
+                untrusted: &[],
             },
             async |env: Env, input: UpdateCustomerInput| writes::update_customer(&env.ds, &env.ctx, &input, env.now).await,
         ),
@@ -71,6 +77,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Create a draft booking for a customer and service at a start time (local time with zone, or ISO 8601 with offset); the price and tax are computed from the service. The customer does not see drafts until confirm_booking. A booking of the same customer, service and start is reported instead of duplicated.",
                 class: EffectClass::SilentWrite,
                 access: Access::Right(Right::BookingsWrite),
+                refs: &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }, Ref { field: "service", kind: RefKind::Service, shape: Shape::Single }, Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Single }],
+                untrusted: &[],
             },
             async |env: Env, input: CreateBookingInput| writes::create_booking(&env.ds, &env.ctx, &input, env.now).await,
         ),
@@ -81,6 +89,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Change fields the customer does not see: priority, internal reference, assigned technician; and for drafts also start and service. Needs the version you read. A confirmed booking's time changes with reschedule_booking.",
                 class: EffectClass::SilentWrite,
                 access: Access::Right(Right::BookingsWrite),
+                refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }, Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Single }, Ref { field: "service", kind: RefKind::Service, shape: Shape::Single }],
+                untrusted: &[ThirdPartyText::CustomerNote],
             },
             async |env: Env, input: UpdateBookingInput| writes::update_booking(&env.ds, &env.ctx, &input, env.now).await,
         ),
@@ -91,6 +101,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 description: "Add an internal staff note to a booking; the customer never sees it.",
                 class: EffectClass::SilentWrite,
                 access: Access::Right(Right::BookingsWrite),
+                refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                untrusted: &[],
             },
             async |env: Env, input: AddBookingNoteInput| writes::add_booking_note(&env.ds, &env.ctx, &input, env.now).await,
         ),
