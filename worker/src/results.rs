@@ -67,6 +67,12 @@ pub struct ErrorBody {
     pub available_in: Option<Vec<String>>,
 }
 
+/// Whether an argument name tries to pick a tenant (R3): those get told why they never can.
+fn looks_like_a_tenant(field: &str) -> bool {
+    let f = field.to_ascii_lowercase();
+    ["tenant", "workspace", "org", "account", "company"].iter().any(|w| f.contains(w))
+}
+
 fn find_tool(resource: Resource) -> Option<&'static str> {
     match resource {
         Resource::Customer => Some("find_customers"),
@@ -155,11 +161,17 @@ impl ErrorBody {
                         unknown.iter().map(|u| format!("`{u}`")).collect::<Vec<_>>().join(", ")
                     ),
                     format!(
-                        "Remove them and call {tool} again with only: {}. The tenant is fixed by this connection and is never an argument.",
+                        "Remove {} and call {tool} again with only: {}.{}",
+                        if unknown.len() == 1 { "it" } else { "them" },
                         if allowed.is_empty() {
                             "no arguments".to_owned()
                         } else {
                             allowed.join(", ")
+                        },
+                        if unknown.iter().any(|u| looks_like_a_tenant(u)) {
+                            " The tenant is fixed by this connection and is never an argument."
+                        } else {
+                            ""
                         }
                     ),
                 );
