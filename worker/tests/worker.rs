@@ -2665,7 +2665,7 @@ fn normalized(text: &str) -> String {
         // A display time: `Tue 2 Dec 2026, 09:00 CET`.
         if WEEKDAYS.iter().any(|w| rest.starts_with(w))
             && let Some(comma) = rest.find(", ").filter(|c| *c <= 16)
-            && rest[comma + 2..].as_bytes().get(2) == Some(&b':')
+            && rest.as_bytes().get(comma + 4) == Some(&b':')
         {
             let after = &rest[comma + 7..];
             let zone = after
