@@ -244,3 +244,151 @@ impl Services {
         booking_count_in(self.pool(), ctx, filter).await
     }
 }
+
+/// Another live booking of this customer for this service at this start (R9).
+pub(crate) async fn booking_by_key(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    customer_id: i64,
+    service_id: i64,
+    starts_at: DateTime<Utc>,
+) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT handle FROM bookings
+         WHERE tenant_id = $1 AND customer_id = $2 AND service_id = $3 AND starts_at = $4
+           AND status <> 'cancelled'
+         ORDER BY id LIMIT 1",
+    )
+    .bind(ctx.tenant_id())
+    .bind(customer_id)
+    .bind(service_id)
+    .bind(starts_at)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+pub struct BookingChange<'a> {
+    pub technician_id: Option<i64>,
+    pub service_id: i64,
+    pub starts_at: DateTime<Utc>,
+    pub net_minor: i64,
+    pub tax_minor: i64,
+    pub priority: &'a str,
+    pub reference: Option<&'a str>,
+    pub status: &'a str,
+}
+
+pub(crate) async fn booking_update(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    id: i64,
+    c: BookingChange<'_>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE bookings SET technician_id = $3, service_id = $4, starts_at = $5, net_minor = $6,
+                tax_minor = $7, total_minor = $6 + $7, priority = $8, reference = $9, status = $10,
+                updated_at = clock_timestamp()
+         WHERE tenant_id = $1 AND id = $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(id)
+    .bind(c.technician_id)
+    .bind(c.service_id)
+    .bind(c.starts_at)
+    .bind(c.net_minor)
+    .bind(c.tax_minor)
+    .bind(c.priority)
+    .bind(c.reference)
+    .bind(c.status)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn booking_set_separate_reason(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    id: i64,
+    reason: &str,
+) -> Result<()> {
+    sqlx::query("UPDATE bookings SET separate_reason = $3 WHERE tenant_id = $1 AND id = $2")
+        .bind(ctx.tenant_id())
+        .bind(id)
+        .bind(reason)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn booking_delete(tx: &mut Tx<'_>, ctx: &OpCtx, id: i64) -> Result<()> {
+    sqlx::query("DELETE FROM bookings WHERE tenant_id = $1 AND id = $2")
+        .bind(ctx.tenant_id())
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+// Seed data for the bookings domain. The write tools and their guards arrive with the write
+// services; these inserts serve the demo and test fixtures.
+
+pub struct NewBooking<'a> {
+    pub handle: &'a str,
+    pub customer_id: i64,
+    pub technician_id: Option<i64>,
+    pub service_id: i64,
+    pub starts_at: DateTime<Utc>,
+    pub zone: &'a str,
+    pub status: &'a str,
+    pub currency: &'a str,
+    pub net_minor: i64,
+    pub tax_minor: i64,
+    pub customer_note: Option<&'a str>,
+}
+
+pub(crate) async fn booking_insert(tx: &mut Tx<'_>, ctx: &OpCtx, b: NewBooking<'_>) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO bookings (tenant_id, handle, customer_id, technician_id, service_id, starts_at,
+                               zone, status, currency, net_minor, tax_minor, total_minor,
+                               customer_note, created_by)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $10 + $11, $12, $13) RETURNING id",
+    )
+    .bind(ctx.tenant_id())
+    .bind(b.handle)
+    .bind(b.customer_id)
+    .bind(b.technician_id)
+    .bind(b.service_id)
+    .bind(b.starts_at)
+    .bind(b.zone)
+    .bind(b.status)
+    .bind(b.currency)
+    .bind(b.net_minor)
+    .bind(b.tax_minor)
+    .bind(b.customer_note)
+    .bind(ctx.actor_person_id())
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn booking_note_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    booking_id: i64,
+    source: &str,
+    body: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, author_id, body)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .bind(booking_id)
+    .bind(source)
+    .bind(ctx.actor_person_id())
+    .bind(body)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

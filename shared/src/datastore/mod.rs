@@ -4,21 +4,39 @@
 //! that every lookup by handle is filtered by the caller's tenant (R3). Services call these;
 //! adapters (tools, REST handlers, the console) never do.
 
-mod admin;
+mod alert_rules;
+mod audit;
 mod auth;
 mod bookings;
-mod console;
+mod connections;
 mod customers;
+mod housekeeping;
+mod oauth;
+mod outbox;
+mod pending;
+mod people;
+mod rates;
+mod replay;
+mod service_catalog;
+mod sessions;
 mod technicians;
-mod writes;
+mod tenants;
 
-pub use admin::*;
+pub use alert_rules::*;
+pub use audit::*;
 pub use auth::*;
 pub use bookings::*;
-pub use console::*;
+pub use connections::*;
 pub use customers::*;
+pub use oauth::*;
+pub use outbox::*;
+pub use pending::*;
+pub use people::*;
+pub(crate) use replay::*;
+pub use service_catalog::*;
+pub use sessions::*;
 pub use technicians::*;
-pub use writes::*;
+pub use tenants::*;
 
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -26,6 +44,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+
+/// The one kind of transaction services use.
+pub type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
@@ -125,4 +146,11 @@ pub(crate) fn to_ts(t: chrono::DateTime<chrono::Utc>) -> jiff::Timestamp {
 
 pub(crate) fn from_ts(t: jiff::Timestamp) -> chrono::DateTime<chrono::Utc> {
     chrono::DateTime::from_timestamp_micros(t.as_microsecond()).unwrap_or_default()
+}
+
+impl Services {
+    /// Starts the one kind of transaction services use; dropping it uncommitted rolls back.
+    pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
+        Ok(self.pool().begin().await?)
+    }
 }

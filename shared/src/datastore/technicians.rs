@@ -3,6 +3,7 @@ use chrono::{DateTime, Utc};
 use crate::ctx::OpCtx;
 use crate::datastore::Services;
 use crate::datastore::customers::escape_like;
+use crate::datastore::*;
 use crate::error::Result;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -45,4 +46,42 @@ impl Services {
         .await?;
         Ok(rows)
     }
+}
+
+pub(crate) async fn technician_lock(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<TechnicianRow>> {
+    Ok(sqlx::query_as::<_, TechnicianRow>(
+        "SELECT id, handle, name, email, phone, skills, active, updated_at FROM technicians
+         WHERE tenant_id = $1 AND handle = $2 FOR UPDATE",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn technician_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    name: &str,
+    phone: Option<&str>,
+    skills: &[String],
+    home_address: Option<&str>,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO technicians (tenant_id, handle, name, phone, skills, home_address)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .bind(name)
+    .bind(phone)
+    .bind(skills)
+    .bind(home_address)
+    .fetch_one(&mut **tx)
+    .await?)
 }

@@ -1,0 +1,136 @@
+//! The audit log (R19, R23): written in each write's transaction, read by admins.
+
+use chrono::{DateTime, Utc};
+
+use crate::ctx::OpCtx;
+use crate::datastore::*;
+use crate::error::Result;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditRow {
+    pub at: DateTime<Utc>,
+    pub action: String,
+    pub outcome: String,
+    pub targets: Vec<String>,
+}
+
+impl Services {
+    /// What one connection did, newest first.
+    pub(crate) async fn audit_for_connection(
+        &self,
+        ctx: &OpCtx,
+        connection_id: i64,
+        limit: i64,
+    ) -> Result<Vec<AuditRow>> {
+        Ok(sqlx::query_as::<_, AuditRow>(
+            "SELECT at, action, outcome, targets, channel, connection_name, client_name FROM audit_log
+             WHERE tenant_id = $1 AND connection_id = $2 ORDER BY at DESC, id DESC LIMIT $3",
+        )
+        .bind(ctx.tenant_id())
+        .bind(connection_id)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AuditListRow {
+    pub at: DateTime<Utc>,
+    pub channel: String,
+    pub action: String,
+    pub outcome: String,
+    pub targets: Vec<String>,
+    pub connection_handle: Option<String>,
+    pub connection_name: Option<String>,
+    pub client_name: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Services {
+    pub(crate) async fn audit_list(
+        &self,
+        ctx: &OpCtx,
+        connection: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<AuditListRow>> {
+        Ok(sqlx::query_as::<_, AuditListRow>(
+            "SELECT a.at, a.channel, a.action, a.outcome, a.targets, c.handle AS connection_handle,
+                    a.connection_name, a.client_name, a.reason
+             FROM audit_log a LEFT JOIN connections c ON c.id = a.connection_id
+             WHERE a.tenant_id = $1 AND ($2::text IS NULL OR c.handle = $2)
+             ORDER BY a.at DESC, a.id DESC LIMIT $3",
+        )
+        .bind(ctx.tenant_id())
+        .bind(connection)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+/// One audit entry. Only public ids and names of things, never arguments (R14, R23).
+#[derive(Debug, Clone)]
+pub struct AuditEntry<'a> {
+    pub action: &'a str,
+    pub outcome: &'a str,
+    pub targets: Vec<String>,
+    /// The two-step action this row belongs to.
+    pub pending_action: Option<i64>,
+    /// Why, when a person says so (switch flips, revocations).
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> AuditEntry<'a> {
+    pub(crate) fn ok(action: &'a str, targets: Vec<String>) -> Self {
+        AuditEntry { action, outcome: "ok", targets, pending_action: None, reason: None }
+    }
+}
+
+/// Writes one audit row from the context: channel, actor, connection and client name come from
+/// the entry point (R19), never from the caller's arguments.
+pub(crate) async fn audit_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    entry: AuditEntry<'_>,
+) -> Result<()> {
+    let connection = ctx.connection();
+    sqlx::query(
+        "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
+                                client_name, action, outcome, targets, request_id, pending_action_id, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(ctx.channel().as_str())
+    .bind(ctx.actor_person_id())
+    .bind(connection.map(|c| c.id))
+    .bind(connection.map(|c| c.name.as_str()))
+    .bind(connection.map(|c| c.client_name.as_str()))
+    .bind(entry.action)
+    .bind(entry.outcome)
+    .bind(&entry.targets)
+    .bind(ctx.request_id())
+    .bind(entry.pending_action)
+    .bind(entry.reason)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// An audit row of the platform (no tenant): operator grants and the like, with who did it.
+pub(crate) async fn platform_audit_insert(
+    tx: &mut Tx<'_>,
+    channel: &str,
+    actor_id: Option<i64>,
+    action: &str,
+    target: &str,
+) -> Result<()> {
+    sqlx::query("INSERT INTO audit_log (tenant_id, channel, actor_id, action, outcome, targets) VALUES (NULL, $1, $2, $3, 'ok', ARRAY[$4])")
+        .bind(channel)
+        .bind(actor_id)
+        .bind(action)
+        .bind(target)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

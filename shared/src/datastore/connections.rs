@@ -1,0 +1,174 @@
+//! Agent connections, their tokens and API tokens.
+
+use chrono::{DateTime, Utc};
+
+use crate::ctx::OpCtx;
+use crate::datastore::*;
+use crate::error::Result;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ConnectionRow {
+    pub handle: String,
+    pub name: String,
+    pub client_name: String,
+    pub rights: Vec<String>,
+    pub status: String,
+    pub toolset: String,
+    pub creator_email: String,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+impl Services {
+    pub(crate) async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
+        Ok(sqlx::query_as::<_, ConnectionRow>(
+            "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,
+                    p.email AS creator_email, c.created_at, c.last_used_at
+             FROM connections c JOIN people p ON p.id = c.creator_id
+             WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
+        )
+        .bind(ctx.tenant_id())
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+pub(crate) async fn connection_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    creator_id: i64,
+    name: &str,
+    client_name: &str,
+    rights: &[String],
+) -> Result<i64> {
+    connection_insert_toolset(tx, ctx, handle, creator_id, name, client_name, rights, "full").await
+}
+
+#[expect(clippy::too_many_arguments, reason = "one column each")]
+pub(crate) async fn connection_insert_toolset(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    creator_id: i64,
+    name: &str,
+    client_name: &str,
+    rights: &[String],
+    toolset: &str,
+) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO connections (tenant_id, handle, creator_id, name, client_name, rights, toolset)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .bind(creator_id)
+    .bind(name)
+    .bind(client_name)
+    .bind(rights)
+    .bind(toolset)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn connection_token_insert(
+    tx: &mut Tx<'_>,
+    connection_id: i64,
+    kind: &str,
+    token_hash: &[u8],
+    audience: Option<&str>,
+    expires_at: Option<DateTime<Utc>>,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO connection_tokens (connection_id, kind, token_hash, audience, expires_at)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(connection_id)
+    .bind(kind)
+    .bind(token_hash)
+    .bind(audience)
+    .bind(expires_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Revokes the active connections of the tenant that match: one handle, or every connection a
+/// creator made. Returns the ids and handles revoked.
+pub(crate) async fn connection_revoke_where(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: Option<&str>,
+    creator_id: Option<i64>,
+    reason: &str,
+) -> Result<Vec<(i64, String)>> {
+    let revoked: Vec<(i64, String)> = sqlx::query_as(
+        "UPDATE connections SET status = 'revoked', revoked_at = now(), revoked_reason = $4
+         WHERE tenant_id = $1 AND status = 'active'
+           AND ($2::text IS NULL OR handle = $2)
+           AND ($3::bigint IS NULL OR creator_id = $3)
+         RETURNING id, handle",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .bind(creator_id)
+    .bind(reason)
+    .fetch_all(&mut **tx)
+    .await?;
+    if !revoked.is_empty() {
+        // Tokens die with their connection.
+        sqlx::query(
+            "DELETE FROM connection_tokens WHERE connection_id = ANY($2)
+               AND connection_id IN (SELECT id FROM connections WHERE tenant_id = $1)",
+        )
+        .bind(ctx.tenant_id())
+        .bind(revoked.iter().map(|(id, _)| *id).collect::<Vec<i64>>())
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(revoked)
+}
+
+pub(crate) async fn connection_status(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar("SELECT status FROM connections WHERE tenant_id = $1 AND handle = $2")
+        .bind(ctx.tenant_id())
+        .bind(handle)
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
+pub(crate) async fn api_token_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    person_id: i64,
+    name: &str,
+    token_hash: &[u8],
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO api_tokens (tenant_id, handle, person_id, name, token_hash)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .bind(person_id)
+    .bind(name)
+    .bind(token_hash)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The tenant, handle and status of a connection, by id (for revocations found by token).
+pub(crate) async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<(i64, String)>> {
+    Ok(sqlx::query_as::<_, (i64, String)>(
+        "SELECT tenant_id, handle FROM connections WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?)
+}

@@ -1,0 +1,27 @@
+//! Dropping what outlived its use.
+
+use crate::datastore::*;
+use crate::error::Result;
+
+impl Services {
+    /// Drops what has outlived its use: rate windows older than an hour, replay entries older
+    /// than a day (the replay window is minutes), expired console sessions, sign-in failures
+    /// older than a day, expired authorization codes and tokens expired for a day. Returns the
+    /// rows removed.
+    pub(crate) async fn housekeeping(&self) -> Result<u64> {
+        let mut removed = 0;
+        for sql in [
+            "DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'",
+            "DELETE FROM replay_entries WHERE created_at < now() - interval '1 day'",
+            "DELETE FROM console_sessions WHERE expires_at < now()",
+            "DELETE FROM login_failures WHERE at < now() - interval '1 day'",
+            "DELETE FROM oauth_codes WHERE expires_at < now() - interval '1 hour'",
+            // Expired access and refresh tokens (a used refresh token is kept until it expires,
+            // to detect reuse).
+            "DELETE FROM connection_tokens WHERE expires_at < now() - interval '1 day'",
+        ] {
+            removed += sqlx::query(sql).execute(self.pool()).await?.rows_affected();
+        }
+        Ok(removed)
+    }
+}

@@ -1,0 +1,182 @@
+//! The OAuth server: clients, authorization codes, access and refresh tokens.
+
+use chrono::{DateTime, Utc};
+
+use crate::ctx::OpCtx;
+use crate::datastore::*;
+use crate::error::Result;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ClientRow {
+    pub client_id: String,
+    pub client_name: String,
+    pub redirect_uris: Vec<String>,
+    pub kind: String,
+    pub fetched_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CodeRow {
+    pub id: i64,
+    pub client_id: String,
+    pub connection_id: i64,
+    pub redirect_uri: String,
+    pub code_challenge: String,
+    pub resource: String,
+    pub expired: bool,
+    pub used: bool,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RefreshRow {
+    pub id: i64,
+    pub connection_id: i64,
+    pub audience: Option<String>,
+    pub expired: bool,
+    pub used: bool,
+    pub connection_status: String,
+    pub oauth_client_id: Option<String>,
+}
+
+impl Services {
+    pub(crate) async fn oauth_client_get(&self, client_id: &str) -> Result<Option<ClientRow>> {
+        Ok(sqlx::query_as::<_, ClientRow>(
+            "SELECT client_id, client_name, redirect_uris, kind, fetched_at FROM oauth_clients WHERE client_id = $1",
+        )
+        .bind(client_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    pub(crate) async fn oauth_client_put(
+        &self,
+        client_id: &str,
+        name: &str,
+        redirect_uris: &[String],
+        kind: &str,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO oauth_clients (client_id, client_name, redirect_uris, kind, fetched_at)
+             VALUES ($1, $2, $3, $4, CASE WHEN $4 = 'metadata_document' THEN now() END)
+             ON CONFLICT (client_id) DO UPDATE SET client_name = EXCLUDED.client_name,
+                 redirect_uris = EXCLUDED.redirect_uris, fetched_at = EXCLUDED.fetched_at",
+        )
+        .bind(client_id)
+        .bind(name)
+        .bind(redirect_uris)
+        .bind(kind)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
+
+/// The active OAuth connection of this client for the context's person, if any.
+pub(crate) async fn oauth_connection_find(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+    client_id: &str,
+) -> Result<Option<(i64, String)>> {
+    Ok(sqlx::query_as::<_, (i64, String)>(
+        "SELECT id, handle FROM connections
+         WHERE tenant_id = $1 AND creator_id = $2 AND oauth_client_id = $3 AND status = 'active' FOR UPDATE",
+    )
+    .bind(ctx.tenant_id())
+    .bind(person_id)
+    .bind(client_id)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn connection_set_oauth(
+    tx: &mut Tx<'_>,
+    id: i64,
+    client_id: &str,
+    rights: &[String],
+) -> Result<()> {
+    sqlx::query("UPDATE connections SET oauth_client_id = $2, rights = $3 WHERE id = $1")
+        .bind(id)
+        .bind(client_id)
+        .bind(rights)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+pub struct NewCode<'a> {
+    pub code_hash: &'a [u8],
+    pub client_id: &'a str,
+    pub connection_id: i64,
+    pub redirect_uri: &'a str,
+    pub code_challenge: &'a str,
+    pub resource: &'a str,
+}
+
+pub(crate) async fn oauth_code_insert(tx: &mut Tx<'_>, c: NewCode<'_>) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO oauth_codes (code_hash, client_id, connection_id, redirect_uri, code_challenge, resource, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + interval '2 minutes')",
+    )
+    .bind(c.code_hash)
+    .bind(c.client_id)
+    .bind(c.connection_id)
+    .bind(c.redirect_uri)
+    .bind(c.code_challenge)
+    .bind(c.resource)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Locks a code for exchange.
+pub(crate) async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result<Option<CodeRow>> {
+    Ok(sqlx::query_as::<_, CodeRow>(
+        "SELECT id, client_id, connection_id, redirect_uri, code_challenge, resource,
+                expires_at <= now() AS expired, used_at IS NOT NULL AS used
+         FROM oauth_codes WHERE code_hash = $1 FOR UPDATE",
+    )
+    .bind(code_hash)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+    sqlx::query("UPDATE oauth_codes SET used_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<Option<RefreshRow>> {
+    Ok(sqlx::query_as::<_, RefreshRow>(
+        "SELECT t.id, t.connection_id, t.audience, coalesce(t.expires_at <= now(), false) AS expired,
+                t.used_at IS NOT NULL AS used, c.status AS connection_status, c.tenant_id, c.oauth_client_id
+         FROM connection_tokens t JOIN connections c ON c.id = t.connection_id
+         WHERE t.token_hash = $1 AND t.kind = 'refresh' FOR UPDATE OF t",
+    )
+    .bind(token_hash)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+    sqlx::query("UPDATE connection_tokens SET used_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Deletes one access token by hash; returns whether it existed.
+pub(crate) async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<bool> {
+    Ok(sqlx::query("DELETE FROM connection_tokens WHERE token_hash = $1 AND kind = 'access'")
+        .bind(token_hash)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected()
+        > 0)
+}

@@ -1,0 +1,111 @@
+//! The outbox: messages written with their action, delivered by the dispatcher.
+
+use chrono::{DateTime, Utc};
+
+use crate::ctx::OpCtx;
+use crate::datastore::*;
+use crate::error::Result;
+
+// ------------------------------------------------------------------ outbox
+
+pub struct NewMessage<'a> {
+    pub pending_action_id: Option<i64>,
+    pub channel: &'a str,
+    pub recipient: &'a str,
+    pub subject: &'a str,
+    pub body: &'a str,
+    pub idempotency_key: &'a str,
+}
+
+pub(crate) async fn outbox_insert(tx: &mut Tx<'_>, ctx: &OpCtx, m: NewMessage<'_>) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox (tenant_id, pending_action_id, channel, recipient, subject, body, idempotency_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(m.pending_action_id)
+    .bind(m.channel)
+    .bind(m.recipient)
+    .bind(m.subject)
+    .bind(m.body)
+    .bind(m.idempotency_key)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub channel: String,
+    pub recipient: String,
+    pub subject: String,
+    pub body: String,
+    pub idempotency_key: String,
+    pub attempts: i32,
+}
+
+impl Services {
+    /// Claims up to `limit` queued messages (skipping rows another dispatcher holds) and
+    /// hands them to `deliver` inside the claiming transaction; delivered rows are marked sent.
+    pub(crate) async fn outbox_claim(&self, limit: i64) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
+        let mut tx = self.begin().await?;
+        let rows = sqlx::query_as::<_, OutboxRow>(
+            "SELECT id, channel, recipient, subject, body, idempotency_key, attempts FROM outbox
+             WHERE status = 'queued' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+        Ok((tx, rows))
+    }
+}
+
+pub(crate) async fn outbox_mark(
+    tx: &mut Tx<'_>,
+    id: i64,
+    sent: bool,
+    error: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE outbox SET attempts = attempts + 1, last_error = $3,
+                status = CASE WHEN $2 THEN 'sent' WHEN attempts + 1 >= 5 THEN 'failed' ELSE 'queued' END,
+                sent_at = CASE WHEN $2 THEN now() ELSE sent_at END
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(sent)
+    .bind(error)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxListRow {
+    pub id: i64,
+    pub channel: String,
+    pub recipient: String,
+    pub subject: String,
+    pub status: String,
+    pub attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub sent_at: Option<DateTime<Utc>>,
+    pub action_handle: Option<String>,
+}
+
+impl Services {
+    /// The tenant's outgoing messages, newest first (the text stays out of lists).
+    pub(crate) async fn outbox_list(&self, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
+        Ok(sqlx::query_as::<_, OutboxListRow>(
+            "SELECT o.id, o.channel, o.recipient, o.subject, o.status, o.attempts, o.created_at, o.sent_at,
+                    p.handle AS action_handle
+             FROM outbox o LEFT JOIN pending_actions p ON p.id = o.pending_action_id
+             WHERE o.tenant_id = $1 ORDER BY o.id DESC LIMIT $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

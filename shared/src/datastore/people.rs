@@ -1,0 +1,235 @@
+//! People, their memberships and roles, the operator role, and sign-in throttling.
+
+use crate::ctx::OpCtx;
+use crate::datastore::*;
+use crate::error::Result;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PersonRow {
+    pub id: i64,
+    pub handle: String,
+    pub email: String,
+    pub name: String,
+    pub active: bool,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MembershipRow {
+    pub role: String,
+    pub active: bool,
+}
+
+impl Services {
+    pub(crate) async fn person_by_email(&self, email: &str) -> Result<Option<PersonRow>> {
+        Ok(sqlx::query_as::<_, PersonRow>(
+            "SELECT id, handle, email, name, active FROM people WHERE lower(email) = lower($1)",
+        )
+        .bind(email)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    pub(crate) async fn membership_get(
+        &self,
+        ctx: &OpCtx,
+        person_id: i64,
+    ) -> Result<Option<MembershipRow>> {
+        Ok(sqlx::query_as::<_, MembershipRow>(
+            "SELECT role, active FROM memberships WHERE tenant_id = $1 AND person_id = $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(person_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+pub(crate) async fn person_insert(
+    tx: &mut Tx<'_>,
+    handle: &str,
+    email: &str,
+    name: &str,
+    password_hash: Option<&str>,
+) -> Result<PersonRow> {
+    Ok(sqlx::query_as::<_, PersonRow>(
+        "INSERT INTO people (handle, email, name, password_hash) VALUES ($1, $2, $3, $4)
+         RETURNING id, handle, email, name, active",
+    )
+    .bind(handle)
+    .bind(email)
+    .bind(name)
+    .bind(password_hash)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+pub(crate) async fn membership_upsert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+    role: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO memberships (tenant_id, person_id, role) VALUES ($1, $2, $3)
+         ON CONFLICT (tenant_id, person_id) DO UPDATE SET role = EXCLUDED.role, active = true",
+    )
+    .bind(ctx.tenant_id())
+    .bind(person_id)
+    .bind(role)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Ends a person's membership in the context's tenant; returns whether there was one.
+pub(crate) async fn membership_deactivate(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE memberships SET active = false WHERE tenant_id = $1 AND person_id = $2 AND active",
+    )
+    .bind(ctx.tenant_id())
+    .bind(person_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Makes a person an operator of the platform (or not): operators get the global kill switch.
+pub(crate) async fn person_set_operator(
+    tx: &mut Tx<'_>,
+    person_id: i64,
+    operator: bool,
+) -> Result<()> {
+    sqlx::query("UPDATE people SET is_operator = $2 WHERE id = $1")
+        .bind(person_id)
+        .bind(operator)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// A person as the operator check reads them.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OperatorRow {
+    pub id: i64,
+    pub handle: String,
+    pub email: String,
+    pub active: bool,
+    pub is_operator: bool,
+}
+
+pub(crate) async fn operator_get(ds: &Services, email: &str) -> Result<Option<OperatorRow>> {
+    Ok(sqlx::query_as::<_, OperatorRow>(
+        "SELECT id, handle, email, active, is_operator FROM people WHERE lower(email) = lower($1)",
+    )
+    .bind(email.trim())
+    .fetch_optional(ds.pool())
+    .await?)
+}
+
+pub(crate) async fn operator_by_id(ds: &Services, id: i64) -> Result<Option<OperatorRow>> {
+    Ok(sqlx::query_as::<_, OperatorRow>(
+        "SELECT id, handle, email, active, is_operator FROM people WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(ds.pool())
+    .await?)
+}
+
+/// How many active operators the platform has, serialized against other grants in `tx` so that
+/// two racing bootstraps cannot both find none.
+pub(crate) async fn operator_count_locked(tx: &mut Tx<'_>) -> Result<i64> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('operator-role', 0))")
+        .execute(&mut **tx)
+        .await?;
+    Ok(sqlx::query_scalar("SELECT count(*) FROM people WHERE is_operator AND active")
+        .fetch_one(&mut **tx)
+        .await?)
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LoginRow {
+    pub id: i64,
+    pub password_hash: Option<String>,
+    pub active: bool,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct MembershipListRow {
+    pub tenant_id: i64,
+    pub slug: String,
+    pub name: String,
+    pub role: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PersonListRow {
+    pub handle: String,
+    pub email: String,
+    pub name: String,
+    pub role: String,
+    pub active: bool,
+}
+
+impl Services {
+    pub(crate) async fn person_login(&self, email: &str) -> Result<Option<LoginRow>> {
+        Ok(sqlx::query_as::<_, LoginRow>(
+            "SELECT id, password_hash, active FROM people WHERE lower(email) = lower($1)",
+        )
+        .bind(email)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    pub(crate) async fn login_failures_recent(&self, email: &str, window_secs: i64) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM login_failures WHERE lower(email) = lower($1) AND at > now() - make_interval(secs => $2)",
+        )
+        .bind(email)
+        .bind(window_secs as f64)
+        .fetch_one(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    pub(crate) async fn login_failure_add(&self, email: &str) -> Result<()> {
+        sqlx::query("INSERT INTO login_failures (email) VALUES ($1)")
+            .bind(email)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}
+
+impl Services {
+    pub(crate) async fn memberships_of(&self, person_id: i64) -> Result<Vec<MembershipListRow>> {
+        Ok(sqlx::query_as::<_, MembershipListRow>(
+            "SELECT t.id AS tenant_id, t.slug, t.name, m.role FROM memberships m JOIN tenants t ON t.id = m.tenant_id
+             WHERE m.person_id = $1 AND m.active ORDER BY t.name",
+        )
+        .bind(person_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    pub(crate) async fn people_list(&self, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
+        Ok(sqlx::query_as::<_, PersonListRow>(
+            "SELECT p.handle, p.email, p.name, m.role, (m.active AND p.active) AS active
+             FROM memberships m JOIN people p ON p.id = m.person_id
+             WHERE m.tenant_id = $1 ORDER BY p.name, p.handle",
+        )
+        .bind(ctx.tenant_id())
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

@@ -1,0 +1,34 @@
+//! Rate windows shared by every worker.
+
+use crate::datastore::*;
+use crate::error::Result;
+
+impl Services {
+    /// Counts one call in the current minute's window; returns the count, the limit (the
+    /// tenant's override or `default_limit`) and the seconds until the window ends.
+    pub(crate) async fn rate_take(
+        &self,
+        connection_id: i64,
+        tenant_id: i64,
+        class: &str,
+        default_limit: i32,
+    ) -> Result<(i32, i32, f64)> {
+        Ok(sqlx::query_as::<_, (i32, i32, f64)>(
+            "WITH up AS (
+                 INSERT INTO rate_windows (connection_id, class, window_start, count)
+                 VALUES ($1, $3, date_trunc('minute', now()), 1)
+                 ON CONFLICT (connection_id, class, window_start) DO UPDATE SET count = rate_windows.count + 1
+                 RETURNING count, window_start)
+             SELECT up.count,
+                    coalesce((SELECT per_minute FROM tenant_rate_limits WHERE tenant_id = $2 AND class = $3), $4),
+                    extract(epoch FROM up.window_start + interval '1 minute' - now())::float8
+             FROM up",
+        )
+        .bind(connection_id)
+        .bind(tenant_id)
+        .bind(class)
+        .bind(default_limit)
+        .fetch_one(self.pool())
+        .await?)
+    }
+}

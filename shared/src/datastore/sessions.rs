@@ -1,0 +1,91 @@
+//! Console sessions (stored hashed, with their CSRF token).
+
+use crate::datastore::*;
+use crate::error::Result;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SessionRow {
+    pub id: i64,
+    pub person_id: i64,
+    pub person_handle: String,
+    pub email: String,
+    pub name: String,
+    pub person_active: bool,
+    pub is_operator: bool,
+    pub csrf_token: String,
+    pub tenant_id: Option<i64>,
+    pub tenant_handle: Option<String>,
+    pub tenant_slug: Option<String>,
+    pub tenant_name: Option<String>,
+    pub tenant_zone: Option<String>,
+    pub tenant_currency: Option<String>,
+    pub tenant_agent_access: Option<bool>,
+    pub role: Option<String>,
+    pub membership_active: Option<bool>,
+}
+
+impl Services {
+    pub(crate) async fn session_create(
+        &self,
+        token_hash: &[u8],
+        person_id: i64,
+        tenant_id: Option<i64>,
+        csrf: &str,
+        ttl_secs: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO console_sessions (token_hash, person_id, tenant_id, csrf_token, expires_at)
+             VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+        )
+        .bind(token_hash)
+        .bind(person_id)
+        .bind(tenant_id)
+        .bind(csrf)
+        .bind(ttl_secs as f64)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
+
+impl Services {
+    /// A live session with its person and, when picked, the tenant and current membership.
+    pub(crate) async fn session_get(&self, token_hash: &[u8]) -> Result<Option<SessionRow>> {
+        Ok(sqlx::query_as::<_, SessionRow>(
+            "SELECT s.id, p.id AS person_id, p.handle AS person_handle, p.email, p.name,
+                    p.active AS person_active, p.is_operator, s.csrf_token,
+                    t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug, t.name AS tenant_name,
+                    t.zone AS tenant_zone, t.currency::text AS tenant_currency, t.agent_access AS tenant_agent_access,
+                    m.role, m.active AS membership_active
+             FROM console_sessions s
+             JOIN people p ON p.id = s.person_id
+             LEFT JOIN tenants t ON t.id = s.tenant_id
+             LEFT JOIN memberships m ON m.tenant_id = s.tenant_id AND m.person_id = s.person_id
+             WHERE s.token_hash = $1 AND s.expires_at > now()",
+        )
+        .bind(token_hash)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    pub(crate) async fn session_set_tenant(&self, session_id: i64, tenant_id: i64) -> Result<()> {
+        sqlx::query("UPDATE console_sessions SET tenant_id = $2 WHERE id = $1")
+            .bind(session_id)
+            .bind(tenant_id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}
+
+impl Services {
+    pub(crate) async fn session_delete(&self, token_hash: &[u8]) -> Result<()> {
+        sqlx::query("DELETE FROM console_sessions WHERE token_hash = $1")
+            .bind(token_hash)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+}
