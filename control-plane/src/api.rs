@@ -19,11 +19,9 @@ use shared::error::Error;
 use shared::input::parse_input;
 use shared::secret::CredentialKind;
 use shared::services::bookings::{self as booking_svc, FindBookingsInput, GetBookingInput};
+use shared::services::bookings::{AddBookingNoteInput, CreateBookingInput, UpdateBookingInput};
 use shared::services::customers::{self as customer_svc, FindCustomersInput, GetCustomerInput};
-use shared::services::writes::{
-    self, AddBookingNoteInput, CreateBookingInput, CreateCustomerInput, UpdateBookingInput,
-    UpdateCustomerInput,
-};
+use shared::services::customers::{CreateCustomerInput, UpdateCustomerInput};
 use shared::views;
 
 use crate::AppState;
@@ -213,7 +211,7 @@ async fn create_customer(
     let input: CreateCustomerInput = body_input(body, None)?;
     Ok((
         StatusCode::CREATED,
-        Json(writes::create_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
+        Json(customer_svc::create_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
     ))
 }
 
@@ -224,7 +222,7 @@ async fn update_customer(
     Json(body): Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
     let input: UpdateCustomerInput = body_input(body, Some(("customer", customer)))?;
-    Ok(Json(writes::update_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
+    Ok(Json(customer_svc::update_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
 }
 
 async fn create_booking(
@@ -235,7 +233,7 @@ async fn create_booking(
     let input: CreateBookingInput = body_input(body, None)?;
     Ok((
         StatusCode::CREATED,
-        Json(writes::create_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
+        Json(booking_svc::create_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
     ))
 }
 
@@ -246,7 +244,7 @@ async fn update_booking(
     Json(body): Json<Value>,
 ) -> Result<Json<Value>, ApiError> {
     let input: UpdateBookingInput = body_input(body, Some(("booking", booking)))?;
-    Ok(Json(writes::update_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
+    Ok(Json(booking_svc::update_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
 }
 
 async fn add_booking_note(
@@ -258,6 +256,6 @@ async fn add_booking_note(
     let input: AddBookingNoteInput = body_input(body, Some(("booking", booking)))?;
     Ok((
         StatusCode::CREATED,
-        Json(writes::add_booking_note(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
+        Json(booking_svc::add_booking_note(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?),
     ))
 }

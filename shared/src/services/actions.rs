@@ -27,7 +27,7 @@ use crate::input::{lenient_u32, parse_input};
 use crate::rights::Right;
 use crate::secret;
 use crate::services::bookings::FindBookingsInput;
-use crate::services::writes::args_digest;
+use crate::services::rails::args_digest;
 use crate::time::{self, TimeView};
 use crate::views;
 

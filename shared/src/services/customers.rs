@@ -1,15 +1,19 @@
 //! Reading customers. Writes (with their duplicate guards) live here too when they arrive.
 
-use schemars::JsonSchema;
-use serde::Deserialize;
-
 use crate::ctx::OpCtx;
-use crate::datastore::{CustomerRow, Services};
+use crate::datastore::{self as db, CustomerRow, Services, Tx};
 use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
+use crate::services::fields::{email, name, phone, separate_reason};
+use crate::services::rails::{self, Written};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
+use crate::views;
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 /// Find customers by name, email or phone.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -60,4 +64,207 @@ pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetCustomerInput) -> Result
     ds.customer_get(ctx, &handle)
         .await?
         .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))
+}
+
+// ------------------------------------------------------------------ writes (silent, R8–R10)
+
+/// Takes the business-key locks of a customer's contact details, always email before phone,
+/// before the duplicate guard reads (R9): two racing creates with one email serialize here,
+/// and the second one's guard sees the first one's row.
+async fn lock_contact_keys(
+    tx: &mut Tx<'static>,
+    ctx: &OpCtx,
+    email: Option<&str>,
+    phone: Option<&(String, String)>,
+) -> Result<()> {
+    if let Some(e) = email {
+        db::business_key_lock(tx, ctx, "customer.email", e).await?;
+    }
+    if let Some((_, digits)) = phone {
+        db::business_key_lock(tx, ctx, "customer.phone", digits).await?;
+    }
+    Ok(())
+}
+
+/// Create a customer.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCustomerInput {
+    /// Full name.
+    pub name: String,
+    /// Email address; a customer with the same email is a duplicate.
+    #[serde(default)]
+    pub email: Option<String>,
+    /// Phone number; a customer with the same phone is a duplicate.
+    #[serde(default)]
+    pub phone: Option<String>,
+    /// Create even though a customer with the same email or phone exists (needs `reason`).
+    #[serde(default)]
+    pub separate: bool,
+    /// Why a separate record is right; required with `separate`.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Optional key for safe retries: the same key with the same arguments returns the first result.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// Change a customer's name or contact details.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateCustomerInput {
+    /// Customer handle (cus_…).
+    pub customer: String,
+    /// The `version` you read; the update is refused if the customer changed since.
+    pub version: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// New email; an empty string removes it.
+    #[serde(default)]
+    pub email: Option<String>,
+    /// New phone; an empty string removes it.
+    #[serde(default)]
+    pub phone: Option<String>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+pub async fn create_customer(
+    ds: &Services,
+    ctx: &OpCtx,
+    input: &CreateCustomerInput,
+    now: Timestamp,
+) -> Result<Value> {
+    ctx.require(Right::CustomersWrite)?;
+    let name = name("name", &input.name)?;
+    let email = email(input.email.as_deref())?;
+    let phone = phone(input.phone.as_deref())?;
+    let reason = separate_reason(input.separate, input.reason.as_deref())?;
+    if email.is_none() && phone.is_none() {
+        return Err(Error::invalid(
+            "email",
+            "give an email or a phone so the customer can be told apart and reached",
+        ));
+    }
+    rails::silent_write(
+        ds,
+        ctx,
+        "create_customer",
+        input,
+        input.idempotency_key.as_deref(),
+        |mut tx| async move {
+            let written: Result<Written> = async {
+                let tx = &mut tx;
+                lock_contact_keys(tx, ctx, email.as_deref(), phone.as_ref()).await?;
+                if reason.is_none()
+                    && let Some((existing, key)) = db::customer_by_key(
+                        tx,
+                        ctx,
+                        email.as_deref(),
+                        phone.as_ref().map(|p| p.1.as_str()),
+                        None,
+                    )
+                    .await?
+                {
+                    return Err(Error::Duplicate { resource: Resource::Customer, existing, key });
+                }
+                let handle = CustomerHandle::generate();
+                let row = db::customer_create(
+                    tx,
+                    ctx,
+                    handle.as_str(),
+                    &name,
+                    email.as_deref(),
+                    phone.as_ref().map(|p| p.0.as_str()),
+                    reason.as_deref(),
+                )
+                .await?;
+                let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+                Ok((json!({ "customer": view }), vec![row.handle]))
+            }
+            .await;
+            (tx, written)
+        },
+    )
+    .await
+}
+
+pub async fn update_customer(
+    ds: &Services,
+    ctx: &OpCtx,
+    input: &UpdateCustomerInput,
+    now: Timestamp,
+) -> Result<Value> {
+    ctx.require(Right::CustomersWrite)?;
+    let handle = CustomerHandle::parse("customer", &input.customer)?;
+    let new_name = input.name.as_deref().map(|n| name("name", n)).transpose()?;
+    let new_email = input.email.as_deref().map(|e| email(Some(e))).transpose()?;
+    let new_phone = input.phone.as_deref().map(|p| phone(Some(p))).transpose()?;
+    rails::silent_write(
+        ds,
+        ctx,
+        "update_customer",
+        input,
+        input.idempotency_key.as_deref(),
+        |mut tx| async move {
+            let written: Result<Written> = async {
+                let tx = &mut tx;
+                let row = db::customer_lock(tx, ctx, handle.as_str())
+                    .await?
+                    .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
+                let current = views::customer_version(&row);
+                if current != input.version.trim() {
+                    let view =
+                        views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+                    return Err(Error::Conflict {
+                        resource: Resource::Customer,
+                        handle: row.handle,
+                        expected: input.version.clone(),
+                        current_version: current,
+                        current: Box::new(json!(view)),
+                    });
+                }
+                let email = new_email.unwrap_or(row.email.clone());
+                let phone = match new_phone {
+                    Some(p) => p,
+                    None => row
+                        .phone
+                        .as_deref()
+                        .map(|p| phone(Some(p)))
+                        .transpose()
+                        .ok()
+                        .flatten()
+                        .flatten(),
+                };
+                lock_contact_keys(tx, ctx, email.as_deref(), phone.as_ref()).await?;
+                if let Some((existing, key)) = db::customer_by_key(
+                    tx,
+                    ctx,
+                    email.as_deref(),
+                    phone.as_ref().map(|p| p.1.as_str()),
+                    Some(row.id),
+                )
+                .await?
+                {
+                    return Err(Error::Duplicate { resource: Resource::Customer, existing, key });
+                }
+                let name = new_name.unwrap_or(row.name.clone());
+                let updated = db::customer_update(
+                    tx,
+                    ctx,
+                    row.id,
+                    &name,
+                    email.as_deref(),
+                    phone.as_ref().map(|p| p.0.as_str()),
+                )
+                .await?;
+                let view =
+                    views::customer(&updated, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+                Ok((json!({ "customer": view }), vec![updated.handle]))
+            }
+            .await;
+            (tx, written)
+        },
+    )
+    .await
 }

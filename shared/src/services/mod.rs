@@ -11,12 +11,13 @@ pub mod catalog;
 pub mod console;
 pub mod customers;
 pub mod demo;
+mod fields;
 pub mod oauth;
 pub mod operators;
 pub mod outbox;
+mod rails;
 pub mod rates;
 pub mod technicians;
-pub mod writes;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -1,12 +1,12 @@
 //! The silent writes: none reaches a customer. Replay protection, duplicate guards, versions
-//! and the audit row live in `shared::services::writes`; these adapters only call them.
+//! and the audit row live in `shared::services::customers` and `shared::services::bookings`, on the silent-write rail (`services::rails`); these adapters only call them.
 
 use schemars::JsonSchema;
 use shared::rights::Right;
-use shared::services::writes::{
-    self, AddBookingNoteInput, CreateBookingInput, CreateCustomerInput, UpdateBookingInput,
-    UpdateCustomerInput,
+use shared::services::bookings::{
+    self, AddBookingNoteInput, CreateBookingInput, UpdateBookingInput,
 };
+use shared::services::customers::{self, CreateCustomerInput, UpdateCustomerInput};
 use shared::time::TimeView;
 use shared::views::{BookingView, CustomerView};
 
@@ -56,7 +56,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 refs: &[],
                 untrusted: &[],
             },
-            async |env: Env, input: CreateCustomerInput| writes::create_customer(&env.ds, &env.ctx, &input, env.now).await,
+            async |env: Env, input: CreateCustomerInput| customers::create_customer(&env.ds, &env.ctx, &input, env.now).await,
         ),
         tool_json::<UpdateCustomerInput, CustomerWritten, _, _>(
             Def {
@@ -68,7 +68,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 refs: &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }],
                 untrusted: &[],
             },
-            async |env: Env, input: UpdateCustomerInput| writes::update_customer(&env.ds, &env.ctx, &input, env.now).await,
+            async |env: Env, input: UpdateCustomerInput| customers::update_customer(&env.ds, &env.ctx, &input, env.now).await,
         ),
         tool_json::<CreateBookingInput, BookingWritten, _, _>(
             Def {
@@ -80,7 +80,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 refs: &[Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Single }, Ref { field: "service", kind: RefKind::Service, shape: Shape::Single }, Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Single }],
                 untrusted: &[],
             },
-            async |env: Env, input: CreateBookingInput| writes::create_booking(&env.ds, &env.ctx, &input, env.now).await,
+            async |env: Env, input: CreateBookingInput| bookings::create_booking(&env.ds, &env.ctx, &input, env.now).await,
         ),
         tool_json::<UpdateBookingInput, BookingWritten, _, _>(
             Def {
@@ -92,7 +92,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }, Ref { field: "technician", kind: RefKind::Technician, shape: Shape::Single }, Ref { field: "service", kind: RefKind::Service, shape: Shape::Single }],
                 untrusted: &[ThirdPartyText::CustomerNote],
             },
-            async |env: Env, input: UpdateBookingInput| writes::update_booking(&env.ds, &env.ctx, &input, env.now).await,
+            async |env: Env, input: UpdateBookingInput| bookings::update_booking(&env.ds, &env.ctx, &input, env.now).await,
         ),
         tool_json::<AddBookingNoteInput, NoteWritten, _, _>(
             Def {
@@ -104,7 +104,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
                 untrusted: &[],
             },
-            async |env: Env, input: AddBookingNoteInput| writes::add_booking_note(&env.ds, &env.ctx, &input, env.now).await,
+            async |env: Env, input: AddBookingNoteInput| bookings::add_booking_note(&env.ds, &env.ctx, &input, env.now).await,
         ),
     ]
     .into_iter()

@@ -1,0 +1,154 @@
+//! The silent-write rail (R8, R19): every silent write runs through [`silent_write`] — the
+//! replay check, one transaction, the write, the replay entry, exactly one audit row, commit.
+//! An operation only supplies the write itself; it cannot skip a step.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::canon::{canonical_json, sha256_hex};
+use crate::ctx::OpCtx;
+use crate::datastore::{self as db, AuditEntry, Services, Tx};
+use crate::error::{Error, Result};
+
+/// What a write returns: its presented result and the public ids it touched (for the audit).
+pub(crate) type Written = (Value, Vec<String>);
+
+/// Runs one silent write of `tool` on the rail. `write` gets the open transaction and hands
+/// it back with its outcome; what it wrote is recorded for replays, audited and committed
+/// together, and a failure rolls back everything. A call identical to one this connection made
+/// inside the replay window returns the first result with `replayed: true`, and `write` never
+/// runs.
+pub(crate) async fn silent_write<I, F, Fut>(
+    ds: &Services,
+    ctx: &OpCtx,
+    tool: &'static str,
+    input: &I,
+    idempotency_key: Option<&str>,
+    write: F,
+) -> Result<Value>
+where
+    I: Serialize,
+    F: FnOnce(Tx<'static>) -> Fut,
+    Fut: Future<Output = (Tx<'static>, Result<Written>)>,
+{
+    let w = match begin(ds, ctx, tool, args_digest(input), idempotency_key).await? {
+        Begun::Replayed(value) => return Ok(value),
+        Begun::Fresh(w) => w,
+    };
+    let SilentWrite { tx, tool, digest, key, connection } = w;
+    let (tx, written) = write(tx).await;
+    SilentWrite { tx, tool, digest, key, connection }.finish(ctx, written).await
+}
+
+/// Trims every string so that `" Anna "` and `"Anna"` are the same call.
+fn normalize(value: &Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(s.trim().to_owned()),
+        Value::Array(items) => Value::Array(items.iter().map(normalize).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, v)| k.as_str() != "idempotency_key" && !v.is_null())
+                .map(|(k, v)| (k.clone(), normalize(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The digest a replay fingerprint is built from: SHA-256 of the canonical JSON of the
+/// normalized arguments (keys sorted at every level), without the idempotency key.
+pub fn args_digest<T: Serialize>(input: &T) -> String {
+    let value = serde_json::to_value(input).unwrap_or(Value::Null);
+    sha256_hex(canonical_json(&normalize(&value)).as_bytes())
+}
+
+/// How a silent write begins: answered from the replay cache, or with a transaction to write in.
+enum Begun {
+    Replayed(Value),
+    Fresh(SilentWrite),
+}
+
+/// An open silent write: its transaction and what `finish` records.
+struct SilentWrite {
+    tx: Tx<'static>,
+    tool: &'static str,
+    digest: String,
+    key: Option<String>,
+    connection: Option<i64>,
+}
+
+/// Starts one silent write: the replay check (R8).
+///
+/// A call identical to one this connection made inside the replay window returns the first
+/// result with `replayed: true` and executes nothing. Identical calls racing on different
+/// workers serialize on an advisory lock, so exactly one executes.
+async fn begin(
+    ds: &Services,
+    ctx: &OpCtx,
+    tool: &'static str,
+    digest: String,
+    key: Option<&str>,
+) -> Result<Begun> {
+    let key = key.map(str::trim).filter(|k| !k.is_empty());
+    if let Some(k) = key
+        && (k.len() > 200 || k.chars().any(char::is_control))
+    {
+        return Err(Error::invalid("idempotency_key", "use at most 200 printable characters"));
+    }
+    let mut tx = ds.begin().await?;
+    let connection = ctx.connection().map(|c| c.id);
+    if let Some(connection) = connection {
+        db::replay_lock(&mut tx, connection, tool, &digest).await?;
+        if let Some(k) = key {
+            // Different arguments under the same key serialize on the key too.
+            db::replay_lock(&mut tx, connection, "idempotency_key", k).await?;
+            if let Some((seen_tool, seen_digest, result)) =
+                db::replay_find_key(&mut tx, connection, k).await?
+            {
+                if seen_tool != tool || seen_digest != digest {
+                    return Err(Error::invalid(
+                        "idempotency_key",
+                        format!(
+                            "this key was used for another call ({seen_tool} with other arguments); use a new key for a new call"
+                        ),
+                    ));
+                }
+                return Ok(Begun::Replayed(replayed(result)));
+            }
+        }
+        if let Some(result) =
+            db::replay_find(&mut tx, connection, tool, &digest, ds.policy().replay_window_secs)
+                .await?
+        {
+            return Ok(Begun::Replayed(replayed(result)));
+        }
+    }
+    Ok(Begun::Fresh(SilentWrite { tx, tool, digest, key: key.map(str::to_owned), connection }))
+}
+
+impl SilentWrite {
+    /// Records the result for replays, writes the one audit row (R19) and commits.
+    async fn finish(mut self, ctx: &OpCtx, written: Result<Written>) -> Result<Value> {
+        let (mut value, targets) = written?;
+        value["replayed"] = json!(false);
+        if let Some(connection) = self.connection {
+            db::replay_insert(
+                &mut self.tx,
+                connection,
+                self.tool,
+                &self.digest,
+                self.key.as_deref(),
+                &value,
+            )
+            .await?;
+        }
+        db::audit_insert(&mut self.tx, ctx, AuditEntry::ok(self.tool, targets)).await?;
+        self.tx.commit().await?;
+        Ok(value)
+    }
+}
+
+fn replayed(mut result: Value) -> Value {
+    result["replayed"] = json!(true);
+    result
+}
