@@ -1,4 +1,6 @@
-//! Two-step actions (R7): tools of class notify, wake, alert and delete only prepare.
+//! The two-step rail (R7): tools of class notify, wake, alert and delete only prepare. Each
+//! operation implements [`TwoStep`] next to its resource (bookings, customers, technicians,
+//! alert rules); this module is the rail every one of them runs on.
 //!
 //! `prepare` plans the action against the current state, stores a pending action (connection,
 //! tool, normalized arguments and digest, hash of exactly what will be sent or changed, a
@@ -12,22 +14,27 @@
 
 use jiff::Timestamp;
 use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::canon::{canonical_json, sha256_hex};
 use crate::ctx::OpCtx;
 use crate::datastore::{
-    self as db, AuditEntry, BookingFilter, BookingRow, NewMessage, NewPending, Services, Tx,
-    from_ts, to_ts,
+    self as db, AuditEntry, BookingRow, NewMessage, NewPending, Services, Tx, from_ts, to_ts,
 };
 use crate::error::{ActionRefusal, Error, Resource, Result};
-use crate::handle::{BookingHandle, CustomerHandle, TechnicianHandle};
-use crate::input::{lenient_u32, parse_input};
+use crate::handle::BookingHandle;
+use crate::input::parse_input;
 use crate::rights::Right;
 use crate::secret;
-use crate::services::bookings::FindBookingsInput;
+use crate::services::bookings::{
+    CancelBookingsInput, ConfirmBookingInput, DeleteBookingInput, RescheduleBookingInput,
+};
+use crate::services::catalog::MuteAlertsInput;
+use crate::services::customers::{DeleteCustomerInput, SendCustomerMessageInput};
 use crate::services::rails::args_digest;
+use crate::services::technicians::PageTechnicianInput;
 use crate::time::{self, TimeView};
 use crate::views;
 
@@ -108,109 +115,7 @@ impl Op {
     }
 }
 
-// ------------------------------------------------------------------ inputs
-
-/// Email a customer.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SendCustomerMessageInput {
-    /// Customer handle (cus_…).
-    pub customer: String,
-    /// Subject line, up to 120 characters.
-    pub subject: String,
-    /// Message text, up to 2000 characters.
-    pub body: String,
-}
-
-/// Confirm a draft booking; the customer is emailed the confirmation.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ConfirmBookingInput {
-    /// Booking handle (bkg_…) of a draft.
-    pub booking: String,
-}
-
-/// Move a booking to another start; a confirmed booking's customer is emailed.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RescheduleBookingInput {
-    /// Booking handle (bkg_…).
-    pub booking: String,
-    /// New start: local date-time with `zone`, or ISO 8601 with offset.
-    pub start: String,
-    /// IANA zone of a local `start`.
-    #[serde(default)]
-    pub zone: Option<String>,
-}
-
-/// Cancel bookings: explicit handles, or a filter with the number of bookings you expect it to match.
-#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CancelBookingsInput {
-    /// Booking handles (bkg_…), at most 50. Or leave out and use the filter fields.
-    #[serde(default)]
-    pub bookings: Option<Vec<String>>,
-    /// Filter: start of the range (as in find_bookings).
-    #[serde(default)]
-    pub from: Option<String>,
-    /// Filter: end of the range (as in find_bookings).
-    #[serde(default)]
-    pub to: Option<String>,
-    /// Filter: IANA zone for dates and local times.
-    #[serde(default)]
-    pub zone: Option<String>,
-    /// Filter: technician handle (tec_…).
-    #[serde(default)]
-    pub technician: Option<String>,
-    /// Filter: customer handle (cus_…).
-    #[serde(default)]
-    pub customer: Option<String>,
-    /// Required with a filter: how many bookings you expect it to match. Nothing happens if it differs.
-    #[serde(default, deserialize_with = "lenient_u32")]
-    #[schemars(with = "Option<u32>")]
-    pub expected_count: Option<u32>,
-}
-
-/// Page a technician (phone alert).
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PageTechnicianInput {
-    /// Technician handle (tec_…).
-    pub technician: String,
-    /// What the page says, up to 300 characters.
-    pub message: String,
-    /// The booking it is about (bkg_…), optional.
-    #[serde(default)]
-    pub booking: Option<String>,
-}
-
-/// Silence an alert rule for a bounded time.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MuteAlertsInput {
-    /// Alert rule handle (alr_…), from find_alert_rules.
-    pub rule: String,
-    /// Minutes to mute, 5 to 240.
-    #[serde(deserialize_with = "lenient_u32")]
-    #[schemars(with = "u32")]
-    pub minutes: Option<u32>,
-}
-
-/// Delete a customer who has no bookings.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DeleteCustomerInput {
-    /// Customer handle (cus_…).
-    pub customer: String,
-}
-
-/// Delete a booking and its notes.
-#[derive(Debug, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DeleteBookingInput {
-    /// Booking handle (bkg_…).
-    pub booking: String,
-}
+// ------------------------------------------------------------------ inputs of the rail
 
 /// Execute a prepared action.
 #[derive(Debug, Deserialize, Serialize, JsonSchema)]
@@ -234,26 +139,26 @@ pub struct RejectActionInput {
 
 /// One message the effect sends.
 #[derive(Debug, Clone, Serialize)]
-struct Message {
-    channel: &'static str,
-    recipient: String,
-    subject: String,
-    body: String,
+pub(crate) struct Message {
+    pub(crate) channel: &'static str,
+    pub(crate) recipient: String,
+    pub(crate) subject: String,
+    pub(crate) body: String,
 }
 
 /// What an action will do, computed from the current state.
-struct Plan {
-    summary: String,
+pub(crate) struct Plan {
+    pub(crate) summary: String,
     /// Shown to the caller in the preview.
-    preview: Value,
+    pub(crate) preview: Value,
     /// Hashed: exactly what will be sent or changed, with the versions it was planned from.
-    content: Value,
-    targets: Vec<String>,
-    apply: Apply,
-    messages: Vec<Message>,
+    pub(crate) content: Value,
+    pub(crate) targets: Vec<String>,
+    pub(crate) apply: Apply,
+    pub(crate) messages: Vec<Message>,
 }
 
-enum Apply {
+pub(crate) enum Apply {
     Nothing,
     SetStatus { ids: Vec<(i64, String)>, status: &'static str },
     Reschedule { id: i64, handle: String, starts_at: Timestamp },
@@ -262,7 +167,7 @@ enum Apply {
     DeleteBooking { id: i64 },
 }
 
-fn text(field: &str, raw: &str, max: usize) -> Result<String> {
+pub(crate) fn text(field: &str, raw: &str, max: usize) -> Result<String> {
     let t = raw.trim();
     if t.is_empty() || t.chars().count() > max || t.chars().any(|c| c.is_control() && c != '\n') {
         return Err(Error::invalid(
@@ -273,19 +178,19 @@ fn text(field: &str, raw: &str, max: usize) -> Result<String> {
     Ok(t.to_owned())
 }
 
-fn when(row: &BookingRow, now: Timestamp) -> TimeView {
+pub(crate) fn when(row: &BookingRow, now: Timestamp) -> TimeView {
     let tz = jiff::tz::TimeZone::get(&row.zone).unwrap_or(jiff::tz::TimeZone::UTC);
     time::present(to_ts(row.starts_at), &tz, &row.zone, now)
 }
 
-async fn booking(tx: &mut Tx<'static>, ctx: &OpCtx, raw: &str) -> Result<BookingRow> {
+pub(crate) async fn booking(tx: &mut Tx<'static>, ctx: &OpCtx, raw: &str) -> Result<BookingRow> {
     let h = BookingHandle::parse("booking", raw)?;
     db::booking_lock(tx, ctx, h.as_str())
         .await?
         .ok_or_else(|| Error::not_found(Resource::Booking, h.as_str()))
 }
 
-fn customer_email(row: &BookingRow) -> Result<String> {
+pub(crate) fn customer_email(row: &BookingRow) -> Result<String> {
     row.customer_email.clone().ok_or_else(|| Error::WrongState {
         message: format!(
             "customer {} has no email address, so they cannot be told",
@@ -295,7 +200,7 @@ fn customer_email(row: &BookingRow) -> Result<String> {
     })
 }
 
-fn booking_line(row: &BookingRow, now: Timestamp) -> String {
+pub(crate) fn booking_line(row: &BookingRow, now: Timestamp) -> String {
     format!("{} ({}, {})", row.handle, row.service_name, when(row, now).display)
 }
 
@@ -303,9 +208,9 @@ fn booking_line(row: &BookingRow, now: Timestamp) -> String {
 /// the preview promised (a mute "for 30 minutes" ends 30 minutes after the preview, so the end
 /// time that executes is the one the preview showed).
 #[derive(Clone, Copy)]
-struct At {
-    now: Timestamp,
-    previewed: Timestamp,
+pub(crate) struct At {
+    pub(crate) now: Timestamp,
+    pub(crate) previewed: Timestamp,
 }
 
 impl At {
@@ -316,380 +221,33 @@ impl At {
     }
 }
 
-async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -> Result<Plan> {
-    let now = at.now;
-    match op {
-        Op::SendCustomerMessage => {
-            let input: SendCustomerMessageInput = parse_input(args.clone())?;
-            let h = CustomerHandle::parse("customer", &input.customer)?;
-            let subject = text("subject", &input.subject, 120)?;
-            let body = text("body", &input.body, 2000)?;
-            let c = db::customer_lock(tx, ctx, h.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Customer, h.as_str()))?;
-            let to = c.email.clone().ok_or_else(|| Error::WrongState {
-                message: format!("customer {} has no email address", c.handle),
-                use_instead: Some("update_customer"),
-            })?;
-            let msg =
-                Message { channel: "email", recipient: to.clone(), subject: subject.clone(), body };
-            Ok(Plan {
-                summary: format!("Email {} <{to}>: \"{subject}\"", c.name),
-                preview: json!({"customer": c.handle, "to": to, "subject": subject, "body": msg.body}),
-                content: json!({"customer": c.handle, "version": views::customer_version(&c), "message": msg}),
-                targets: vec![c.handle.clone()],
-                apply: Apply::Nothing,
-                messages: vec![msg],
-            })
-        }
-        Op::ConfirmBooking => {
-            let input: ConfirmBookingInput = parse_input(args.clone())?;
-            let b = booking(tx, ctx, &input.booking).await?;
-            if b.status != "draft" {
-                return Err(Error::WrongState {
-                    message: format!("booking {} is {}, not a draft", b.handle, b.status),
-                    use_instead: None,
-                });
-            }
-            let to = customer_email(&b)?;
-            let at = when(&b, now);
-            let msg = Message {
-                channel: "email",
-                recipient: to.clone(),
-                subject: format!("Your booking on {} is confirmed", at.display),
-                body: format!(
-                    "Hello {}, your {} on {} is confirmed. Total: {}.",
-                    b.customer_name,
-                    b.service_name,
-                    at.display,
-                    crate::money::present(b.total_minor, &b.currency).display
-                ),
-            };
-            Ok(Plan {
-                summary: format!(
-                    "Confirm booking {} and email the confirmation to {} <{to}>",
-                    booking_line(&b, now),
-                    b.customer_name
-                ),
-                preview: json!({"booking": views::booking(&b, false, now), "email": {"to": to, "subject": msg.subject, "body": msg.body}}),
-                content: json!({"booking": b.handle, "version": views::booking_version(&b), "message": msg}),
-                targets: vec![b.handle.clone()],
-                apply: Apply::SetStatus {
-                    ids: vec![(b.id, b.handle.clone())],
-                    status: "confirmed",
-                },
-                messages: vec![msg],
-            })
-        }
-        Op::RescheduleBooking => {
-            let input: RescheduleBookingInput = parse_input(args.clone())?;
-            let zone = input.zone.as_deref().map(str::trim).filter(|z| !z.is_empty());
-            let start = time::parse_instant("start", &input.start, zone)?;
-            if start <= now {
-                return Err(Error::invalid("start", "the new start is in the past"));
-            }
-            let b = booking(tx, ctx, &input.booking).await?;
-            if b.status != "draft" && b.status != "confirmed" {
-                return Err(Error::WrongState {
-                    message: format!("booking {} is {} and cannot move", b.handle, b.status),
-                    use_instead: None,
-                });
-            }
-            let tz = jiff::tz::TimeZone::get(&b.zone).unwrap_or(jiff::tz::TimeZone::UTC);
-            let new_at = time::present(start, &tz, &b.zone, now);
-            let new_end = time::present(
-                start
-                    .checked_add(jiff::SignedDuration::from_mins(i64::from(b.duration_minutes)))
-                    .unwrap_or(start),
-                &tz,
-                &b.zone,
-                now,
-            );
-            let messages = if b.status == "confirmed" {
-                let to = customer_email(&b)?;
-                vec![Message {
-                    channel: "email",
-                    recipient: to,
-                    subject: format!("Your booking moved to {}", new_at.display),
-                    body: format!(
-                        "Hello {}, your {} moved from {} to {}.",
-                        b.customer_name,
-                        b.service_name,
-                        when(&b, now).display,
-                        new_at.display
-                    ),
-                }]
-            } else {
-                Vec::new()
-            };
-            let who = if messages.is_empty() {
-                "no message (draft)".to_owned()
-            } else {
-                format!("email {}", b.customer_name)
-            };
-            Ok(Plan {
-                summary: format!(
-                    "Move booking {} to {}; {who}",
-                    booking_line(&b, now),
-                    new_at.display
-                ),
-                preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "ends": new_end, "emails": messages.len()}),
-                content: json!({"booking": b.handle, "version": views::booking_version(&b), "start": start.to_string(), "messages": messages}),
-                targets: vec![b.handle.clone()],
-                apply: Apply::Reschedule { id: b.id, handle: b.handle.clone(), starts_at: start },
-                messages,
-            })
-        }
-        Op::CancelBookings => plan_cancel(tx, ctx, args, now).await,
-        Op::PageTechnician => {
-            let input: PageTechnicianInput = parse_input(args.clone())?;
-            let h = TechnicianHandle::parse("technician", &input.technician)?;
-            let message = text("message", &input.message, 300)?;
-            let t = db::technician_lock(tx, ctx, h.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Technician, h.as_str()))?;
-            let phone = t.phone.clone().ok_or_else(|| Error::WrongState {
-                message: format!("{} has no phone to page", t.name),
-                use_instead: None,
-            })?;
-            let about = match input.booking.as_deref() {
-                Some(b) => Some(booking(tx, ctx, b).await?.handle),
-                None => None,
-            };
-            let msg = Message {
-                channel: "page",
-                recipient: phone.clone(),
-                subject: format!("Page for {}", t.name),
-                body: message.clone(),
-            };
-            Ok(Plan {
-                summary: format!("Page {} on {phone}: \"{message}\"", t.name),
-                preview: json!({"technician": t.handle, "phone": phone, "message": message, "booking": about}),
-                content: json!({"technician": t.handle, "message": msg, "booking": about}),
-                targets: std::iter::once(t.handle.clone()).chain(about).collect(),
-                apply: Apply::Nothing,
-                messages: vec![msg],
-            })
-        }
-        Op::MuteAlerts => {
-            let input: MuteAlertsInput = parse_input(args.clone())?;
-            let minutes = input.minutes.unwrap_or(0);
-            if !(5..=240).contains(&minutes) {
-                return Err(Error::invalid("minutes", "mute for 5 to 240 minutes"));
-            }
-            let rule = input.rule.trim();
-            let r = db::alert_rule_lock(tx, ctx, rule)
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::AlertRule, rule))?;
-            let until = at
-                .previewed
-                .checked_add(jiff::SignedDuration::from_mins(i64::from(minutes)))
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            if until <= now {
-                return Err(Error::WrongState {
-                    message: format!(
-                        "the mute this preview showed would have ended at {}; prepare it again",
-                        time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now)
-                            .display
-                    ),
-                    use_instead: Some("mute_alerts"),
-                });
-            }
-            let until_view = time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
-            Ok(Plan {
-                summary: format!(
-                    "Mute alert rule \"{}\" for {minutes} minutes, until {}",
-                    r.name, until_view.display
-                ),
-                preview: json!({"rule": r.handle, "name": r.name, "until": until_view}),
-                content: json!({"rule": r.handle, "minutes": minutes, "until": until.to_string(), "muted_until": r.muted_until.map(|m| m.timestamp())}),
-                targets: vec![r.handle.clone()],
-                apply: Apply::Mute { id: r.id, until },
-                messages: Vec::new(),
-            })
-        }
-        Op::DeleteCustomer => {
-            let input: DeleteCustomerInput = parse_input(args.clone())?;
-            let h = CustomerHandle::parse("customer", &input.customer)?;
-            let c = db::customer_lock(tx, ctx, h.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Customer, h.as_str()))?;
-            let bookings = db::customer_booking_handles(tx, ctx, c.id).await?;
-            if !bookings.is_empty() {
-                return Err(Error::WrongState {
-                    message: format!(
-                        "customer {} has {} booking(s) ({}); delete those first",
-                        c.handle,
-                        bookings.len(),
-                        bookings.join(", ")
-                    ),
-                    use_instead: Some("delete_booking"),
-                });
-            }
-            Ok(Plan {
-                summary: format!("Delete customer {} ({})", c.name, c.handle),
-                preview: json!({"customer": views::customer(&c, &ctx.tenant().zone, &ctx.tenant().zone_name, now)}),
-                content: json!({"customer": c.handle, "version": views::customer_version(&c)}),
-                targets: vec![c.handle.clone()],
-                apply: Apply::DeleteCustomer { id: c.id },
-                messages: Vec::new(),
-            })
-        }
-        Op::DeleteBooking => {
-            let input: DeleteBookingInput = parse_input(args.clone())?;
-            let b = booking(tx, ctx, &input.booking).await?;
-            Ok(Plan {
-                summary: format!(
-                    "Delete booking {} of {} with its notes",
-                    booking_line(&b, now),
-                    b.customer_name
-                ),
-                preview: json!({"booking": views::booking(&b, false, now)}),
-                content: json!({"booking": b.handle, "version": views::booking_version(&b)}),
-                targets: vec![b.handle.clone()],
-                apply: Apply::DeleteBooking { id: b.id },
-                messages: Vec::new(),
-            })
-        }
-    }
+/// One two-step operation (R7, STYLE 13): it plans, from the current state, exactly what it
+/// will send or change. The rail does everything else: [`prepare`] hashes the plan's content
+/// and stores the pending action; [`confirm`] plans again under the lock, compares the hashes
+/// and executes the plan's `apply` and messages once. Each operation lives with its resource.
+pub(crate) trait TwoStep: DeserializeOwned {
+    fn plan(
+        self,
+        tx: &mut Tx<'static>,
+        ctx: &OpCtx,
+        at: At,
+    ) -> impl Future<Output = Result<Plan>> + Send;
 }
 
-/// Explicit handles in one batch.
-const MAX_BATCH: usize = 50;
-/// Bookings one filter may cancel in one call.
-const MAX_FILTER_BATCH: usize = 500;
-
-async fn plan_cancel(
-    tx: &mut Tx<'static>,
-    ctx: &OpCtx,
-    args: &Value,
-    now: Timestamp,
-) -> Result<Plan> {
-    let input: CancelBookingsInput = parse_input(args.clone())?;
-    let has_filter = input.from.is_some()
-        || input.to.is_some()
-        || input.technician.is_some()
-        || input.customer.is_some();
-    let rows: Vec<BookingRow> = match (&input.bookings, has_filter) {
-        (Some(_), true) => {
-            return Err(Error::invalid(
-                "bookings",
-                "give either `bookings` or filter fields, not both",
-            ));
-        }
-        (Some(handles), false) => {
-            if handles.is_empty() || handles.len() > MAX_BATCH {
-                return Err(Error::invalid(
-                    "bookings",
-                    format!("give 1 to {MAX_BATCH} booking handles"),
-                ));
-            }
-            let mut rows: Vec<BookingRow> = Vec::with_capacity(handles.len());
-            for raw in handles {
-                let row = booking(tx, ctx, raw).await?;
-                // A handle listed twice would be cancelled and emailed twice (R11).
-                if rows.iter().any(|r| r.id == row.id) {
-                    return Err(Error::invalid(
-                        "bookings",
-                        format!("{} is listed more than once; list each booking once", row.handle),
-                    ));
-                }
-                rows.push(row);
-            }
-            rows
-        }
-        (None, false) => {
-            return Err(Error::invalid(
-                "bookings",
-                "give booking handles, or a filter (from, to, technician, customer) with expected_count",
-            ));
-        }
-        (None, true) => {
-            let Some(expected) = input.expected_count else {
-                return Err(Error::invalid(
-                    "expected_count",
-                    "a filter needs expected_count: how many bookings you expect it to cancel",
-                ));
-            };
-            let find = FindBookingsInput {
-                from: input.from.clone(),
-                to: input.to.clone(),
-                zone: input.zone.clone(),
-                technician: input.technician.clone(),
-                customer: input.customer.clone(),
-                ..Default::default()
-            };
-            let mut filter: BookingFilter = crate::services::bookings::filter(&find)?;
-            db::booking_filter_refs(&mut **tx, ctx, &filter).await?;
-            // Only bookings that can still be cancelled count, and they are counted in SQL
-            // before any limit: one more than a batch may hold tells "too many" exactly.
-            filter.statuses = vec!["draft".into(), "confirmed".into()];
-            filter.limit = MAX_FILTER_BATCH as i64 + 1;
-            let matched: Vec<BookingRow> = db::booking_find_locked(tx, ctx, &filter).await?;
-            let count = if matched.len() > MAX_FILTER_BATCH {
-                db::booking_count_in(&mut **tx, ctx, &filter).await? as usize
-            } else {
-                matched.len()
-            };
-            if count != expected as usize {
-                return Err(Error::CountMismatch {
-                    expected: expected as usize,
-                    count,
-                    matches: matched
-                        .iter()
-                        .take(crate::error::MAX_LISTED_MATCHES)
-                        .map(|b| b.handle.clone())
-                        .collect(),
-                });
-            }
-            if count > MAX_FILTER_BATCH {
-                return Err(Error::invalid(
-                    "expected_count",
-                    format!(
-                        "the filter matches {count} bookings; one call cancels at most {MAX_FILTER_BATCH}: narrow the range"
-                    ),
-                ));
-            }
-            matched
-        }
-    };
-    if let Some(done) = rows.iter().find(|b| b.status != "draft" && b.status != "confirmed") {
-        return Err(Error::WrongState {
-            message: format!("booking {} is already {}", done.handle, done.status),
-            use_instead: None,
-        });
+async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -> Result<Plan> {
+    fn input<T: DeserializeOwned + JsonSchema>(args: &Value) -> Result<T> {
+        parse_input(args.clone())
     }
-    let mut messages = Vec::new();
-    for b in rows.iter().filter(|b| b.status == "confirmed") {
-        let at = when(b, now);
-        messages.push(Message {
-            channel: "email",
-            recipient: customer_email(b)?,
-            subject: format!("Your booking on {} is cancelled", at.display),
-            body: format!(
-                "Hello {}, your {} on {} is cancelled.",
-                b.customer_name, b.service_name, at.display
-            ),
-        });
+    match op {
+        Op::SendCustomerMessage => input::<SendCustomerMessageInput>(args)?.plan(tx, ctx, at).await,
+        Op::ConfirmBooking => input::<ConfirmBookingInput>(args)?.plan(tx, ctx, at).await,
+        Op::RescheduleBooking => input::<RescheduleBookingInput>(args)?.plan(tx, ctx, at).await,
+        Op::CancelBookings => input::<CancelBookingsInput>(args)?.plan(tx, ctx, at).await,
+        Op::PageTechnician => input::<PageTechnicianInput>(args)?.plan(tx, ctx, at).await,
+        Op::MuteAlerts => input::<MuteAlertsInput>(args)?.plan(tx, ctx, at).await,
+        Op::DeleteCustomer => input::<DeleteCustomerInput>(args)?.plan(tx, ctx, at).await,
+        Op::DeleteBooking => input::<DeleteBookingInput>(args)?.plan(tx, ctx, at).await,
     }
-    let handles: Vec<String> = rows.iter().map(|b| b.handle.clone()).collect();
-    let versions: Vec<String> = rows.iter().map(views::booking_version).collect();
-    Ok(Plan {
-        summary: format!(
-            "Cancel {} booking(s) ({}) and email {} customer(s)",
-            rows.len(),
-            handles.join(", "),
-            messages.len()
-        ),
-        preview: json!({"bookings": rows.iter().map(|b| views::booking(b, false, now)).collect::<Vec<_>>(), "emails": messages.len()}),
-        content: json!({"bookings": handles, "versions": versions, "messages": messages}),
-        targets: handles,
-        apply: Apply::SetStatus {
-            ids: rows.iter().map(|b| (b.id, b.handle.clone())).collect(),
-            status: "cancelled",
-        },
-        messages,
-    })
 }
 
 async fn apply(

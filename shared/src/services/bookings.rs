@@ -1,4 +1,11 @@
-//! Reading bookings: the date-range search and single bookings with their notes.
+//! Bookings: the date-range search and single bookings (reads), drafts and internal fields
+//! (silent writes on the silent-write rail, R8–R10), and the two-step operations that reach
+//! customers — confirm, reschedule, cancel (R11 batches) — or delete (R7, on the two-step rail).
+
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use crate::ctx::OpCtx;
 use crate::datastore::{
@@ -8,14 +15,13 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::{BookingHandle, CustomerHandle, NoteHandle, ServiceHandle, TechnicianHandle};
 use crate::input::lenient_u32;
 use crate::rights::Right;
+use crate::services::actions::{
+    Apply, At, Message, Plan, TwoStep, booking, booking_line, customer_email, when,
+};
 use crate::services::fields::separate_reason;
 use crate::services::rails::{self, Written};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::{money, time, views};
-use jiff::Timestamp;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 pub const STATUSES: &[&str] = &["draft", "confirmed", "cancelled", "completed"];
 
@@ -628,4 +634,317 @@ pub async fn add_booking_note(
         },
     )
     .await
+}
+
+// ------------------------------------------------------------------ two-step operations (R7)
+
+/// Confirm a draft booking; the customer is emailed the confirmation.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfirmBookingInput {
+    /// Booking handle (bkg_…) of a draft.
+    pub booking: String,
+}
+
+impl TwoStep for ConfirmBookingInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, now) = (self, at.now);
+        let b = booking(tx, ctx, &input.booking).await?;
+        if b.status != "draft" {
+            return Err(Error::WrongState {
+                message: format!("booking {} is {}, not a draft", b.handle, b.status),
+                use_instead: None,
+            });
+        }
+        let to = customer_email(&b)?;
+        let at = when(&b, now);
+        let msg = Message {
+            channel: "email",
+            recipient: to.clone(),
+            subject: format!("Your booking on {} is confirmed", at.display),
+            body: format!(
+                "Hello {}, your {} on {} is confirmed. Total: {}.",
+                b.customer_name,
+                b.service_name,
+                at.display,
+                crate::money::present(b.total_minor, &b.currency).display
+            ),
+        };
+        Ok(Plan {
+            summary: format!(
+                "Confirm booking {} and email the confirmation to {} <{to}>",
+                booking_line(&b, now),
+                b.customer_name
+            ),
+            preview: json!({"booking": views::booking(&b, false, now), "email": {"to": to, "subject": msg.subject, "body": msg.body}}),
+            content: json!({"booking": b.handle, "version": views::booking_version(&b), "message": msg}),
+            targets: vec![b.handle.clone()],
+            apply: Apply::SetStatus { ids: vec![(b.id, b.handle.clone())], status: "confirmed" },
+            messages: vec![msg],
+        })
+    }
+}
+
+/// Move a booking to another start; a confirmed booking's customer is emailed.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RescheduleBookingInput {
+    /// Booking handle (bkg_…).
+    pub booking: String,
+    /// New start: local date-time with `zone`, or ISO 8601 with offset.
+    pub start: String,
+    /// IANA zone of a local `start`.
+    #[serde(default)]
+    pub zone: Option<String>,
+}
+
+impl TwoStep for RescheduleBookingInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, now) = (self, at.now);
+        let zone = input.zone.as_deref().map(str::trim).filter(|z| !z.is_empty());
+        let start = time::parse_instant("start", &input.start, zone)?;
+        if start <= now {
+            return Err(Error::invalid("start", "the new start is in the past"));
+        }
+        let b = booking(tx, ctx, &input.booking).await?;
+        if b.status != "draft" && b.status != "confirmed" {
+            return Err(Error::WrongState {
+                message: format!("booking {} is {} and cannot move", b.handle, b.status),
+                use_instead: None,
+            });
+        }
+        let tz = jiff::tz::TimeZone::get(&b.zone).unwrap_or(jiff::tz::TimeZone::UTC);
+        let new_at = time::present(start, &tz, &b.zone, now);
+        let new_end = time::present(
+            start
+                .checked_add(jiff::SignedDuration::from_mins(i64::from(b.duration_minutes)))
+                .unwrap_or(start),
+            &tz,
+            &b.zone,
+            now,
+        );
+        let messages = if b.status == "confirmed" {
+            let to = customer_email(&b)?;
+            vec![Message {
+                channel: "email",
+                recipient: to,
+                subject: format!("Your booking moved to {}", new_at.display),
+                body: format!(
+                    "Hello {}, your {} moved from {} to {}.",
+                    b.customer_name,
+                    b.service_name,
+                    when(&b, now).display,
+                    new_at.display
+                ),
+            }]
+        } else {
+            Vec::new()
+        };
+        let who = if messages.is_empty() {
+            "no message (draft)".to_owned()
+        } else {
+            format!("email {}", b.customer_name)
+        };
+        Ok(Plan {
+            summary: format!("Move booking {} to {}; {who}", booking_line(&b, now), new_at.display),
+            preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "ends": new_end, "emails": messages.len()}),
+            content: json!({"booking": b.handle, "version": views::booking_version(&b), "start": start.to_string(), "messages": messages}),
+            targets: vec![b.handle.clone()],
+            apply: Apply::Reschedule { id: b.id, handle: b.handle.clone(), starts_at: start },
+            messages,
+        })
+    }
+}
+
+/// Cancel bookings: explicit handles, or a filter with the number of bookings you expect it to match.
+#[derive(Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBookingsInput {
+    /// Booking handles (bkg_…), at most 50. Or leave out and use the filter fields.
+    #[serde(default)]
+    pub bookings: Option<Vec<String>>,
+    /// Filter: start of the range (as in find_bookings).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Filter: end of the range (as in find_bookings).
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Filter: IANA zone for dates and local times.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Filter: technician handle (tec_…).
+    #[serde(default)]
+    pub technician: Option<String>,
+    /// Filter: customer handle (cus_…).
+    #[serde(default)]
+    pub customer: Option<String>,
+    /// Required with a filter: how many bookings you expect it to match. Nothing happens if it differs.
+    #[serde(default, deserialize_with = "lenient_u32")]
+    #[schemars(with = "Option<u32>")]
+    pub expected_count: Option<u32>,
+}
+
+/// Explicit handles in one batch.
+const MAX_BATCH: usize = 50;
+/// Bookings one filter may cancel in one call.
+const MAX_FILTER_BATCH: usize = 500;
+
+impl TwoStep for CancelBookingsInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, now) = (self, at.now);
+        let has_filter = input.from.is_some()
+            || input.to.is_some()
+            || input.technician.is_some()
+            || input.customer.is_some();
+        let rows: Vec<BookingRow> = match (&input.bookings, has_filter) {
+            (Some(_), true) => {
+                return Err(Error::invalid(
+                    "bookings",
+                    "give either `bookings` or filter fields, not both",
+                ));
+            }
+            (Some(handles), false) => {
+                if handles.is_empty() || handles.len() > MAX_BATCH {
+                    return Err(Error::invalid(
+                        "bookings",
+                        format!("give 1 to {MAX_BATCH} booking handles"),
+                    ));
+                }
+                let mut rows: Vec<BookingRow> = Vec::with_capacity(handles.len());
+                for raw in handles {
+                    let row = booking(tx, ctx, raw).await?;
+                    // A handle listed twice would be cancelled and emailed twice (R11).
+                    if rows.iter().any(|r| r.id == row.id) {
+                        return Err(Error::invalid(
+                            "bookings",
+                            format!(
+                                "{} is listed more than once; list each booking once",
+                                row.handle
+                            ),
+                        ));
+                    }
+                    rows.push(row);
+                }
+                rows
+            }
+            (None, false) => {
+                return Err(Error::invalid(
+                    "bookings",
+                    "give booking handles, or a filter (from, to, technician, customer) with expected_count",
+                ));
+            }
+            (None, true) => {
+                let Some(expected) = input.expected_count else {
+                    return Err(Error::invalid(
+                        "expected_count",
+                        "a filter needs expected_count: how many bookings you expect it to cancel",
+                    ));
+                };
+                let find = FindBookingsInput {
+                    from: input.from.clone(),
+                    to: input.to.clone(),
+                    zone: input.zone.clone(),
+                    technician: input.technician.clone(),
+                    customer: input.customer.clone(),
+                    ..Default::default()
+                };
+                let mut filter: BookingFilter = crate::services::bookings::filter(&find)?;
+                db::booking_filter_refs(&mut **tx, ctx, &filter).await?;
+                // Only bookings that can still be cancelled count, and they are counted in SQL
+                // before any limit: one more than a batch may hold tells "too many" exactly.
+                filter.statuses = vec!["draft".into(), "confirmed".into()];
+                filter.limit = MAX_FILTER_BATCH as i64 + 1;
+                let matched: Vec<BookingRow> = db::booking_find_locked(tx, ctx, &filter).await?;
+                let count = if matched.len() > MAX_FILTER_BATCH {
+                    db::booking_count_in(&mut **tx, ctx, &filter).await? as usize
+                } else {
+                    matched.len()
+                };
+                if count != expected as usize {
+                    return Err(Error::CountMismatch {
+                        expected: expected as usize,
+                        count,
+                        matches: matched
+                            .iter()
+                            .take(crate::error::MAX_LISTED_MATCHES)
+                            .map(|b| b.handle.clone())
+                            .collect(),
+                    });
+                }
+                if count > MAX_FILTER_BATCH {
+                    return Err(Error::invalid(
+                        "expected_count",
+                        format!(
+                            "the filter matches {count} bookings; one call cancels at most {MAX_FILTER_BATCH}: narrow the range"
+                        ),
+                    ));
+                }
+                matched
+            }
+        };
+        if let Some(done) = rows.iter().find(|b| b.status != "draft" && b.status != "confirmed") {
+            return Err(Error::WrongState {
+                message: format!("booking {} is already {}", done.handle, done.status),
+                use_instead: None,
+            });
+        }
+        let mut messages = Vec::new();
+        for b in rows.iter().filter(|b| b.status == "confirmed") {
+            let at = when(b, now);
+            messages.push(Message {
+                channel: "email",
+                recipient: customer_email(b)?,
+                subject: format!("Your booking on {} is cancelled", at.display),
+                body: format!(
+                    "Hello {}, your {} on {} is cancelled.",
+                    b.customer_name, b.service_name, at.display
+                ),
+            });
+        }
+        let handles: Vec<String> = rows.iter().map(|b| b.handle.clone()).collect();
+        let versions: Vec<String> = rows.iter().map(views::booking_version).collect();
+        Ok(Plan {
+            summary: format!(
+                "Cancel {} booking(s) ({}) and email {} customer(s)",
+                rows.len(),
+                handles.join(", "),
+                messages.len()
+            ),
+            preview: json!({"bookings": rows.iter().map(|b| views::booking(b, false, now)).collect::<Vec<_>>(), "emails": messages.len()}),
+            content: json!({"bookings": handles, "versions": versions, "messages": messages}),
+            targets: handles,
+            apply: Apply::SetStatus {
+                ids: rows.iter().map(|b| (b.id, b.handle.clone())).collect(),
+                status: "cancelled",
+            },
+            messages,
+        })
+    }
+}
+
+/// Delete a booking and its notes.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteBookingInput {
+    /// Booking handle (bkg_…).
+    pub booking: String,
+}
+
+impl TwoStep for DeleteBookingInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, now) = (self, at.now);
+        let b = booking(tx, ctx, &input.booking).await?;
+        Ok(Plan {
+            summary: format!(
+                "Delete booking {} of {} with its notes",
+                booking_line(&b, now),
+                b.customer_name
+            ),
+            preview: json!({"booking": views::booking(&b, false, now)}),
+            content: json!({"booking": b.handle, "version": views::booking_version(&b)}),
+            targets: vec![b.handle.clone()],
+            apply: Apply::DeleteBooking { id: b.id },
+            messages: Vec::new(),
+        })
+    }
 }

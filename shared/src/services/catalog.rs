@@ -1,15 +1,18 @@
-//! Reading the service catalog, the alert rules, and what a connection changed (R19).
+//! The service catalog, alert rules (read, and muted as a two-step `alert` operation, R7), and
+//! the connection's own recent changes.
 
 use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Services, to_ts};
-use crate::error::{Error, Result};
+use crate::datastore::{self as db, Services, Tx, to_ts};
+use crate::error::{Error, Resource, Result};
 use crate::input::lenient_u32;
 use crate::money::{self, MoneyView};
 use crate::rights::Right;
+use crate::services::actions::{Apply, At, Plan, TwoStep};
 use crate::time::{self, TimeView};
 
 /// List the tenant's services (what can be booked).
@@ -137,4 +140,57 @@ pub async fn list_recent_changes(
             targets: a.targets,
         })
         .collect())
+}
+
+// ------------------------------------------------------------------ two-step operations (R7)
+
+/// Silence an alert rule for a bounded time.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MuteAlertsInput {
+    /// Alert rule handle (alr_…), from find_alert_rules.
+    pub rule: String,
+    /// Minutes to mute, 5 to 240.
+    #[serde(deserialize_with = "lenient_u32")]
+    #[schemars(with = "u32")]
+    pub minutes: Option<u32>,
+}
+
+impl TwoStep for MuteAlertsInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, now) = (self, at.now);
+        let minutes = input.minutes.unwrap_or(0);
+        if !(5..=240).contains(&minutes) {
+            return Err(Error::invalid("minutes", "mute for 5 to 240 minutes"));
+        }
+        let rule = input.rule.trim();
+        let r = db::alert_rule_lock(tx, ctx, rule)
+            .await?
+            .ok_or_else(|| Error::not_found(Resource::AlertRule, rule))?;
+        let until = at
+            .previewed
+            .checked_add(jiff::SignedDuration::from_mins(i64::from(minutes)))
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        if until <= now {
+            return Err(Error::WrongState {
+                message: format!(
+                    "the mute this preview showed would have ended at {}; prepare it again",
+                    time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now).display
+                ),
+                use_instead: Some("mute_alerts"),
+            });
+        }
+        let until_view = time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+        Ok(Plan {
+            summary: format!(
+                "Mute alert rule \"{}\" for {minutes} minutes, until {}",
+                r.name, until_view.display
+            ),
+            preview: json!({"rule": r.handle, "name": r.name, "until": until_view}),
+            content: json!({"rule": r.handle, "minutes": minutes, "until": until.to_string(), "muted_until": r.muted_until.map(|m| m.timestamp())}),
+            targets: vec![r.handle.clone()],
+            apply: Apply::Mute { id: r.id, until },
+            messages: Vec::new(),
+        })
+    }
 }

@@ -1,4 +1,10 @@
-//! Reading customers. Writes (with their duplicate guards) live here too when they arrive.
+//! Customers: reading them, and their silent writes (R8–R10) with the business-key duplicate
+//! guard on email and phone (R9), on the silent-write rail.
+
+use jiff::Timestamp;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, CustomerRow, Services, Tx};
@@ -6,14 +12,11 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
+use crate::services::actions::{Apply, At, Message, Plan, TwoStep, text};
 use crate::services::fields::{email, name, phone, separate_reason};
 use crate::services::rails::{self, Written};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::views;
-use jiff::Timestamp;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 /// Find customers by name, email or phone.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -267,4 +270,82 @@ pub async fn update_customer(
         },
     )
     .await
+}
+
+// ------------------------------------------------------------------ two-step operations (R7)
+
+/// Email a customer.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendCustomerMessageInput {
+    /// Customer handle (cus_…).
+    pub customer: String,
+    /// Subject line, up to 120 characters.
+    pub subject: String,
+    /// Message text, up to 2000 characters.
+    pub body: String,
+}
+
+impl TwoStep for SendCustomerMessageInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, _now) = (self, at.now);
+        let h = CustomerHandle::parse("customer", &input.customer)?;
+        let subject = text("subject", &input.subject, 120)?;
+        let body = text("body", &input.body, 2000)?;
+        let c = db::customer_lock(tx, ctx, h.as_str())
+            .await?
+            .ok_or_else(|| Error::not_found(Resource::Customer, h.as_str()))?;
+        let to = c.email.clone().ok_or_else(|| Error::WrongState {
+            message: format!("customer {} has no email address", c.handle),
+            use_instead: Some("update_customer"),
+        })?;
+        let msg =
+            Message { channel: "email", recipient: to.clone(), subject: subject.clone(), body };
+        Ok(Plan {
+            summary: format!("Email {} <{to}>: \"{subject}\"", c.name),
+            preview: json!({"customer": c.handle, "to": to, "subject": subject, "body": msg.body}),
+            content: json!({"customer": c.handle, "version": views::customer_version(&c), "message": msg}),
+            targets: vec![c.handle.clone()],
+            apply: Apply::Nothing,
+            messages: vec![msg],
+        })
+    }
+}
+
+/// Delete a customer who has no bookings.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteCustomerInput {
+    /// Customer handle (cus_…).
+    pub customer: String,
+}
+
+impl TwoStep for DeleteCustomerInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, now) = (self, at.now);
+        let h = CustomerHandle::parse("customer", &input.customer)?;
+        let c = db::customer_lock(tx, ctx, h.as_str())
+            .await?
+            .ok_or_else(|| Error::not_found(Resource::Customer, h.as_str()))?;
+        let bookings = db::customer_booking_handles(tx, ctx, c.id).await?;
+        if !bookings.is_empty() {
+            return Err(Error::WrongState {
+                message: format!(
+                    "customer {} has {} booking(s) ({}); delete those first",
+                    c.handle,
+                    bookings.len(),
+                    bookings.join(", ")
+                ),
+                use_instead: Some("delete_booking"),
+            });
+        }
+        Ok(Plan {
+            summary: format!("Delete customer {} ({})", c.name, c.handle),
+            preview: json!({"customer": views::customer(&c, &ctx.tenant().zone, &ctx.tenant().zone_name, now)}),
+            content: json!({"customer": c.handle, "version": views::customer_version(&c)}),
+            targets: vec![c.handle.clone()],
+            apply: Apply::DeleteCustomer { id: c.id },
+            messages: Vec::new(),
+        })
+    }
 }

@@ -1,13 +1,16 @@
-//! Reading technicians.
+//! Technicians: searched by name or skill, and paged as a two-step `wake` operation (R7).
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::ctx::OpCtx;
-use crate::datastore::{Services, TechnicianRow};
-use crate::error::Result;
+use crate::datastore::{self as db, Services, TechnicianRow, Tx};
+use crate::error::{Error, Resource, Result};
+use crate::handle::TechnicianHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
+use crate::services::actions::{Apply, At, Message, Plan, TwoStep, booking, text};
 use crate::services::{limit, nonempty};
 
 /// Find technicians by name or skill.
@@ -44,4 +47,52 @@ pub async fn find(
         limit,
     )
     .await
+}
+
+// ------------------------------------------------------------------ two-step operations (R7)
+
+/// Page a technician (phone alert).
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PageTechnicianInput {
+    /// Technician handle (tec_…).
+    pub technician: String,
+    /// What the page says, up to 300 characters.
+    pub message: String,
+    /// The booking it is about (bkg_…), optional.
+    #[serde(default)]
+    pub booking: Option<String>,
+}
+
+impl TwoStep for PageTechnicianInput {
+    async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
+        let (input, _now) = (self, at.now);
+        let h = TechnicianHandle::parse("technician", &input.technician)?;
+        let message = text("message", &input.message, 300)?;
+        let t = db::technician_lock(tx, ctx, h.as_str())
+            .await?
+            .ok_or_else(|| Error::not_found(Resource::Technician, h.as_str()))?;
+        let phone = t.phone.clone().ok_or_else(|| Error::WrongState {
+            message: format!("{} has no phone to page", t.name),
+            use_instead: None,
+        })?;
+        let about = match input.booking.as_deref() {
+            Some(b) => Some(booking(tx, ctx, b).await?.handle),
+            None => None,
+        };
+        let msg = Message {
+            channel: "page",
+            recipient: phone.clone(),
+            subject: format!("Page for {}", t.name),
+            body: message.clone(),
+        };
+        Ok(Plan {
+            summary: format!("Page {} on {phone}: \"{message}\"", t.name),
+            preview: json!({"technician": t.handle, "phone": phone, "message": message, "booking": about}),
+            content: json!({"technician": t.handle, "message": msg, "booking": about}),
+            targets: std::iter::once(t.handle.clone()).chain(about).collect(),
+            apply: Apply::Nothing,
+            messages: vec![msg],
+        })
+    }
 }

@@ -4,11 +4,13 @@
 use schemars::JsonSchema;
 use serde_json::Value;
 use shared::rights::Right;
-use shared::services::actions::{
-    self, CancelBookingsInput, ConfirmActionInput, ConfirmBookingInput, DeleteBookingInput,
-    DeleteCustomerInput, MuteAlertsInput, Op, PageTechnicianInput, RejectActionInput,
-    RescheduleBookingInput, SendCustomerMessageInput,
+use shared::services::actions::{self, ConfirmActionInput, Op, RejectActionInput};
+use shared::services::bookings::{
+    CancelBookingsInput, ConfirmBookingInput, DeleteBookingInput, RescheduleBookingInput,
 };
+use shared::services::catalog::MuteAlertsInput;
+use shared::services::customers::{DeleteCustomerInput, SendCustomerMessageInput};
+use shared::services::technicians::PageTechnicianInput;
 use shared::time::TimeView;
 
 use super::{
