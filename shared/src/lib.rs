@@ -7,6 +7,7 @@ pub mod canon;
 pub mod config;
 pub mod ctx;
 mod datastore;
+pub mod effect;
 pub mod error;
 pub mod handle;
 pub mod input;

@@ -1987,10 +1987,7 @@ impl Tokens {
 
 /// Whether a tool only prepares (R7).
 fn two_step(spec: &ToolSpec) -> bool {
-    matches!(
-        spec.class,
-        EffectClass::Notify | EffectClass::Wake | EffectClass::Alert | EffectClass::Delete
-    ) && spec.name != "confirm_action"
+    spec.class.two_step() && spec.name != "confirm_action"
 }
 
 /// The properties of a tool's input schema.

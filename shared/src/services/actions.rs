@@ -23,6 +23,7 @@ use crate::ctx::OpCtx;
 use crate::datastore::{
     self as db, AuditEntry, BookingRow, NewMessage, NewPending, Services, Tx, from_ts, to_ts,
 };
+use crate::effect::EffectClass;
 use crate::error::{ActionRefusal, Error, Resource, Result};
 use crate::handle::BookingHandle;
 use crate::input::parse_input;
@@ -37,15 +38,6 @@ use crate::services::rails::args_digest;
 use crate::services::technicians::PageTechnicianInput;
 use crate::time::{self, TimeView};
 use crate::views;
-
-/// The effect classes that need two steps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TwoStepClass {
-    Notify,
-    Wake,
-    Alert,
-    Delete,
-}
 
 /// Every two-step operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,15 +90,16 @@ impl Op {
         }
     }
 
-    pub fn class(self) -> TwoStepClass {
+    /// The operation's effect class: always one of the two-step classes.
+    pub fn class(self) -> EffectClass {
         match self {
             Op::SendCustomerMessage
             | Op::ConfirmBooking
             | Op::RescheduleBooking
-            | Op::CancelBookings => TwoStepClass::Notify,
-            Op::PageTechnician => TwoStepClass::Wake,
-            Op::MuteAlerts => TwoStepClass::Alert,
-            Op::DeleteCustomer | Op::DeleteBooking => TwoStepClass::Delete,
+            | Op::CancelBookings => EffectClass::Notify,
+            Op::PageTechnician => EffectClass::Wake,
+            Op::MuteAlerts => EffectClass::Alert,
+            Op::DeleteCustomer | Op::DeleteBooking => EffectClass::Delete,
         }
     }
 

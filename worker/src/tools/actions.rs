@@ -59,15 +59,6 @@ pub struct Rejected {
     tool: String,
 }
 
-fn class(op: Op) -> EffectClass {
-    match op.class() {
-        actions::TwoStepClass::Notify => EffectClass::Notify,
-        actions::TwoStepClass::Wake => EffectClass::Wake,
-        actions::TwoStepClass::Alert => EffectClass::Alert,
-        actions::TwoStepClass::Delete => EffectClass::Delete,
-    }
-}
-
 /// Every right that can prepare a two-step action.
 const TWO_STEP_RIGHTS: &[Right] = &[
     Right::BookingsNotify,
@@ -90,7 +81,7 @@ fn def(
         name: op.name(),
         title,
         description,
-        class: class(op),
+        class: op.class(),
         access: Access::Right(op.right()),
         refs,
         untrusted,

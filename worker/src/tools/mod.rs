@@ -27,50 +27,28 @@ use shared::{OpCtx, Services};
 
 use crate::results;
 
-/// What a tool's code path does (R6). Exactly one per tool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EffectClass {
-    Read,
-    SilentWrite,
-    Notify,
-    Wake,
-    Alert,
-    Delete,
+pub use shared::effect::EffectClass;
+
+/// MCP hints follow from the class; they guide clients and never replace a server check.
+pub fn annotations(class: EffectClass, title: &str) -> ToolAnnotations {
+    let (read_only, destructive, idempotent, open_world) = match class {
+        EffectClass::Read => (true, false, true, false),
+        // Replay protection makes a repeated identical silent write a no-op (R8).
+        EffectClass::SilentWrite => (false, false, true, false),
+        EffectClass::Notify => (false, true, false, true),
+        EffectClass::Wake => (false, false, false, true),
+        EffectClass::Alert => (false, true, false, false),
+        EffectClass::Delete => (false, true, false, false),
+    };
+    let mut a = ToolAnnotations::with_title(title);
+    a.read_only_hint = Some(read_only);
+    a.destructive_hint = Some(destructive);
+    a.idempotent_hint = Some(idempotent);
+    a.open_world_hint = Some(open_world);
+    a
 }
 
-impl EffectClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EffectClass::Read => "read",
-            EffectClass::SilentWrite => "silent_write",
-            EffectClass::Notify => "notify",
-            EffectClass::Wake => "wake",
-            EffectClass::Alert => "alert",
-            EffectClass::Delete => "delete",
-        }
-    }
-
-    /// MCP hints follow from the class; they guide clients and never replace a server check.
-    pub fn annotations(self, title: &str) -> ToolAnnotations {
-        let (read_only, destructive, idempotent, open_world) = match self {
-            EffectClass::Read => (true, false, true, false),
-            // Replay protection makes a repeated identical silent write a no-op (R8).
-            EffectClass::SilentWrite => (false, false, true, false),
-            EffectClass::Notify => (false, true, false, true),
-            EffectClass::Wake => (false, false, false, true),
-            EffectClass::Alert => (false, true, false, false),
-            EffectClass::Delete => (false, true, false, false),
-        };
-        let mut a = ToolAnnotations::with_title(title);
-        a.read_only_hint = Some(read_only);
-        a.destructive_hint = Some(destructive);
-        a.idempotent_hint = Some(idempotent);
-        a.open_world_hint = Some(open_world);
-        a
-    }
-}
-
-/// What a tool adapter gets: the datastore handle for services, the call's context, the time
+/// What a tool adapter gets: the services handle, the call's context, the time
 /// the call is served at (so every time in one result has the same "now").
 pub struct Env {
     pub ds: Services,
@@ -240,7 +218,7 @@ where
     let tool = Tool::new(def.name, def.description, Arc::new(input_schema))
         .with_title(def.title)
         .with_raw_output_schema(Arc::new(output_schema))
-        .with_annotations(def.class.annotations(def.title))
+        .with_annotations(annotations(def.class, def.title))
         .with_meta(meta);
     let handler: Handler = Arc::new(move |env: Env, args: Value| {
         Box::pin(async move {

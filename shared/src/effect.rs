@@ -1,0 +1,49 @@
+//! Effect classes (R6): what a tool's code path does, exactly one per tool. Hints, rate
+//! buckets, the duty to preview and the per-class policy all follow from the class.
+
+/// What an operation does to the world outside Gatehouse's own records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EffectClass {
+    /// Reads only.
+    Read,
+    /// Writes records nobody outside is told about (drafts, internal fields, staff notes).
+    SilentWrite,
+    /// Reaches customers or changes what they see.
+    Notify,
+    /// Pages or calls a person.
+    Wake,
+    /// Mutes, pauses or reroutes alerts.
+    Alert,
+    /// Deletes records.
+    Delete,
+}
+
+impl EffectClass {
+    pub const ALL: &'static [EffectClass] = &[
+        EffectClass::Read,
+        EffectClass::SilentWrite,
+        EffectClass::Notify,
+        EffectClass::Wake,
+        EffectClass::Alert,
+        EffectClass::Delete,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectClass::Read => "read",
+            EffectClass::SilentWrite => "silent_write",
+            EffectClass::Notify => "notify",
+            EffectClass::Wake => "wake",
+            EffectClass::Alert => "alert",
+            EffectClass::Delete => "delete",
+        }
+    }
+
+    /// Whether the class takes two steps (R7): prepared by the tool, executed by a confirmation.
+    pub fn two_step(self) -> bool {
+        matches!(
+            self,
+            EffectClass::Notify | EffectClass::Wake | EffectClass::Alert | EffectClass::Delete
+        )
+    }
+}
