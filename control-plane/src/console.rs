@@ -214,8 +214,34 @@ fn login_page(next: &str, error: Option<&str>) -> String {
     )
 }
 
+/// The address a request came from, for throttling: the first `X-Forwarded-For` hop behind a
+/// trusted proxy, the peer's address otherwise.
+pub struct Source(pub String);
+
+impl FromRequestParts<Arc<AppState>> for Source {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let forwarded = state
+            .trust_forwarded_for
+            .then(|| parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()))
+            .flatten()
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok());
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
+        Ok(Source(forwarded.or(peer).map(|ip| ip.to_string()).unwrap_or_else(|| "unknown".into())))
+    }
+}
+
 async fn login(
     State(state): State<Arc<AppState>>,
+    Source(source): Source,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
     let next = safe_next(form.get("next"));
@@ -223,7 +249,7 @@ async fn login(
         form.get("email").cloned().unwrap_or_default(),
         form.get("password").cloned().unwrap_or_default(),
     );
-    match console::sign_in(&state.ds, &email, &password).await {
+    match console::sign_in(&state.ds, &email, &password, &source).await {
         Ok(signed) => {
             let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
             let cookie = format!(

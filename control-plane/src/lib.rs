@@ -26,6 +26,8 @@ pub struct AppState {
     pub mcp_resources: Vec<String>,
     /// Development only: fetch client metadata documents over http and from private addresses.
     pub dev_mode: bool,
+    /// Whether the client's address comes from `X-Forwarded-For` (behind a proxy).
+    pub trust_forwarded_for: bool,
 }
 
 pub struct Metrics {

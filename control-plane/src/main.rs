@@ -24,6 +24,10 @@ struct Args {
     /// Development: fetch client ID metadata documents over http and from loopback/private addresses.
     #[arg(long)]
     dev_mode: bool,
+    /// Behind a proxy that sets X-Forwarded-For (nginx, an ingress): take the client's address
+    /// from it for sign-in throttling. Leave off when clients reach the control plane directly.
+    #[arg(long, env = "GATEHOUSE_TRUST_FORWARDED_FOR")]
+    trust_forwarded_for: bool,
     /// Deliver emails through this SMTP relay (smtps://user:pass@host, smtp://host:port?tls=required);
     /// without it, deliveries are only logged.
     #[arg(long, env = "GATEHOUSE_SMTP_URL", hide_env_values = true)]
@@ -78,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|r| r.trim_end_matches('/').to_owned())
             .collect(),
         dev_mode: args.dev_mode,
+        trust_forwarded_for: args.trust_forwarded_for,
     });
     if !args.no_dispatcher {
         let ds = state.ds.clone();
@@ -95,6 +100,8 @@ async fn main() -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, "control plane listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(config::shutdown_signal()).await?;
+    axum::serve(listener, app(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(config::shutdown_signal())
+        .await?;
     Ok(())
 }

@@ -81,23 +81,41 @@ fn show_error(e: OAuthError) -> Response {
         .into_response()
 }
 
-async fn validated(
-    state: &AppState,
-    q: &BTreeMap<String, String>,
-) -> Result<(ClientRow, AuthorizeRequest), OAuthError> {
+/// Where an authorization request stands after its checks: refused before the redirect URI is
+/// known to be the client's (shown to the person), refused after (sent back to the client), or
+/// valid.
+enum Checked {
+    ShowError(OAuthError),
+    SendBack { redirect_uri: String, state: Option<String>, error: OAuthError },
+    Valid(ClientRow, AuthorizeRequest),
+}
+
+async fn check(state: &AppState, q: &BTreeMap<String, String>) -> Checked {
     let get = |k: &str| q.get(k).map(String::as_str);
-    let client = client(state, get("client_id").unwrap_or_default()).await?;
+    let client = match client(state, get("client_id").unwrap_or_default()).await {
+        Ok(c) => c,
+        Err(e) => return Checked::ShowError(e),
+    };
     let redirect_uri = get("redirect_uri").unwrap_or_default();
-    oauth::check_authorize(
-        &client,
-        redirect_uri,
+    if let Err(e) = oauth::check_redirect(&client, redirect_uri) {
+        return Checked::ShowError(e);
+    }
+    let checks = oauth::check_request(
         get("response_type").unwrap_or_default(),
         get("code_challenge"),
         get("code_challenge_method"),
         get("resource"),
         &state.mcp_resources,
-    )?;
-    Ok((
+    )
+    .and_then(|()| oauth::check_scope(get("scope")));
+    if let Err(error) = checks {
+        return Checked::SendBack {
+            redirect_uri: redirect_uri.to_owned(),
+            state: get("state").map(str::to_owned),
+            error,
+        };
+    }
+    Checked::Valid(
         client,
         AuthorizeRequest {
             client_id: get("client_id").unwrap_or_default().to_owned(),
@@ -107,7 +125,17 @@ async fn validated(
             resource: get("resource").unwrap_or_default().to_owned(),
             scope: get("scope").map(str::to_owned),
         },
-    ))
+    )
+}
+
+/// Back to the client with an error (RFC 6749 §4.1.2.1), `state` and `iss` (RFC 9207).
+fn send_back(state: &AppState, redirect_uri: &str, st: Option<&str>, e: &OAuthError) -> Response {
+    let mut params = vec![("error", e.error), ("error_description", e.error_description.as_str())];
+    if let Some(st) = st {
+        params.push(("state", st));
+    }
+    params.push(("iss", state.public_url.as_str()));
+    redirect_with(redirect_uri, &params)
 }
 
 async fn authorize(
@@ -115,9 +143,12 @@ async fn authorize(
     session: Session,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let (client, req) = match validated(&state, &q).await {
-        Ok(v) => v,
-        Err(e) => return show_error(e),
+    let (client, req) = match check(&state, &q).await {
+        Checked::Valid(client, req) => (client, req),
+        Checked::ShowError(e) => return show_error(e),
+        Checked::SendBack { redirect_uri, state: st, error } => {
+            return send_back(&state, &redirect_uri, st.as_deref(), &error);
+        }
     };
     let Some(ctx) = shared::services::console::session_ctx(&session.row) else {
         let back = format!(
@@ -130,18 +161,18 @@ async fn authorize(
         ))
         .into_response();
     };
+    // The validated request stays on the server; the form names it and nothing else of it.
+    let request = match oauth::consent_begin(&state.ds, &session.row, &req).await {
+        Ok(handle) => handle,
+        Err(e) => return show_error(e.into()),
+    };
     let wanted = oauth::requested_rights(req.scope.as_deref(), ctx.rights());
-    let hidden: String = q
-        .iter()
-        .filter(|(k, _)| *k != "csrf")
-        .map(|(k, v)| format!("<input type=\"hidden\" name=\"{}\" value=\"{}\">", esc(k), esc(v)))
-        .collect();
     let boxes: String = ctx
         .rights()
         .iter()
         .map(|r| {
             format!(
-                "<label><input type=\"checkbox\" name=\"right\" value=\"{0}\"{1}> <code>{0}</code> — {2}</label>",
+                "<label><input type=\"checkbox\" name=\"right\" value=\"{0}\"{1}> {2} <code>{0}</code></label>",
                 r.as_str(),
                 if wanted.contains(r) { " checked" } else { "" },
                 esc(r.description())
@@ -149,25 +180,38 @@ async fn authorize(
         })
         .collect();
     let body = format!(
-        "<form method=\"post\" action=\"/oauth/authorize\" class=\"card\">{}{hidden}\
-         <p><strong>{}</strong> asks to act for you in <strong>{}</strong> through <code>{}</code>.</p>\
-         <p>Client id: <code>{}</code> · it will return to <code>{}</code></p>\
-         <fieldset><legend>Rights it may use (never more than your own; untick to narrow)</legend>{boxes}</fieldset>\
+        "<div class=\"card\"><p>Signed in as <strong>{person}</strong> ({email}) in <strong>{tenant}</strong>.</p>\
+         <form method=\"post\" action=\"/logout\">{csrf}<button type=\"submit\" class=\"plain\">Not you? Sign out and use another account</button></form></div>\
+         <form method=\"post\" action=\"/oauth/authorize\" class=\"card\">{csrf}<input type=\"hidden\" name=\"request\" value=\"{request}\">\
+         <p><strong>{client}</strong> asks to act for you in <strong>{tenant}</strong>. It will be able to:</p>\
+         <fieldset><legend>What it may do (never more than you can; untick to narrow)</legend>{boxes}</fieldset>\
+         <p>It connects to <code>{resource}</code> and returns to <code>{redirect}</code> (client id <code>{client_id}</code>).</p>\
          <p><button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" value=\"deny\" class=\"plain\">Deny</button></p></form>",
-        csrf_field(&session.row.csrf_token),
-        esc(&client.client_name),
-        esc(&ctx.tenant().slug),
-        esc(&req.resource),
-        esc(&client.client_id),
-        esc(&req.redirect_uri)
+        person = esc(&session.row.name),
+        email = esc(&session.row.email),
+        tenant = esc(session.row.tenant_name.as_deref().unwrap_or(&ctx.tenant().slug)),
+        csrf = csrf_field(&session.row.csrf_token),
+        request = esc(&request),
+        client = esc(&client.client_name),
+        resource = esc(&req.resource),
+        redirect = esc(&req.redirect_uri),
+        client_id = esc(&client.client_id),
     );
     Html(page("Connect an agent", None, &body)).into_response()
 }
 
+/// A redirect to the client; a URI that does not parse shows an error instead (never panics).
 fn redirect_with(uri: &str, params: &[(&str, &str)]) -> Response {
-    let mut url = url::Url::parse(uri).expect("a registered redirect URI is a URL");
-    url.query_pairs_mut().extend_pairs(params);
-    Redirect::to(url.as_str()).into_response()
+    match url::Url::parse(uri) {
+        Ok(mut url) => {
+            url.query_pairs_mut().extend_pairs(params);
+            Redirect::to(url.as_str()).into_response()
+        }
+        Err(_) => show_error(OAuthError {
+            error: "invalid_request",
+            error_description: "the redirect URI is not a URL".into(),
+        }),
+    }
 }
 
 async fn decide(
@@ -175,9 +219,14 @@ async fn decide(
     session: Session,
     Form(form): Form<Vec<(String, String)>>,
 ) -> Response {
-    let map: BTreeMap<String, String> =
-        form.iter().filter(|(k, _)| k != "right").cloned().collect();
-    if map.get("csrf") != Some(&session.row.csrf_token) {
+    let one = |k: &str| {
+        let mut values = form.iter().filter(|(key, _)| key == k).map(|(_, v)| v.as_str());
+        match (values.next(), values.next()) {
+            (Some(v), None) => Some(v),
+            _ => None,
+        }
+    };
+    if one("csrf") != Some(session.row.csrf_token.as_str()) {
         return (
             StatusCode::FORBIDDEN,
             Html(page(
@@ -188,17 +237,43 @@ async fn decide(
         )
             .into_response();
     }
-    let (client, req) = match validated(&state, &map).await {
-        Ok(v) => v,
+    // The request comes from the server, once; nothing of it is read from the form.
+    let req = match oauth::consent_take(&state.ds, &session.row, one("request").unwrap_or_default())
+        .await
+    {
+        Ok(Some(req)) => req,
+        Ok(None) => {
+            return show_error(OAuthError {
+                error: "invalid_request",
+                error_description: "this consent screen expired or was answered already; start again from your client".into(),
+            });
+        }
+        Err(e) => return show_error(e.into()),
+    };
+    let client = match client(&state, &req.client_id).await {
+        Ok(c) => c,
         Err(e) => return show_error(e),
     };
-    let issuer = state.public_url.clone();
-    let st = req.state.clone().unwrap_or_default();
-    if map.get("decision").map(String::as_str) != Some("approve") {
-        return redirect_with(
-            &req.redirect_uri,
-            &[("error", "access_denied"), ("state", &st), ("iss", &issuer)],
-        );
+    if let Err(e) = oauth::check_redirect(&client, &req.redirect_uri) {
+        return show_error(e);
+    }
+    let st = req.state.as_deref();
+    match one("decision") {
+        Some("approve") => {}
+        Some("deny") => {
+            let denied = OAuthError {
+                error: "access_denied",
+                error_description: "the person declined".into(),
+            };
+            return send_back(&state, &req.redirect_uri, st, &denied);
+        }
+        _ => {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Html(page("Choose", None, &error_box("Approve or deny; nothing was granted."))),
+            )
+                .into_response();
+        }
     }
     let Some(ctx) = shared::services::console::session_ctx(&session.row) else {
         return Redirect::to("/tenants").into_response();
@@ -206,9 +281,15 @@ async fn decide(
     let names: Vec<&str> =
         form.iter().filter(|(k, _)| k == "right").map(|(_, v)| v.as_str()).collect();
     let granted = RightSet::parse_lenient(&names);
+    let issuer = state.public_url.clone();
     match oauth::approve(&state.ds, &ctx, &client, &req, granted).await {
         Ok(code) => {
-            redirect_with(&req.redirect_uri, &[("code", &code), ("state", &st), ("iss", &issuer)])
+            let mut params = vec![("code", code.as_str())];
+            if let Some(st) = st {
+                params.push(("state", st));
+            }
+            params.push(("iss", issuer.as_str()));
+            redirect_with(&req.redirect_uri, &params)
         }
         Err(e) => show_error(e.into()),
     }

@@ -27,8 +27,16 @@ impl Api {
             metrics: Metrics::new(),
             mcp_resources: vec!["http://127.0.0.1:9/mcp".into()],
             dev_mode: false,
+            trust_forwarded_for: true,
         });
-        tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
+        tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .await
+            .expect("serve")
+        });
         Api { _db: db, url, seed, http: reqwest::Client::new() }
     }
 
@@ -415,7 +423,7 @@ async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
     let db = TestDb::new().await;
     demo::seed(&db.ds, "").await.expect("seed");
     db.exec(
-        "INSERT INTO login_failures (email, at) VALUES ('old@example.net', now() - interval '2 days'), ('new@example.net', now());
+        "INSERT INTO login_throttle (key, window_start, attempts) VALUES ('account:old@example.net', now() - interval '2 days', 3), ('account:new@example.net', now(), 1);
          INSERT INTO replay_entries (connection_id, tool, args_digest, result, created_at)
          SELECT id, 'add_booking_note', 'old', '{}', now() - interval '2 days' FROM connections LIMIT 1;
          INSERT INTO replay_entries (connection_id, tool, args_digest, result)
@@ -433,9 +441,273 @@ async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
         static_tokens,
         "static tokens never expire"
     );
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM login_failures").await, 1);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM login_throttle").await, 1);
     assert_eq!(
         db.scalar_string("SELECT string_agg(args_digest, ',') FROM replay_entries").await,
         "new"
     );
+}
+
+// ---------------------------------------------------------------- console and OAuth, as an attacker tries them
+
+/// A browser of the console: one session cookie, no redirects followed.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    cookie: String,
+}
+
+impl Browser {
+    async fn sign_in(api: &Api, email: &str, password: &str) -> Browser {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client");
+        let response = http
+            .post(format!("{}/login", api.url))
+            .form(&[("email", email), ("password", password), ("next", "/")])
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(response.status(), 303, "signed in");
+        let cookie = response.headers()["set-cookie"]
+            .to_str()
+            .expect("ascii")
+            .split(';')
+            .next()
+            .expect("cookie")
+            .to_owned();
+        Browser { http, base: api.url.clone(), cookie }
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .send()
+            .await
+            .expect("get")
+    }
+
+    async fn post(&self, path: &str, form: &[(String, String)]) -> reqwest::Response {
+        self.http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", &self.cookie)
+            .form(form)
+            .send()
+            .await
+            .expect("post")
+    }
+}
+
+/// The hidden inputs of the form posting to `action`, as a browser submits them.
+fn form_fields(html: &str, action: &str) -> Vec<(String, String)> {
+    let start = html.find(&format!("action=\"{action}\"")).expect("the form");
+    let form = &html[start..start + html[start..].find("</form>").expect("closed")];
+    form.split("<input type=\"hidden\" ")
+        .skip(1)
+        .filter_map(|c| {
+            Some((
+                c.split("name=\"").nth(1)?.split('"').next()?.to_owned(),
+                c.split("value=\"").nth(1)?.split('"').next()?.replace("&amp;", "&"),
+            ))
+        })
+        .collect()
+}
+
+async fn register_client(api: &Api) -> String {
+    let registered: Value = api
+        .http
+        .post(format!("{}/oauth/register", api.url))
+        .json(&json!({"client_name": "Hostile client", "redirect_uris": ["http://127.0.0.1:47615/callback"]}))
+        .send()
+        .await
+        .expect("register")
+        .json()
+        .await
+        .expect("json");
+    registered["client_id"].as_str().expect("client_id").to_owned()
+}
+
+fn authorize_path(client_id: &str, extra: &[(&str, &str)]) -> String {
+    let mut q = url::form_urlencoded::Serializer::new(String::new());
+    q.extend_pairs([
+        ("response_type", "code"),
+        ("client_id", client_id),
+        ("redirect_uri", "http://127.0.0.1:47615/callback"),
+        ("code_challenge", "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"),
+        ("code_challenge_method", "S256"),
+        ("resource", "http://127.0.0.1:9/mcp"),
+        ("state", "s1"),
+        ("scope", "bookings:read"),
+    ]);
+    q.extend_pairs(extra.iter().copied());
+    format!("/oauth/authorize?{}", q.finish())
+}
+
+#[tokio::test]
+async fn consent_grants_exactly_what_the_person_approved() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let client_id = register_client(&api).await;
+    // A client that smuggles rights and form fields into its authorize URL.
+    let smuggled = authorize_path(
+        &client_id,
+        &[
+            ("right", "bookings:delete"),
+            ("right", "customers:delete"),
+            ("decision", "approve"),
+            ("request", "areq_forged"),
+        ],
+    );
+    let consent = browser.get(&smuggled).await;
+    assert_eq!(consent.status(), 200);
+    let html = consent.text().await.expect("html");
+    assert!(html.contains(&admin.email), "the consent screen names who is signed in");
+    assert!(html.contains("Sign out"), "with a way to switch account");
+    let fields = form_fields(&html, "/oauth/authorize");
+    let names: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        ["csrf", "request"],
+        "the form carries the request's id and nothing of the request"
+    );
+    assert!(!html.contains("areq_forged"), "no request parameter is echoed");
+    // Approve with only what the person ticked, plus whatever the attacker adds to the post.
+    let mut form = fields.clone();
+    form.push(("right".into(), "bookings:read".into()));
+    form.push(("decision".into(), "approve".into()));
+    let approved = browser.post("/oauth/authorize", &form).await;
+    assert_eq!(approved.status(), 303, "{:?}", approved.text().await);
+    let location =
+        url::Url::parse(approved.headers()["location"].to_str().expect("ascii")).expect("url");
+    let params: std::collections::BTreeMap<String, String> =
+        location.query_pairs().into_owned().collect();
+    assert!(params.contains_key("code") && params["state"] == "s1", "{location}");
+    let rights = api
+        ._db
+        .scalar_string(&format!("SELECT array_to_string(rights, ',') FROM connections WHERE oauth_client_id = '{client_id}'"))
+        .await;
+    assert_eq!(rights, "bookings:read", "exactly what was ticked, nothing the URL smuggled");
+    // The same request cannot be answered twice, nor by another session, nor without a decision.
+    let again = browser.post("/oauth/authorize", &form).await;
+    assert_eq!(again.status(), 400, "a consent request works once");
+    let consent = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
+    let fields = form_fields(&consent, "/oauth/authorize");
+    let dispatcher = &api.seed.tenants[0].dispatcher;
+    let other = Browser::sign_in(&api, &dispatcher.email, &dispatcher.password).await;
+    let other_html = other.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
+    let mut stolen = form_fields(&other_html, "/oauth/authorize");
+    stolen.retain(|(k, _)| k == "csrf");
+    stolen.extend(fields.iter().filter(|(k, _)| k == "request").cloned());
+    stolen.push(("right".into(), "bookings:read".into()));
+    stolen.push(("decision".into(), "approve".into()));
+    let response = other.post("/oauth/authorize", &stolen).await;
+    assert_eq!(response.status(), 400, "another session's consent request is not found");
+    let mut undecided = fields.clone();
+    undecided.push(("right".into(), "bookings:read".into()));
+    let response = browser.post("/oauth/authorize", &undecided).await;
+    assert_eq!(response.status(), 422, "a missing decision grants nothing");
+    let connections = api
+        ._db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM connections WHERE oauth_client_id = '{client_id}'"
+        ))
+        .await;
+    assert_eq!(connections, 1);
+}
+
+#[tokio::test]
+async fn registration_parses_redirect_uris_and_caps_what_it_stores() {
+    let api = Api::start().await;
+    let register = |body: Value| {
+        let http = api.http.clone();
+        let url = format!("{}/oauth/register", api.url);
+        async move { http.post(url).json(&body).send().await.expect("register") }
+    };
+    let long = format!("https://app.example.com/{}", "a".repeat(3000));
+    let many: Vec<String> = (0..11).map(|i| format!("https://app.example.com/cb{i}")).collect();
+    for (case, uris) in [
+        ("not a URL", json!(["::::"])),
+        ("userinfo", json!(["https://user:pw@app.example.com/cb"])),
+        ("fragment", json!(["https://app.example.com/cb#x"])),
+        ("plain http elsewhere", json!(["http://app.example.com/cb"])),
+        ("loopback look-alike", json!(["http://127.0.0.1.evil.example/cb"])),
+        ("too long", json!([long])),
+        ("too many", json!(many)),
+        ("none", json!([])),
+    ] {
+        let response = register(json!({"client_name": "x", "redirect_uris": uris})).await;
+        assert_eq!(response.status(), 400, "{case}");
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["error"], "invalid_redirect_uri", "{case}: {body}");
+    }
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM oauth_clients").await, 0, "nothing stored");
+    let ok = register(json!({"client_name": format!("  Claude\u{202E}\u{0007} {}", "n".repeat(200)), "redirect_uris": ["http://[::1]/cb", "http://127.0.0.1/cb"]})).await;
+    assert_eq!(ok.status(), 201);
+    let body: Value = ok.json().await.expect("json");
+    let name = body["client_name"].as_str().expect("name");
+    assert!(
+        name.starts_with("Claude ")
+            && name.chars().count() <= 80
+            && !name.chars().any(char::is_control),
+        "{name:?}"
+    );
+    // A loopback client may come back on any port, never on another path.
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let client_id = body["client_id"].as_str().expect("id");
+    let path = |redirect: &str| {
+        let q = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs([
+                ("response_type", "code"),
+                ("client_id", client_id),
+                ("redirect_uri", redirect),
+                ("code_challenge", "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"),
+                ("code_challenge_method", "S256"),
+                ("resource", "http://127.0.0.1:9/mcp"),
+            ])
+            .finish();
+        format!("/oauth/authorize?{q}")
+    };
+    assert_eq!(browser.get(&path("http://127.0.0.1:53117/cb")).await.status(), 200);
+    assert_eq!(browser.get(&path("http://127.0.0.1:53117/other")).await.status(), 400);
+}
+
+#[tokio::test]
+async fn sign_in_throttles_atomically_per_account_and_source() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let attempt = |password: String, source: &'static str| {
+        let (http, url, email) = (http.clone(), format!("{}/login", api.url), admin.email.clone());
+        async move {
+            let response = http
+                .post(url)
+                .header("x-forwarded-for", source)
+                .form(&[("email", email.as_str()), ("password", password.as_str()), ("next", "/")])
+                .send()
+                .await
+                .expect("login");
+            (response.status().as_u16(), response.text().await.unwrap_or_default())
+        }
+    };
+    // Twenty wrong passwords at once from one address: exactly five are even checked.
+    let tries = (0..20).map(|i| attempt(format!("wrong-password-{i}"), "203.0.113.7"));
+    let outcomes = futures_util::future::join_all(tries).await;
+    let checked = outcomes.iter().filter(|(_, body)| body.contains("wrong")).count();
+    let throttled = outcomes.iter().filter(|(_, body)| body.contains("Too many")).count();
+    assert_eq!((checked, throttled), (5, 15), "the count is taken atomically");
+    // The right password from that address is refused too; from the person's own it works.
+    let (status, _) = attempt(admin.password.clone(), "203.0.113.7").await;
+    assert_eq!(status, 401, "the guessing address stays locked out");
+    let (status, _) = attempt(admin.password.clone(), "198.51.100.20").await;
+    assert_eq!(status, 303, "the person, elsewhere, is not locked out");
+    // Overlong input is refused before any work.
+    let (status, _) = attempt("p".repeat(5000), "198.51.100.21").await;
+    assert_eq!(status, 401);
 }

@@ -445,9 +445,18 @@ mod oauth_flow {
         }
     }
 
+    /// The consent form of a page: what a browser submits when Approve is pressed.
+    pub fn consent_form(html: &str) -> &str {
+        let start =
+            html.find("<form method=\"post\" action=\"/oauth/authorize\"").expect("a consent form");
+        let rest = &html[start..];
+        &rest[..rest.find("</form>").expect("closed")]
+    }
+
     /// The hidden inputs of the consent form, as a browser would submit them.
-    fn hidden_fields(html: &str) -> Vec<(String, String)> {
-        html.split("<input type=\"hidden\" ")
+    pub fn hidden_fields(html: &str) -> Vec<(String, String)> {
+        consent_form(html)
+            .split("<input type=\"hidden\" ")
             .skip(1)
             .filter_map(|chunk| {
                 let name = chunk.split("name=\"").nth(1)?.split('"').next()?;
@@ -706,10 +715,36 @@ async fn hostile_oauth_requests_are_refused() {
     fn with<'a>(base: &[(&'a str, &'a str)], k: &str, v: &'a str) -> Vec<(&'a str, &'a str)> {
         base.iter().map(|(a, b)| if *a == k { (*a, v) } else { (*a, *b) }).collect()
     }
+    // Once the client and its redirect URI are known, errors go back to the client with
+    // `state` and `iss` (RFC 6749 §4.1.2.1, RFC 9207).
+    for (case, params, error) in [
+        ("plain PKCE", with(&base, "code_challenge_method", "plain"), "invalid_request"),
+        (
+            "another audience",
+            with(&base, "resource", "https://elsewhere.example/mcp"),
+            "invalid_target",
+        ),
+        (
+            "an unknown scope",
+            [base.as_slice(), &[("scope", "bookings:read admin:all")]].concat(),
+            "invalid_scope",
+        ),
+    ] {
+        let response = browser.get(&authorize(&params)).await;
+        assert_eq!(response.status(), 303, "{case}");
+        let location =
+            url::Url::parse(response.headers()["location"].to_str().expect("ascii")).expect("url");
+        assert!(
+            location.as_str().starts_with("http://127.0.0.1:47615/callback?"),
+            "{case}: {location}"
+        );
+        let got: BTreeMap<String, String> = location.query_pairs().into_owned().collect();
+        assert_eq!(got.get("error").map(String::as_str), Some(error), "{case}");
+        assert_eq!(got.get("state").map(String::as_str), Some("s"), "{case}");
+        assert!(got.contains_key("iss"), "{case}");
+    }
     for (case, params) in [
         ("wrong redirect URI", with(&base, "redirect_uri", "http://127.0.0.1:47615/other")),
-        ("plain PKCE", with(&base, "code_challenge_method", "plain")),
-        ("another audience", with(&base, "resource", "https://elsewhere.example/mcp")),
         (
             "metadata document on loopback",
             with(&base, "client_id", "https://127.0.0.1/client.json"),
@@ -736,16 +771,7 @@ async fn hostile_oauth_requests_are_refused() {
     // A code: exchanged with a wrong verifier fails; reused after success revokes the grant.
     let consent = browser.get(&authorize(&base)).await.text().await.expect("consent");
     let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
-    let mut form: Vec<(String, String)> = consent
-        .split("<input type=\"hidden\" ")
-        .skip(1)
-        .filter_map(|c| {
-            Some((
-                c.split("name=\"").nth(1)?.split('"').next()?.to_owned(),
-                c.split("value=\"").nth(1)?.split('"').next()?.replace("&amp;", "&"),
-            ))
-        })
-        .collect();
+    let mut form = oauth_flow::hidden_fields(&consent);
     form.push(("right".into(), "bookings:read".into()));
     form.push(("decision".into(), "approve".into()));
     let approved =

@@ -6,7 +6,7 @@ use crate::error::Result;
 impl Services {
     /// Drops what has outlived its use: rate windows older than an hour, replay entries older
     /// than a day (the replay window is minutes), expired console sessions, sign-in failures
-    /// older than a day, expired authorization codes and tokens expired for a day. Returns the
+    /// older than a day, consent requests, registrations never used for a day, expired authorization codes and tokens expired for a day. Returns the
     /// rows removed.
     pub(crate) async fn housekeeping(&self) -> Result<u64> {
         let mut removed = 0;
@@ -14,7 +14,11 @@ impl Services {
             "DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'",
             "DELETE FROM replay_entries WHERE created_at < now() - interval '1 day'",
             "DELETE FROM console_sessions WHERE expires_at < now()",
-            "DELETE FROM login_failures WHERE at < now() - interval '1 day'",
+            "DELETE FROM login_throttle WHERE window_start < now() - interval '1 day'",
+            "DELETE FROM oauth_requests WHERE expires_at < now() - interval '1 hour'",
+            // Dynamic registrations that never led to a connection expire after a day.
+            "DELETE FROM oauth_clients c WHERE c.kind = 'registered' AND c.created_at < now() - interval '1 day'
+               AND NOT EXISTS (SELECT 1 FROM connections x WHERE x.oauth_client_id = c.client_id)",
             "DELETE FROM oauth_codes WHERE expires_at < now() - interval '1 hour'",
             // Expired access and refresh tokens (a used refresh token is kept until it expires,
             // to detect reuse).

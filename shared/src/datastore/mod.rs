@@ -48,6 +48,9 @@ use crate::error::{Error, Result};
 /// The one kind of transaction services use.
 pub type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 
+/// Password checks running at once (argon2id takes a core each).
+const HASHING_AT_ONCE: usize = 2;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// The handle adapters hold to call the services (`shared::services::*`). Its pool is private
@@ -56,6 +59,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[derive(Clone, Debug)]
 pub struct Services {
     pool: PgPool,
+    /// Password hashing runs on blocking threads, at most this many at once, so a flood of
+    /// sign-ins can neither stall the async workers nor take every core.
+    hashing: std::sync::Arc<tokio::sync::Semaphore>,
     policy: Policy,
     /// Where committed switch flips and revocations are pushed; `None` without NATS.
     bus: Option<crate::bus::Bus>,
@@ -88,12 +94,35 @@ impl Services {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(Services { pool, policy: Policy::default(), bus: None })
+        Ok(Services::with_pool(pool))
+    }
+
+    fn with_pool(pool: PgPool) -> Self {
+        let hashing = std::sync::Arc::new(tokio::sync::Semaphore::new(HASHING_AT_ONCE));
+        Services { pool, hashing, policy: Policy::default(), bus: None }
     }
 
     #[cfg(feature = "testing")]
     pub(crate) fn from_pool(pool: PgPool) -> Self {
-        Services { pool, policy: Policy::default(), bus: None }
+        Services::with_pool(pool)
+    }
+
+    /// Checks a password against its argon2id hash (or a dummy one when there is none, so the
+    /// work is the same) on a blocking thread, waiting for a hashing slot.
+    pub(crate) async fn verify_password(
+        &self,
+        password: &str,
+        hash: Option<String>,
+    ) -> Result<bool> {
+        let _slot = self.hashing.acquire().await.map_err(|e| Error::Internal(e.to_string()))?;
+        let password = password.to_owned();
+        tokio::task::spawn_blocking(move || {
+            const DUMMY: &str = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$0000000000000000000000000000000000000000000";
+            let ok = crate::secret::verify_password(&password, hash.as_deref().unwrap_or(DUMMY));
+            ok && hash.is_some()
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))
     }
 
     pub fn with_policy(mut self, policy: Policy) -> Self {

@@ -180,3 +180,49 @@ pub(crate) async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> R
         .rows_affected()
         > 0)
 }
+
+impl Services {
+    /// Keeps a validated authorization request until the consent form answers it.
+    pub(crate) async fn oauth_request_insert(
+        &self,
+        handle: &str,
+        session_id: i64,
+        req: &crate::services::oauth::AuthorizeRequest,
+        ttl_secs: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO oauth_requests (handle, session_id, client_id, redirect_uri, code_challenge, state, resource, scope, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9))",
+        )
+        .bind(handle)
+        .bind(session_id)
+        .bind(&req.client_id)
+        .bind(&req.redirect_uri)
+        .bind(&req.code_challenge)
+        .bind(&req.state)
+        .bind(&req.resource)
+        .bind(&req.scope)
+        .bind(ttl_secs as f64)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Marks a consent request used and returns it, in one statement: a second answer, another
+    /// session's answer or a late one finds nothing.
+    pub(crate) async fn oauth_request_take(
+        &self,
+        handle: &str,
+        session_id: i64,
+    ) -> Result<Option<crate::services::oauth::AuthorizeRequest>> {
+        Ok(sqlx::query_as(
+            "UPDATE oauth_requests SET used_at = now()
+             WHERE handle = $1 AND session_id = $2 AND used_at IS NULL AND expires_at > now()
+             RETURNING client_id, redirect_uri, code_challenge, state, resource, scope",
+        )
+        .bind(handle)
+        .bind(session_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}

@@ -188,21 +188,37 @@ impl Services {
 }
 
 impl Services {
-    pub(crate) async fn login_failures_recent(&self, email: &str, window_secs: i64) -> Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM login_failures WHERE lower(email) = lower($1) AND at > now() - make_interval(secs => $2)",
+    /// Counts one sign-in attempt against both keys and returns their counts, in one statement:
+    /// concurrent attempts serialize on the rows, so no two read the same count (STYLE: guards
+    /// count atomically in the statement that checks them). A window older than `window_secs`
+    /// starts again at one.
+    pub(crate) async fn login_attempt_take(
+        &self,
+        pair: &str,
+        account: &str,
+        window_secs: i64,
+    ) -> Result<(i32, i32)> {
+        Ok(sqlx::query_as(
+            "WITH up AS (
+                INSERT INTO login_throttle AS t (key, window_start, attempts)
+                VALUES ($1, now(), 1), ($2, now(), 1)
+                ON CONFLICT (key) DO UPDATE SET
+                    attempts = CASE WHEN t.window_start < now() - make_interval(secs => $3) THEN 1 ELSE t.attempts + 1 END,
+                    window_start = CASE WHEN t.window_start < now() - make_interval(secs => $3) THEN now() ELSE t.window_start END
+                RETURNING key, attempts)
+             SELECT coalesce(max(attempts) FILTER (WHERE key = $1), 0), coalesce(max(attempts) FILTER (WHERE key = $2), 0) FROM up",
         )
-        .bind(email)
+        .bind(pair)
+        .bind(account)
         .bind(window_secs as f64)
         .fetch_one(self.pool())
         .await?)
     }
-}
 
-impl Services {
-    pub(crate) async fn login_failure_add(&self, email: &str) -> Result<()> {
-        sqlx::query("INSERT INTO login_failures (email) VALUES ($1)")
-            .bind(email)
+    /// A successful sign-in clears its (account, source) count.
+    pub(crate) async fn login_attempts_clear(&self, pair: &str) -> Result<()> {
+        sqlx::query("DELETE FROM login_throttle WHERE key = $1")
+            .bind(pair)
             .execute(self.pool())
             .await?;
         Ok(())

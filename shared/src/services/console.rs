@@ -14,39 +14,49 @@ use crate::secret::{self, CredentialKind};
 use crate::time;
 
 pub const SESSION_TTL_SECS: i64 = 12 * 3600;
-pub const MAX_FAILURES: i64 = 5;
-pub const FAILURE_WINDOW_SECS: i64 = 15 * 60;
+/// Sign-in attempts allowed per account and source address in a window, and per account from
+/// every source together (the ceiling): a stranger who guesses from one address locks only
+/// that address out, never the person from theirs, unless they spread over many.
+pub const MAX_ATTEMPTS_PER_SOURCE: i32 = 5;
+pub const MAX_ATTEMPTS_PER_ACCOUNT: i32 = 50;
+pub const ATTEMPT_WINDOW_SECS: i64 = 15 * 60;
+/// Longest email and password a sign-in reads; longer ones are refused before any work.
+pub const MAX_EMAIL_LEN: usize = 254;
+pub const MAX_PASSWORD_LEN: usize = 1024;
 
 pub struct SignedIn {
     /// The session secret for the cookie; shown to nobody else.
     pub token: String,
 }
 
-pub async fn sign_in(ds: &Services, email: &str, password: &str) -> Result<SignedIn> {
-    let email = email.trim();
-    if ds.login_failures_recent(email, FAILURE_WINDOW_SECS).await? >= MAX_FAILURES {
+/// Signs a person in from `source` (their address, as the adapter saw it). Every attempt is
+/// counted before the password is checked; past the limits nothing is checked at all.
+pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -> Result<SignedIn> {
+    let email = email.trim().to_lowercase();
+    let wrong = || Error::Unauthenticated("The email or the password is wrong.".into());
+    if email.is_empty() || email.len() > MAX_EMAIL_LEN || password.len() > MAX_PASSWORD_LEN {
+        return Err(wrong());
+    }
+    let pair = format!("pair:{email}|{}", source.chars().take(64).collect::<String>());
+    let account = format!("account:{email}");
+    let (from_here, everywhere) =
+        ds.login_attempt_take(&pair, &account, ATTEMPT_WINDOW_SECS).await?;
+    if from_here > MAX_ATTEMPTS_PER_SOURCE || everywhere > MAX_ATTEMPTS_PER_ACCOUNT {
         return Err(Error::Unauthenticated(
-            "Too many failed sign-ins for this email; wait 15 minutes and try again.".into(),
+            "Too many sign-in attempts for this email; wait 15 minutes and try again.".into(),
         ));
     }
-    let person = ds.person_login(email).await?;
-    let ok = match &person {
-        Some(p) if p.active => {
-            p.password_hash.as_deref().is_some_and(|h| secret::verify_password(password, h))
-        }
-        _ => {
-            // Same work whether or not the email exists, so timing does not tell.
-            let _ = secret::verify_password(
-                password,
-                "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHRzYWx0$0000000000000000000000000000000000000000000",
-            );
-            false
-        }
+    let person = ds.person_login(&email).await?;
+    let hash = match &person {
+        Some(p) if p.active => p.password_hash.clone(),
+        _ => None,
     };
+    // Same work whether or not the email exists, so timing does not tell.
+    let ok = ds.verify_password(password, hash).await?;
     let Some(person) = person.filter(|_| ok) else {
-        ds.login_failure_add(email).await?;
-        return Err(Error::Unauthenticated("The email or the password is wrong.".into()));
+        return Err(wrong());
     };
+    ds.login_attempts_clear(&pair).await?;
     let memberships = ds.memberships_of(person.id).await?;
     let tenant = (memberships.len() == 1).then(|| memberships[0].tenant_id);
     let token = secret::generate(CredentialKind::Session);

@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::ctx::OpCtx;
 pub use crate::datastore::ClientRow;
+use crate::datastore::SessionRow;
 use crate::datastore::{self as db, AuditEntry, NewCode, Services, from_ts};
 use crate::error::{Error, Result};
 use crate::handle::ConnectionHandle;
@@ -51,18 +52,86 @@ impl From<Error> for OAuthError {
     }
 }
 
-/// A redirect URI a client may register: https, or http on a loopback host (native apps).
-pub fn redirect_uri_allowed(uri: &str) -> bool {
-    if uri.contains('#') {
+/// How many redirect URIs a client may register, and how long each may be.
+pub const MAX_REDIRECT_URIS: usize = 10;
+pub const MAX_REDIRECT_URI_LEN: usize = 2000;
+/// How long a client's name may be, as shown on the consent screen.
+pub const MAX_CLIENT_NAME_CHARS: usize = 80;
+
+/// Parses a redirect URI a client registers (RFC 8252, OAuth 2.1): https with a host, or http on
+/// a loopback address (`127.0.0.1`, `[::1]`, `localhost`) with any port; never userinfo, never
+/// a fragment. The parsed URL is what is compared later, never the raw string.
+pub fn parse_redirect_uri(raw: &str) -> std::result::Result<url::Url, String> {
+    if raw.len() > MAX_REDIRECT_URI_LEN {
+        return Err(format!("redirect URIs are at most {MAX_REDIRECT_URI_LEN} characters"));
+    }
+    let url = url::Url::parse(raw).map_err(|e| format!("{raw:?} is not a URL ({e})"))?;
+    if url.fragment().is_some() || raw.contains('#') {
+        return Err(format!("{raw} has a fragment; redirect URIs never do"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!("{raw} carries user information; redirect URIs never do"));
+    }
+    match (url.scheme(), url.host()) {
+        ("https", Some(_)) => Ok(url),
+        ("http", Some(host)) if is_loopback(&host) => Ok(url),
+        _ => Err(format!(
+            "{raw} is not allowed: use https, or http on 127.0.0.1, [::1] or localhost"
+        )),
+    }
+}
+
+fn is_loopback(host: &url::Host<&str>) -> bool {
+    match host {
+        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
+/// Whether a requested redirect URI is one the client registered: the same URL, except that a
+/// loopback http URI may use any port (RFC 8252 §7.3: native apps pick a free port per run).
+pub fn redirect_matches(registered: &str, requested: &str) -> bool {
+    if registered == requested {
+        return true;
+    }
+    let (Ok(a), Ok(b)) = (parse_redirect_uri(registered), parse_redirect_uri(requested)) else {
         return false;
+    };
+    let loopback = a.scheme() == "http" && a.host().is_some_and(|h| is_loopback(&h));
+    loopback
+        && b.scheme() == "http"
+        && a.host() == b.host()
+        && a.path() == b.path()
+        && a.query() == b.query()
+}
+
+/// A client's name as display text: control characters dropped, trimmed, capped.
+fn display_name(raw: Option<&str>, fallback: &str) -> String {
+    let name: String = raw
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| !c.is_control() && !matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'))
+        .collect::<String>()
+        .trim()
+        .chars()
+        .take(MAX_CLIENT_NAME_CHARS)
+        .collect();
+    if name.is_empty() { fallback.to_owned() } else { name }
+}
+
+/// Checks the redirect URIs a client registers or publishes.
+fn check_redirect_uris(
+    uris: &[String],
+    error: &'static str,
+) -> std::result::Result<(), OAuthError> {
+    if uris.is_empty() || uris.len() > MAX_REDIRECT_URIS {
+        return Err(oauth(error, format!("give 1 to {MAX_REDIRECT_URIS} redirect_uris")));
     }
-    if uri.starts_with("https://") {
-        return uri.len() > "https://".len();
+    for uri in uris {
+        parse_redirect_uri(uri).map_err(|why| oauth(error, why))?;
     }
-    ["http://127.0.0.1", "http://localhost", "http://[::1]"].iter().any(|p| {
-        uri.strip_prefix(p)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with('/'))
-    })
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,26 +159,14 @@ pub async fn register(
     ds: &Services,
     req: RegisterRequest,
 ) -> std::result::Result<Registered, OAuthError> {
-    if req.redirect_uris.is_empty() || req.redirect_uris.len() > 10 {
-        return Err(oauth("invalid_redirect_uri", "give 1 to 10 redirect_uris"));
-    }
-    if let Some(bad) = req.redirect_uris.iter().find(|u| !redirect_uri_allowed(u)) {
-        return Err(oauth(
-            "invalid_redirect_uri",
-            format!("{bad} is not allowed: use https, or http on 127.0.0.1/localhost"),
-        ));
-    }
+    check_redirect_uris(&req.redirect_uris, "invalid_redirect_uri")?;
     if req.token_endpoint_auth_method.as_deref().is_some_and(|m| m != "none") {
         return Err(oauth(
             "invalid_client_metadata",
             "only public clients (token_endpoint_auth_method none) with PKCE are supported",
         ));
     }
-    let name = req
-        .client_name
-        .map(|n| n.trim().chars().filter(|c| !c.is_control()).take(80).collect::<String>())
-        .filter(|n| !n.is_empty());
-    let name = name.unwrap_or_else(|| "Unnamed client".into());
+    let name = display_name(req.client_name.as_deref(), "Unnamed client");
     let client_id =
         format!("ghc_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
     ds.oauth_client_put(&client_id, &name, &req.redirect_uris, "registered").await?;
@@ -145,16 +202,15 @@ pub async fn accept_metadata_document(
             "the metadata document's client_id differs from its URL",
         ));
     }
-    if doc.redirect_uris.is_empty() || doc.redirect_uris.iter().any(|u| !redirect_uri_allowed(u)) {
-        return Err(oauth("invalid_client", "the metadata document lists no usable redirect_uris"));
-    }
-    let name = doc.client_name.unwrap_or_else(|| url.to_owned());
+    check_redirect_uris(&doc.redirect_uris, "invalid_client")?;
+    let host = url::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_owned));
+    let name = display_name(doc.client_name.as_deref(), host.as_deref().unwrap_or(url));
     ds.oauth_client_put(url, &name, &doc.redirect_uris, "metadata_document").await?;
     ds.oauth_client_get(url).await?.ok_or_else(|| oauth("server_error", "client vanished"))
 }
 
 /// What `/oauth/authorize` was asked for, validated.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
 pub struct AuthorizeRequest {
     pub client_id: String,
     pub redirect_uri: String,
@@ -176,12 +232,33 @@ pub fn check_authorize(
     resource: Option<&str>,
     allowed_resources: &[String],
 ) -> std::result::Result<(), OAuthError> {
-    if !client.redirect_uris.iter().any(|u| u == redirect_uri) {
+    check_redirect(client, redirect_uri)?;
+    check_request(response_type, code_challenge, method, resource, allowed_resources)
+}
+
+/// The first half of an authorization request's checks: the redirect URI is the client's.
+/// Until this holds, errors are shown to the person, never redirected.
+pub fn check_redirect(
+    client: &ClientRow,
+    redirect_uri: &str,
+) -> std::result::Result<(), OAuthError> {
+    if !client.redirect_uris.iter().any(|u| redirect_matches(u, redirect_uri)) {
         return Err(oauth(
             "invalid_request",
-            "redirect_uri does not exactly match one the client registered",
+            "redirect_uri does not match one the client registered",
         ));
     }
+    Ok(())
+}
+
+/// The second half: errors here go back to the client by redirect, with `state` and `iss`.
+pub fn check_request(
+    response_type: &str,
+    code_challenge: Option<&str>,
+    method: Option<&str>,
+    resource: Option<&str>,
+    allowed_resources: &[String],
+) -> std::result::Result<(), OAuthError> {
     if response_type != "code" {
         return Err(oauth("unsupported_response_type", "only response_type=code"));
     }
@@ -204,6 +281,20 @@ pub fn check_authorize(
     }
 }
 
+/// Refuses a `scope` naming rights the catalog does not know (`invalid_scope`).
+pub fn check_scope(scope: Option<&str>) -> std::result::Result<(), OAuthError> {
+    let unknown: Vec<&str> = scope
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter(|s| s.parse::<crate::rights::Right>().is_err())
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(oauth("invalid_scope", format!("unknown scope(s): {}", unknown.join(" "))))
+    }
+}
+
 /// The rights a request asks for, capped by what the person holds now.
 pub fn requested_rights(scope: Option<&str>, holds: RightSet) -> RightSet {
     match scope.map(str::trim).filter(|s| !s.is_empty()) {
@@ -212,6 +303,34 @@ pub fn requested_rights(scope: Option<&str>, holds: RightSet) -> RightSet {
         }
         None => holds,
     }
+}
+
+/// How long a consent screen stays answerable.
+pub const CONSENT_TTL_SECS: i64 = 600;
+
+/// Keeps a validated authorization request on the server for the consent step, bound to the
+/// session that sees the consent screen; the form carries only the returned handle.
+pub async fn consent_begin(
+    ds: &Services,
+    session: &SessionRow,
+    req: &AuthorizeRequest,
+) -> Result<String> {
+    let handle =
+        format!("areq_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
+    ds.oauth_request_insert(&handle, session.id, req, CONSENT_TTL_SECS).await?;
+    Ok(handle)
+}
+
+/// Takes the request a consent form names, once: this session's, unexpired, unused.
+pub async fn consent_take(
+    ds: &Services,
+    session: &SessionRow,
+    handle: &str,
+) -> Result<Option<AuthorizeRequest>> {
+    if !handle.starts_with("areq_") || handle.len() > 64 {
+        return Ok(None);
+    }
+    ds.oauth_request_take(handle, session.id).await
 }
 
 /// The person approved: create or update the client's connection in this tenant with the
@@ -602,12 +721,52 @@ mod tests {
     }
 
     #[test]
-    fn redirect_uris_are_https_or_loopback() {
-        assert!(redirect_uri_allowed("https://app.example.com/cb"));
-        assert!(redirect_uri_allowed("http://127.0.0.1:33418/callback"));
-        assert!(redirect_uri_allowed("http://localhost/cb"));
-        assert!(!redirect_uri_allowed("http://evil.example.com/cb"));
-        assert!(!redirect_uri_allowed("http://localhost.evil.example/cb"));
-        assert!(!redirect_uri_allowed("https://app.example.com/cb#frag"));
+    fn redirect_uris_are_parsed_never_string_matched() {
+        let ok = |u: &str| parse_redirect_uri(u).is_ok();
+        assert!(ok("https://app.example.com/cb"));
+        assert!(ok("http://127.0.0.1:33418/callback"));
+        assert!(ok("http://[::1]:8080/cb"));
+        assert!(ok("http://localhost/cb"));
+        for bad in [
+            "http://evil.example.com/cb",
+            "http://localhost.evil.example/cb",
+            "http://127.0.0.1.evil.example/cb",
+            "https://app.example.com/cb#frag",
+            "https://user:pass@app.example.com/cb",
+            "https://app.example.com@evil.example/cb",
+            "javascript:alert(1)",
+            "https://",
+            "not a url",
+            "",
+        ] {
+            assert!(!ok(bad), "{bad}");
+        }
+        assert!(!ok(&format!("https://app.example.com/{}", "a".repeat(MAX_REDIRECT_URI_LEN))));
+        // Loopback redirects may use any port at request time; nothing else may differ.
+        assert!(redirect_matches("http://127.0.0.1/cb", "http://127.0.0.1:51234/cb"));
+        assert!(!redirect_matches("http://127.0.0.1/cb", "http://127.0.0.1:51234/other"));
+        assert!(!redirect_matches("http://127.0.0.1/cb", "http://localhost:51234/cb"));
+        assert!(!redirect_matches("https://app.example.com/cb", "https://app.example.com:8443/cb"));
+        assert!(!redirect_matches("https://app.example.com/cb", "https://app.example.com/cb?x=1"));
+    }
+
+    #[test]
+    fn client_names_are_display_text() {
+        assert_eq!(display_name(Some("  Claude\u{202E}  \u{0007}Code "), "x"), "Claude  Code");
+        assert_eq!(display_name(Some("\u{0000}"), "fallback"), "fallback");
+        assert_eq!(
+            display_name(Some(&"n".repeat(500)), "x").chars().count(),
+            MAX_CLIENT_NAME_CHARS
+        );
+    }
+
+    #[test]
+    fn unknown_scopes_are_invalid() {
+        assert!(check_scope(Some("bookings:read customers:read")).is_ok());
+        assert_eq!(
+            check_scope(Some("bookings:read admin:everything")).map_err(|e| e.error),
+            Err("invalid_scope")
+        );
+        assert!(check_scope(None).is_ok());
     }
 }
