@@ -198,3 +198,19 @@ pub(crate) fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailu
         role,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn only_a_bearer_scheme_carries_a_token() {
+        assert_eq!(bearer(Some("Bearer gh_mcp_x")), Some("gh_mcp_x"));
+        assert_eq!(bearer(Some("bearer  gh_mcp_x ")), Some("gh_mcp_x"));
+        assert_eq!(bearer(Some("BEARER gh_mcp_x")), Some("gh_mcp_x"));
+        for refused in ["Basic gh_mcp_x", "Bearer", "Bearer ", "gh_mcp_x", "Bearergh_mcp_x", ""] {
+            assert_eq!(bearer(Some(refused)), None, "{refused:?}");
+        }
+        assert_eq!(bearer(None), None);
+    }
+}

@@ -2806,3 +2806,45 @@ fn the_snapshot_normalizer_hides_only_what_varies() {
     );
     assert_eq!(normalized("matches 12 booking(s)"), "matches 12 booking(s)");
 }
+
+#[tokio::test]
+async fn access_tokens_hold_only_for_their_audience_and_until_they_expire() {
+    let stack = Stack::start().await;
+    let connection = stack.seed.tenants[0].connections[0].connection.clone();
+    let mcp = format!("{}/mcp", stack.url);
+    for (token, audience, expires) in [
+        (
+            "gh_mcp_accessvalidvalidvalidvalidvalidvalid01",
+            mcp.as_str(),
+            "now() + interval '1 hour'",
+        ),
+        (
+            "gh_mcp_accessexpiredexpiredexpiredexpired0002",
+            mcp.as_str(),
+            "now() - interval '1 second'",
+        ),
+        (
+            "gh_mcp_accesselsewhereelsewhereelsewhere00003",
+            "https://elsewhere.example/mcp",
+            "now() + interval '1 hour'",
+        ),
+    ] {
+        stack
+            .db
+            .exec(&format!(
+                "INSERT INTO connection_tokens (connection_id, kind, token_hash, audience, expires_at)
+                 SELECT id, 'access', sha256(convert_to('{token}', 'UTF8')), '{audience}', {expires} FROM connections WHERE handle = '{connection}'"
+            ))
+            .await;
+    }
+    let status = |token: &'static str| async {
+        stack.raw(Some(token), "tools/list", None, json!({}), &[]).await.0
+    };
+    assert_eq!(status("gh_mcp_accessvalidvalidvalidvalidvalidvalid01").await, 200);
+    assert_eq!(status("gh_mcp_accessexpiredexpiredexpiredexpired0002").await, 401, "expired");
+    assert_eq!(
+        status("gh_mcp_accesselsewhereelsewhereelsewhere00003").await,
+        401,
+        "issued for another resource"
+    );
+}
