@@ -187,10 +187,41 @@ fn local(ctx: &OpCtx, iso: &str) -> String {
         .unwrap_or_else(|_| iso.to_owned())
 }
 
-fn safe_next(next: Option<&String>) -> String {
-    next.filter(|n| n.starts_with('/') && !n.starts_with("//"))
-        .cloned()
+/// A post-sign-in target: resolved as a browser resolves it against the console's own origin,
+/// and kept only if it stays there (so `//evil`, `/\\evil`, `/\tevil` and `https://evil` all
+/// become `/`). What is returned is the parsed path and query, never the raw text.
+pub fn safe_next(next: Option<&String>) -> String {
+    let base = url::Url::parse("https://console.invalid/").expect("a valid base");
+    next.and_then(|n| base.join(n).ok())
+        .filter(|u| u.origin() == base.origin() && u.username().is_empty())
+        .map(|u| match u.query() {
+            Some(q) => format!("{}?{q}", u.path()),
+            None => u.path().to_owned(),
+        })
         .unwrap_or_else(|| "/".into())
+}
+
+/// The direction a switch form names: exactly `on` or `off`. A missing or unknown one is
+/// refused and changes nothing; a switch never falls back to a default.
+fn direction(form: &BTreeMap<String, String>) -> Result<bool, Response> {
+    match form.get("to").map(String::as_str) {
+        Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        _ => Err((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Html(page(
+                "Choose",
+                None,
+                &error_box("Say whether to turn it on or off; nothing changed."),
+            )),
+        )
+            .into_response()),
+    }
+}
+
+/// A path segment for a console URL, percent-encoded.
+fn segment(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 // ---------------------------------------------------------------- sign in / out
@@ -455,14 +486,11 @@ async fn connection_detail(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let list = match admin::connection_list(&state.ds, &ctx).await {
-        Ok(l) => l,
+    let c = match admin::connection_get(&state.ds, &ctx, &handle).await {
+        Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let Some(c) = list.into_iter().find(|c| c.connection == handle) else {
-        return fail(Error::not_found(shared::error::Resource::Connection, handle));
-    };
-    let changes = match admin::audit_list(&state.ds, &ctx, Some(&handle), 50).await {
+    let changes = match admin::audit_list(&state.ds, &ctx, Some(&c.connection), 50).await {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
@@ -504,7 +532,21 @@ async fn connection_detail(
     Html(page(&c.name, Some(&s.nav("/connections")), &body)).into_response()
 }
 
-async fn revoke_confirm(s: Session, Path(handle): Path<String>) -> Response {
+async fn revoke_confirm(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Path(handle): Path<String>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    // A confirmation page exists only for a connection that exists; its URL is built from the
+    // parsed handle, never from the raw path.
+    let handle = match admin::connection_get(&state.ds, &ctx, &handle).await {
+        Ok(c) => segment(&c.connection),
+        Err(e) => return fail(e),
+    };
     let body = format!(
         "<form method=\"post\" action=\"/connections/{0}/revoke\" class=\"card\">{1}<p>Revoke <code>{0}</code>? Its tokens stop working on their next request, on every worker. This cannot be undone.</p>\
          <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label><button type=\"submit\" class=\"danger\">Revoke</button> <a href=\"/connections/{0}\">Cancel</a></form>",
@@ -533,7 +575,7 @@ async fn revoke(
         .filter(|r| !r.is_empty())
         .unwrap_or("revoked in the console");
     match admin::connection_revoke(&state.ds, &ctx, &handle, reason).await {
-        Ok(_) => Redirect::to(&format!("/connections/{handle}")).into_response(),
+        Ok(r) => Redirect::to(&format!("/connections/{}", segment(&r.connection))).into_response(),
         Err(e) => fail(e),
     }
 }
@@ -685,7 +727,11 @@ async fn agent_access(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let kill = form.get("to").map(String::as_str) == Some("off");
+    // Agent access `on` lets agents in; `off` is the kill switch for the tenant.
+    let kill = match direction(&form) {
+        Ok(on) => !on,
+        Err(r) => return r,
+    };
     let reason = form.get("reason").cloned().unwrap_or_default();
     match admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&ctx), kill, &reason).await {
         Ok(_) => Redirect::to("/settings").into_response(),
@@ -787,7 +833,11 @@ async fn global_switch(
         Ok(op) => op,
         Err(e) => return fail(e),
     };
-    let kill = form.get("to").map(String::as_str) == Some("on");
+    // The kill switch `on` refuses every agent.
+    let kill = match direction(&form) {
+        Ok(on) => on,
+        Err(r) => return r,
+    };
     match admin::kill_switch_set(
         &state.ds,
         admin::SwitchScope::Global(&operator),

@@ -711,3 +711,95 @@ async fn sign_in_throttles_atomically_per_account_and_source() {
     let (status, _) = attempt("p".repeat(5000), "198.51.100.21").await;
     assert_eq!(status, 401);
 }
+
+#[tokio::test]
+async fn console_routes_cannot_be_turned_against_themselves() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    // Post-sign-in targets stay on the console, however a browser would resolve them.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    for (next, lands) in [
+        ("//evil.example/x", "/"),
+        ("/\\evil.example/x", "/"),
+        ("/\t/evil.example/x", "/"),
+        ("https://evil.example/x", "/"),
+        ("javascript:alert(1)", "/"),
+        ("/connections?tab=all", "/connections?tab=all"),
+        ("/a/../audit", "/audit"),
+    ] {
+        let response = http
+            .post(format!("{}/login", api.url))
+            .header("x-forwarded-for", "192.0.2.50")
+            .form(&[
+                ("email", admin.email.as_str()),
+                ("password", admin.password.as_str()),
+                ("next", next),
+            ])
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(response.status(), 303, "{next:?}");
+        assert_eq!(response.headers()["location"], lands, "{next:?}");
+    }
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    // A path segment that is not a connection of this tenant has no confirmation page.
+    let other_tenant = &api.seed.tenants[1].connections[0].connection;
+    for path in [
+        "/connections/..%2F..%2Fpeople%2Frole/revoke".to_owned(),
+        "/connections/con_aaaaaaaaaaaaaaaa/revoke".to_owned(),
+        format!("/connections/{other_tenant}/revoke"),
+        "/connections/%22%3E%3Cscript%3E/revoke".to_owned(),
+    ] {
+        let response = browser.get(&path).await;
+        assert_eq!(response.status(), 404, "{path}");
+        assert!(
+            !response.text().await.unwrap_or_default().contains("action=\"/connections/.."),
+            "{path}"
+        );
+    }
+    let mine = &api.seed.tenants[0].connections[0].connection;
+    let page =
+        browser.get(&format!("/connections/{mine}/revoke")).await.text().await.expect("html");
+    assert!(page.contains(&format!("action=\"/connections/{mine}/revoke\"")), "{page}");
+    // A switch form must name its direction; nothing changes otherwise.
+    let settings = browser.get("/settings").await.text().await.expect("html");
+    let csrf = form_fields(&settings, "/settings/agent-access")
+        .into_iter()
+        .find(|(k, _)| k == "csrf")
+        .expect("csrf")
+        .1;
+    for to in [None, Some("sideways"), Some("")] {
+        let mut form =
+            vec![("csrf".to_owned(), csrf.clone()), ("reason".to_owned(), "test".to_owned())];
+        if let Some(to) = to {
+            form.push(("to".into(), to.into()));
+        }
+        let response = browser.post("/settings/agent-access", &form).await;
+        assert_eq!(response.status(), 422, "{to:?}");
+    }
+    let on = api
+        ._db
+        .scalar_string(&format!(
+            "SELECT agent_access::text FROM tenants WHERE slug = '{}'",
+            api.seed.tenants[0].slug
+        ))
+        .await;
+    assert_eq!(on, "true", "agent access unchanged");
+    let operator = browser.get("/operator").await.text().await.expect("html");
+    let csrf = form_fields(&operator, "/operator/kill-switch")
+        .into_iter()
+        .find(|(k, _)| k == "csrf")
+        .expect("csrf")
+        .1;
+    let response = browser
+        .post("/operator/kill-switch", &[("csrf".into(), csrf), ("reason".into(), "test".into())])
+        .await;
+    assert_eq!(response.status(), 422, "the global switch needs a direction too");
+    assert_eq!(
+        api._db.scalar_string("SELECT global_kill::text FROM platform_state").await,
+        "false"
+    );
+}

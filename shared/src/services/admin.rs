@@ -426,6 +426,19 @@ pub struct ConnectionSummary {
     pub last_used_at: Option<String>,
 }
 
+/// One connection of the tenant, by a handle as it came from outside (a URL path segment):
+/// anything that is not a connection handle of this tenant is not found.
+pub async fn connection_get(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<ConnectionSummary> {
+    let not_found =
+        || Error::not_found(Resource::Connection, raw.chars().take(40).collect::<String>());
+    let handle = ConnectionHandle::parse("connection", raw).map_err(|_| not_found())?;
+    connection_list(ds, ctx)
+        .await?
+        .into_iter()
+        .find(|c| c.connection == handle.as_str())
+        .ok_or_else(not_found)
+}
+
 pub async fn connection_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<ConnectionSummary>> {
     ctx.require(Right::ConnectionsManage)?;
     let fmt = |t: chrono::DateTime<chrono::Utc>| {
