@@ -2368,6 +2368,15 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
             }
         }
     }
+    // Every MCP audit row names the connection's creator as the actor (R5, R19).
+    let strangers = stack
+        .count(&format!(
+            "SELECT count(*) FROM audit_log WHERE channel = 'mcp' AND actor_id IS DISTINCT FROM (SELECT id FROM people WHERE email = '{}')",
+            stack.seed.tenants[0].admin.email
+        ))
+        .await;
+    assert_eq!(strangers, 0, "the audit names who acted");
+    assert!(stack.count("SELECT count(*) FROM audit_log WHERE channel = 'mcp'").await > 10);
 }
 
 /// Changes the record a two-step action is about, the way another user would between the
