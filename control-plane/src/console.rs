@@ -463,8 +463,8 @@ async fn create_connection(
             let body = format!(
                 "<p class=\"ok\" role=\"status\">Connection <code>{}</code> created with {}.</p>\
                  <div class=\"card\"><p><strong>Copy the token now: it is shown once and only its hash is kept.</strong></p>\
-                 <pre id=\"token\">{}</pre><button type=\"button\" class=\"plain\" onclick=\"navigator.clipboard.writeText(document.getElementById('token').textContent)\">Copy token</button>\
-                 <p>Claude Code:</p><pre id=\"claude\">{}</pre><button type=\"button\" class=\"plain\" onclick=\"navigator.clipboard.writeText(document.getElementById('claude').textContent)\">Copy command</button></div>\
+                 <pre id=\"token\">{}</pre><button type=\"button\" class=\"plain\" data-copy=\"token\">Copy token</button>\
+                 <p>Claude Code:</p><pre id=\"claude\">{}</pre><button type=\"button\" class=\"plain\" data-copy=\"claude\">Copy command</button></div>\
                  <p><a href=\"/connections\">Back to connections</a></p>",
                 esc(&c.connection),
                 esc(&c.rights.join(", ")),

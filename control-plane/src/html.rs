@@ -16,7 +16,7 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-const STYLE: &str = "body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}\
+pub const STYLE: &str = "body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}\
 header{background:#1d2430;color:#fff;padding:.6rem 1.5rem;display:flex;gap:1.5rem;align-items:center}\
 header a{color:#dfe6f0;text-decoration:none}header a[aria-current]{color:#fff;font-weight:600}\
 header form{margin-left:auto}main{max-width:72rem;margin:1.5rem auto;padding:0 1.5rem}\
@@ -69,7 +69,7 @@ pub fn page(title: &str, nav: Option<&Nav<'_>>, body: &str) -> String {
     };
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
-         <title>{} · Gatehouse</title><style>{STYLE}</style></head><body>{header}<main><h1>{}</h1>{body}</main></body></html>",
+         <title>{} · Gatehouse</title><link rel=\"stylesheet\" href=\"/static/console.css\"><script src=\"/static/console.js\" defer></script></head><body>{header}<main><h1>{}</h1>{body}</main></body></html>",
         esc(title),
         esc(title)
     )
@@ -82,3 +82,7 @@ pub fn csrf_field(token: &str) -> String {
 pub fn error_box(message: &str) -> String {
     format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
 }
+
+/// The console's only script: copy buttons (`data-copy="<element id>"`). Served from the
+/// console's own origin so the Content-Security-Policy needs no inline script.
+pub const SCRIPT: &str = "document.addEventListener('click', (e) => {\n  const b = e.target.closest('[data-copy]');\n  if (b) { navigator.clipboard.writeText(document.getElementById(b.dataset.copy).textContent); }\n});\n";

@@ -67,9 +67,42 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .nest("/api/v1", api::routes(state.clone()))
-        .merge(console::routes())
-        .merge(oauth::routes())
+        .merge(
+            console::routes()
+                .merge(oauth::routes())
+                .layer(axum::middleware::map_response_with_state(state.clone(), security_headers)),
+        )
+        .route("/static/console.css", get(|| async { static_file("text/css", html::STYLE) }))
+        .route("/static/console.js", get(|| async { static_file("text/javascript", html::SCRIPT) }))
         .with_state(state)
+}
+
+fn static_file(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "public, max-age=3600")], body)
+        .into_response()
+}
+
+/// The one layer that sets the security headers of every console and OAuth response: no
+/// framing, no sniffing, no referrer, only the console's own script and style, HSTS when
+/// served over https, and `no-store` (pages show tokens, codes and personal data).
+async fn security_headers(State(state): State<Arc<AppState>>, mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    let set = |headers: &mut axum::http::HeaderMap, name: &'static str, value: &'static str| {
+        headers.insert(name, axum::http::HeaderValue::from_static(value));
+    };
+    set(
+        headers,
+        "content-security-policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; frame-ancestors 'none'",
+    );
+    set(headers, "x-frame-options", "DENY");
+    set(headers, "x-content-type-options", "nosniff");
+    set(headers, "referrer-policy", "no-referrer");
+    set(headers, "cache-control", "no-store");
+    if state.public_url.starts_with("https://") {
+        set(headers, "strict-transport-security", "max-age=31536000; includeSubDomains");
+    }
+    response
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {

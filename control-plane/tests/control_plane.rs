@@ -803,3 +803,65 @@ async fn console_routes_cannot_be_turned_against_themselves() {
         "false"
     );
 }
+
+#[tokio::test]
+async fn every_console_and_oauth_response_carries_the_security_headers() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let client_id = register_client(&api).await;
+    let mut responses = vec![
+        ("sign-in page", browser.http.get(format!("{}/login", api.url)).send().await.expect("get")),
+        ("connections", browser.get("/connections").await),
+        ("consent", browser.get(&authorize_path(&client_id, &[])).await),
+        ("a missing page", browser.get("/connections/con_aaaaaaaaaaaaaaaa").await),
+        (
+            "metadata",
+            api.http
+                .get(format!("{}/.well-known/oauth-authorization-server", api.url))
+                .send()
+                .await
+                .expect("get"),
+        ),
+        (
+            "token error",
+            api.http
+                .post(format!("{}/oauth/token", api.url))
+                .form(&[("grant_type", "password")])
+                .send()
+                .await
+                .expect("post"),
+        ),
+    ];
+    responses.push((
+        "registration",
+        api.http
+            .post(format!("{}/oauth/register", api.url))
+            .json(&json!({"redirect_uris": []}))
+            .send()
+            .await
+            .expect("post"),
+    ));
+    for (what, r) in &responses {
+        let h = r.headers();
+        let csp =
+            h.get("content-security-policy").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(
+            csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"),
+            "{what}: {csp}"
+        );
+        assert_eq!(h.get("x-frame-options").map(|v| v.as_bytes()), Some(&b"DENY"[..]), "{what}");
+        assert_eq!(
+            h.get("x-content-type-options").map(|v| v.as_bytes()),
+            Some(&b"nosniff"[..]),
+            "{what}"
+        );
+        assert!(h.contains_key("referrer-policy"), "{what}");
+        assert_eq!(h.get("cache-control").map(|v| v.as_bytes()), Some(&b"no-store"[..]), "{what}");
+    }
+    // No inline script is needed: the page's only script is the console's own file.
+    let page = browser.get("/connections").await.text().await.expect("html");
+    assert!(!page.contains("onclick") && !page.contains("<script>"), "no inline script");
+    let js = browser.get("/static/console.js").await;
+    assert_eq!(js.status(), 200);
+}
