@@ -572,24 +572,61 @@ pub fn scopes_supported() -> Vec<&'static str> {
 /// unspecified, multicast, unique-local.
 pub fn forbidden_ip(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.octets()[0] == 100 && (64..128).contains(&v4.octets()[1])
-        }
-        IpAddr::V6(v6) => {
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (v6.segments()[0] & 0xfe00) == 0xfc00
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6.to_ipv4_mapped().is_some_and(|v4| forbidden_ip(IpAddr::V4(v4)))
-        }
+        IpAddr::V4(v4) => forbidden_v4(v4),
+        IpAddr::V6(v6) => forbidden_v6(v6),
     }
+}
+
+/// The IANA IPv4 special-purpose registry's ranges that are not globally reachable, plus
+/// multicast and the reserved block: none is ever fetched.
+fn forbidden_v4(ip: std::net::Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    a == 0                                        // "this network" 0.0.0.0/8
+        || a == 10                                // private 10/8
+        || a == 127                               // loopback
+        || (a == 100 && (64..128).contains(&b))   // shared address space 100.64/10
+        || (a == 169 && b == 254)                 // link local (cloud metadata)
+        || (a == 172 && (16..32).contains(&b))    // private 172.16/12
+        || (a == 192 && b == 0 && c == 0)         // IETF protocol assignments 192.0.0/24
+        || (a == 192 && b == 0 && c == 2)         // documentation TEST-NET-1
+        || (a == 192 && b == 88 && c == 99)       // 6to4 relay anycast
+        || (a == 192 && b == 168)                 // private 192.168/16
+        || (a == 198 && (18..20).contains(&b))    // benchmarking 198.18/15
+        || (a == 198 && b == 51 && c == 100)      // documentation TEST-NET-2
+        || (a == 203 && b == 0 && c == 113)       // documentation TEST-NET-3
+        || a >= 224 // multicast, reserved, broadcast
+}
+
+/// The IANA IPv6 special-purpose registry's non-global ranges, and every form that embeds an
+/// IPv4 address (mapped, compatible, NAT64, 6to4, Teredo), judged by the address inside.
+fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
+    let s = ip.segments();
+    let embedded = |hi: u16, lo: u16| {
+        std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+    };
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return forbidden_v4(v4);
+    }
+    ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        // IPv4-compatible ::a.b.c.d (deprecated): never fetched
+        || (s[..6] == [0; 6])
+        // NAT64 64:ff9b::/96 and the local-use 64:ff9b:1::/48: a translator reaches anything, never fetched
+        || (s[0] == 0x64 && s[1] == 0xff9b)
+        // 6to4 2002::/16: the embedded address must be public too
+        || (s[0] == 0x2002 && forbidden_v4(embedded(s[1], s[2])))
+        // Teredo 2001::/32, ORCHID and the IETF protocol block 2001::/23, documentation 2001:db8::/32
+        || (s[0] == 0x2001 && s[1] < 0x0200)
+        || (s[0] == 0x2001 && s[1] == 0x0db8)
+        // documentation 3fff::/20
+        || (s[0] & 0xfff0) == 0x3ff0
+        // discard-only 100::/64
+        || (s[0] == 0x0100 && s[1..4] == [0; 3])
+        // unique local fc00::/7, link local fe80::/10, site local fec0::/10
+        || (s[0] & 0xfe00) == 0xfc00
+        || (s[0] & 0xffc0) == 0xfe80
+        || (s[0] & 0xffc0) == 0xfec0
 }
 
 const CIMD_MAX_BYTES: usize = 64 * 1024;
@@ -619,6 +656,14 @@ async fn fetch_metadata_document(
         return Err(invalid("metadata documents are fetched over https only"));
     }
     let host = parsed.host_str().ok_or_else(|| invalid("no host"))?.to_owned();
+    if parsed.path().len() <= 1 {
+        return Err(invalid("a client ID metadata document URL has a path"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() || parsed.fragment().is_some() {
+        return Err(invalid(
+            "a client ID metadata document URL carries no user information or fragment",
+        ));
+    }
     let port = parsed.port_or_known_default().unwrap_or(443);
     let addrs: Vec<SocketAddr> = tokio::time::timeout(
         Duration::from_secs(3),
@@ -637,6 +682,8 @@ async fn fetch_metadata_document(
         ));
     }
     let client = reqwest::Client::builder()
+        // Never through a proxy: the address checked is the address connected to.
+        .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(5))
         .resolve(&host, addrs[0])
@@ -698,9 +745,29 @@ mod tests {
             "fe80::1",
             "fd00::1",
             "::ffff:127.0.0.1",
+            "0.1.2.3",
+            "192.0.0.8",
+            "198.18.0.1",
+            "192.0.2.1",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::7f00:1",
+            "64:ff9b:1::1",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "2001:0:4136:e378::1",
+            "2001:db8::1",
+            "fec0::1",
+            "100::1",
         ] {
             assert!(forbidden_ip(ip.parse().expect("ip")), "{ip}");
         }
+        assert!(
+            !forbidden_ip("2002:5db8:d822::1".parse().expect("ip")),
+            "6to4 of a public address"
+        );
         for ip in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"] {
             assert!(!forbidden_ip(ip.parse().expect("ip")), "{ip}");
         }
