@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use shared::error::Error;
 use shared::rights::{Right, RightSet, Role};
-use shared::secret::CredentialKind;
+use shared::secret::{self, CredentialKind};
 use shared::services::console::SessionRow;
 use shared::services::operators;
 use shared::services::{admin, console};
@@ -28,7 +28,15 @@ use shared::{OpCtx, time};
 use crate::AppState;
 use crate::html::{Nav, csrf_field, error_box, esc, page};
 
-pub const COOKIE: &str = "gh_session";
+/// The session cookie: `__Host-` prefixed when served over https (Secure, Path=/, no Domain,
+/// so no sibling host can set or read it); plain over http on a development machine, where
+/// browsers refuse `__Host-` cookies.
+pub fn session_cookie(state: &AppState) -> &'static str {
+    if state.public_url.starts_with("https://") { "__Host-gh_session" } else { "gh_session" }
+}
+
+/// The sign-in form's CSRF cookie (double submit): the form must echo it.
+pub const LOGIN_COOKIE: &str = "gh_login";
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -91,7 +99,7 @@ impl Session {
     }
 }
 
-fn cookie(headers: &HeaderMap) -> Option<String> {
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -99,7 +107,7 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
         .flat_map(|v| v.split(';'))
         .find_map(|kv| {
             let (k, v) = kv.trim().split_once('=')?;
-            (k == COOKIE).then(|| v.to_owned())
+            (k == name).then(|| v.to_owned())
         })
 }
 
@@ -133,7 +141,7 @@ impl FromRequestParts<Arc<AppState>> for Session {
             url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
         ))
         .into_response();
-        let Some(token) = cookie(&parts.headers) else {
+        let Some(token) = cookie(&parts.headers, session_cookie(state)) else {
             return Err(login);
         };
         match console::session(&state.ds, &token).await {
@@ -226,21 +234,42 @@ fn segment(s: &str) -> String {
 
 // ---------------------------------------------------------------- sign in / out
 
-async fn login_form(Query(q): Query<BTreeMap<String, String>>) -> Html<String> {
-    Html(login_page(&safe_next(q.get("next")), None))
+async fn login_form(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let token = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
+    with_login_cookie(
+        &state,
+        &token,
+        Html(login_page(&safe_next(q.get("next")), &token, None)).into_response(),
+    )
 }
 
-fn login_page(next: &str, error: Option<&str>) -> String {
+/// Sets the sign-in form's CSRF cookie on a response that shows the form.
+fn with_login_cookie(state: &AppState, token: &str, mut response: Response) -> Response {
+    let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+    let cookie = format!(
+        "{LOGIN_COOKIE}={token}; HttpOnly; SameSite=Lax; Path=/login; Max-Age=3600{secure}"
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    response
+}
+
+fn login_page(next: &str, csrf: &str, error: Option<&str>) -> String {
     page(
         "Sign in",
         None,
         &format!(
-            "{}<form method=\"post\" action=\"/login\" class=\"card\"><input type=\"hidden\" name=\"next\" value=\"{}\">\
-             <label>Email <input type=\"email\" name=\"email\" autocomplete=\"username\" required></label>\
-             <label>Password <input type=\"password\" name=\"password\" autocomplete=\"current-password\" required></label>\
+            "{}<form method=\"post\" action=\"/login\" class=\"card\"><input type=\"hidden\" name=\"next\" value=\"{}\"><input type=\"hidden\" name=\"login_csrf\" value=\"{}\">\
+             <label>Email <input type=\"email\" name=\"email\" autocomplete=\"username\" required maxlength=\"254\"></label>\
+             <label>Password <input type=\"password\" name=\"password\" autocomplete=\"current-password\" required maxlength=\"1024\"></label>\
              <button type=\"submit\">Sign in</button></form>",
             error.map(error_box).unwrap_or_default(),
-            esc(next)
+            esc(next),
+            esc(csrf)
         ),
     )
 }
@@ -273,9 +302,21 @@ impl FromRequestParts<Arc<AppState>> for Source {
 async fn login(
     State(state): State<Arc<AppState>>,
     Source(source): Source,
+    headers: HeaderMap,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
     let next = safe_next(form.get("next"));
+    // The form must echo the cookie its page set: another site cannot sign a browser in.
+    let expected = cookie(&headers, LOGIN_COOKIE).filter(|c| !c.is_empty());
+    let Some(csrf) = expected.filter(|c| form.get("login_csrf") == Some(c)) else {
+        let token = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
+        let page = login_page(&next, &token, Some("This sign-in form expired; sign in again."));
+        return with_login_cookie(
+            &state,
+            &token,
+            (StatusCode::FORBIDDEN, Html(page)).into_response(),
+        );
+    };
     let (email, password) = (
         form.get("email").cloned().unwrap_or_default(),
         form.get("password").cloned().unwrap_or_default(),
@@ -284,7 +325,8 @@ async fn login(
         Ok(signed) => {
             let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
             let cookie = format!(
-                "{COOKIE}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
+                "{}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
+                session_cookie(&state),
                 signed.token,
                 console::SESSION_TTL_SECS
             );
@@ -295,7 +337,8 @@ async fn login(
             response
         }
         Err(Error::Unauthenticated(message)) => {
-            (StatusCode::UNAUTHORIZED, Html(login_page(&next, Some(&message)))).into_response()
+            (StatusCode::UNAUTHORIZED, Html(login_page(&next, &csrf, Some(&message))))
+                .into_response()
         }
         Err(e) => fail(e),
     }
@@ -313,10 +356,12 @@ async fn logout(
         return fail(e);
     }
     let mut response = Redirect::to("/login").into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static("gh_session=; HttpOnly; SameSite=Lax; Path=/; Max-Age=0"),
-    );
+    let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+    let gone =
+        format!("{}=; HttpOnly; SameSite=Lax; Path=/; Max-Age=0{secure}", session_cookie(&state));
+    if let Ok(v) = HeaderValue::from_str(&gone) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
     response
 }
 

@@ -450,6 +450,47 @@ async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
 
 // ---------------------------------------------------------------- console and OAuth, as an attacker tries them
 
+/// What a browser gets from the sign-in page: the CSRF cookie and the form's token.
+async fn login_form(http: &reqwest::Client, base: &str) -> (String, String) {
+    let page = http.get(format!("{base}/login")).send().await.expect("login page");
+    let cookie = page.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    let html = page.text().await.expect("html");
+    let token = html
+        .split("name=\"login_csrf\" value=\"")
+        .nth(1)
+        .expect("token")
+        .split('"')
+        .next()
+        .expect("end")
+        .to_owned();
+    (cookie, token)
+}
+
+/// Posts the sign-in form as a browser would, from `source`.
+async fn post_login(
+    http: &reqwest::Client,
+    base: &str,
+    source: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    let (cookie, token) = login_form(http, base).await;
+    let mut form: Vec<(&str, &str)> = fields.to_vec();
+    form.push(("login_csrf", &token));
+    http.post(format!("{base}/login"))
+        .header("cookie", cookie)
+        .header("x-forwarded-for", source)
+        .form(&form)
+        .send()
+        .await
+        .expect("login")
+}
+
 /// A browser of the console: one session cookie, no redirects followed.
 struct Browser {
     http: reqwest::Client,
@@ -463,12 +504,13 @@ impl Browser {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("client");
-        let response = http
-            .post(format!("{}/login", api.url))
-            .form(&[("email", email), ("password", password), ("next", "/")])
-            .send()
-            .await
-            .expect("login");
+        let response = post_login(
+            &http,
+            &api.url,
+            "192.0.2.1",
+            &[("email", email), ("password", password), ("next", "/")],
+        )
+        .await;
         assert_eq!(response.status(), 303, "signed in");
         let cookie = response.headers()["set-cookie"]
             .to_str()
@@ -684,15 +726,15 @@ async fn sign_in_throttles_atomically_per_account_and_source() {
         .build()
         .expect("client");
     let attempt = |password: String, source: &'static str| {
-        let (http, url, email) = (http.clone(), format!("{}/login", api.url), admin.email.clone());
+        let (http, base, email) = (http.clone(), api.url.clone(), admin.email.clone());
         async move {
-            let response = http
-                .post(url)
-                .header("x-forwarded-for", source)
-                .form(&[("email", email.as_str()), ("password", password.as_str()), ("next", "/")])
-                .send()
-                .await
-                .expect("login");
+            let response = post_login(
+                &http,
+                &base,
+                source,
+                &[("email", email.as_str()), ("password", password.as_str()), ("next", "/")],
+            )
+            .await;
             (response.status().as_u16(), response.text().await.unwrap_or_default())
         }
     };
@@ -730,17 +772,12 @@ async fn console_routes_cannot_be_turned_against_themselves() {
         ("/connections?tab=all", "/connections?tab=all"),
         ("/a/../audit", "/audit"),
     ] {
-        let response = http
-            .post(format!("{}/login", api.url))
-            .header("x-forwarded-for", "192.0.2.50")
-            .form(&[
-                ("email", admin.email.as_str()),
-                ("password", admin.password.as_str()),
-                ("next", next),
-            ])
-            .send()
-            .await
-            .expect("login");
+        let fields = [
+            ("email", admin.email.as_str()),
+            ("password", admin.password.as_str()),
+            ("next", next),
+        ];
+        let response = post_login(&http, &api.url, "192.0.2.50", &fields).await;
         assert_eq!(response.status(), 303, "{next:?}");
         assert_eq!(response.headers()["location"], lands, "{next:?}");
     }
@@ -864,4 +901,44 @@ async fn every_console_and_oauth_response_carries_the_security_headers() {
     assert!(!page.contains("onclick") && !page.contains("<script>"), "no inline script");
     let js = browser.get("/static/console.js").await;
     assert_eq!(js.status(), 200);
+}
+
+#[tokio::test]
+async fn the_sign_in_form_needs_its_own_token() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let fields =
+        [("email", admin.email.as_str()), ("password", admin.password.as_str()), ("next", "/")];
+    // Another site posting the form: no cookie, a cookie without the field, a mismatch.
+    let (cookie, token) = login_form(&http, &api.url).await;
+    for (case, with_cookie, field) in [
+        ("no cookie", false, Some(token.as_str())),
+        ("no field", true, None),
+        ("wrong field", true, Some("forged")),
+    ] {
+        let mut form: Vec<(&str, &str)> = fields.to_vec();
+        if let Some(f) = field {
+            form.push(("login_csrf", f));
+        }
+        let mut request = http.post(format!("{}/login", api.url)).form(&form);
+        if with_cookie {
+            request = request.header("cookie", &cookie);
+        }
+        let response = request.send().await.expect("login");
+        assert_eq!(response.status(), 403, "{case}");
+        assert!(
+            response
+                .headers()
+                .get_all("set-cookie")
+                .iter()
+                .all(|c| !c.to_str().unwrap_or_default().starts_with("gh_session=")),
+            "{case}: no session"
+        );
+    }
+    let response = post_login(&http, &api.url, "192.0.2.9", &fields).await;
+    assert_eq!(response.status(), 303);
 }

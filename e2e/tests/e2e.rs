@@ -430,6 +430,19 @@ mod oauth_flow {
             password: &str,
             next: &str,
         ) -> String {
+            // The sign-in page sets its CSRF cookie; the form echoes it, as in a browser.
+            let page = self.get(&format!("{control}/login")).await;
+            self.cookie = page
+                .headers()
+                .get("set-cookie")
+                .map(|c| c.to_str().expect("ascii").split(';').next().expect("pair").to_owned());
+            let html = page.text().await.expect("html");
+            let token = html
+                .split("name=\"login_csrf\" value=\"")
+                .nth(1)
+                .and_then(|t| t.split('"').next())
+                .expect("a sign-in token")
+                .to_owned();
             let response = self
                 .post_form(
                     &format!("{control}/login"),
@@ -437,6 +450,7 @@ mod oauth_flow {
                         ("email".into(), email.into()),
                         ("password".into(), password.into()),
                         ("next".into(), next.into()),
+                        ("login_csrf".into(), token),
                     ],
                 )
                 .await;
