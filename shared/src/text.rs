@@ -55,5 +55,9 @@ mod tests {
         let long = untrusted(&"x".repeat(MAX_UNTRUSTED_CHARS + 10), "customer");
         assert!(long.truncated);
         assert_eq!(long.untrusted_text.chars().count(), MAX_UNTRUSTED_CHARS);
+        // Exactly at the limit nothing is cut, so nothing is flagged.
+        let full = untrusted(&"x".repeat(MAX_UNTRUSTED_CHARS), "customer");
+        assert!(!full.truncated);
+        assert_eq!(full.untrusted_text.chars().count(), MAX_UNTRUSTED_CHARS);
     }
 }
