@@ -26,3 +26,7 @@ CREATE TABLE login_throttle (
 
 -- The old per-email failure log is replaced by login_throttle.
 DROP TABLE login_failures;
+
+-- A refresh token carries the end of its grant's absolute lifetime: rotation renews the token,
+-- never the grant.
+ALTER TABLE connection_tokens ADD COLUMN grant_expires_at TIMESTAMPTZ;

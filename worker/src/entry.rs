@@ -115,12 +115,23 @@ fn finish(state: &AppState, response: Response) -> Response {
 
 fn unauthorized(state: &AppState, failure: &AuthFailure) -> Response {
     let description = failure.message(CredentialKind::Mcp);
-    let challenge = format!(
-        "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
-        state.settings.resource_metadata_url(),
-        header_safe(&description),
-    );
-    let body = serde_json::json!({"error": "invalid_token", "error_description": description});
+    // A request that carried no credential gets the challenge without an error code
+    // (RFC 6750 §3.1); one that carried a bad one is told `invalid_token`.
+    let (challenge, body) = if *failure == AuthFailure::Missing {
+        (
+            format!("Bearer resource_metadata=\"{}\"", state.settings.resource_metadata_url()),
+            serde_json::json!({"error_description": description}),
+        )
+    } else {
+        (
+            format!(
+                "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
+                state.settings.resource_metadata_url(),
+                header_safe(&description),
+            ),
+            serde_json::json!({"error": "invalid_token", "error_description": description}),
+        )
+    };
     let mut response = (StatusCode::UNAUTHORIZED, Json(body)).into_response();
     if let Ok(value) = HeaderValue::from_str(&challenge) {
         response.headers_mut().insert(header::WWW_AUTHENTICATE, value);

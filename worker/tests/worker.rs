@@ -476,6 +476,14 @@ async fn credentials_of_other_kinds_and_bad_origins_are_refused() {
     assert_eq!(status, 401);
     let challenge = headers["www-authenticate"].to_str().expect("ascii");
     assert!(
+        !challenge.contains("error="),
+        "no credential, no error code (RFC 6750 §3.1): {challenge}"
+    );
+    let (_, bad, _) = stack
+        .raw(Some("gh_mcp_notknownnotknownnotknownnotknown00"), "tools/list", None, json!({}), &[])
+        .await;
+    assert!(bad["www-authenticate"].to_str().expect("ascii").contains("error=\"invalid_token\""));
+    assert!(
         challenge.contains(&format!(
             "resource_metadata=\"{}/.well-known/oauth-protected-resource\"",
             stack.url

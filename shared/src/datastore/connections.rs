@@ -78,16 +78,18 @@ pub(crate) async fn connection_token_insert(
     token_hash: &[u8],
     audience: Option<&str>,
     expires_at: Option<DateTime<Utc>>,
+    grant_expires_at: Option<DateTime<Utc>>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO connection_tokens (connection_id, kind, token_hash, audience, expires_at)
-         VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO connection_tokens (connection_id, kind, token_hash, audience, expires_at, grant_expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(connection_id)
     .bind(kind)
     .bind(token_hash)
     .bind(audience)
     .bind(expires_at)
+    .bind(grant_expires_at)
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -171,4 +173,12 @@ pub(crate) async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<
     .bind(id)
     .fetch_optional(&mut **tx)
     .await?)
+}
+
+/// The rights a connection was granted, as stored.
+pub(crate) async fn connection_rights(tx: &mut Tx<'_>, id: i64) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar("SELECT rights FROM connections WHERE id = $1")
+        .bind(id)
+        .fetch_one(&mut **tx)
+        .await?)
 }

@@ -36,6 +36,7 @@ pub struct RefreshRow {
     pub used: bool,
     pub connection_status: String,
     pub oauth_client_id: Option<String>,
+    pub grant_expires_at: Option<DateTime<Utc>>,
 }
 
 impl Services {
@@ -154,7 +155,8 @@ pub(crate) async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
 pub(crate) async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<Option<RefreshRow>> {
     Ok(sqlx::query_as::<_, RefreshRow>(
         "SELECT t.id, t.connection_id, t.audience, coalesce(t.expires_at <= now(), false) AS expired,
-                t.used_at IS NOT NULL AS used, c.status AS connection_status, c.tenant_id, c.oauth_client_id
+                t.used_at IS NOT NULL AS used, c.status AS connection_status, c.tenant_id, c.oauth_client_id,
+                t.grant_expires_at
          FROM connection_tokens t JOIN connections c ON c.id = t.connection_id
          WHERE t.token_hash = $1 AND t.kind = 'refresh' FOR UPDATE OF t",
     )

@@ -329,8 +329,16 @@ pub async fn connection_create(
         toolset,
     )
     .await?;
-    ds_fns::connection_token_insert(&mut tx, id, "static", &secret::hash_token(&token), None, None)
-        .await?;
+    ds_fns::connection_token_insert(
+        &mut tx,
+        id,
+        "static",
+        &secret::hash_token(&token),
+        None,
+        None,
+        None,
+    )
+    .await?;
     ds_fns::audit_insert(
         &mut tx,
         ctx,

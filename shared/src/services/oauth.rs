@@ -28,6 +28,8 @@ use crate::services::admin;
 
 pub const ACCESS_TTL_SECS: i64 = 3600;
 pub const REFRESH_TTL_SECS: i64 = 30 * 24 * 3600;
+/// How long a grant lives however often its refresh token rotates; then the person consents again.
+pub const GRANT_TTL_SECS: i64 = 90 * 24 * 3600;
 
 /// An OAuth error as the token and registration endpoints answer it.
 #[derive(Debug, Serialize)]
@@ -391,6 +393,8 @@ pub struct TokenResponse {
     pub token_type: &'static str,
     pub expires_in: i64,
     pub refresh_token: String,
+    /// The rights granted, space-separated: a narrowed grant says so (RFC 6749 §5.1).
+    pub scope: String,
 }
 
 fn pkce_matches(verifier: &str, challenge: &str) -> bool {
@@ -403,7 +407,8 @@ async fn issue(
     tx: &mut db::Tx<'static>,
     connection_id: i64,
     resource: &str,
-) -> Result<(String, String)> {
+    grant_ends: jiff::Timestamp,
+) -> Result<TokenResponse> {
     let access = secret::generate(CredentialKind::Mcp);
     let refresh = secret::generate(CredentialKind::Mcp);
     let now = jiff::Timestamp::now();
@@ -419,6 +424,7 @@ async fn issue(
         &secret::hash_token(&access),
         Some(resource),
         Some(at(ACCESS_TTL_SECS)?),
+        None,
     )
     .await?;
     db::connection_token_insert(
@@ -427,10 +433,18 @@ async fn issue(
         "refresh",
         &secret::hash_token(&refresh),
         Some(resource),
-        Some(at(REFRESH_TTL_SECS)?),
+        Some(at(REFRESH_TTL_SECS)?.min(from_ts(grant_ends))),
+        Some(from_ts(grant_ends)),
     )
     .await?;
-    Ok((access, refresh))
+    let scope = db::connection_rights(tx, connection_id).await?.join(" ");
+    Ok(TokenResponse {
+        access_token: access,
+        token_type: "Bearer",
+        expires_in: ACCESS_TTL_SECS,
+        refresh_token: refresh,
+        scope,
+    })
 }
 
 /// `grant_type=authorization_code`.
@@ -470,14 +484,12 @@ pub async fn exchange_code(
         return Err(oauth("invalid_target", "resource differs from the authorization request"));
     }
     db::oauth_code_use(&mut tx, c.id).await?;
-    let (access, refresh) = issue(&mut tx, c.connection_id, &c.resource).await?;
+    let grant_ends = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_secs(GRANT_TTL_SECS))
+        .map_err(|e| OAuthError::from(Error::Internal(e.to_string())))?;
+    let tokens = issue(&mut tx, c.connection_id, &c.resource, grant_ends).await?;
     tx.commit().await.map_err(Error::from)?;
-    Ok(TokenResponse {
-        access_token: access,
-        token_type: "Bearer",
-        expires_in: ACCESS_TTL_SECS,
-        refresh_token: refresh,
-    })
+    Ok(tokens)
 }
 
 /// `grant_type=refresh_token`: rotates; a refresh token used twice revokes the connection.
@@ -511,15 +523,15 @@ pub async fn refresh(
     if resource.is_some_and(|res| res.trim_end_matches('/') != audience.trim_end_matches('/')) {
         return Err(oauth("invalid_target", "resource differs from the one this grant is for"));
     }
+    // Rotation renews the token, never the grant: past its absolute lifetime, consent again.
+    let grant_ends = r.grant_expires_at.map(crate::datastore::to_ts);
+    let Some(grant_ends) = grant_ends.filter(|g| *g > jiff::Timestamp::now()) else {
+        return Err(oauth("invalid_grant", "this grant reached its lifetime; authorize again"));
+    };
     db::token_mark_used(&mut tx, r.id).await?;
-    let (access, refresh) = issue(&mut tx, r.connection_id, &audience).await?;
+    let tokens = issue(&mut tx, r.connection_id, &audience, grant_ends).await?;
     tx.commit().await.map_err(Error::from)?;
-    Ok(TokenResponse {
-        access_token: access,
-        token_type: "Bearer",
-        expires_in: ACCESS_TTL_SECS,
-        refresh_token: refresh,
-    })
+    Ok(tokens)
 }
 
 /// Ends a connection found through one of its tokens, through the one revocation service.
