@@ -1875,6 +1875,16 @@ impl Stack {
         let technician = handles(format!("SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id AND t.slug = '{slug}' WHERE x.phone IS NOT NULL LIMIT 1")).await;
         let service = handles(format!("SELECT x.handle FROM services x JOIN tenants t ON t.id = x.tenant_id AND t.slug = '{slug}' LIMIT 1")).await;
         let rule = handles(format!("SELECT x.handle FROM alert_rules x JOIN tenants t ON t.id = x.tenant_id AND t.slug = '{slug}' LIMIT 1")).await;
+        // Each sample acts on its own record: the booking the reads look at is never one a
+        // sample deletes, cancels or moves.
+        let noted = noted
+            .iter()
+            .find(|h| !confirmed.contains(h) && !draft_handles.contains(h))
+            .unwrap_or(&noted[0])
+            .clone();
+        let confirmed: Vec<String> = confirmed.into_iter().filter(|h| *h != noted).collect();
+        let draft_handles: Vec<String> =
+            draft_handles.into_iter().filter(|h| *h != noted).collect();
         assert!(
             confirmed.len() >= 4 && draft_handles.len() >= 2,
             "the demo has enough future bookings"
@@ -1900,7 +1910,7 @@ impl Stack {
             lonely_customer: lonely["customer"]["customer"].as_str().expect("handle").to_owned(),
             confirmed,
             drafts,
-            noted: noted[0].clone(),
+            noted,
             technician: technician[0].clone(),
             service: service[0].clone(),
             rule: rule[0].clone(),
