@@ -61,11 +61,24 @@ impl Default for Metrics {
     }
 }
 
+/// Everything on one listener: the public routes and the operator routes (development, tests).
 pub fn app(state: Arc<AppState>) -> Router {
+    public_app(state.clone()).merge(operator_app(state))
+}
+
+/// Readiness and metrics, for probes and Prometheus; off the public listener when
+/// `--operator-listen` is given.
+pub fn operator_app(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .with_state(state)
+}
+
+/// The console, the OAuth server, the REST API and liveness.
+pub fn public_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
         .nest("/api/v1", api::routes(state.clone()))
         .merge(
             console::routes()

@@ -28,6 +28,9 @@ struct Args {
     /// from it for sign-in throttling. Leave off when clients reach the control plane directly.
     #[arg(long, env = "GATEHOUSE_TRUST_FORWARDED_FOR")]
     trust_forwarded_for: bool,
+    /// Serve `/readyz` and `/metrics` here only, not on `--listen`.
+    #[arg(long, env = "GATEHOUSE_OPERATOR_LISTEN")]
+    operator_listen: Option<String>,
     /// Deliver emails through this SMTP relay (smtps://user:pass@host, smtp://host:port?tls=required);
     /// without it, deliveries are only logged.
     #[arg(long, env = "GATEHOUSE_SMTP_URL", hide_env_values = true)]
@@ -100,7 +103,21 @@ async fn main() -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, "control plane listening");
-    axum::serve(listener, app(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
+    let public = match &args.operator_listen {
+        Some(addr) => {
+            let operator = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(listen = %addr, "operator endpoints listening");
+            let routes = control_plane::operator_app(state.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(operator, routes).await {
+                    tracing::error!(error = %e, "operator listener failed");
+                }
+            });
+            control_plane::public_app(state)
+        }
+        None => app(state),
+    };
+    axum::serve(listener, public.into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(config::shutdown_signal())
         .await?;
     Ok(())

@@ -84,7 +84,23 @@ pub fn protocol_config(
         .enforce_origin_validation()
 }
 
+/// Everything on one listener: the public routes and the operator routes (development, tests).
 pub fn app(state: Arc<AppState>) -> Router {
+    public_app(state.clone()).merge(operator_app(state))
+}
+
+/// The operator routes: readiness and metrics, for probes and Prometheus, never for the
+/// public listener when `--operator-listen` is given.
+pub fn operator_app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), entry::tag_worker))
+        .with_state(state)
+}
+
+/// The public routes: `/mcp`, protected resource metadata and liveness.
+pub fn public_app(state: Arc<AppState>) -> Router {
     let handler_state = state.clone();
     let config = protocol_config(&state.settings.allowed_hosts, &state.settings.allowed_origins);
     let mcp = StreamableHttpService::new(
@@ -97,8 +113,6 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(axum::middleware::from_fn_with_state(state.clone(), entry::authenticate));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
         .route("/.well-known/oauth-protected-resource", get(protected_resource))
         .route("/.well-known/oauth-protected-resource/mcp", get(protected_resource))
         .merge(mcp_routes)

@@ -16,6 +16,10 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8081")]
     listen: String,
+    /// Serve `/readyz` and `/metrics` here only, not on `--listen` (production: keep them off
+    /// the public listener). Without it both are on `--listen`.
+    #[arg(long, env = "GATEHOUSE_OPERATOR_LISTEN")]
+    operator_listen: Option<String>,
     /// Public base URL clients use (the load balancer's), e.g. https://mcp.example.com.
     #[arg(long, env = "GATEHOUSE_PUBLIC_URL")]
     public_url: String,
@@ -62,6 +66,20 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(config::shutdown_signal()).await?;
+    let public = match &args.operator_listen {
+        Some(addr) => {
+            let operator = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(listen = %addr, "operator endpoints listening");
+            let routes = worker::operator_app(state.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(operator, routes).await {
+                    tracing::error!(error = %e, "operator listener failed");
+                }
+            });
+            worker::public_app(state)
+        }
+        None => app(state),
+    };
+    axum::serve(listener, public).with_graceful_shutdown(config::shutdown_signal()).await?;
     Ok(())
 }

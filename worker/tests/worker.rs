@@ -888,6 +888,35 @@ async fn health_readiness_and_metrics_answer() {
         .expect("text");
     assert!(metrics.contains("gatehouse_worker_tool_calls_total{class=\"read\",outcome=\"ok\",tool=\"find_technicians\"} 1"), "{metrics}");
     assert!(metrics.contains("gatehouse_worker_tool_call_duration_seconds_bucket"));
+    // With an operator listener, the public one serves neither readiness nor metrics.
+    let settings = Settings {
+        public_url: stack.url.clone(),
+        authorization_server: "http://127.0.0.1:1".into(),
+        allowed_hosts: vec!["127.0.0.1".into()],
+        allowed_origins: vec![],
+        worker_id: "split".into(),
+    };
+    let state = Arc::new(AppState::new(stack.db.ds.clone(), settings));
+    let serve = |router: axum::Router| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+        url
+    };
+    let public = serve(worker::public_app(state.clone())).await;
+    let operator = serve(worker::operator_app(state)).await;
+    for path in ["/metrics", "/readyz"] {
+        let on_public = stack.http.get(format!("{public}{path}")).send().await.expect("get");
+        assert_ne!(on_public.status(), 200, "{path} is not public");
+        let body = on_public.text().await.expect("body");
+        assert!(!body.contains("gatehouse_worker") && !body.contains("postgres"), "{path}: {body}");
+        let on_operator = stack.http.get(format!("{operator}{path}")).send().await.expect("get");
+        assert_eq!(on_operator.status(), 200, "{path} on the operator listener");
+    }
+    assert_eq!(
+        stack.http.get(format!("{public}/healthz")).send().await.expect("get").status(),
+        200
+    );
 }
 
 // ---------------------------------------------------------------- architecture (R2, R5)
