@@ -5,6 +5,8 @@ CREATE TABLE oauth_requests (
     id              BIGSERIAL PRIMARY KEY,
     handle          TEXT NOT NULL UNIQUE CHECK (handle LIKE 'areq\_%'),
     session_id      BIGINT NOT NULL REFERENCES console_sessions(id) ON DELETE CASCADE,
+    -- The tenant the consent screen was shown for; switching tenants voids it.
+    tenant_id       BIGINT NOT NULL REFERENCES tenants(id) ON DELETE CASCADE,
     client_id       TEXT NOT NULL,
     redirect_uri    TEXT NOT NULL,
     code_challenge  TEXT NOT NULL,
@@ -30,3 +32,5 @@ DROP TABLE login_failures;
 -- A refresh token carries the end of its grant's absolute lifetime: rotation renews the token,
 -- never the grant.
 ALTER TABLE connection_tokens ADD COLUMN grant_expires_at TIMESTAMPTZ;
+-- Grants issued before this had no end: they get the full lifetime from their token's creation.
+UPDATE connection_tokens SET grant_expires_at = created_at + interval '90 days' WHERE kind = 'refresh';

@@ -35,8 +35,11 @@ pub fn session_cookie(state: &AppState) -> &'static str {
     if state.public_url.starts_with("https://") { "__Host-gh_session" } else { "gh_session" }
 }
 
-/// The sign-in form's CSRF cookie (double submit): the form must echo it.
-pub const LOGIN_COOKIE: &str = "gh_login";
+/// The sign-in form's CSRF cookie (double submit): the form must echo it. `__Host-` over https,
+/// so a sibling subdomain cannot plant one.
+pub fn login_cookie(state: &AppState) -> &'static str {
+    if state.public_url.starts_with("https://") { "__Host-gh_login" } else { "gh_login" }
+}
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -202,6 +205,9 @@ pub fn safe_next(next: Option<&String>) -> String {
     let base = url::Url::parse("https://console.invalid/").expect("a valid base");
     next.and_then(|n| base.join(n).ok())
         .filter(|u| u.origin() == base.origin() && u.username().is_empty())
+        // A path that itself begins `//` (from `/.//x`) would leave the origin when a browser
+        // follows it: only a single leading slash is kept.
+        .filter(|u| !u.path().starts_with("//") && !u.path().starts_with("/\\"))
         .map(|u| match u.query() {
             Some(q) => format!("{}?{q}", u.path()),
             None => u.path().to_owned(),
@@ -249,8 +255,11 @@ async fn login_form(
 /// Sets the sign-in form's CSRF cookie on a response that shows the form.
 fn with_login_cookie(state: &AppState, token: &str, mut response: Response) -> Response {
     let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+    // `__Host-` cookies must have Path=/; over plain http the cookie stays on /login.
+    let path = if secure.is_empty() { "/login" } else { "/" };
     let cookie = format!(
-        "{LOGIN_COOKIE}={token}; HttpOnly; SameSite=Lax; Path=/login; Max-Age=3600{secure}"
+        "{}={token}; HttpOnly; SameSite=Lax; Path={path}; Max-Age=3600{secure}",
+        login_cookie(state)
     );
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         response.headers_mut().insert(header::SET_COOKIE, v);
@@ -274,8 +283,8 @@ fn login_page(next: &str, csrf: &str, error: Option<&str>) -> String {
     )
 }
 
-/// The address a request came from, for throttling: the first `X-Forwarded-For` hop behind a
-/// trusted proxy, the peer's address otherwise.
+/// The address a request came from, for throttling: the last `X-Forwarded-For` entry (the one
+/// the trusted proxy appended) behind a trusted proxy, the peer's address otherwise.
 pub struct Source(pub String);
 
 impl FromRequestParts<Arc<AppState>> for Source {
@@ -289,7 +298,8 @@ impl FromRequestParts<Arc<AppState>> for Source {
             .trust_forwarded_for
             .then(|| parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()))
             .flatten()
-            .and_then(|v| v.split(',').next())
+            // The entry our proxy appended is the last one; those before it are the client's word.
+            .and_then(|v| v.rsplit(',').next())
             .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok());
         let peer = parts
             .extensions
@@ -307,7 +317,7 @@ async fn login(
 ) -> Response {
     let next = safe_next(form.get("next"));
     // The form must echo the cookie its page set: another site cannot sign a browser in.
-    let expected = cookie(&headers, LOGIN_COOKIE).filter(|c| !c.is_empty());
+    let expected = cookie(&headers, login_cookie(&state)).filter(|c| !c.is_empty());
     let Some(csrf) = expected.filter(|c| form.get("login_csrf") == Some(c)) else {
         let token = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
         let page = login_page(&next, &token, Some("This sign-in form expired; sign in again."));
@@ -694,8 +704,24 @@ async fn set_role(
     }
 }
 
-async fn deactivate_confirm(s: Session, Query(q): Query<BTreeMap<String, String>>) -> Response {
-    let email = q.get("email").cloned().unwrap_or_default();
+async fn deactivate_confirm(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    // A confirmation page exists only for a person of this tenant.
+    let wanted = q.get("email").map(|e| e.trim().to_lowercase()).unwrap_or_default();
+    let email = match console::people(&state.ds, &ctx).await {
+        Ok(people) => match people.into_iter().find(|p| p.email.to_lowercase() == wanted) {
+            Some(p) => p.email,
+            None => return fail(Error::not_found(shared::error::Resource::Person, wanted)),
+        },
+        Err(e) => return fail(e),
+    };
     let body = format!(
         "<form method=\"post\" action=\"/people/deactivate\" class=\"card\">{}<input type=\"hidden\" name=\"email\" value=\"{1}\">\
          <p>Deactivate <strong>{1}</strong>? Every connection they created in this tenant ends at once.</p>\

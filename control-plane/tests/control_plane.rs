@@ -658,6 +658,92 @@ async fn consent_grants_exactly_what_the_person_approved() {
         ))
         .await;
     assert_eq!(connections, 1);
+    // A consent screen shown for one tenant cannot be answered after switching to another.
+    let consent = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
+    let mut pending = form_fields(&consent, "/oauth/authorize");
+    let other_tenant = api
+        ._db
+        .scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", api.seed.tenants[1].slug))
+        .await;
+    api._db
+        .exec(&format!("INSERT INTO memberships (tenant_id, person_id, role) SELECT {other_tenant}, id, 'viewer' FROM people WHERE email = '{}'", admin.email))
+        .await;
+    api._db.exec(&format!("UPDATE console_sessions SET tenant_id = {other_tenant}")).await;
+    pending.push(("right".into(), "bookings:read".into()));
+    pending.push(("decision".into(), "approve".into()));
+    let response = browser.post("/oauth/authorize", &pending).await;
+    assert_eq!(response.status(), 400, "the tenant switched since the consent screen");
+}
+
+#[tokio::test]
+async fn a_client_that_names_no_scope_gets_read_rights_ticked_and_a_new_consent_ends_old_tokens() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let client_id = register_client(&api).await;
+    let path = authorize_path(&client_id, &[]).replace("&scope=bookings%3Aread", "");
+    let html = browser.get(&path).await.text().await.expect("html");
+    let ticked: Vec<&str> = html
+        .split("name=\"right\" value=\"")
+        .skip(1)
+        .filter(|c| c.split('>').next().unwrap_or_default().contains("checked"))
+        .map(|c| c.split('"').next().unwrap_or_default())
+        .collect();
+    assert!(
+        !ticked.is_empty() && ticked.iter().all(|r| r.ends_with(":read")),
+        "only read rights are ticked: {ticked:?}"
+    );
+    // Two consents in a row: the first grant's tokens end when the second is approved.
+    let mut tokens = Vec::new();
+    for right in ["bookings:read", "bookings:write"] {
+        let html = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
+        let mut form = form_fields(&html, "/oauth/authorize");
+        form.push(("right".into(), right.into()));
+        form.push(("decision".into(), "approve".into()));
+        let approved = browser.post("/oauth/authorize", &form).await;
+        let location =
+            url::Url::parse(approved.headers()["location"].to_str().expect("ascii")).expect("url");
+        let code = location.query_pairs().find(|(k, _)| k == "code").expect("code").1.into_owned();
+        let issued: Value = api
+            .http
+            .post(format!("{}/oauth/token", api.url))
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("code", code.as_str()),
+                ("client_id", client_id.as_str()),
+                ("redirect_uri", "http://127.0.0.1:47615/callback"),
+                ("code_verifier", "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
+            ])
+            .send()
+            .await
+            .expect("token")
+            .json()
+            .await
+            .expect("json");
+        tokens.push(issued["access_token"].as_str().expect("access").to_owned());
+    }
+    let alive = |t: &str| {
+        format!(
+            "SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{t}', 'UTF8'))"
+        )
+    };
+    assert_eq!(api._db.scalar_i64(&alive(&tokens[0])).await, 0, "the earlier grant's token ended");
+    assert_eq!(api._db.scalar_i64(&alive(&tokens[1])).await, 1);
+}
+
+#[tokio::test]
+async fn a_deactivation_page_exists_only_for_a_person_of_the_tenant() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let stranger = api.seed.tenants[1].admin.email.clone();
+    for email in [stranger.as_str(), "nobody@example.net", "\"><script>x</script>"] {
+        let q: String = url::form_urlencoded::byte_serialize(email.as_bytes()).collect();
+        let response = browser.get(&format!("/people/deactivate?email={q}")).await;
+        assert_eq!(response.status(), 404, "{email}");
+    }
+    let member = &api.seed.tenants[0].dispatcher.email;
+    assert_eq!(browser.get(&format!("/people/deactivate?email={member}")).await.status(), 200);
 }
 
 #[tokio::test]
@@ -749,6 +835,12 @@ async fn sign_in_throttles_atomically_per_account_and_source() {
     assert_eq!(status, 401, "the guessing address stays locked out");
     let (status, _) = attempt(admin.password.clone(), "198.51.100.20").await;
     assert_eq!(status, 303, "the person, elsewhere, is not locked out");
+    // A refused source cannot push the account to its ceiling: sixty more from that address
+    // leave the person able to sign in from elsewhere.
+    let more = (0..60).map(|i| attempt(format!("again-{i}"), "203.0.113.7"));
+    futures_util::future::join_all(more).await;
+    let (status, _) = attempt(admin.password.clone(), "198.51.100.30").await;
+    assert_eq!(status, 303, "the ceiling counts only attempts that were checked");
     // Overlong input is refused before any work.
     let (status, _) = attempt("p".repeat(5000), "198.51.100.21").await;
     assert_eq!(status, 401);
@@ -771,6 +863,9 @@ async fn console_routes_cannot_be_turned_against_themselves() {
         ("javascript:alert(1)", "/"),
         ("/connections?tab=all", "/connections?tab=all"),
         ("/a/../audit", "/audit"),
+        ("/.//console.invalid//evil.example", "/"),
+        ("//console.invalid//evil.example", "/"),
+        ("/.//evil.example", "/"),
     ] {
         let fields = [
             ("email", admin.email.as_str()),

@@ -2904,3 +2904,39 @@ async fn access_tokens_hold_only_for_their_audience_and_until_they_expire() {
         "issued for another resource"
     );
 }
+
+#[tokio::test]
+async fn batch_lists_are_bounded_and_exports_honour_their_status() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let before = stack.db.scalar_string(FINGERPRINT).await;
+    // An empty list and one longer than a batch holds are refused before anything is read.
+    let too_many: Vec<String> = (0..51).map(|i| format!("bkg_{i:016}")).collect();
+    for list in [json!([]), json!(too_many)] {
+        let err = stack
+            .call(&token, "cancel_bookings", json!({"bookings": list}))
+            .await
+            .expect_err("bounds");
+        assert_eq!(err["field"], "bookings", "{err}");
+        assert!(err["message"].as_str().expect("m").contains("1 to 50"), "{err}");
+    }
+    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
+    // An export with a status counts that status only.
+    let range = json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "UTC", "status": "confirmed", "limit": 100});
+    let found = stack.ok(&token, "find_bookings", range.clone()).await;
+    let summary = stack
+        .ok(
+            &token,
+            "export_bookings",
+            json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "UTC", "status": "confirmed"}),
+        )
+        .await;
+    assert_eq!(summary["count"], found["count"], "{summary}");
+    let statuses: Vec<&str> = summary["by_status"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|s| s["status"].as_str().expect("s"))
+        .collect();
+    assert_eq!(statuses, ["confirmed"], "{summary}");
+}

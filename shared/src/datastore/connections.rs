@@ -182,3 +182,14 @@ pub(crate) async fn connection_rights(tx: &mut Tx<'_>, id: i64) -> Result<Vec<St
         .fetch_one(&mut **tx)
         .await?)
 }
+
+/// Ends every OAuth token of a connection (its grant is being replaced); static tokens stay.
+pub(crate) async fn connection_tokens_end(tx: &mut Tx<'_>, connection_id: i64) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM connection_tokens WHERE connection_id = $1 AND kind IN ('access', 'refresh')",
+    )
+    .bind(connection_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

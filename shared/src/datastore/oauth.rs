@@ -189,12 +189,13 @@ impl Services {
         &self,
         handle: &str,
         session_id: i64,
+        tenant_id: i64,
         req: &crate::services::oauth::AuthorizeRequest,
         ttl_secs: i64,
     ) -> Result<()> {
         sqlx::query(
-            "INSERT INTO oauth_requests (handle, session_id, client_id, redirect_uri, code_challenge, state, resource, scope, expires_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9))",
+            "INSERT INTO oauth_requests (handle, session_id, client_id, redirect_uri, code_challenge, state, resource, scope, expires_at, tenant_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9), $10)",
         )
         .bind(handle)
         .bind(session_id)
@@ -205,6 +206,7 @@ impl Services {
         .bind(&req.resource)
         .bind(&req.scope)
         .bind(ttl_secs as f64)
+        .bind(tenant_id)
         .execute(self.pool())
         .await?;
         Ok(())
@@ -216,14 +218,16 @@ impl Services {
         &self,
         handle: &str,
         session_id: i64,
+        tenant_id: i64,
     ) -> Result<Option<crate::services::oauth::AuthorizeRequest>> {
         Ok(sqlx::query_as(
             "UPDATE oauth_requests SET used_at = now()
-             WHERE handle = $1 AND session_id = $2 AND used_at IS NULL AND expires_at > now()
+             WHERE handle = $1 AND session_id = $2 AND tenant_id = $3 AND used_at IS NULL AND expires_at > now()
              RETURNING client_id, redirect_uri, code_challenge, state, resource, scope",
         )
         .bind(handle)
         .bind(session_id)
+        .bind(tenant_id)
         .fetch_optional(self.pool())
         .await?)
     }

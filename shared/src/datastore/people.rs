@@ -197,20 +197,30 @@ impl Services {
         pair: &str,
         account: &str,
         window_secs: i64,
+        pair_limit: i32,
     ) -> Result<(i32, i32)> {
+        // The account's count rises only with attempts whose source is still under its own
+        // limit: a refused source cannot push the person's account to its ceiling.
         Ok(sqlx::query_as(
-            "WITH up AS (
-                INSERT INTO login_throttle AS t (key, window_start, attempts)
-                VALUES ($1, now(), 1), ($2, now(), 1)
+            "WITH pair AS (
+                INSERT INTO login_throttle AS t (key, window_start, attempts) VALUES ($1, now(), 1)
                 ON CONFLICT (key) DO UPDATE SET
                     attempts = CASE WHEN t.window_start < now() - make_interval(secs => $3) THEN 1 ELSE t.attempts + 1 END,
                     window_start = CASE WHEN t.window_start < now() - make_interval(secs => $3) THEN now() ELSE t.window_start END
-                RETURNING key, attempts)
-             SELECT coalesce(max(attempts) FILTER (WHERE key = $1), 0), coalesce(max(attempts) FILTER (WHERE key = $2), 0) FROM up",
+                RETURNING attempts),
+             account AS (
+                INSERT INTO login_throttle AS t (key, window_start, attempts)
+                SELECT $2, now(), 1 FROM pair WHERE pair.attempts <= $4
+                ON CONFLICT (key) DO UPDATE SET
+                    attempts = CASE WHEN t.window_start < now() - make_interval(secs => $3) THEN 1 ELSE t.attempts + 1 END,
+                    window_start = CASE WHEN t.window_start < now() - make_interval(secs => $3) THEN now() ELSE t.window_start END
+                RETURNING attempts)
+             SELECT (SELECT attempts FROM pair), coalesce((SELECT attempts FROM account), 0)",
         )
         .bind(pair)
         .bind(account)
         .bind(window_secs as f64)
+        .bind(pair_limit)
         .fetch_one(self.pool())
         .await?)
     }

@@ -39,8 +39,9 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
     }
     let pair = format!("pair:{email}|{}", source.chars().take(64).collect::<String>());
     let account = format!("account:{email}");
-    let (from_here, everywhere) =
-        ds.login_attempt_take(&pair, &account, ATTEMPT_WINDOW_SECS).await?;
+    let (from_here, everywhere) = ds
+        .login_attempt_take(&pair, &account, ATTEMPT_WINDOW_SECS, MAX_ATTEMPTS_PER_SOURCE)
+        .await?;
     if from_here > MAX_ATTEMPTS_PER_SOURCE || everywhere > MAX_ATTEMPTS_PER_ACCOUNT {
         return Err(Error::Unauthenticated(
             "Too many sign-in attempts for this email; wait 15 minutes and try again.".into(),

@@ -303,7 +303,9 @@ pub fn requested_rights(scope: Option<&str>, holds: RightSet) -> RightSet {
         Some(s) => {
             RightSet::parse_lenient(&s.split_whitespace().collect::<Vec<_>>()).intersect(holds)
         }
-        None => holds,
+        // A client that names no scope gets the read rights ticked; anything more the person
+        // ticks themselves.
+        None => crate::rights::read_only().intersect(holds),
     }
 }
 
@@ -319,7 +321,9 @@ pub async fn consent_begin(
 ) -> Result<String> {
     let handle =
         format!("areq_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
-    ds.oauth_request_insert(&handle, session.id, req, CONSENT_TTL_SECS).await?;
+    let tenant =
+        session.tenant_id.ok_or_else(|| Error::invalid("tenant", "pick a tenant first"))?;
+    ds.oauth_request_insert(&handle, session.id, tenant, req, CONSENT_TTL_SECS).await?;
     Ok(handle)
 }
 
@@ -332,7 +336,9 @@ pub async fn consent_take(
     if !handle.starts_with("areq_") || handle.len() > 64 {
         return Ok(None);
     }
-    ds.oauth_request_take(handle, session.id).await
+    // The consent was shown for the session's tenant then; a tenant switched since voids it.
+    let Some(tenant) = session.tenant_id else { return Ok(None) };
+    ds.oauth_request_take(handle, session.id, tenant).await
 }
 
 /// The person approved: create or update the client's connection in this tenant with the
@@ -368,6 +374,9 @@ pub async fn approve(
                 (id, handle.to_string())
             }
         };
+    // A new consent replaces the grant: tokens of an earlier one end, so none of them gains the
+    // rights approved now.
+    db::connection_tokens_end(&mut tx, connection_id).await?;
     db::connection_set_oauth(&mut tx, connection_id, &client.client_id, &granted.names()).await?;
     let code = secret::generate(CredentialKind::Mcp);
     db::oauth_code_insert(
@@ -622,8 +631,9 @@ fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
     ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()
-        // IPv4-compatible ::a.b.c.d (deprecated): never fetched
+        // IPv4-compatible ::a.b.c.d (deprecated) and IPv4-translated ::ffff:0:a.b.c.d: never fetched
         || (s[..6] == [0; 6])
+        || (s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0)
         // NAT64 64:ff9b::/96 and the local-use 64:ff9b:1::/48: a translator reaches anything, never fetched
         || (s[0] == 0x64 && s[1] == 0xff9b)
         // 6to4 2002::/16: the embedded address must be public too
@@ -773,6 +783,7 @@ mod tests {
             "2001:db8::1",
             "fec0::1",
             "100::1",
+            "::ffff:0:7f00:1",
         ] {
             assert!(forbidden_ip(ip.parse().expect("ip")), "{ip}");
         }
