@@ -218,13 +218,24 @@ impl At {
 /// will send or change. The rail does everything else: [`prepare`] hashes the plan's content
 /// and stores the pending action; [`confirm`] plans again under the lock, compares the hashes
 /// and executes the plan's `apply` and messages once. Each operation lives with its resource.
-pub(crate) trait TwoStep: DeserializeOwned {
+pub trait TwoStep: DeserializeOwned + private::Sealed {
+    /// The operation this input prepares.
+    const OP: Op;
+}
+
+/// How a two-step operation plans (the library's side of [`TwoStep`]).
+pub(crate) trait Planned: TwoStep {
     fn plan(
         self,
         tx: &mut Tx<'static>,
         ctx: &OpCtx,
         at: At,
     ) -> impl Future<Output = Result<Plan>> + Send;
+}
+
+/// Only the library's inputs are two-step operations.
+pub(crate) mod private {
+    pub trait Sealed {}
 }
 
 async fn plan(tx: &mut Tx<'static>, ctx: &OpCtx, op: Op, args: &Value, at: At) -> Result<Plan> {
@@ -404,13 +415,14 @@ async fn store_preview(
 }
 
 /// Step one: plan the action and return a preview. Executes nothing.
-pub async fn prepare<T: Serialize>(
+pub async fn prepare<T: TwoStep + Serialize>(
     ds: &Services,
     ctx: &OpCtx,
-    op: Op,
     input: &T,
     now: Timestamp,
 ) -> Result<Value> {
+    // The operation is the input's own: a tool cannot pair one operation with another's input.
+    let op = T::OP;
     ctx.require(op.right())?;
     connection_id(ctx)?;
     let args = serde_json::to_value(input).map_err(|e| Error::Internal(e.to_string()))?;

@@ -16,7 +16,7 @@ use crate::handle::{BookingHandle, CustomerHandle, NoteHandle, ServiceHandle, Te
 use crate::input::lenient_u32;
 use crate::rights::Right;
 use crate::services::actions::{
-    Apply, At, Message, Plan, TwoStep, booking, booking_line, customer_email, when,
+    Apply, At, Message, Plan, Planned, TwoStep, booking, booking_line, customer_email, when,
 };
 use crate::services::fields::separate_reason;
 use crate::services::rails::{self, Written};
@@ -646,7 +646,13 @@ pub struct ConfirmBookingInput {
     pub booking: String,
 }
 
+impl crate::services::actions::private::Sealed for ConfirmBookingInput {}
+
 impl TwoStep for ConfirmBookingInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::ConfirmBooking;
+}
+
+impl Planned for ConfirmBookingInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, now) = (self, at.now);
         let b = booking(tx, ctx, &input.booking).await?;
@@ -698,7 +704,13 @@ pub struct RescheduleBookingInput {
     pub zone: Option<String>,
 }
 
+impl crate::services::actions::private::Sealed for RescheduleBookingInput {}
+
 impl TwoStep for RescheduleBookingInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::RescheduleBooking;
+}
+
+impl Planned for RescheduleBookingInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, now) = (self, at.now);
         let zone = input.zone.as_deref().map(str::trim).filter(|z| !z.is_empty());
@@ -789,7 +801,13 @@ const MAX_BATCH: usize = 50;
 /// Bookings one filter may cancel in one call.
 const MAX_FILTER_BATCH: usize = 500;
 
+impl crate::services::actions::private::Sealed for CancelBookingsInput {}
+
 impl TwoStep for CancelBookingsInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::CancelBookings;
+}
+
+impl Planned for CancelBookingsInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, now) = (self, at.now);
         let has_filter = input.from.is_some()
@@ -930,7 +948,13 @@ pub struct DeleteBookingInput {
     pub booking: String,
 }
 
+impl crate::services::actions::private::Sealed for DeleteBookingInput {}
+
 impl TwoStep for DeleteBookingInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::DeleteBooking;
+}
+
+impl Planned for DeleteBookingInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, now) = (self, at.now);
         let b = booking(tx, ctx, &input.booking).await?;

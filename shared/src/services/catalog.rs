@@ -12,7 +12,7 @@ use crate::error::{Error, Resource, Result};
 use crate::input::lenient_u32;
 use crate::money::{self, MoneyView};
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Plan, TwoStep};
+use crate::services::actions::{Apply, At, Plan, Planned, TwoStep};
 use crate::time::{self, TimeView};
 
 /// List the tenant's services (what can be booked).
@@ -156,7 +156,13 @@ pub struct MuteAlertsInput {
     pub minutes: Option<u32>,
 }
 
+impl crate::services::actions::private::Sealed for MuteAlertsInput {}
+
 impl TwoStep for MuteAlertsInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::MuteAlerts;
+}
+
+impl Planned for MuteAlertsInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, now) = (self, at.now);
         let minutes = input.minutes.unwrap_or(0);

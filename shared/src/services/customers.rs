@@ -12,7 +12,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Message, Plan, TwoStep, text};
+use crate::services::actions::{Apply, At, Message, Plan, Planned, TwoStep, text};
 use crate::services::fields::{email, name, phone, separate_reason};
 use crate::services::rails::{self, Written};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
@@ -286,7 +286,13 @@ pub struct SendCustomerMessageInput {
     pub body: String,
 }
 
+impl crate::services::actions::private::Sealed for SendCustomerMessageInput {}
+
 impl TwoStep for SendCustomerMessageInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::SendCustomerMessage;
+}
+
+impl Planned for SendCustomerMessageInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, _now) = (self, at.now);
         let h = CustomerHandle::parse("customer", &input.customer)?;
@@ -320,7 +326,13 @@ pub struct DeleteCustomerInput {
     pub customer: String,
 }
 
+impl crate::services::actions::private::Sealed for DeleteCustomerInput {}
+
 impl TwoStep for DeleteCustomerInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::DeleteCustomer;
+}
+
+impl Planned for DeleteCustomerInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, now) = (self, at.now);
         let h = CustomerHandle::parse("customer", &input.customer)?;

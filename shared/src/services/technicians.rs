@@ -10,7 +10,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::TechnicianHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Message, Plan, TwoStep, booking, text};
+use crate::services::actions::{Apply, At, Message, Plan, Planned, TwoStep, booking, text};
 use crate::services::{limit, nonempty};
 
 /// Find technicians by name or skill.
@@ -64,7 +64,13 @@ pub struct PageTechnicianInput {
     pub booking: Option<String>,
 }
 
+impl crate::services::actions::private::Sealed for PageTechnicianInput {}
+
 impl TwoStep for PageTechnicianInput {
+    const OP: crate::services::actions::Op = crate::services::actions::Op::PageTechnician;
+}
+
+impl Planned for PageTechnicianInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, _now) = (self, at.now);
         let h = TechnicianHandle::parse("technician", &input.technician)?;

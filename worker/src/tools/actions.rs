@@ -99,7 +99,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: SendCustomerMessageInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::SendCustomerMessage, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<ConfirmBookingInput, Preview, _, _>(
@@ -111,7 +111,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: ConfirmBookingInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::ConfirmBooking, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<RescheduleBookingInput, Preview, _, _>(
@@ -123,7 +123,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: RescheduleBookingInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::RescheduleBooking, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<CancelBookingsInput, Preview, _, _>(
@@ -139,7 +139,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: CancelBookingsInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::CancelBookings, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<PageTechnicianInput, Preview, _, _>(
@@ -154,7 +154,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: PageTechnicianInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::PageTechnician, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<MuteAlertsInput, Preview, _, _>(
@@ -166,7 +166,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: MuteAlertsInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::MuteAlerts, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<DeleteCustomerInput, Preview, _, _>(
@@ -178,7 +178,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: DeleteCustomerInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::DeleteCustomer, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool_json::<DeleteBookingInput, Preview, _, _>(
@@ -190,7 +190,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: DeleteBookingInput| {
-                actions::prepare(&env.ds, &env.ctx, Op::DeleteBooking, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
     ];
