@@ -18,7 +18,7 @@ struct Api {
 impl Api {
     async fn start() -> Api {
         let db = TestDb::new().await;
-        let seed = demo::seed(&db.ds, "").await.expect("seed");
+        let seed = demo::seed(&db.ds, None, "").await.expect("seed");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let state = Arc::new(AppState {
@@ -350,6 +350,10 @@ async fn demo_seed_prints_the_documented_shape() {
     let db = TestDb::new().await;
     let (ok, seed) = ctl_as(&db, None, &["demo", "seed"]);
     assert!(ok, "{seed}");
+    // Once the platform has an operator, seeding (it creates tenants) needs one.
+    let (ok, err) = ctl_as(&db, None, &["demo", "seed"]);
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "unauthenticated", "{err}");
     let tenants = seed["tenants"].as_array().expect("tenants");
     assert_eq!(tenants.len(), 2);
     for t in tenants {
@@ -421,7 +425,7 @@ async fn a_stale_version_through_the_api_conflicts() {
 #[tokio::test]
 async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
     let db = TestDb::new().await;
-    demo::seed(&db.ds, "").await.expect("seed");
+    demo::seed(&db.ds, None, "").await.expect("seed");
     db.exec(
         "INSERT INTO login_throttle (key, window_start, attempts) VALUES ('account:old@example.net', now() - interval '2 days', 3), ('account:new@example.net', now(), 1);
          INSERT INTO replay_entries (connection_id, tool, args_digest, result, created_at)

@@ -58,6 +58,19 @@
 //! }
 //! ```
 //!
+//! Forging a console session (its person, tenant and role), or naming the row it is read from:
+//! ```compile_fail,E0603
+//! fn f() -> Option<shared::OpCtx> {
+//!     let row: shared::services::console::SessionRow = todo!();
+//!     None
+//! }
+//! ```
+//! ```compile_fail,E0451
+//! fn f(real: shared::services::console::ConsoleSession) -> shared::services::console::ConsoleSession {
+//!     shared::services::console::ConsoleSession { row: todo!() }
+//! }
+//! ```
+//!
 //! The same calls through the public doors compile (so the snippets above fail for the reason
 //! they name, not a typo):
 //! ```no_run

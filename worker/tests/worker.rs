@@ -62,7 +62,7 @@ impl Stack {
     async fn start() -> Stack {
         logs();
         let db = TestDb::new().await;
-        let seed = demo::seed(&db.ds, "").await.expect("demo seed");
+        let seed = demo::seed(&db.ds, None, "").await.expect("demo seed");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let settings = Settings {

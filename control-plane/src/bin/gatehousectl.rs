@@ -452,7 +452,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             ))
         }
         Command::Demo(DemoCmd::Seed) => {
-            let seed = demo::seed(&ds, "").await?;
+            let seed = demo::seed(&ds, operator.as_ref(), "").await?;
             let mut text = String::from("Demo seeded.\n");
             for t in &seed.tenants {
                 text.push_str(&format!(

@@ -5,7 +5,8 @@
 
 use crate::ctx::{OpCtx, TenantRef};
 use crate::datastore::Services;
-pub use crate::datastore::{MembershipListRow, OutboxListRow, PersonListRow, SessionRow};
+use crate::datastore::SessionRow;
+pub use crate::datastore::{MembershipListRow, OutboxListRow, PersonListRow};
 use crate::error::{Error, Result};
 use crate::handle::{PersonHandle, TenantHandle};
 use crate::rights::Right;
@@ -69,7 +70,8 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
 
 /// The operation context of a session in its tenant: the person as actor, their current role's
 /// rights, channel `console`. `None` until a tenant is picked or when the membership ended.
-pub fn session_ctx(s: &SessionRow) -> Option<OpCtx> {
+pub fn session_ctx(s: &ConsoleSession) -> Option<OpCtx> {
+    let s = s.row();
     let role: Role = s.role.as_deref()?.parse().ok()?;
     if !(s.person_active && s.membership_active == Some(true)) {
         return None;
@@ -91,17 +93,58 @@ pub fn session_ctx(s: &SessionRow) -> Option<OpCtx> {
 }
 
 /// Rights a person holds in the session's tenant.
-pub fn session_rights(s: &SessionRow) -> RightSet {
+pub fn session_rights(s: &ConsoleSession) -> RightSet {
     session_ctx(s).map(|c| c.rights()).unwrap_or_default()
+}
+
+/// A console session as this library read it from Postgres for a cookie. Only [`session`]
+/// makes one, so a session's person, tenant and role are never an adapter's word.
+#[derive(Debug, Clone)]
+pub struct ConsoleSession {
+    row: SessionRow,
+}
+
+impl ConsoleSession {
+    pub fn csrf_token(&self) -> &str {
+        &self.row.csrf_token
+    }
+
+    pub fn email(&self) -> &str {
+        &self.row.email
+    }
+
+    pub fn name(&self) -> &str {
+        &self.row.name
+    }
+
+    /// The tenant the session works in, once one is picked.
+    pub fn tenant_name(&self) -> Option<&str> {
+        self.row.tenant_name.as_deref()
+    }
+
+    pub fn tenant_agent_access(&self) -> Option<bool> {
+        self.row.tenant_agent_access
+    }
+
+    /// Whether the person held the operator role when the session was read (for showing the
+    /// page; the operator services check again).
+    pub fn is_operator(&self) -> bool {
+        self.row.is_operator
+    }
+
+    pub(crate) fn row(&self) -> &SessionRow {
+        &self.row
+    }
 }
 
 /// The console session a cookie value names: a `gh_ses_…` secret of a person who is still
 /// active. `None` sends the browser to sign in.
-pub async fn session(svc: &Services, cookie: &str) -> Result<Option<SessionRow>> {
+pub async fn session(svc: &Services, cookie: &str) -> Result<Option<ConsoleSession>> {
     if CredentialKind::of(cookie) != Some(CredentialKind::Session) {
         return Ok(None);
     }
-    Ok(svc.session_get(&secret::hash_token(cookie)).await?.filter(|row| row.person_active))
+    let row = svc.session_get(&secret::hash_token(cookie)).await?;
+    Ok(row.filter(|row| row.person_active).map(|row| ConsoleSession { row }))
 }
 
 /// Ends the session a cookie value names.
@@ -110,12 +153,13 @@ pub async fn sign_out(svc: &Services, cookie: &str) -> Result<()> {
 }
 
 /// The tenants the session's person is an active member of, to pick one.
-pub async fn tenants_of(svc: &Services, s: &SessionRow) -> Result<Vec<MembershipListRow>> {
-    svc.memberships_of(s.person_id).await
+pub async fn tenants_of(svc: &Services, s: &ConsoleSession) -> Result<Vec<MembershipListRow>> {
+    svc.memberships_of(s.row.person_id).await
 }
 
 /// Moves the session into a tenant the person is a member of; any other is refused.
-pub async fn pick_tenant(svc: &Services, s: &SessionRow, tenant_id: i64) -> Result<()> {
+pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> Result<()> {
+    let s = s.row();
     if !svc.memberships_of(s.person_id).await?.iter().any(|m| m.tenant_id == tenant_id) {
         return Err(Error::invalid("tenant", "you are not a member of that tenant"));
     }

@@ -123,7 +123,20 @@ const SEED_RIGHTS: &[Right] = &[Right::PeopleManage, Right::ConnectionsManage];
 /// Seeds the demo; `suffix` is appended to slugs and emails so tests can seed many times into
 /// one database (the demo command passes ""). On a platform without an operator, the first
 /// tenant's admin becomes its first operator, so the dev stack's login can use every page.
-pub async fn seed(ds: &Services, suffix: &str) -> Result<DemoSeed> {
+///
+/// Creating tenants is a platform action: once the platform has an operator, only an operator
+/// may seed (`by`); on a new install, nobody is one yet and the seed bootstraps.
+pub async fn seed(
+    ds: &Services,
+    by: Option<&crate::ctx::Operator>,
+    suffix: &str,
+) -> Result<DemoSeed> {
+    if by.is_none() && operators::any(ds).await? {
+        return Err(Error::Unauthenticated(
+            "this platform has operators: seed the demo as one (gatehousectl --as EMAIL demo seed)"
+                .into(),
+        ));
+    }
     let mut tenants = Vec::new();
     for plan in &PLANS {
         tenants.push(seed_tenant(ds, plan, suffix).await?);

@@ -18,13 +18,13 @@ use sha2::{Digest, Sha256};
 
 use crate::ctx::OpCtx;
 pub use crate::datastore::ClientRow;
-use crate::datastore::SessionRow;
 use crate::datastore::{self as db, AuditEntry, NewCode, Services, from_ts};
 use crate::error::{Error, Result};
 use crate::handle::ConnectionHandle;
 use crate::rights::{Right, RightSet};
 use crate::secret::{self, CredentialKind};
 use crate::services::admin;
+use crate::services::console::ConsoleSession;
 
 pub const ACCESS_TTL_SECS: i64 = 3600;
 pub const REFRESH_TTL_SECS: i64 = 30 * 24 * 3600;
@@ -316,11 +316,12 @@ pub const CONSENT_TTL_SECS: i64 = 600;
 /// session that sees the consent screen; the form carries only the returned handle.
 pub async fn consent_begin(
     ds: &Services,
-    session: &SessionRow,
+    session: &ConsoleSession,
     req: &AuthorizeRequest,
 ) -> Result<String> {
     let handle =
         format!("areq_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
+    let session = session.row();
     let tenant =
         session.tenant_id.ok_or_else(|| Error::invalid("tenant", "pick a tenant first"))?;
     ds.oauth_request_insert(&handle, session.id, tenant, req, CONSENT_TTL_SECS).await?;
@@ -330,13 +331,14 @@ pub async fn consent_begin(
 /// Takes the request a consent form names, once: this session's, unexpired, unused.
 pub async fn consent_take(
     ds: &Services,
-    session: &SessionRow,
+    session: &ConsoleSession,
     handle: &str,
 ) -> Result<Option<AuthorizeRequest>> {
     if !handle.starts_with("areq_") || handle.len() > 64 {
         return Ok(None);
     }
     // The consent was shown for the session's tenant then; a tenant switched since voids it.
+    let session = session.row();
     let Some(tenant) = session.tenant_id else { return Ok(None) };
     ds.oauth_request_take(handle, session.id, tenant).await
 }

@@ -11,7 +11,7 @@ use crate::datastore::{self as db, OperatorRow, Services};
 use crate::error::{Error, Resource, Result};
 use crate::handle::PersonHandle;
 use crate::rights::Right;
-use crate::services::console::SessionRow;
+use crate::services::console::ConsoleSession;
 
 fn verified(row: OperatorRow, channel: Channel) -> Result<Operator> {
     if !row.active || !row.is_operator {
@@ -33,7 +33,8 @@ pub async fn authenticate(svc: &Services, email: &str, channel: Channel) -> Resu
 }
 
 /// The signed-in console person, if they hold the operator role now.
-pub async fn from_session(svc: &Services, s: &SessionRow) -> Result<Operator> {
+pub async fn from_session(svc: &Services, s: &ConsoleSession) -> Result<Operator> {
+    let s = s.row();
     let row = db::operator_by_id(svc, s.person_id)
         .await?
         .ok_or(Error::Forbidden { right: Right::TenantSwitch })?;
@@ -88,4 +89,10 @@ pub async fn set_role(
     db::platform_audit_insert(&mut tx, channel.as_str(), actor, action, &person.handle).await?;
     tx.commit().await?;
     Ok(person)
+}
+
+/// Whether the platform has any active operator yet.
+pub(crate) async fn any(svc: &Services) -> Result<bool> {
+    let mut tx = svc.begin().await?;
+    Ok(db::operator_count_locked(&mut tx).await? > 0)
 }
