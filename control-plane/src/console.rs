@@ -78,7 +78,7 @@ impl Session {
         Nav {
             current,
             tenant: self.row.tenant_name(),
-            person: &self.row.email(),
+            person: self.row.email(),
             csrf: &self.row.csrf_token(),
             admin: rights.contains(Right::ConnectionsManage)
                 || rights.contains(Right::PeopleManage),
