@@ -79,7 +79,7 @@ impl Session {
             current,
             tenant: self.row.tenant_name(),
             person: self.row.email(),
-            csrf: &self.row.csrf_token(),
+            csrf: self.row.csrf_token(),
             admin: rights.contains(Right::ConnectionsManage)
                 || rights.contains(Right::PeopleManage),
             operator: self.row.is_operator(),
