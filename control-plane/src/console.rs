@@ -391,7 +391,7 @@ async fn tenants(
             format!(
                 "<li><form method=\"post\" action=\"/tenants\">{}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><input type=\"hidden\" name=\"next\" value=\"{}\">\
                  <button type=\"submit\">{}</button> as {}</form></li>",
-                csrf_field(&s.row.csrf_token()),
+                csrf_field(s.row.csrf_token()),
                 m.tenant_id,
                 esc(&next),
                 esc(&m.name),
@@ -474,7 +474,7 @@ async fn connections(State(state): State<Arc<AppState>>, s: Session) -> Response
          <label>Toolset <select name=\"toolset\"><option value=\"full\">full — every tool the rights allow</option>\
          <option value=\"read_only\">read_only — read tools only</option><option value=\"small\">small — a few combined tools for small models</option></select></label>{}\
          <button type=\"submit\">Create connection</button></form>",
-        csrf_field(&s.row.csrf_token()),
+        csrf_field(s.row.csrf_token()),
         rights_picker(ctx.rights(), shared::rights::read_only().intersect(ctx.rights()))
     );
     Html(page("Connections", Some(&s.nav("/connections")), &body)).into_response()
@@ -502,7 +502,7 @@ async fn create_connection(
     let name = map.get("name").cloned().unwrap_or_default();
     let toolset = map.get("toolset").map(String::as_str).unwrap_or("full");
     let new = admin::NewConnection {
-        creator_email: &s.row.email(),
+        creator_email: s.row.email(),
         name: &name,
         client_name: "console",
         rights,
@@ -606,7 +606,7 @@ async fn revoke_confirm(
         "<form method=\"post\" action=\"/connections/{0}/revoke\" class=\"card\">{1}<p>Revoke <code>{0}</code>? Its tokens stop working on their next request, on every worker. This cannot be undone.</p>\
          <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label><button type=\"submit\" class=\"danger\">Revoke</button> <a href=\"/connections/{0}\">Cancel</a></form>",
         esc(&handle),
-        csrf_field(&s.row.csrf_token())
+        csrf_field(s.row.csrf_token())
     );
     Html(page("Revoke connection", Some(&s.nav("/connections")), &body)).into_response()
 }
@@ -657,7 +657,7 @@ async fn people(State(state): State<Arc<AppState>>, s: Session) -> Response {
                 format!(
                     "<form method=\"post\" action=\"/people/role\">{}<input type=\"hidden\" name=\"email\" value=\"{}\"><label>Role <select name=\"role\" aria-label=\"Role of {}\">{options}</select></label> <button type=\"submit\">Save role</button></form>\
                      <a href=\"/people/deactivate?email={}\">Deactivate…</a>",
-                    csrf_field(&s.row.csrf_token()),
+                    csrf_field(s.row.csrf_token()),
                     esc(&p.email),
                     esc(&p.email),
                     url::form_urlencoded::byte_serialize(p.email.as_bytes()).collect::<String>()
@@ -726,7 +726,7 @@ async fn deactivate_confirm(
         "<form method=\"post\" action=\"/people/deactivate\" class=\"card\">{}<input type=\"hidden\" name=\"email\" value=\"{1}\">\
          <p>Deactivate <strong>{1}</strong>? Every connection they created in this tenant ends at once.</p>\
          <button type=\"submit\" class=\"danger\">Deactivate</button> <a href=\"/people\">Cancel</a></form>",
-        csrf_field(&s.row.csrf_token()),
+        csrf_field(s.row.csrf_token()),
         esc(&email)
     );
     Html(page("Deactivate person", Some(&s.nav("/people")), &body)).into_response()
@@ -780,7 +780,7 @@ async fn settings(s: Session) -> Response {
     let body = format!(
         "<div class=\"card\"><p id=\"agent-access-state\">{state_text}</p><form method=\"post\" action=\"/settings/agent-access\">{}<input type=\"hidden\" name=\"to\" value=\"{to}\">\
          <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label>{button}</form></div><p>Tenant: {}</p>",
-        csrf_field(&s.row.csrf_token()),
+        csrf_field(s.row.csrf_token()),
         esc(&ctx.tenant().slug)
     );
     Html(page("Agent access", Some(&s.nav("/settings")), &body)).into_response()
@@ -877,7 +877,7 @@ async fn operator(State(state): State<Arc<AppState>>, s: Session) -> Response {
         } else {
             "Agents are served."
         },
-        csrf_field(&s.row.csrf_token()),
+        csrf_field(s.row.csrf_token()),
         if on { "off" } else { "on" },
         if on { "" } else { "danger" },
         if on { "Turn the kill switch off" } else { "Turn the kill switch on" },

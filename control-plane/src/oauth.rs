@@ -187,10 +187,10 @@ async fn authorize(
          <fieldset><legend>What it may do (never more than you can; untick to narrow)</legend>{boxes}</fieldset>\
          <p>It connects to <code>{resource}</code> and returns to <code>{redirect}</code> (client id <code>{client_id}</code>).</p>\
          <p><button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" value=\"deny\" class=\"plain\">Deny</button></p></form>",
-        person = esc(&session.row.name()),
-        email = esc(&session.row.email()),
+        person = esc(session.row.name()),
+        email = esc(session.row.email()),
         tenant = esc(session.row.tenant_name().unwrap_or(&ctx.tenant().slug)),
-        csrf = csrf_field(&session.row.csrf_token()),
+        csrf = csrf_field(session.row.csrf_token()),
         request = esc(&request),
         client = esc(&client.client_name),
         resource = esc(&req.resource),

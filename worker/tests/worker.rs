@@ -1707,6 +1707,11 @@ async fn a_batch_filter_counts_every_match_and_never_previews_part_of_them() {
     assert_eq!(err["field"], "expected_count", "{err}");
     assert!(err.to_string().contains("550"), "{err}");
     assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing was prepared");
+    // Exactly as many as one call may cancel is allowed.
+    stack.db.exec("UPDATE bookings SET status = 'cancelled' WHERE handle IN (SELECT handle FROM bookings WHERE handle LIKE 'bkg_bulk%' AND status = 'draft' ORDER BY handle DESC LIMIT 50)").await;
+    let at_limit = stack.ok(&token, "cancel_bookings", with_count(500)).await;
+    assert_eq!(at_limit["status"], "PREVIEW", "500 is within a call's limit");
+    stack.ok(&token, "reject_action", json!({"confirm_token": at_limit["confirm_token"]})).await;
     // Narrowed to what one call may do, it previews and cancels exactly that many.
     let narrow = json!({"from": "2031-01-01", "to": "2031-01-31", "zone": "UTC"});
     let live_in_january = stack
@@ -2939,4 +2944,45 @@ async fn batch_lists_are_bounded_and_exports_honour_their_status() {
         .map(|s| s["status"].as_str().expect("s"))
         .collect();
     assert_eq!(statuses, ["confirmed"], "{summary}");
+}
+
+#[tokio::test]
+async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (booking, _, _) = handles(&stack, 0).await;
+    let notes_sql = format!(
+        "SELECT count(*) FROM booking_notes n JOIN bookings b ON b.id = n.booking_id WHERE b.handle = '{booking}' AND n.body = 'Same note'"
+    );
+    // An optional field sent as null is the same call as one that leaves it out, and so is
+    // the same call under another idempotency key.
+    stack.ok(&token, "add_booking_note", json!({"booking": booking, "text": "Same note"})).await;
+    for again in [
+        json!({"booking": booking, "text": "Same note", "idempotency_key": null}),
+        json!({"booking": booking, "text": "Same note", "idempotency_key": "another-key"}),
+    ] {
+        let second = stack.ok(&token, "add_booking_note", again.clone()).await;
+        assert_eq!(second["replayed"], true, "{again}");
+    }
+    assert_eq!(stack.count(&notes_sql).await, 1);
+    // Keys are at most 200 printable characters.
+    for key in ["k".repeat(201), "bad\u{0007}key".to_owned()] {
+        let err = stack
+            .call(
+                &token,
+                "add_booking_note",
+                json!({"booking": booking, "text": "Other note", "idempotency_key": key}),
+            )
+            .await
+            .expect_err("key");
+        assert_eq!(err["field"], "idempotency_key", "{err}");
+    }
+    let ok = stack
+        .ok(
+            &token,
+            "add_booking_note",
+            json!({"booking": booking, "text": "Other note", "idempotency_key": "k".repeat(200)}),
+        )
+        .await;
+    assert_eq!(ok["replayed"], false);
 }
