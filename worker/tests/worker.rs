@@ -218,7 +218,12 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
     // R13 and R14 for every result of the suite: third-party text only inside its wrapper, and
     // no planted secret anywhere.
     assert_canary_wrapped(&structured, "");
-    assert!(!text.contains(DECOY), "{tool}: a planted secret reached a result: {text}");
+    for form in decoy_forms() {
+        assert!(
+            !text.contains(&form),
+            "{tool}: a planted secret reached a result ({form}): {text}"
+        );
+    }
     let validator = jsonschema::validator_for(schema).expect("outputSchema compiles");
     let problems: Vec<String> = validator.iter_errors(&structured).map(|e| e.to_string()).collect();
     assert!(
@@ -236,6 +241,21 @@ fn check_contract(tool: &str, result: &Value, schema: &Value) -> Result<Value, V
         assert_eq!(parsed, structured, "{tool}: text equals structuredContent");
         Ok(structured)
     }
+}
+
+/// The planted secret as text, and as the hex and base64 a byte column would leak as.
+fn decoy_forms() -> [String; 3] {
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = &DECOY.as_bytes()[..15];
+    let hex: String = DECOY.bytes().map(|b| format!("{b:02x}")).collect();
+    let b64: String = bytes
+        .chunks(3)
+        .flat_map(|c| {
+            let n = (u32::from(c[0]) << 16) | (u32::from(c[1]) << 8) | u32::from(c[2]);
+            [18, 12, 6, 0].map(|shift| B64[((n >> shift) & 63) as usize] as char)
+        })
+        .collect();
+    [DECOY.to_owned(), hex, b64]
 }
 
 /// R17 for every result: a time is an object with weekday, local time, zone, display, UTC and
@@ -2406,6 +2426,19 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
                         spec.name
                     );
                 }
+                // Whoever is told is someone the preview named.
+                let recipients = stack
+                    .db
+                    .scalar_string(&format!("SELECT coalesce(string_agg(recipient, ','), '') FROM outbox WHERE pending_action_id = (SELECT id FROM pending_actions WHERE handle = '{}')", result["action"].as_str().expect("h")))
+                    .await;
+                let shown_text = result.to_string();
+                for r in recipients.split(',').filter(|r| !r.is_empty()) {
+                    assert!(
+                        shown_text.contains(r),
+                        "{}: {r} was told but not shown in the preview",
+                        spec.name
+                    );
+                }
                 // What executes is what the preview showed, times included.
                 let (mut shown, mut done_at) = (Vec::new(), Vec::new());
                 instants(&result["effect"], &mut shown);
@@ -2420,6 +2453,19 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
             }
         }
     }
+    // Rejecting a preview is a silent write: one audit row, nothing sent.
+    let preview =
+        stack.ok(&token, "mute_alerts", json!({"rule": fixture.rule, "minutes": 30})).await;
+    let since = stack.count("SELECT coalesce(max(id), 0) FROM audit_log").await;
+    let before = effects(&stack).await;
+    stack.ok(&token, "reject_action", json!({"confirm_token": preview["confirm_token"]})).await;
+    let audit = audit_since(&stack, since).await;
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(
+        (audit[0].0.as_str(), audit[0].1.as_str(), audit[0].2.as_str()),
+        ("mute_alerts.reject", "rejected", "mcp")
+    );
+    assert_eq!(effects(&stack).await, before, "a rejection changes nothing else");
     // Every MCP audit row names the connection's creator as the actor (R5, R19).
     let strangers = stack
         .count(&format!(
@@ -2515,6 +2561,10 @@ async fn every_two_step_tool_holds_every_confirmation_check() {
             "permission_denied",
             "right narrowed",
         );
+        let audited = stack
+            .count(&format!("SELECT count(*) FROM audit_log WHERE outcome = 'refused' AND pending_action_id = (SELECT id FROM pending_actions WHERE handle = '{}')", p["action"].as_str().expect("h")))
+            .await;
+        assert_eq!(audited, 1, "{name}: the refusal is audited with its action");
         stack.db.exec(&format!("UPDATE connections SET rights = array_append(rights, '{right}') WHERE handle = '{connection}'")).await;
         stack.db.exec(&format!("UPDATE memberships SET role = 'viewer' WHERE person_id = (SELECT id FROM people WHERE email = '{admin}')")).await;
         refused(

@@ -759,7 +759,7 @@ impl Planned for RescheduleBookingInput {
         };
         Ok(Plan {
             summary: format!("Move booking {} to {}; {who}", booking_line(&b, now), new_at.display),
-            preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "ends": new_end, "emails": messages.len()}),
+            preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "ends": new_end, "emails": messages.len(), "messages": messages}),
             content: json!({"booking": b.handle, "version": views::booking_version(&b), "start": start.to_string(), "messages": messages}),
             targets: vec![b.handle.clone()],
             apply: Apply::Reschedule { id: b.id, handle: b.handle.clone(), starts_at: start },
@@ -928,7 +928,7 @@ impl Planned for CancelBookingsInput {
                 handles.join(", "),
                 messages.len()
             ),
-            preview: json!({"bookings": rows.iter().map(|b| views::booking(b, false, now)).collect::<Vec<_>>(), "emails": messages.len()}),
+            preview: json!({"bookings": rows.iter().map(|b| views::booking(b, false, now)).collect::<Vec<_>>(), "emails": messages.len(), "messages": messages}),
             content: json!({"bookings": handles, "versions": versions, "messages": messages}),
             targets: handles,
             apply: Apply::SetStatus {
