@@ -2976,6 +2976,23 @@ async fn batch_lists_are_bounded_and_exports_honour_their_status() {
         assert!(err["message"].as_str().expect("m").contains("1 to 50"), "{err}");
     }
     assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
+    // Exactly as many as a batch holds is accepted.
+    let slug = &stack.seed.tenants[0].slug;
+    stack
+        .db
+        .exec(&format!(
+            "INSERT INTO bookings (tenant_id, handle, customer_id, service_id, starts_at, zone, status, currency, net_minor, tax_minor, total_minor)
+             SELECT t.id, 'bkg_' || lpad(g::text, 16, '0'), c.id, s.id, timestamptz '2031-01-01 08:00+00' + g * interval '1 day', t.zone, 'draft', t.currency, 1000, 190, 1190
+             FROM tenants t CROSS JOIN generate_series(1, 50) g
+             CROSS JOIN LATERAL (SELECT id FROM customers WHERE tenant_id = t.id ORDER BY id LIMIT 1) c
+             CROSS JOIN LATERAL (SELECT id FROM services WHERE tenant_id = t.id ORDER BY id LIMIT 1) s
+             WHERE t.slug = '{slug}'"
+        ))
+        .await;
+    let fifty: Vec<String> = (1..=50).map(|i| format!("bkg_{i:016}")).collect();
+    let preview = stack.ok(&token, "cancel_bookings", json!({"bookings": fifty})).await;
+    assert_eq!(preview["status"], "PREVIEW");
+    stack.ok(&token, "reject_action", json!({"confirm_token": preview["confirm_token"]})).await;
     // An export with a status counts that status only.
     let range = json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "UTC", "status": "confirmed", "limit": 100});
     let found = stack.ok(&token, "find_bookings", range.clone()).await;
