@@ -92,8 +92,9 @@ ensure_all() {
 
 # Drops databases earlier test runs left behind.
 drop_test_databases() {
-  psql "$PG_URL/postgres" -Atqc "SELECT datname FROM pg_database WHERE datname ~ '^gh_(test|tpl|e2e)_'" |
-    while read -r db; do psql "$PG_URL/postgres" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null; done
+  # One session for all of them: a mutation run can leave thousands behind.
+  psql "$PG_URL/postgres" -Atqc "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE);', datname) FROM pg_database WHERE datname ~ '^gh_(test|tpl|e2e)_'" |
+    psql "$PG_URL/postgres" -q >/dev/null 2>&1 || true
 }
 
 # The console's browser tests: Debian's Chromium driven by playwright-core from npm.
