@@ -180,7 +180,7 @@ async fn authorize(
         })
         .collect();
     let body = format!(
-        "<div class=\"card\"><p>Signed in as <strong>{person}</strong> ({email}) in <strong>{tenant}</strong>.</p>\
+        "<div class=\"card\"><p>Signed in as <strong>{person}</strong> ({email}) in <strong>{tenant}</strong> (<code>{slug}</code>).</p>\
          <form method=\"post\" action=\"/logout\">{csrf}<button type=\"submit\" class=\"plain\">Not you? Sign out and use another account</button></form></div>\
          <form method=\"post\" action=\"/oauth/authorize\" class=\"card\">{csrf}<input type=\"hidden\" name=\"request\" value=\"{request}\">\
          <p><strong>{client}</strong> asks to act for you in <strong>{tenant}</strong>. It will be able to:</p>\
@@ -190,6 +190,7 @@ async fn authorize(
         person = esc(session.row.name()),
         email = esc(session.row.email()),
         tenant = esc(session.row.tenant_name().unwrap_or(&ctx.tenant().slug)),
+        slug = esc(&ctx.tenant().slug),
         csrf = csrf_field(session.row.csrf_token()),
         request = esc(&request),
         client = esc(&client.client_name),
