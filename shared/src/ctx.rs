@@ -175,10 +175,6 @@ impl OpCtx {
         }
     }
 
-    pub fn actor(&self) -> &Actor {
-        &self.actor
-    }
-
     /// The person behind the actor, for the audit's `actor_id`.
     pub fn actor_person_id(&self) -> Option<i64> {
         match &self.actor {

@@ -19,15 +19,6 @@ pub enum EffectClass {
 }
 
 impl EffectClass {
-    pub const ALL: &'static [EffectClass] = &[
-        EffectClass::Read,
-        EffectClass::SilentWrite,
-        EffectClass::Notify,
-        EffectClass::Wake,
-        EffectClass::Alert,
-        EffectClass::Delete,
-    ];
-
     pub fn as_str(self) -> &'static str {
         match self {
             EffectClass::Read => "read",
