@@ -235,19 +235,35 @@ async fn seed_tenant(ds: &Services, plan: &Plan, suffix: &str) -> Result<DemoTen
         ));
     }
 
-    // Twelve bookings around now, three in the DST weeks, one with no technician yet.
+    // Twelve bookings around now, three in the DST weeks, one with no technician yet. Today's
+    // starts two hours from now (on the hour), so which bookings are upcoming never depends on
+    // the hour the demo is seeded at.
     let today = now.to_zoned_datetime(tz.clone()).date();
+    let soon = now
+        .checked_add(jiff::SignedDuration::from_hours(2))
+        .map_err(|e| crate::Error::Internal(e.to_string()))?
+        .to_zoned_datetime(tz.clone());
     let mut starts = Vec::new();
     for day_offset in [-6i64, -2, -1, 0, 1, 1, 2, 3, 5, 8, 13, 21] {
         let date = today.checked_add(jiff::Span::new().days(day_offset)).unwrap_or(today);
         let hour = 8 + (starts.len() % 8) as i8;
-        starts.push(date.at(hour, 0, 0, 0));
+        starts.push(if day_offset == 0 {
+            soon.date().at(soon.hour(), 0, 0, 0)
+        } else {
+            date.at(hour, 0, 0, 0)
+        });
     }
     for local in plan.dst_bookings {
         starts.push(local.parse::<DateTime>().map_err(|e| crate::Error::Internal(e.to_string()))?);
     }
     for (i, local) in starts.into_iter().enumerate() {
-        let at = time::resolve_local("start", local, &tz, plan.zone)?;
+        // Only today's start can meet a clock change (it follows the hour it is seeded at);
+        // the demo takes the earlier reading there rather than failing.
+        let at = time::resolve_local("start", local, &tz, plan.zone).or_else(|_| {
+            tz.to_ambiguous_timestamp(local)
+                .compatible()
+                .map_err(|e| crate::Error::Internal(e.to_string()))
+        })?;
         let (service_id, price, tax_bp) = services[i % services.len()];
         let status = if at < now {
             if i % 4 == 0 { "cancelled" } else { "completed" }
@@ -327,7 +343,7 @@ async fn seed_tenant(ds: &Services, plan: &Plan, suffix: &str) -> Result<DemoTen
         },
     )
     .await?;
-    let api = admin::api_token_create(ds, &ctx, &admin_login.email, "demo API token").await?;
+    let api = admin::api_token_create(ds, &ctx, &admin_login.email, "demo API token", None).await?;
     Ok(DemoTenant {
         slug: tenant.slug,
         name: tenant.name,
