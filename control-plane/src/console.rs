@@ -50,6 +50,8 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/connections", get(connections).post(create_connection))
         .route("/connections/{connection}", get(connection_detail))
         .route("/connections/{connection}/revoke", get(revoke_confirm).post(revoke))
+        .route("/api-tokens", get(api_tokens).post(create_api_token))
+        .route("/api-tokens/{token}/revoke", get(api_token_revoke_confirm).post(api_token_revoke))
         .route("/people", get(people))
         .route("/people/role", post(set_role))
         .route("/people/deactivate", get(deactivate_confirm).post(deactivate))
@@ -631,6 +633,159 @@ async fn revoke(
         .unwrap_or("revoked in the console");
     match admin::connection_revoke(&state.ds, &ctx, &handle, reason).await {
         Ok(r) => Redirect::to(&format!("/connections/{}", segment(&r.connection))).into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+// ---------------------------------------------------------------- API tokens
+
+async fn api_tokens(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let (list, people) = match tokio::try_join!(
+        admin::api_token_list(&state.ds, &ctx),
+        console::people(&state.ds, &ctx)
+    ) {
+        Ok(both) => both,
+        Err(e) => return fail(e),
+    };
+    let rows: String = list
+        .iter()
+        .map(|t| {
+            let action = if t.status == "active" {
+                format!("<a href=\"/api-tokens/{}/revoke\">Revoke…</a>", esc(&segment(&t.api_token)))
+            } else {
+                String::new()
+            };
+            format!(
+                "<tr><td>{}<br><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td class=\"status-{status}\">{status}</td><td>{action}</td></tr>",
+                esc(&t.name),
+                esc(&t.api_token),
+                esc(&t.person),
+                esc(&local(&ctx, &t.created_at)),
+                esc(&local(&ctx, &t.expires_at)),
+                status = esc(t.status),
+            )
+        })
+        .collect();
+    let options: String = people
+        .iter()
+        .filter(|p| p.active)
+        .map(|p| {
+            format!(
+                "<option value=\"{0}\"{1}>{2} ({0}, {3})</option>",
+                esc(&p.email),
+                if p.email == s.row.email() { " selected" } else { "" },
+                esc(&p.name),
+                esc(&p.role)
+            )
+        })
+        .collect();
+    let body = format!(
+        "<p>API tokens call the REST API (<code>/api/v1</code>) as a person, with that person's current role. They never work on the MCP endpoint, and they expire.</p>\
+         <table><thead><tr><th>Token</th><th>Acts for</th><th>Created</th><th>Expires</th><th>Status</th><th></th></tr></thead><tbody>{rows}</tbody></table>\
+         <form method=\"post\" action=\"/api-tokens\" class=\"card\"><h2>New API token</h2>{csrf}\
+         <label>Name <input type=\"text\" name=\"name\" required maxlength=\"{max_name}\" placeholder=\"Nightly export\"></label>\
+         <label>Acts for <select name=\"person\">{options}</select></label>\
+         <label>Expires after <select name=\"expires_in_days\"><option value=\"7\">7 days</option><option value=\"30\">30 days</option><option value=\"90\" selected>90 days</option><option value=\"365\">365 days</option></select></label>\
+         <button type=\"submit\">Create API token</button></form>",
+        csrf = csrf_field(s.row.csrf_token()),
+        max_name = admin::API_TOKEN_NAME_CHARS,
+    );
+    Html(page("API tokens", Some(&s.nav("/api-tokens")), &body)).into_response()
+}
+
+async fn create_api_token(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let days = match form.get("expires_in_days").map(|d| d.trim().parse::<i64>()) {
+        Some(Ok(days)) => days,
+        _ => {
+            return fail(Error::invalid(
+                "expires_in_days",
+                "choose how many days the token lives (1 to 365)",
+            ));
+        }
+    };
+    let person = form.get("person").map(String::as_str).unwrap_or_default();
+    let name = form.get("name").map(String::as_str).unwrap_or_default();
+    match admin::api_token_create(&state.ds, &ctx, person, name, Some(days)).await {
+        Ok(t) => {
+            let body = format!(
+                "<p class=\"ok\" role=\"status\">API token <code>{}</code> created for {}; it expires {}.</p>\
+                 <div class=\"card\"><p><strong>Copy the token now: it is shown once and only its hash is kept.</strong></p>\
+                 <pre id=\"token\">{}</pre><button type=\"button\" class=\"plain\" data-copy=\"token\">Copy token</button>\
+                 <p>Use it as <code>Authorization: Bearer …</code> on <code>/api/v1</code>.</p></div>\
+                 <p><a href=\"/api-tokens\">Back to API tokens</a></p>",
+                esc(&t.api_token),
+                esc(&t.person),
+                esc(&local(&ctx, &t.expires_at)),
+                esc(&t.token),
+            );
+            Html(page("API token created", Some(&s.nav("/api-tokens")), &body)).into_response()
+        }
+        Err(e) => fail(e),
+    }
+}
+
+async fn api_token_revoke_confirm(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Path(handle): Path<String>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    // A confirmation page exists only for a token of this tenant; its URL is built from the
+    // parsed handle, never from the raw path.
+    let t = match admin::api_token_get(&state.ds, &ctx, &handle).await {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let body = format!(
+        "<form method=\"post\" action=\"/api-tokens/{0}/revoke\" class=\"card\">{1}<p>Revoke <code>{2}</code> ({3}, acting for {4})? It is refused from its next request on. This cannot be undone.</p>\
+         <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label><button type=\"submit\" class=\"danger\">Revoke</button> <a href=\"/api-tokens\">Cancel</a></form>",
+        esc(&segment(&t.api_token)),
+        csrf_field(s.row.csrf_token()),
+        esc(&t.api_token),
+        esc(&t.name),
+        esc(&t.person),
+    );
+    Html(page("Revoke API token", Some(&s.nav("/api-tokens")), &body)).into_response()
+}
+
+async fn api_token_revoke(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Path(handle): Path<String>,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let reason = form
+        .get("reason")
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty())
+        .unwrap_or("revoked in the console");
+    match admin::api_token_revoke(&state.ds, &ctx, &handle, reason).await {
+        Ok(_) => Redirect::to("/api-tokens").into_response(),
         Err(e) => fail(e),
     }
 }

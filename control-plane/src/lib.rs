@@ -24,8 +24,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The MCP URLs tokens may be issued for (RFC 8707 audiences).
     pub mcp_resources: Vec<String>,
-    /// Development only: fetch client metadata documents over http and from private addresses.
-    pub dev_mode: bool,
+    /// How client metadata documents and key sets are fetched (development relaxes it).
+    pub fetch: shared::services::oauth::FetchPolicy,
     /// Whether the client's address comes from `X-Forwarded-For` (behind a proxy).
     pub trust_forwarded_for: bool,
 }

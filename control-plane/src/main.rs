@@ -24,6 +24,10 @@ struct Args {
     /// Development: fetch client ID metadata documents over http and from loopback/private addresses.
     #[arg(long)]
     dev_mode: bool,
+    /// Development and tests: also trust this CA certificate (PEM) when fetching client metadata
+    /// documents and key sets over https, e.g. a test certificate served on loopback.
+    #[arg(long, env = "GATEHOUSE_DEV_CA_CERT", requires = "dev_mode")]
+    dev_ca_cert: Option<std::path::PathBuf>,
     /// Behind a proxy that sets X-Forwarded-For (nginx, an ingress): take the client's address
     /// from it for sign-in throttling. Leave off when clients reach the control plane directly.
     #[arg(long, env = "GATEHOUSE_TRUST_FORWARDED_FOR")]
@@ -72,6 +76,13 @@ async fn main() -> anyhow::Result<()> {
     config::init_tracing();
     let args = Args::parse();
     let common = Common::from_env()?;
+    let mut fetch =
+        shared::services::oauth::FetchPolicy { dev: args.dev_mode, ..Default::default() };
+    if let Some(path) = &args.dev_ca_cert {
+        let pem = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("--dev-ca-cert {}: {e}", path.display()))?;
+        fetch.extra_roots.push(reqwest::Certificate::from_pem(&pem)?);
+    }
     let ds = Services::connect(common.database_url.expose(), common.db_max_connections)
         .await?
         .with_bus(shared::bus::Bus::spawn(&common.nats_url));
@@ -84,7 +95,7 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .map(|r| r.trim_end_matches('/').to_owned())
             .collect(),
-        dev_mode: args.dev_mode,
+        fetch,
         trust_forwarded_for: args.trust_forwarded_for,
     });
     if !args.no_dispatcher {

@@ -13,10 +13,11 @@ use axum::routing::{get, post};
 use axum::{Form, Json, Router};
 use serde_json::json;
 use shared::rights::RightSet;
-use shared::services::oauth::{self, AuthorizeRequest, ClientRow, OAuthError};
+use shared::services::client_assertion;
+use shared::services::oauth::{self, AuthorizeRequest, ClientCredentials, ClientRow, OAuthError};
 
 use crate::AppState;
-use crate::console::Session;
+use crate::console::{Session, Source};
 use crate::html::{csrf_field, error_box, esc, page};
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -39,7 +40,8 @@ async fn metadata(State(state): State<Arc<AppState>>) -> Json<serde_json::Value>
         "response_types_supported": ["code"],
         "grant_types_supported": ["authorization_code", "refresh_token"],
         "code_challenge_methods_supported": ["S256"],
-        "token_endpoint_auth_methods_supported": ["none"],
+        "token_endpoint_auth_methods_supported": ["none", "private_key_jwt"],
+        "token_endpoint_auth_signing_alg_values_supported": client_assertion::SIGNING_ALGS,
         "revocation_endpoint_auth_methods_supported": ["none"],
         "scopes_supported": oauth::scopes_supported(),
         "client_id_metadata_document_supported": true,
@@ -55,8 +57,40 @@ fn oauth_error(status: StatusCode, e: OAuthError) -> Response {
 
 async fn register(
     State(state): State<Arc<AppState>>,
-    Json(req): Json<oauth::RegisterRequest>,
+    Source(source): Source,
+    body: axum::body::Bytes,
 ) -> Response {
+    match oauth::registration_take(&state.ds, &source).await {
+        Ok(Ok(())) => {}
+        Ok(Err(wait)) => {
+            let mut r = oauth_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                OAuthError {
+                    error: "too_many_requests",
+                    error_description: format!(
+                        "this address registered {} clients within the hour; reuse a registered client_id, or retry in {wait} seconds",
+                        oauth::REGISTRATIONS_PER_SOURCE
+                    ),
+                },
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(wait));
+            return r;
+        }
+        Err(e) => return oauth_error(StatusCode::SERVICE_UNAVAILABLE, e.into()),
+    }
+    // A body that is not client metadata is an OAuth error (RFC 7591 §3.2.2), not a bare 422.
+    let req: oauth::RegisterRequest = match serde_json::from_slice(&body) {
+        Ok(req) => req,
+        Err(e) => {
+            return oauth_error(
+                StatusCode::BAD_REQUEST,
+                OAuthError {
+                    error: "invalid_client_metadata",
+                    error_description: format!("the body is not client metadata JSON ({e})"),
+                },
+            );
+        }
+    };
     match oauth::register(&state.ds, req).await {
         Ok(registered) => (StatusCode::CREATED, Json(registered)).into_response(),
         Err(e) => oauth_error(StatusCode::BAD_REQUEST, e),
@@ -64,7 +98,7 @@ async fn register(
 }
 
 async fn client(state: &AppState, client_id: &str) -> Result<ClientRow, OAuthError> {
-    oauth::resolve_client(&state.ds, client_id, state.dev_mode).await
+    oauth::resolve_client(&state.ds, client_id, &state.fetch).await
 }
 
 // ---------------------------------------------------------------- authorize and consent
@@ -87,7 +121,7 @@ fn show_error(e: OAuthError) -> Response {
 enum Checked {
     ShowError(OAuthError),
     SendBack { redirect_uri: String, state: Option<String>, error: OAuthError },
-    Valid(ClientRow, AuthorizeRequest),
+    Valid(Box<ClientRow>, AuthorizeRequest),
 }
 
 async fn check(state: &AppState, q: &BTreeMap<String, String>) -> Checked {
@@ -116,7 +150,7 @@ async fn check(state: &AppState, q: &BTreeMap<String, String>) -> Checked {
         };
     }
     Checked::Valid(
-        client,
+        Box::new(client),
         AuthorizeRequest {
             client_id: get("client_id").unwrap_or_default().to_owned(),
             redirect_uri: redirect_uri.to_owned(),
@@ -167,23 +201,39 @@ async fn authorize(
         Err(e) => return show_error(e.into()),
     };
     let wanted = oauth::requested_rights(req.scope.as_deref(), ctx.rights());
+    // A client that holds a grant already and asks for more (step-up) sees what is added.
+    let before = match oauth::granted_before(&state.ds, &ctx, &client.client_id).await {
+        Ok(before) => before,
+        Err(e) => return show_error(e.into()),
+    };
+    let added = before.map(|b| wanted.without(b)).unwrap_or(RightSet::EMPTY);
     let boxes: String = ctx
         .rights()
         .iter()
         .map(|r| {
             format!(
-                "<label><input type=\"checkbox\" name=\"right\" value=\"{0}\"{1}> {2} <code>{0}</code></label>",
+                "<label><input type=\"checkbox\" name=\"right\" value=\"{0}\"{1}> {2} <code>{0}</code>{3}</label>",
                 r.as_str(),
                 if wanted.contains(r) { " checked" } else { "" },
-                esc(r.description())
+                esc(r.description()),
+                if added.contains(r) { " <strong class=\"added\">new</strong>" } else { "" },
             )
         })
         .collect();
+    let step_up = if added == RightSet::EMPTY {
+        String::new()
+    } else {
+        format!(
+            "<p role=\"note\"><strong>{}</strong> already has access; it now also asks for: {}.</p>",
+            esc(&client.client_name),
+            esc(&added.iter().map(|r| r.description()).collect::<Vec<_>>().join("; ")),
+        )
+    };
     let body = format!(
         "<div class=\"card\"><p>Signed in as <strong>{person}</strong> ({email}) in <strong>{tenant}</strong> (<code>{slug}</code>).</p>\
          <form method=\"post\" action=\"/logout\">{csrf}<button type=\"submit\" class=\"plain\">Not you? Sign out and use another account</button></form></div>\
          <form method=\"post\" action=\"/oauth/authorize\" class=\"card\">{csrf}<input type=\"hidden\" name=\"request\" value=\"{request}\">\
-         <p><strong>{client}</strong> asks to act for you in <strong>{tenant}</strong>. It will be able to:</p>\
+         <p><strong>{client}</strong> asks to act for you in <strong>{tenant}</strong>. It will be able to:</p>{step_up}\
          <fieldset><legend>What it may do (never more than you can; untick to narrow)</legend>{boxes}</fieldset>\
          <p>It connects to <code>{resource}</code> and returns to <code>{redirect}</code> (client id <code>{client_id}</code>).</p>\
          <p><button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" value=\"deny\" class=\"plain\">Deny</button></p></form>",
@@ -304,12 +354,24 @@ async fn token(
 ) -> Response {
     let get = |k: &str| form.get(k).map(String::as_str).unwrap_or_default();
     let resource = form.get("resource").map(String::as_str);
+    let creds = ClientCredentials {
+        client_id: form.get("client_id").map(String::as_str),
+        assertion_type: form.get("client_assertion_type").map(String::as_str),
+        assertion: form.get("client_assertion").map(String::as_str),
+    };
+    let audiences = [format!("{}/oauth/token", state.public_url), state.public_url.clone()];
+    let client_id =
+        match oauth::authenticate_client(&state.ds, &state.fetch, creds, &audiences).await {
+            Ok(id) => id,
+            // A client that failed to authenticate gets 401 (RFC 6749 §5.2).
+            Err(e) => return oauth_error(StatusCode::UNAUTHORIZED, e),
+        };
     let result = match get("grant_type") {
         "authorization_code" => {
             oauth::exchange_code(
                 &state.ds,
                 get("code"),
-                get("client_id"),
+                &client_id,
                 get("redirect_uri"),
                 get("code_verifier"),
                 resource,
@@ -317,7 +379,7 @@ async fn token(
             .await
         }
         "refresh_token" => {
-            oauth::refresh(&state.ds, get("refresh_token"), get("client_id"), resource).await
+            oauth::refresh(&state.ds, get("refresh_token"), &client_id, resource).await
         }
         other => Err(OAuthError {
             error: "unsupported_grant_type",

@@ -17,6 +17,11 @@ struct Api {
 
 impl Api {
     async fn start() -> Api {
+        Api::start_with(Default::default()).await
+    }
+
+    /// With a fetch policy for client documents (development's lets loopback through).
+    async fn start_with(fetch: shared::services::oauth::FetchPolicy) -> Api {
         let db = TestDb::new().await;
         let seed = demo::seed(&db.ds, None, "").await.expect("seed");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -26,7 +31,7 @@ impl Api {
             public_url: url.clone(),
             metrics: Metrics::new(),
             mcp_resources: vec!["http://127.0.0.1:9/mcp".into()],
-            dev_mode: false,
+            fetch,
             trust_forwarded_for: true,
         });
         tokio::spawn(async move {
@@ -1040,4 +1045,488 @@ async fn the_sign_in_form_needs_its_own_token() {
     }
     let response = post_login(&http, &api.url, "192.0.2.9", &fields).await;
     assert_eq!(response.status(), 303);
+}
+
+// ---------------------------------------------------------------- API tokens
+
+/// The `<pre id="token">` secret a page shows once.
+fn shown_token(html: &str) -> String {
+    html.split("<pre id=\"token\">")
+        .nth(1)
+        .and_then(|t| t.split('<').next())
+        .expect("a token")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    // The demo seed made the first tenant's admin the platform's operator.
+    let cli = |args: &[&str]| ctl_as(&api._db, Some(&t0.admin.email), args);
+    let slug = t0.slug.as_str();
+    let (ok, created) = cli(&[
+        "api-token",
+        "create",
+        "--tenant",
+        slug,
+        "--person",
+        &t0.dispatcher.email,
+        "--name",
+        "Nightly export",
+        "--expires-in-days",
+        "30",
+    ]);
+    assert!(ok, "{created}");
+    let token = created["token"].as_str().expect("token").to_owned();
+    let handle = created["api_token"].as_str().expect("handle").to_owned();
+    assert!(token.starts_with("gh_api_") && handle.starts_with("apt_"), "{created}");
+    let expires: jiff::Timestamp = created["expires_at"].as_str().expect("at").parse().expect("ts");
+    let days = (expires.as_second() - jiff::Timestamp::now().as_second()) / 86_400;
+    assert!((29..=30).contains(&days), "expires in 30 days: {expires}");
+    assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&token)).await.0, 200);
+    // Lifetimes and names out of range are refused and create nothing.
+    for (flag, value) in [
+        ("--expires-in-days", "0"),
+        ("--expires-in-days", "366"),
+        ("--name", " "),
+        ("--name", &"n".repeat(81)),
+    ] {
+        let mut args =
+            vec!["api-token", "create", "--tenant", slug, "--person", &t0.dispatcher.email];
+        if flag == "--name" {
+            args.extend([flag, value]);
+        } else {
+            args.extend(["--name", "Refused", flag, value]);
+        }
+        let (ok, err) = cli(&args);
+        assert!(!ok && err["error"]["code"] == "invalid_argument", "{flag} {value:?}: {err}");
+    }
+    let (ok, err) = cli(&[
+        "api-token",
+        "create",
+        "--tenant",
+        slug,
+        "--person",
+        &api.seed.tenants[1].admin.email,
+        "--name",
+        "Stranger",
+    ]);
+    assert!(!ok && err["error"]["code"] == "not_found", "a person of another tenant: {err}");
+    assert_eq!(
+        api._db.scalar_i64("SELECT count(*) FROM api_tokens").await,
+        3,
+        "two demo tokens and one new"
+    );
+    // The list shows status and expiry, never a secret.
+    let (ok, list) = cli(&["api-token", "list", "--tenant", slug]);
+    assert!(ok, "{list}");
+    assert!(!list.to_string().contains("gh_api_"), "no secret in the list: {list}");
+    let row = list["api_tokens"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|t| t["api_token"] == handle.as_str())
+        .expect("listed")
+        .clone();
+    assert_eq!(
+        (row["status"].as_str(), row["person"].as_str()),
+        (Some("active"), Some(t0.dispatcher.email.as_str()))
+    );
+    // Another tenant's token, or no token at all, is not found, and the other token still works.
+    let foreign = api._db.scalar_string(&format!("SELECT a.handle FROM api_tokens a JOIN tenants t ON t.id = a.tenant_id WHERE t.slug = '{}'", api.seed.tenants[1].slug)).await;
+    for other in [foreign.as_str(), "apt_nonexistentnonexistent00", "con_x", "../../x"] {
+        let (ok, err) =
+            cli(&["api-token", "revoke", "--tenant", slug, "--token", other, "--reason", "x"]);
+        assert!(!ok && err["error"]["code"] == "not_found", "{other}: {err}");
+    }
+    assert_eq!(
+        api.get("/api/v1/bookings?limit=1", Some(&api.seed.tenants[1].api_token)).await.0,
+        200
+    );
+    // Revoked: refused from the next request on, audited once with its reason.
+    let (ok, revoked) =
+        cli(&["api-token", "revoke", "--tenant", slug, "--token", &handle, "--reason", "rotated"]);
+    assert!(ok && revoked["revoked"] == true, "{revoked}");
+    assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&token)).await.0, 401);
+    let (ok, again) =
+        cli(&["api-token", "revoke", "--tenant", slug, "--token", &handle, "--reason", "again"]);
+    assert!(ok && again["revoked"] == false, "{again}");
+    assert_eq!(
+        api._db.scalar_i64(&format!("SELECT count(*) FROM audit_log WHERE action = 'api_token.revoke' AND channel = 'cli' AND reason = 'rotated' AND '{handle}' = ANY(targets)")).await,
+        1
+    );
+    // Past its expiry a token is refused, and the refusal says it expired.
+    let (_, short) = cli(&[
+        "api-token",
+        "create",
+        "--tenant",
+        slug,
+        "--person",
+        &t0.admin.email,
+        "--name",
+        "Short",
+        "--expires-in-days",
+        "1",
+    ]);
+    let short_token = short["token"].as_str().expect("token").to_owned();
+    assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&short_token)).await.0, 200);
+    api._db
+        .exec(&format!(
+            "UPDATE api_tokens SET expires_at = now() - interval '1 second' WHERE handle = '{}'",
+            short["api_token"].as_str().expect("h")
+        ))
+        .await;
+    let (status, body) = api.get("/api/v1/bookings?limit=1", Some(&short_token)).await;
+    assert_eq!(status, 401);
+    assert!(body["error"]["message"].as_str().expect("m").contains("expired"), "{body}");
+
+    // The console: an admin creates one (shown once, never cached), then revokes it.
+    let browser = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let page = browser.get("/api-tokens").await;
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains(&handle) && html.contains("revoked") && html.contains("expired"),
+        "the list shows each status"
+    );
+    assert!(!html.contains("gh_api_"), "no secret in the list");
+    let mut form = form_fields(&html, "/api-tokens");
+    form.extend([
+        ("name".into(), "Console token".into()),
+        ("person".into(), t0.admin.email.clone()),
+        ("expires_in_days".into(), "7".into()),
+    ]);
+    let created = browser.post("/api-tokens", &form).await;
+    assert_eq!(created.status(), 200);
+    assert_eq!(
+        created.headers()["cache-control"],
+        "no-store",
+        "a page with a secret is never cached"
+    );
+    let console_token = shown_token(&created.text().await.expect("html"));
+    assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&console_token)).await.0, 200);
+    let mut bad = form.clone();
+    bad.retain(|(k, _)| k != "expires_in_days");
+    bad.push(("expires_in_days".into(), "forever".into()));
+    assert_eq!(browser.post("/api-tokens", &bad).await.status(), 422);
+    let console_handle =
+        api._db.scalar_string("SELECT handle FROM api_tokens WHERE name = 'Console token'").await;
+    // A confirmation page exists only for a token of this tenant.
+    for other in [
+        foreign.as_str(),
+        "apt_nonexistentnonexistent00",
+        "..%2F..%2Fconnections",
+        "%22%3E%3Cscript%3E",
+    ] {
+        assert_eq!(
+            browser.get(&format!("/api-tokens/{other}/revoke")).await.status(),
+            404,
+            "{other}"
+        );
+    }
+    let action = format!("/api-tokens/{console_handle}/revoke");
+    let confirm = browser.get(&action).await.text().await.expect("html");
+    let mut fields = form_fields(&confirm, &action);
+    let forged: Vec<(String, String)> = vec![("reason".into(), "no csrf".into())];
+    assert_eq!(browser.post(&action, &forged).await.status(), 403);
+    assert_eq!(
+        api.get("/api/v1/bookings?limit=1", Some(&console_token)).await.0,
+        200,
+        "a forged form revokes nothing"
+    );
+    fields.push(("reason".into(), "laptop lost".into()));
+    assert_eq!(browser.post(&action, &fields).await.status(), 303);
+    assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&console_token)).await.0, 401);
+    assert_eq!(
+        api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE action IN ('api_token.create', 'api_token.revoke') AND channel = 'console'").await,
+        2
+    );
+    // Another tenant's admin cannot revoke it through their own console either.
+    let t1 = &api.seed.tenants[1];
+    let stranger = Browser::sign_in(&api, &t1.admin.email, &t1.admin.password).await;
+    let mut theirs =
+        form_fields(&stranger.get("/api-tokens").await.text().await.expect("html"), "/api-tokens");
+    theirs.retain(|(k, _)| k == "csrf");
+    theirs.push(("reason".into(), "cross-tenant".into()));
+    assert_eq!(stranger.post(&format!("/api-tokens/{handle}/revoke"), &theirs).await.status(), 404);
+}
+
+// ---------------------------------------------------------------- registration floods
+
+#[tokio::test]
+async fn registration_is_throttled_per_source_address() {
+    let api = Api::start().await;
+    let register = |source: String| {
+        let (http, url) = (api.http.clone(), format!("{}/oauth/register", api.url));
+        async move {
+            let response = http
+                .post(url)
+                .header("x-forwarded-for", source)
+                .json(&json!({"client_name": "Flood", "redirect_uris": ["http://127.0.0.1:40000/cb"]}))
+                .send()
+                .await
+                .expect("register");
+            let retry = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<i64>().ok());
+            (
+                response.status().as_u16(),
+                retry,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    // Thirty at once from one address: exactly the limit gets through (counted atomically).
+    let results =
+        futures_util::future::join_all((0..30).map(|_| register("198.51.100.7".into()))).await;
+    let created = results.iter().filter(|r| r.0 == 201).count();
+    let limited: Vec<_> = results.iter().filter(|r| r.0 == 429).collect();
+    assert_eq!((created, limited.len()), (20, 10), "{results:?}");
+    let (_, retry, body) = limited[0];
+    assert!(retry.is_some_and(|s| (1..=3600).contains(&s)), "Retry-After: {retry:?}");
+    assert_eq!(body["error"], "too_many_requests");
+    assert!(body["error_description"].as_str().expect("d").contains("retry in"), "{body}");
+    assert_eq!(
+        api._db.scalar_i64("SELECT count(*) FROM oauth_clients WHERE client_name = 'Flood'").await,
+        20
+    );
+    // Another address is unaffected; IPv6 addresses count by their /64.
+    assert_eq!(register("198.51.100.8".into()).await.0, 201);
+    for i in 0..20 {
+        assert_eq!(register(format!("2001:db8:1:2::{i:x}")).await.0, 201);
+    }
+    assert_eq!(register("2001:db8:1:2:ffff::1".into()).await.0, 429, "the same /64");
+    assert_eq!(register("2001:db8:1:3::1".into()).await.0, 201, "another /64");
+    // A body that is not client metadata is an OAuth error, not a bare 422.
+    let response = api
+        .http
+        .post(format!("{}/oauth/register", api.url))
+        .header("x-forwarded-for", "198.51.100.9")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .expect("register");
+    assert_eq!(response.status(), 400);
+    assert_eq!(response.json::<Value>().await.expect("json")["error"], "invalid_client_metadata");
+}
+
+// ---------------------------------------------------------------- private_key_jwt clients
+
+mod signing {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use ring::rand::SystemRandom;
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    use serde_json::{Value, json};
+
+    /// A client's P-256 signing key and its public JWK.
+    pub struct Key {
+        pair: EcdsaKeyPair,
+        pub jwk: Value,
+    }
+
+    impl Key {
+        pub fn new(kid: &str) -> Key {
+            let rng = SystemRandom::new();
+            let pkcs8 =
+                EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+            let pair =
+                EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+                    .expect("pair");
+            let point = pair.public_key().as_ref().to_vec();
+            let jwk = json!({"kty": "EC", "crv": "P-256", "kid": kid, "use": "sig", "alg": "ES256",
+                "x": URL_SAFE_NO_PAD.encode(&point[1..33]), "y": URL_SAFE_NO_PAD.encode(&point[33..65])});
+            Key { pair, jwk }
+        }
+
+        /// A client assertion for `client` to `aud`, with these claims changed.
+        pub fn assertion(&self, client: &str, aud: &str, change: Value) -> String {
+            let now = jiff::Timestamp::now().as_second();
+            let mut claims = json!({"iss": client, "sub": client, "aud": aud, "iat": now, "exp": now + 120,
+                "jti": format!("jti-{}", ring::rand::generate::<[u8; 8]>(&SystemRandom::new()).expect("rng").expose().iter().map(|b| format!("{b:02x}")).collect::<String>())});
+            for (k, v) in change.as_object().expect("object") {
+                claims[k] = v.clone();
+            }
+            let header = json!({"alg": "ES256", "kid": self.jwk["kid"], "typ": "JWT"});
+            let h = URL_SAFE_NO_PAD.encode(header.to_string());
+            let p = URL_SAFE_NO_PAD.encode(claims.to_string());
+            let sig =
+                self.pair.sign(&SystemRandom::new(), format!("{h}.{p}").as_bytes()).expect("sign");
+            format!("{h}.{p}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_private_key_jwt_client_authenticates_with_a_fresh_signed_assertion() {
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
+    let meta: Value = api
+        .http
+        .get(format!("{}/.well-known/oauth-authorization-server", api.url))
+        .send()
+        .await
+        .expect("meta")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        meta["token_endpoint_auth_methods_supported"]
+            .as_array()
+            .expect("m")
+            .contains(&json!("private_key_jwt")),
+        "{meta}"
+    );
+    assert!(
+        meta["token_endpoint_auth_methods_supported"]
+            .as_array()
+            .expect("m")
+            .contains(&json!("none")),
+        "Claude checks for none"
+    );
+    assert_eq!(meta["client_id_metadata_document_supported"], true);
+    // The client publishes its metadata document and key set, as ChatGPT does.
+    let key = signing::Key::new("k1");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let docs = format!("http://{}", listener.local_addr().expect("addr"));
+    let client_id = format!("{docs}/oauth/client.json");
+    let document = json!({"client_id": client_id, "client_name": "Signed client", "redirect_uris": ["http://127.0.0.1:47615/callback"],
+        "token_endpoint_auth_method": "private_key_jwt", "jwks_uri": format!("{docs}/oauth/jwks.json")});
+    let jwks = json!({"keys": [key.jwk.clone()]});
+    let routes = axum::Router::new()
+        .route(
+            "/oauth/client.json",
+            axum::routing::get(move || async move { axum::Json(document) }),
+        )
+        .route("/oauth/jwks.json", axum::routing::get(move || async move { axum::Json(jwks) }));
+    tokio::spawn(async move { axum::serve(listener, routes).await.expect("serve") });
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let html = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("consent");
+    assert!(html.contains("Signed client"), "the document was fetched");
+    let mut form = form_fields(&html, "/oauth/authorize");
+    form.extend([("right".into(), "bookings:read".into()), ("decision".into(), "approve".into())]);
+    let approved = browser.post("/oauth/authorize", &form).await;
+    let location =
+        url::Url::parse(approved.headers()["location"].to_str().expect("ascii")).expect("url");
+    let code = location.query_pairs().find(|(k, _)| k == "code").expect("code").1.into_owned();
+    let token_url = format!("{}/oauth/token", api.url);
+    let post = |fields: Vec<(&'static str, String)>| {
+        let (http, url) = (api.http.clone(), token_url.clone());
+        async move {
+            let response = http.post(url).form(&fields).send().await.expect("token");
+            (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let exchange = |assertion: Option<String>, kind: &str| {
+        let mut fields = vec![
+            ("grant_type", "authorization_code".to_owned()),
+            ("code", code.clone()),
+            ("client_id", client_id.clone()),
+            ("redirect_uri", "http://127.0.0.1:47615/callback".to_owned()),
+            ("code_verifier", "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk".to_owned()),
+        ];
+        if let Some(a) = assertion {
+            fields.push(("client_assertion_type", kind.to_owned()));
+            fields.push(("client_assertion", a));
+        }
+        fields
+    };
+    const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+    let stranger = signing::Key::new("k1");
+    let hostile = [
+        ("no assertion", None, JWT_BEARER),
+        ("another key", Some(stranger.assertion(&client_id, &token_url, json!({}))), JWT_BEARER),
+        (
+            "another audience",
+            Some(key.assertion(&client_id, "https://evil.example/token", json!({}))),
+            JWT_BEARER,
+        ),
+        (
+            "another issuer",
+            Some(key.assertion(&client_id, &token_url, json!({"iss": "https://evil.example/c"}))),
+            JWT_BEARER,
+        ),
+        (
+            "expired",
+            Some(key.assertion(
+                &client_id,
+                &token_url,
+                json!({"exp": jiff::Timestamp::now().as_second() - 300}),
+            )),
+            JWT_BEARER,
+        ),
+        (
+            "a year long",
+            Some(key.assertion(
+                &client_id,
+                &token_url,
+                json!({"exp": jiff::Timestamp::now().as_second() + 31_536_000}),
+            )),
+            JWT_BEARER,
+        ),
+        (
+            "wrong type",
+            Some(key.assertion(&client_id, &token_url, json!({}))),
+            "urn:ietf:params:oauth:client-assertion-type:saml2-bearer",
+        ),
+        ("not a JWT", Some("not.a.jwt".to_owned()), JWT_BEARER),
+    ];
+    for (name, assertion, kind) in hostile {
+        let (status, body) = post(exchange(assertion, kind)).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (401, Some("invalid_client")),
+            "{name}: {body}"
+        );
+    }
+    // The code survived every refused attempt: the signed exchange succeeds.
+    let (status, tokens) =
+        post(exchange(Some(key.assertion(&client_id, &token_url, json!({}))), JWT_BEARER)).await;
+    assert_eq!(status, 200, "{tokens}");
+    assert_eq!(tokens["scope"], "bookings:read");
+    // Refresh needs a fresh assertion too: a replayed one is refused, a new one works.
+    let used = key.assertion(&client_id, &token_url, json!({}));
+    let refresh = |assertion: Option<String>, token: String| {
+        let mut fields = vec![
+            ("grant_type", "refresh_token".to_owned()),
+            ("refresh_token", token),
+            ("client_id", client_id.clone()),
+        ];
+        if let Some(a) = assertion {
+            fields.push(("client_assertion_type", JWT_BEARER.to_owned()));
+            fields.push(("client_assertion", a));
+        }
+        fields
+    };
+    let refresh_token = tokens["refresh_token"].as_str().expect("refresh").to_owned();
+    assert_eq!(post(refresh(None, refresh_token.clone())).await.0, 401);
+    let (status, rotated) = post(refresh(Some(used.clone()), refresh_token.clone())).await;
+    assert_eq!(status, 200, "{rotated}");
+    let (status, body) =
+        post(refresh(Some(used), rotated["refresh_token"].as_str().expect("r").to_owned())).await;
+    assert_eq!(status, 401, "a replayed assertion: {body}");
+    assert!(body["error_description"].as_str().expect("d").contains("used already"), "{body}");
+    // The issuer URL is accepted as audience too (RFC 7523 lets servers take either).
+    let (status, _) = post(refresh(
+        Some(key.assertion(&client_id, &api.url, json!({}))),
+        rotated["refresh_token"].as_str().expect("r").to_owned(),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    // A public client cannot present an assertion (nor choose the method for itself).
+    let public = register_client(&api).await;
+    let mut fields = vec![
+        ("grant_type", "refresh_token".to_owned()),
+        ("refresh_token", "gh_mcp_x".to_owned()),
+        ("client_id", public.clone()),
+    ];
+    fields.push(("client_assertion_type", JWT_BEARER.to_owned()));
+    fields.push(("client_assertion", key.assertion(&public, &token_url, json!({}))));
+    let (status, body) = post(fields).await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("invalid_client")), "{body}");
 }

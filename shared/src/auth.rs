@@ -43,6 +43,7 @@ impl AuthFailure {
                 format!("This endpoint takes {wanted}; the request carried {got}.")
             }
             AuthFailure::Unknown => format!("The token is not known here; it may have been revoked. This endpoint takes {wanted}."),
+            AuthFailure::Expired if wants == CredentialKind::Api => "The API token has expired; ask a tenant admin for a new one (console: API tokens, or `gatehousectl api-token create`).".into(),
             AuthFailure::Expired => "The access token has expired; refresh it or sign in again.".into(),
             AuthFailure::WrongAudience => "The token was issued for another resource; request one for this MCP URL.".into(),
             AuthFailure::Revoked => "This connection was revoked by a tenant admin; ask them for a new one.".into(),
@@ -57,6 +58,10 @@ pub struct McpContext {
     pub ctx: OpCtx,
     pub tenant_agent_access: bool,
     pub global_kill: bool,
+    /// For an OAuth access token, the rights its person holds now that the token lacks: what
+    /// a step-up authorization could add (MCP scope challenge, HTTP 403 `insufficient_scope`).
+    /// Empty for static tokens, whose missing rights stay a tool error.
+    pub grantable: RightSet,
 }
 
 /// The credential of an `Authorization` header value: `Bearer <token>`, the scheme matched
@@ -174,15 +179,25 @@ pub(crate) fn mcp_context(
         creator_rights,
         connection,
     );
+    // Only OAuth access tokens carry an audience; a client holding one can ask its person for more.
+    let grantable = if row.token_audience.is_some() {
+        creator_rights.without(token_rights)
+    } else {
+        RightSet::EMPTY
+    };
     Ok(McpContext {
         ctx,
         tenant_agent_access: row.tenant_agent_access,
         global_kill: row.global_kill,
+        grantable,
     })
 }
 
 pub(crate) fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailure> {
     let row = row.ok_or(AuthFailure::Unknown)?;
+    if row.expired {
+        return Err(AuthFailure::Expired);
+    }
     let role = current_role(row.person_active, row.role.as_deref(), row.membership_active)
         .ok_or(AuthFailure::CreatorGone)?;
     let tenant = tenant_ref(

@@ -17,6 +17,7 @@ pub enum Resource {
     Service,
     Booking,
     Connection,
+    ApiToken,
     AlertRule,
     Action,
 }
@@ -31,6 +32,7 @@ impl Resource {
             Resource::Service => "service",
             Resource::Booking => "booking",
             Resource::Connection => "connection",
+            Resource::ApiToken => "API token",
             Resource::AlertRule => "alert rule",
             Resource::Action => "pending action",
         }

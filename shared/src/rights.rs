@@ -89,6 +89,15 @@ impl RightSet {
         RightSet(self.0 & other.0)
     }
 
+    pub fn union(self, other: RightSet) -> RightSet {
+        RightSet(self.0 | other.0)
+    }
+
+    /// The rights of `self` that `other` lacks.
+    pub fn without(self, other: RightSet) -> RightSet {
+        RightSet(self.0 & !other.0)
+    }
+
     pub fn is_subset_of(self, other: RightSet) -> bool {
         self.0 & !other.0 == 0
     }

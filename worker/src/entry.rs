@@ -17,6 +17,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use shared::auth::{self, AuthFailure, McpContext};
+use shared::rights::RightSet;
 use shared::secret::CredentialKind;
 
 use crate::AppState;
@@ -75,6 +76,16 @@ pub async fn authenticate(
         });
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
+    // Step-up (MCP scope challenge): an OAuth client calling a tool its token lacks but its
+    // person could grant is told so in HTTP, so it can ask the person for the added right.
+    // Static tokens, and rights the person lacks too, stay a tool error naming the right.
+    if context.grantable != RightSet::EMPTY {
+        let (checked, challenge) = step_up(&state, &context, request).await;
+        if let Some(challenge) = challenge {
+            return finish(&state, challenge);
+        }
+        request = checked;
+    }
     let connection_id = context.ctx.connection().map(|c| c.id).unwrap_or_default();
     let context: Arc<McpContext> = Arc::new(context);
     request.extensions_mut().insert(context);
@@ -85,6 +96,79 @@ pub async fn authenticate(
         _ = inflight.token.cancelled() => unauthorized(&state, &AuthFailure::Revoked),
     };
     finish(&state, end_stream_on_revocation(response, inflight))
+}
+
+/// The largest request body read to look for a step-up: far above any tool call's arguments.
+const STEP_UP_BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// What a step-up check reads of a JSON-RPC request; everything else is ignored.
+#[derive(serde::Deserialize)]
+struct Probe {
+    method: String,
+    #[serde(default)]
+    params: Option<ProbeParams>,
+}
+
+#[derive(serde::Deserialize)]
+struct ProbeParams {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// Reads the request's body and answers 403 `insufficient_scope` when it calls a tool that a
+/// right the person can still grant would allow; otherwise returns the request unchanged.
+async fn step_up(
+    state: &AppState,
+    context: &McpContext,
+    request: Request,
+) -> (Request, Option<Response>) {
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, STEP_UP_BODY_LIMIT).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            let body = serde_json::json!({"error": "request_too_large", "error_description": "The request body is larger than 4 MiB."});
+            let response = (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response();
+            return (Request::from_parts(parts, axum::body::Body::empty()), Some(response));
+        }
+    };
+    let needed = serde_json::from_slice::<Probe>(&bytes)
+        .ok()
+        .filter(|p| p.method == "tools/call")
+        .and_then(|p| p.params?.name)
+        .and_then(|name| state.tools.get(&name))
+        .filter(|spec| {
+            let toolset = context.ctx.connection().map(|c| c.toolset.as_str()).unwrap_or("full");
+            spec.toolsets.contains(&toolset)
+        })
+        .and_then(|spec| spec.access.step_up(context.ctx.rights(), context.grantable));
+    let challenge = needed.map(|right| insufficient_scope(state, context.ctx.rights(), right));
+    (Request::from_parts(parts, axum::body::Body::from(bytes)), challenge)
+}
+
+/// HTTP 403 with the scope challenge of RFC 6750 §3.1 as MCP uses it: the scope to ask for is
+/// what the connection holds now plus the right the tool needs.
+fn insufficient_scope(state: &AppState, holds: RightSet, right: shared::rights::Right) -> Response {
+    let scope = holds.union(RightSet::of(&[right])).names().join(" ");
+    let description = format!(
+        "This tool needs the right {} ({}), which this connection was not granted; ask the person to approve it.",
+        right.as_str(),
+        right.description()
+    );
+    let challenge = format!(
+        "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{}\", error_description=\"{}\"",
+        state.settings.resource_metadata_url(),
+        header_safe(&description),
+    );
+    let body = serde_json::json!({
+        "error": "insufficient_scope",
+        "error_description": description,
+        "scope": scope,
+    });
+    let mut response = (StatusCode::FORBIDDEN, Json(body)).into_response();
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
 }
 
 /// An SSE response (progress, long tools) keeps streaming after the handler returned its
@@ -117,15 +201,22 @@ fn unauthorized(state: &AppState, failure: &AuthFailure) -> Response {
     let description = failure.message(CredentialKind::Mcp);
     // A request that carried no credential gets the challenge without an error code
     // (RFC 6750 §3.1); one that carried a bad one is told `invalid_token`.
+    // The scope a client should ask for when it knows nothing yet: the read rights. Clients
+    // that take their scope from the challenge (the TypeScript SDK does) then ask for least
+    // privilege, not for every right the metadata lists; the person can tick more.
+    let scope = shared::rights::read_only().names().join(" ");
     let (challenge, body) = if *failure == AuthFailure::Missing {
         (
-            format!("Bearer resource_metadata=\"{}\"", state.settings.resource_metadata_url()),
+            format!(
+                "Bearer resource_metadata=\"{}\", scope=\"{scope}\"",
+                state.settings.resource_metadata_url()
+            ),
             serde_json::json!({"error_description": description}),
         )
     } else {
         (
             format!(
-                "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"{}\"",
+                "Bearer resource_metadata=\"{}\", scope=\"{scope}\", error=\"invalid_token\", error_description=\"{}\"",
                 state.settings.resource_metadata_url(),
                 header_safe(&description),
             ),

@@ -499,6 +499,11 @@ async fn credentials_of_other_kinds_and_bad_origins_are_refused() {
         !challenge.contains("error="),
         "no credential, no error code (RFC 6750 §3.1): {challenge}"
     );
+    // The scope a client knowing nothing should ask for is the read rights (least privilege).
+    assert!(
+        challenge.contains("scope=\"customers:read technicians:read bookings:read\""),
+        "{challenge}"
+    );
     let (_, bad, _) = stack
         .raw(Some("gh_mcp_notknownnotknownnotknownnotknown00"), "tools/list", None, json!({}), &[])
         .await;

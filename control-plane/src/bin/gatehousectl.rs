@@ -8,7 +8,7 @@ use shared::OpCtx;
 use shared::Services;
 use shared::config::Common;
 use shared::ctx::{Channel, Operator};
-use shared::error::Error;
+use shared::error::{Error, Resource};
 use shared::rights::{RightSet, Role};
 use shared::services::{admin, demo, operators};
 
@@ -16,7 +16,7 @@ use shared::services::{admin, demo, operators};
 #[command(
     name = "gatehousectl",
     version,
-    about = "Operate Gatehouse: schema, tenants, people, connections, demo data"
+    about = "Operate Gatehouse: schema, tenants, people, connections, API tokens, demo data"
 )]
 #[command(
     after_help = "Configuration: DATABASE_URL (required), NATS_URL (default nats://127.0.0.1:4222).\n\
@@ -48,6 +48,9 @@ enum Command {
     /// Manage agent connections.
     #[command(subcommand)]
     Connection(ConnectionCmd),
+    /// Manage the REST API's tokens: they expire, and can be revoked at any time.
+    #[command(subcommand)]
+    ApiToken(ApiTokenCmd),
     /// Demo data.
     #[command(subcommand)]
     Demo(DemoCmd),
@@ -188,6 +191,39 @@ enum ConnectionCmd {
 }
 
 #[derive(Debug, Subcommand)]
+enum ApiTokenCmd {
+    /// Create an API token for a member of the tenant; prints its secret once.
+    Create {
+        #[command(flatten)]
+        t: InTenant,
+        /// Email of the person the token acts for (with their current role's rights).
+        #[arg(long)]
+        person: String,
+        #[arg(long)]
+        name: String,
+        /// Days until it expires (1 to 365).
+        #[arg(long, default_value_t = admin::API_TOKEN_DEFAULT_DAYS)]
+        expires_in_days: i64,
+    },
+    /// List a tenant's API tokens (never their secrets).
+    List {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Revoke an API token; it is refused from the next request on.
+    Revoke {
+        #[command(flatten)]
+        t: InTenant,
+        /// The token's handle (apt_…), as `api-token list` shows it.
+        #[arg(long = "token")]
+        handle: String,
+        /// Why; kept in the audit log.
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum DemoCmd {
     /// Create two demo tenants with people, bookings and connections; prints logins and tokens.
     Seed,
@@ -228,6 +264,10 @@ fn describe(error: &Error) -> (String, String) {
         Error::Invalid { field, problem, .. } => {
             (format!("{field}: {problem}"), "correct it and run the command again".into())
         }
+        Error::NotFound { resource: Resource::ApiToken, .. } => (
+            error.to_string(),
+            "check the slug and the handle (`gatehousectl api-token list --tenant …`)".into(),
+        ),
         Error::NotFound { .. } => (
             error.to_string(),
             "check the slug, email or handle (`gatehousectl connection list --tenant …`)".into(),
@@ -404,6 +444,56 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                         json!({"connections": list}),
                         if text.is_empty() { "no connections".into() } else { text },
                     ))
+                }
+            }
+        }
+        Command::ApiToken(cmd) => {
+            let slug = match &cmd {
+                ApiTokenCmd::Create { t, .. }
+                | ApiTokenCmd::List { t }
+                | ApiTokenCmd::Revoke { t, .. } => t.tenant.clone(),
+            };
+            let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
+            match cmd {
+                ApiTokenCmd::Create { person, name, expires_in_days, .. } => {
+                    let created =
+                        admin::api_token_create(&ds, &ctx, &person, &name, Some(expires_in_days))
+                            .await?;
+                    let text = format!(
+                        "created API token {} ({}) for {}, expires {}\ntoken (shown once): {}",
+                        created.api_token,
+                        created.name,
+                        created.person,
+                        created.expires_at,
+                        created.token
+                    );
+                    Ok((to_json(&created), text))
+                }
+                ApiTokenCmd::List { .. } => {
+                    let list = admin::api_token_list(&ds, &ctx).await?;
+                    let text = list
+                        .iter()
+                        .map(|t| {
+                            format!(
+                                "{}  {:7}  {}  for {}  expires {}",
+                                t.api_token, t.status, t.name, t.person, t.expires_at
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    Ok((
+                        json!({"api_tokens": list}),
+                        if text.is_empty() { "no API tokens".into() } else { text },
+                    ))
+                }
+                ApiTokenCmd::Revoke { handle, reason, .. } => {
+                    let r = admin::api_token_revoke(&ds, &ctx, &handle, &reason).await?;
+                    let text = if r.revoked {
+                        format!("revoked {}", r.api_token)
+                    } else {
+                        format!("{} was already revoked", r.api_token)
+                    };
+                    Ok((to_json(&r), text))
                 }
             }
         }

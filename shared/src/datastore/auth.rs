@@ -44,6 +44,8 @@ pub struct ApiContextRow {
     pub tenant_slug: String,
     pub tenant_zone: String,
     pub tenant_currency: String,
+    /// The token is past its expiry.
+    pub expired: bool,
 }
 
 /// The hot-path query: the token, its connection, tenant, switches and the creator's current
@@ -102,7 +104,8 @@ impl Services {
             SELECT p.id AS person_id, p.handle AS person_handle, p.active AS person_active,
                    m.role, m.active AS membership_active,
                    t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug,
-                   t.zone AS tenant_zone, t.currency::text AS tenant_currency
+                   t.zone AS tenant_zone, t.currency::text AS tenant_currency,
+                   a.expires_at <= now() AS expired
             FROM api_tokens a
             JOIN people p ON p.id = a.person_id
             JOIN tenants t ON t.id = a.tenant_id

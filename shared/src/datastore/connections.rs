@@ -143,28 +143,6 @@ pub(crate) async fn connection_status(
         .await?)
 }
 
-pub(crate) async fn api_token_insert(
-    tx: &mut Tx<'_>,
-    ctx: &OpCtx,
-    handle: &str,
-    person_id: i64,
-    name: &str,
-    token_hash: &[u8],
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO api_tokens (tenant_id, handle, person_id, name, token_hash)
-         VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(ctx.tenant_id())
-    .bind(handle)
-    .bind(person_id)
-    .bind(name)
-    .bind(token_hash)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// The tenant, handle and status of a connection, by id (for revocations found by token).
 pub(crate) async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<(i64, String)>> {
     Ok(sqlx::query_as::<_, (i64, String)>(

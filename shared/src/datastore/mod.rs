@@ -5,6 +5,7 @@
 //! adapters (tools, REST handlers, the console) never do.
 
 mod alert_rules;
+mod api_tokens;
 mod audit;
 mod auth;
 mod bookings;
@@ -23,6 +24,7 @@ mod technicians;
 mod tenants;
 
 pub use alert_rules::*;
+pub use api_tokens::*;
 pub use audit::*;
 pub use auth::*;
 pub use bookings::*;

@@ -13,6 +13,12 @@ pub struct ClientRow {
     pub redirect_uris: Vec<String>,
     pub kind: String,
     pub fetched_at: Option<DateTime<Utc>>,
+    /// `none` (public client, PKCE) or `private_key_jwt` (RFC 7523, metadata documents only).
+    pub token_endpoint_auth_method: String,
+    pub jwks_uri: Option<String>,
+    /// The key set: inline in the document, or as last fetched from `jwks_uri`.
+    pub jwks: Option<serde_json::Value>,
+    pub jwks_fetched_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -42,7 +48,9 @@ pub struct RefreshRow {
 impl Services {
     pub(crate) async fn oauth_client_get(&self, client_id: &str) -> Result<Option<ClientRow>> {
         Ok(sqlx::query_as::<_, ClientRow>(
-            "SELECT client_id, client_name, redirect_uris, kind, fetched_at FROM oauth_clients WHERE client_id = $1",
+            "SELECT client_id, client_name, redirect_uris, kind, fetched_at, token_endpoint_auth_method,
+                    jwks_uri, jwks, jwks_fetched_at
+             FROM oauth_clients WHERE client_id = $1",
         )
         .bind(client_id)
         .fetch_optional(self.pool())
@@ -51,27 +59,79 @@ impl Services {
 }
 
 impl Services {
-    pub(crate) async fn oauth_client_put(
-        &self,
-        client_id: &str,
-        name: &str,
-        redirect_uris: &[String],
-        kind: &str,
-    ) -> Result<()> {
+    pub(crate) async fn oauth_client_put(&self, c: NewClient<'_>) -> Result<()> {
+        // A document that changes its key set drops the cached copy of the old one.
         sqlx::query(
-            "INSERT INTO oauth_clients (client_id, client_name, redirect_uris, kind, fetched_at)
-             VALUES ($1, $2, $3, $4, CASE WHEN $4 = 'metadata_document' THEN now() END)
+            "INSERT INTO oauth_clients (client_id, client_name, redirect_uris, kind, fetched_at,
+                                        token_endpoint_auth_method, jwks_uri, jwks)
+             VALUES ($1, $2, $3, $4, CASE WHEN $4 = 'metadata_document' THEN now() END, $5, $6, $7)
              ON CONFLICT (client_id) DO UPDATE SET client_name = EXCLUDED.client_name,
-                 redirect_uris = EXCLUDED.redirect_uris, fetched_at = EXCLUDED.fetched_at",
+                 redirect_uris = EXCLUDED.redirect_uris, fetched_at = EXCLUDED.fetched_at,
+                 token_endpoint_auth_method = EXCLUDED.token_endpoint_auth_method,
+                 jwks = CASE WHEN oauth_clients.jwks_uri IS NOT DISTINCT FROM EXCLUDED.jwks_uri
+                             AND EXCLUDED.jwks IS NULL THEN oauth_clients.jwks ELSE EXCLUDED.jwks END,
+                 jwks_fetched_at = CASE WHEN oauth_clients.jwks_uri IS NOT DISTINCT FROM EXCLUDED.jwks_uri
+                             AND EXCLUDED.jwks IS NULL THEN oauth_clients.jwks_fetched_at END,
+                 jwks_uri = EXCLUDED.jwks_uri",
         )
-        .bind(client_id)
-        .bind(name)
-        .bind(redirect_uris)
-        .bind(kind)
+        .bind(c.client_id)
+        .bind(c.name)
+        .bind(c.redirect_uris)
+        .bind(c.kind)
+        .bind(c.auth_method)
+        .bind(c.jwks_uri)
+        .bind(c.jwks)
         .execute(self.pool())
         .await?;
         Ok(())
     }
+
+    /// Keeps a key set fetched from a client's `jwks_uri`.
+    pub(crate) async fn oauth_client_jwks_put(
+        &self,
+        client_id: &str,
+        jwks: &serde_json::Value,
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE oauth_clients SET jwks = $2, jwks_fetched_at = now() WHERE client_id = $1",
+        )
+        .bind(client_id)
+        .bind(jwks)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Records a client assertion's `jti` until it expires; false when it was seen already.
+    pub(crate) async fn oauth_assertion_use(
+        &self,
+        client_id: &str,
+        jti: &str,
+        expires_at: DateTime<Utc>,
+    ) -> Result<bool> {
+        Ok(sqlx::query(
+            "INSERT INTO oauth_client_assertions (client_id, jti, expires_at) VALUES ($1, $2, $3)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(client_id)
+        .bind(jti)
+        .bind(expires_at)
+        .execute(self.pool())
+        .await?
+        .rows_affected()
+            == 1)
+    }
+}
+
+/// A client as registered or published.
+pub struct NewClient<'a> {
+    pub client_id: &'a str,
+    pub name: &'a str,
+    pub redirect_uris: &'a [String],
+    pub kind: &'a str,
+    pub auth_method: &'a str,
+    pub jwks_uri: Option<&'a str>,
+    pub jwks: Option<&'a serde_json::Value>,
 }
 
 /// The active OAuth connection of this client for the context's person, if any.
@@ -90,6 +150,26 @@ pub(crate) async fn oauth_connection_find(
     .bind(client_id)
     .fetch_optional(&mut **tx)
     .await?)
+}
+
+impl Services {
+    /// The rights this client's active connection for the context's person holds now.
+    pub(crate) async fn oauth_grant_rights(
+        &self,
+        ctx: &OpCtx,
+        person_id: i64,
+        client_id: &str,
+    ) -> Result<Option<Vec<String>>> {
+        Ok(sqlx::query_scalar(
+            "SELECT rights FROM connections
+             WHERE tenant_id = $1 AND creator_id = $2 AND oauth_client_id = $3 AND status = 'active'",
+        )
+        .bind(ctx.tenant_id())
+        .bind(person_id)
+        .bind(client_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
 }
 
 pub(crate) async fn connection_set_oauth(
@@ -229,6 +309,25 @@ impl Services {
         .bind(session_id)
         .bind(tenant_id)
         .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
+    /// Counts one use of a throttled key in its window and returns the count with the window's
+    /// age in seconds, in one statement (concurrent uses serialize on the row). A window older
+    /// than `window_secs` starts again at one. Shares the sign-in counters' table.
+    pub(crate) async fn throttle_take(&self, key: &str, window_secs: i64) -> Result<(i32, i64)> {
+        Ok(sqlx::query_as(
+            "INSERT INTO login_throttle AS t (key, window_start, attempts) VALUES ($1, now(), 1)
+             ON CONFLICT (key) DO UPDATE SET
+                 attempts = CASE WHEN t.window_start < now() - make_interval(secs => $2) THEN 1 ELSE t.attempts + 1 END,
+                 window_start = CASE WHEN t.window_start < now() - make_interval(secs => $2) THEN now() ELSE t.window_start END
+             RETURNING attempts, extract(epoch FROM now() - window_start)::bigint",
+        )
+        .bind(key)
+        .bind(window_secs as f64)
+        .fetch_one(self.pool())
         .await?)
     }
 }

@@ -385,40 +385,165 @@ pub async fn connection_revoke(
     Ok(ConnectionRevoked { connection: handle.to_string(), revoked: !revoked.is_empty() })
 }
 
+/// How long an API token lives unless its creator chooses: 90 days; at most a year.
+pub const API_TOKEN_DEFAULT_DAYS: i64 = 90;
+pub const API_TOKEN_MAX_DAYS: i64 = 365;
+/// How long an API token's name may be.
+pub const API_TOKEN_NAME_CHARS: usize = 80;
+
 #[derive(Debug, Serialize)]
 pub struct ApiTokenCreated {
     pub api_token: String,
+    pub name: String,
+    pub person: String,
+    pub expires_at: String,
+    /// The secret, shown once.
     pub token: String,
 }
 
+/// An API token as listed (never its secret).
+#[derive(Debug, Serialize)]
+pub struct ApiTokenSummary {
+    pub api_token: String,
+    pub name: String,
+    pub person: String,
+    pub created_at: String,
+    pub expires_at: String,
+    /// `active`, `expired` or `revoked`.
+    pub status: &'static str,
+}
+
+fn utc_text(t: chrono::DateTime<chrono::Utc>) -> String {
+    crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Creates an API token for a member of the tenant, valid for `expires_in_days` (1 to 365,
+/// 90 when `None`). The person's current role decides what it may do on every request.
 pub async fn api_token_create(
     ds: &Services,
     ctx: &OpCtx,
     person_email: &str,
     name: &str,
+    expires_in_days: Option<i64>,
 ) -> Result<ApiTokenCreated> {
     ctx.require(Right::ConnectionsManage)?;
+    let name = name.trim();
+    if name.is_empty()
+        || name.chars().count() > API_TOKEN_NAME_CHARS
+        || name.chars().any(char::is_control)
+    {
+        return Err(Error::invalid(
+            "name",
+            format!(
+                "give a name of 1 to {API_TOKEN_NAME_CHARS} characters, without control characters"
+            ),
+        ));
+    }
+    let days = expires_in_days.unwrap_or(API_TOKEN_DEFAULT_DAYS);
+    if !(1..=API_TOKEN_MAX_DAYS).contains(&days) {
+        return Err(Error::invalid(
+            "expires_in_days",
+            format!("an API token lives 1 to {API_TOKEN_MAX_DAYS} days; {days} is out of range"),
+        ));
+    }
     let person = member(ds, ctx, person_email).await?;
     let token = secret::generate(CredentialKind::Api);
     let handle = ApiTokenHandle::generate();
     let mut tx = ds.begin().await?;
-    ds_fns::api_token_insert(
+    let expires_at = ds_fns::api_token_insert(
         &mut tx,
         ctx,
         handle.as_str(),
         person.id,
         name,
         &secret::hash_token(&token),
+        days,
     )
     .await?;
     ds_fns::audit_insert(
         &mut tx,
         ctx,
-        AuditEntry::ok("api_token.create", vec![handle.to_string()]),
+        AuditEntry::ok("api_token.create", vec![handle.to_string(), person.handle.clone()]),
     )
     .await?;
     tx.commit().await?;
-    Ok(ApiTokenCreated { api_token: handle.to_string(), token })
+    Ok(ApiTokenCreated {
+        api_token: handle.to_string(),
+        name: name.to_owned(),
+        person: person.email,
+        expires_at: utc_text(expires_at),
+        token,
+    })
+}
+
+fn api_token_summary(row: ds_fns::ApiTokenRow) -> ApiTokenSummary {
+    let status = if row.revoked_at.is_some() {
+        "revoked"
+    } else if row.expires_at <= chrono::Utc::now() {
+        "expired"
+    } else {
+        "active"
+    };
+    ApiTokenSummary {
+        api_token: row.handle,
+        name: row.name,
+        person: row.person_email,
+        created_at: utc_text(row.created_at),
+        expires_at: utc_text(row.expires_at),
+        status,
+    }
+}
+
+/// The tenant's API tokens, newest first.
+pub async fn api_token_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<ApiTokenSummary>> {
+    ctx.require(Right::ConnectionsManage)?;
+    Ok(ds.api_token_list(ctx).await?.into_iter().map(api_token_summary).collect())
+}
+
+/// One API token of the tenant, by a handle as it came from outside: anything that is not an
+/// API token handle of this tenant is not found.
+pub async fn api_token_get(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<ApiTokenSummary> {
+    ctx.require(Right::ConnectionsManage)?;
+    let not_found =
+        || Error::not_found(Resource::ApiToken, raw.chars().take(40).collect::<String>());
+    let handle = ApiTokenHandle::parse("api_token", raw).map_err(|_| not_found())?;
+    ds.api_token_get(ctx, handle.as_str()).await?.map(api_token_summary).ok_or_else(not_found)
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiTokenRevoked {
+    pub api_token: String,
+    /// False when it was revoked already.
+    pub revoked: bool,
+}
+
+/// Revokes an API token of the tenant: refused from the next request on, audited with the reason.
+pub async fn api_token_revoke(
+    ds: &Services,
+    ctx: &OpCtx,
+    raw: &str,
+    reason: &str,
+) -> Result<ApiTokenRevoked> {
+    ctx.require(Right::ConnectionsManage)?;
+    let not_found =
+        || Error::not_found(Resource::ApiToken, raw.chars().take(40).collect::<String>());
+    let handle = ApiTokenHandle::parse("api_token", raw).map_err(|_| not_found())?;
+    let reason = reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        return Err(Error::invalid(
+            "reason",
+            "say why in 1 to 500 characters; it is kept in the audit log",
+        ));
+    }
+    let mut tx = ds.begin().await?;
+    let revoked = ds_fns::api_token_revoke(&mut tx, ctx, handle.as_str(), reason)
+        .await?
+        .ok_or_else(not_found)?;
+    let mut entry = AuditEntry::ok("api_token.revoke", vec![handle.to_string()]);
+    entry.reason = Some(reason);
+    ds_fns::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    Ok(ApiTokenRevoked { api_token: handle.to_string(), revoked })
 }
 
 #[derive(Debug, Serialize)]

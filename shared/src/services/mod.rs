@@ -8,6 +8,7 @@ pub mod actions;
 pub mod admin;
 pub mod bookings;
 pub mod catalog;
+pub mod client_assertion;
 pub mod console;
 pub mod customers;
 pub mod demo;

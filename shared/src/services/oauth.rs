@@ -24,6 +24,7 @@ use crate::handle::ConnectionHandle;
 use crate::rights::{Right, RightSet};
 use crate::secret::{self, CredentialKind};
 use crate::services::admin;
+use crate::services::client_assertion::{self, Jwks};
 use crate::services::console::ConsoleSession;
 
 pub const ACCESS_TTL_SECS: i64 = 3600;
@@ -156,6 +157,39 @@ pub struct Registered {
     pub response_types: [&'static str; 1],
 }
 
+/// How many clients one source address (an IPv6 source by its /64) may register per window.
+pub const REGISTRATIONS_PER_SOURCE: i32 = 20;
+pub const REGISTRATION_WINDOW_SECS: i64 = 3600;
+
+/// The throttling key of a source address: IPv4 as it is, IPv6 by its /64 (one subscriber
+/// holds a whole /64, so counting single addresses would count nothing).
+pub fn source_key(source: &str) -> String {
+    match source.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        Ok(IpAddr::V6(v6)) => v6.to_ipv4_mapped().map(|v4| v4.to_string()).unwrap_or_default(),
+        Ok(IpAddr::V4(v4)) => v4.to_string(),
+        Err(_) => source.chars().take(64).collect(),
+    }
+}
+
+/// Counts a registration from `source`; `Err(seconds)` says how long it must wait when the
+/// source is past its limit (counted atomically, so concurrent requests cannot slip past).
+pub async fn registration_take(
+    ds: &Services,
+    source: &str,
+) -> Result<std::result::Result<(), i64>> {
+    let key = format!("register:{}", source_key(source));
+    let (count, age) = ds.throttle_take(&key, REGISTRATION_WINDOW_SECS).await?;
+    if count > REGISTRATIONS_PER_SOURCE {
+        Ok(Err((REGISTRATION_WINDOW_SECS - age).max(1)))
+    } else {
+        Ok(Ok(()))
+    }
+}
+
 /// Dynamic client registration (RFC 7591): public clients only.
 pub async fn register(
     ds: &Services,
@@ -171,7 +205,16 @@ pub async fn register(
     let name = display_name(req.client_name.as_deref(), "Unnamed client");
     let client_id =
         format!("ghc_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
-    ds.oauth_client_put(&client_id, &name, &req.redirect_uris, "registered").await?;
+    ds.oauth_client_put(db::NewClient {
+        client_id: &client_id,
+        name: &name,
+        redirect_uris: &req.redirect_uris,
+        kind: "registered",
+        auth_method: "none",
+        jwks_uri: None,
+        jwks: None,
+    })
+    .await?;
     Ok(Registered {
         client_id,
         client_name: name,
@@ -190,6 +233,13 @@ pub struct MetadataDocument {
     pub client_name: Option<String>,
     #[serde(default)]
     pub redirect_uris: Vec<String>,
+    /// `none` (the default) or `private_key_jwt` with `jwks_uri` or `jwks`.
+    #[serde(default)]
+    pub token_endpoint_auth_method: Option<String>,
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    #[serde(default)]
+    pub jwks: Option<serde_json::Value>,
 }
 
 /// Checks a fetched metadata document against the URL it came from and stores it.
@@ -205,9 +255,51 @@ pub async fn accept_metadata_document(
         ));
     }
     check_redirect_uris(&doc.redirect_uris, "invalid_client")?;
+    let method = doc.token_endpoint_auth_method.as_deref().unwrap_or("none");
+    let (jwks_uri, jwks) = match method {
+        "none" => (None, None),
+        "private_key_jwt" => {
+            if let Some(uri) = &doc.jwks_uri {
+                let parsed = url::Url::parse(uri)
+                    .map_err(|_| oauth("invalid_client", "the document's jwks_uri is not a URL"))?;
+                if parsed.scheme() != "https" && parsed.scheme() != "http" {
+                    return Err(oauth("invalid_client", "the document's jwks_uri must be https"));
+                }
+            }
+            if let Some(keys) = &doc.jwks {
+                serde_json::from_value::<Jwks>(keys.clone())
+                    .map_err(|_| oauth("invalid_client", "the document's jwks is not a JWK set"))?;
+            }
+            if doc.jwks_uri.is_none() && doc.jwks.is_none() {
+                return Err(oauth(
+                    "invalid_client",
+                    "private_key_jwt needs the client's keys: give jwks_uri (or jwks) in the document",
+                ));
+            }
+            (doc.jwks_uri.as_deref(), doc.jwks.as_ref())
+        }
+        other => {
+            return Err(oauth(
+                "invalid_client",
+                format!(
+                    "token_endpoint_auth_method {:?} is not supported; use none or private_key_jwt",
+                    other.chars().take(40).collect::<String>()
+                ),
+            ));
+        }
+    };
     let host = url::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_owned));
     let name = display_name(doc.client_name.as_deref(), host.as_deref().unwrap_or(url));
-    ds.oauth_client_put(url, &name, &doc.redirect_uris, "metadata_document").await?;
+    ds.oauth_client_put(db::NewClient {
+        client_id: url,
+        name: &name,
+        redirect_uris: &doc.redirect_uris,
+        kind: "metadata_document",
+        auth_method: method,
+        jwks_uri,
+        jwks,
+    })
+    .await?;
     ds.oauth_client_get(url).await?.ok_or_else(|| oauth("server_error", "client vanished"))
 }
 
@@ -219,7 +311,7 @@ pub struct AuthorizeRequest {
     pub code_challenge: String,
     pub state: Option<String>,
     pub resource: String,
-    /// Rights asked for (the `scope`); all of the person's rights when absent.
+    /// Rights asked for (the `scope`); the read rights are ticked when absent.
     pub scope: Option<String>,
 }
 
@@ -307,6 +399,20 @@ pub fn requested_rights(scope: Option<&str>, holds: RightSet) -> RightSet {
         // ticks themselves.
         None => crate::rights::read_only().intersect(holds),
     }
+}
+
+/// What this client's earlier grant for the person holds, if it has one: the consent screen
+/// marks what a new request adds (step-up).
+pub async fn granted_before(
+    ds: &Services,
+    ctx: &OpCtx,
+    client_id: &str,
+) -> Result<Option<RightSet>> {
+    let Some(person_id) = ctx.actor_person_id() else { return Ok(None) };
+    Ok(ds
+        .oauth_grant_rights(ctx, person_id, client_id)
+        .await?
+        .map(|names| RightSet::parse_lenient(&names)))
 }
 
 /// How long a consent screen stays answerable.
@@ -656,13 +762,87 @@ fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
 const CIMD_MAX_BYTES: usize = 64 * 1024;
 const CIMD_CACHE_SECS: i64 = 3600;
 
-/// Fetches a client ID metadata document: https only, every resolved address public (unless
-/// the development flag allows loopback and private ones), the connection pinned to the checked
-/// address, five seconds and 64 KiB at most, no redirects. Results are cached for an hour.
+/// How client metadata documents and key sets may be fetched. The default is production's:
+/// https only, public addresses only, the system's web PKI roots.
+#[derive(Clone, Debug, Default)]
+pub struct FetchPolicy {
+    /// Development on one machine: loopback and private addresses, and http, are allowed.
+    pub dev: bool,
+    /// Extra trusted roots (a development or test CA), in addition to the web PKI roots.
+    pub extra_roots: Vec<reqwest::Certificate>,
+}
+
+/// Fetches a small JSON document for the authorization server: https only (http too in
+/// development), every resolved address public (unless in development), the connection
+/// pinned to the checked address, never through a proxy, five seconds and 64 KiB at most, no
+/// redirects. The error says why, for the client's `error_description`.
+async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<Vec<u8>, String> {
+    let parsed = url::Url::parse(url).map_err(|_| "not a URL".to_owned())?;
+    if parsed.scheme() != "https" && !(policy.dev && parsed.scheme() == "http") {
+        return Err("documents are fetched over https only".into());
+    }
+    let host = parsed.host_str().ok_or("no host")?.to_owned();
+    if parsed.path().len() <= 1 {
+        return Err("the URL has no path".into());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() || parsed.fragment().is_some() {
+        return Err("the URL carries user information or a fragment".into());
+    }
+    let port = parsed.port_or_known_default().unwrap_or(443);
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio::net::lookup_host((host.trim_matches(['[', ']']), port)),
+    )
+    .await
+    .map_err(|_| "DNS lookup timed out".to_owned())?
+    .map_err(|_| "the host does not resolve".to_owned())?
+    .collect();
+    if addrs.is_empty() {
+        return Err("the host does not resolve".into());
+    }
+    if !policy.dev && addrs.iter().any(|a| forbidden_ip(a.ip())) {
+        return Err(
+            "the host resolves to a private, loopback or link-local address, which is never fetched"
+                .into(),
+        );
+    }
+    let mut builder = reqwest::Client::builder()
+        // Never through a proxy: the address checked is the address connected to.
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(5))
+        .resolve(&host, addrs[0]);
+    for root in &policy.extra_roots {
+        builder = builder.add_root_certificate(root.clone());
+    }
+    let client = builder.build().map_err(|_| "cannot build the HTTP client".to_owned())?;
+    let mut response = client
+        .get(parsed)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = ?e, url = %url, "client document fetch failed");
+            "fetching it failed".to_owned()
+        })?;
+    if !response.status().is_success() {
+        return Err(format!("fetching it answered {}", response.status()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|_| "reading it failed".to_owned())? {
+        body.extend_from_slice(&chunk);
+        if body.len() > CIMD_MAX_BYTES {
+            return Err("it is larger than 64 KiB".into());
+        }
+    }
+    Ok(body)
+}
+
+/// Fetches a client ID metadata document behind the SSRF guard; results are cached for an hour.
 async fn fetch_metadata_document(
     svc: &Services,
     url: &str,
-    dev: bool,
+    policy: &FetchPolicy,
 ) -> std::result::Result<ClientRow, OAuthError> {
     if let Some(client) = svc.oauth_client_get(url).await.map_err(OAuthError::from)?
         && client
@@ -675,82 +855,137 @@ async fn fetch_metadata_document(
         error: "invalid_client",
         error_description: format!("client_id {url}: {why}"),
     };
-    let parsed = url::Url::parse(url).map_err(|_| invalid("not a URL"))?;
-    if parsed.scheme() != "https" && !(dev && parsed.scheme() == "http") {
-        return Err(invalid("metadata documents are fetched over https only"));
-    }
-    let host = parsed.host_str().ok_or_else(|| invalid("no host"))?.to_owned();
-    if parsed.path().len() <= 1 {
-        return Err(invalid("a client ID metadata document URL has a path"));
-    }
-    if !parsed.username().is_empty() || parsed.password().is_some() || parsed.fragment().is_some() {
-        return Err(invalid(
-            "a client ID metadata document URL carries no user information or fragment",
-        ));
-    }
-    let port = parsed.port_or_known_default().unwrap_or(443);
-    let addrs: Vec<SocketAddr> = tokio::time::timeout(
-        Duration::from_secs(3),
-        tokio::net::lookup_host((host.trim_matches(['[', ']']), port)),
-    )
-    .await
-    .map_err(|_| invalid("DNS lookup timed out"))?
-    .map_err(|_| invalid("the host does not resolve"))?
-    .collect();
-    if addrs.is_empty() {
-        return Err(invalid("the host does not resolve"));
-    }
-    if !dev && addrs.iter().any(|a| forbidden_ip(a.ip())) {
-        return Err(invalid(
-            "the host resolves to a private, loopback or link-local address, which is never fetched",
-        ));
-    }
-    let client = reqwest::Client::builder()
-        // Never through a proxy: the address checked is the address connected to.
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(5))
-        .resolve(&host, addrs[0])
-        .build()
-        .map_err(|_| invalid("cannot build the HTTP client"))?;
-    let mut response = client
-        .get(parsed)
-        .header(reqwest::header::ACCEPT, "application/json")
-        .send()
-        .await
-        .map_err(|_| invalid("fetching the document failed"))?;
-    if !response.status().is_success() {
-        return Err(invalid(&format!("fetching the document answered {}", response.status())));
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) =
-        response.chunk().await.map_err(|_| invalid("reading the document failed"))?
-    {
-        body.extend_from_slice(&chunk);
-        if body.len() > CIMD_MAX_BYTES {
-            return Err(invalid("the document is larger than 64 KiB"));
-        }
-    }
+    let body = guarded_fetch(url, policy).await.map_err(|why| invalid(&why))?;
     let doc: MetadataDocument = serde_json::from_slice(&body)
         .map_err(|_| invalid("the document is not client metadata JSON"))?;
     accept_metadata_document(svc, url, doc).await
 }
 
 /// Resolves the `client_id` of an authorization request: a registered client, or a client ID
-/// metadata document fetched behind the SSRF guard (`dev_mode` lets loopback and http through,
-/// for a stack on one machine).
+/// metadata document fetched behind the SSRF guard.
 pub async fn resolve_client(
     svc: &Services,
     client_id: &str,
-    dev_mode: bool,
+    policy: &FetchPolicy,
 ) -> std::result::Result<ClientRow, OAuthError> {
     if client_id.starts_with("https://") || client_id.starts_with("http://") {
-        return fetch_metadata_document(svc, client_id, dev_mode).await;
+        return fetch_metadata_document(svc, client_id, policy).await;
     }
     svc.oauth_client_get(client_id).await.map_err(OAuthError::from)?.ok_or(OAuthError {
         error: "invalid_client",
         error_description: "unknown client_id; register first".into(),
     })
+}
+
+// ---------------------------------------------------------------- client authentication
+
+/// What the token endpoint received to authenticate the client.
+#[derive(Debug, Default)]
+pub struct ClientCredentials<'a> {
+    pub client_id: Option<&'a str>,
+    pub assertion_type: Option<&'a str>,
+    pub assertion: Option<&'a str>,
+}
+
+/// Authenticates the client of a token request and returns its `client_id`. Public clients
+/// (`none`) prove nothing here (PKCE and the refresh token bind them); a `private_key_jwt`
+/// client must send a fresh, single-use assertion signed by a key of its published set
+/// (RFC 7523). A client that is public yet sends an assertion is refused, so no client can
+/// choose the weaker method. `audiences` are this server's token endpoint and issuer.
+pub async fn authenticate_client(
+    ds: &Services,
+    policy: &FetchPolicy,
+    creds: ClientCredentials<'_>,
+    audiences: &[String],
+) -> std::result::Result<String, OAuthError> {
+    let invalid = |why: String| oauth("invalid_client", why);
+    let asserted = creds.assertion.map(|a| (a, client_assertion::unverified_subject(a)));
+    let client_id = match (creds.client_id, &asserted) {
+        (Some(id), Some((_, Some(sub)))) if id != sub => {
+            return Err(invalid("client_id differs from the assertion's subject".into()));
+        }
+        (Some(id), _) => id.to_owned(),
+        (None, Some((_, Some(sub)))) => sub.clone(),
+        (None, Some((_, None))) => return Err(invalid("the client_assertion is not a JWT".into())),
+        (None, None) => return Err(invalid("client_id is required".into())),
+    };
+    let Some(client) = ds.oauth_client_get(&client_id).await.map_err(OAuthError::from)? else {
+        // Unknown clients fall through to the grant's own check (the code or refresh token
+        // names its client), which answers invalid_grant as before.
+        return match asserted {
+            Some(_) => Err(invalid("unknown client".into())),
+            None => Ok(client_id),
+        };
+    };
+    match (client.token_endpoint_auth_method.as_str(), asserted) {
+        ("none", None) => Ok(client_id),
+        ("none", Some(_)) => Err(invalid(
+            "this client is public (token_endpoint_auth_method none); it sends no client_assertion".into(),
+        )),
+        ("private_key_jwt", None) => Err(invalid(
+            "this client authenticates with private_key_jwt: send client_assertion_type and client_assertion".into(),
+        )),
+        ("private_key_jwt", Some((assertion, _))) => {
+            if creds.assertion_type != Some(client_assertion::ASSERTION_TYPE) {
+                return Err(invalid(format!(
+                    "client_assertion_type must be {}",
+                    client_assertion::ASSERTION_TYPE
+                )));
+            }
+            let now = jiff::Timestamp::now().as_second();
+            let mut jwks = client_keys(ds, policy, &client, false).await?;
+            if client_assertion::names_unknown_key(assertion, &jwks) && client.jwks_uri.is_some() {
+                // The client may have rotated its keys since they were cached.
+                jwks = client_keys(ds, policy, &client, true).await?;
+            }
+            let claims = client_assertion::verify(assertion, &jwks, &client_id, audiences, now)
+                .map_err(|r| invalid(r.0))?;
+            let expires = chrono::DateTime::from_timestamp(claims.exp, 0)
+                .ok_or_else(|| invalid("the assertion's exp is out of range".into()))?;
+            if !ds.oauth_assertion_use(&client_id, &claims.jti, expires).await? {
+                return Err(invalid("this client_assertion was used already; sign a new one".into()));
+            }
+            Ok(client_id)
+        }
+        _ => Err(invalid("the client's authentication method is unknown".into())),
+    }
+}
+
+/// The key set of a `private_key_jwt` client: inline in its document, else from its
+/// `jwks_uri` (behind the SSRF guard, cached for an hour; `refresh` fetches anew).
+async fn client_keys(
+    ds: &Services,
+    policy: &FetchPolicy,
+    client: &ClientRow,
+    refresh: bool,
+) -> std::result::Result<Jwks, OAuthError> {
+    let invalid = |why: String| oauth("invalid_client", why);
+    let fresh = client
+        .jwks_fetched_at
+        .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS);
+    let cached = match (&client.jwks, &client.jwks_uri) {
+        (Some(keys), None) => Some(keys.clone()),
+        (Some(keys), Some(_)) if fresh && !refresh => Some(keys.clone()),
+        _ => None,
+    };
+    let keys = match cached {
+        Some(keys) => keys,
+        None => {
+            let uri = client
+                .jwks_uri
+                .as_deref()
+                .ok_or_else(|| invalid("the client publishes no keys".into()))?;
+            let body = guarded_fetch(uri, policy)
+                .await
+                .map_err(|why| invalid(format!("jwks_uri {uri}: {why}")))?;
+            let keys: serde_json::Value = serde_json::from_slice(&body)
+                .map_err(|_| invalid(format!("jwks_uri {uri}: not JSON")))?;
+            ds.oauth_client_jwks_put(&client.client_id, &keys).await?;
+            keys
+        }
+    };
+    serde_json::from_value(keys)
+        .map_err(|_| invalid("the client's key set is not a JWK set".into()))
 }
 
 #[cfg(test)]

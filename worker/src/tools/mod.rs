@@ -182,6 +182,22 @@ impl Access {
             Access::AnyOf(all) => (!all.iter().any(|r| rights.contains(*r))).then(|| all[0]),
         }
     }
+
+    /// The right that would let `rights` call the tool when the person can still grant it
+    /// (`grantable`): what a step-up authorization asks for. `None` when the tool is allowed
+    /// already or no grantable right would allow it.
+    pub fn step_up(
+        self,
+        rights: shared::rights::RightSet,
+        grantable: shared::rights::RightSet,
+    ) -> Option<Right> {
+        self.missing(rights)?;
+        match self {
+            Access::Always => None,
+            Access::Right(r) => grantable.contains(r).then_some(r),
+            Access::AnyOf(all) => all.iter().copied().find(|r| grantable.contains(*r)),
+        }
+    }
 }
 
 /// Builds a tool from its definition and a typed adapter `f(env, input) -> output`.
