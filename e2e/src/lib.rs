@@ -594,3 +594,91 @@ pub async fn tool_names(base: &str, token: &str) -> (u16, Vec<String>) {
         .unwrap_or_default();
     (status, names)
 }
+
+/// How the benchmark judges one answer. A call counts as a success only when it is what a
+/// user wanted: HTTP 200, a JSON-RPC result, `isError` false, and for writes `replayed` false.
+/// The answer is parsed, never byte-matched: a note that happens to contain `"isError":true`
+/// is still a success, and a pretty-printed or streamed error is still an error.
+pub mod bench {
+    use serde_json::Value;
+
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum Outcome {
+        Ok,
+        /// Any status but 200 (429, 503, 401…).
+        Http(u16),
+        /// A body that is not the JSON (or SSE-framed JSON) answer expected.
+        Unreadable,
+        /// A JSON-RPC error (unknown tool, bad params).
+        Rpc(i64),
+        /// A tool execution error, by its code (`rate_limited`, `conflict`…).
+        Tool(String),
+        /// A silent write answered from the replay cache: nothing was executed.
+        Replayed,
+    }
+
+    impl std::fmt::Display for Outcome {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Outcome::Ok => write!(f, "ok"),
+                Outcome::Http(s) => write!(f, "HTTP {s}"),
+                Outcome::Unreadable => write!(f, "unreadable"),
+                Outcome::Rpc(c) => write!(f, "JSON-RPC {c}"),
+                Outcome::Tool(c) => write!(f, "{c}"),
+                Outcome::Replayed => write!(f, "replayed"),
+            }
+        }
+    }
+
+    /// The JSON-RPC response in a body: plain JSON, or the last SSE `data:` event carrying one.
+    fn response(body: &[u8]) -> Option<Value> {
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            return Some(v);
+        }
+        let text = std::str::from_utf8(body).ok()?;
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .rfind(|v| v.get("result").is_some() || v.get("error").is_some())
+    }
+
+    /// Judges an MCP `tools/call` answer.
+    pub fn judge_mcp(status: u16, body: &[u8], write: bool) -> Outcome {
+        if status != 200 {
+            return Outcome::Http(status);
+        }
+        let Some(v) = response(body) else { return Outcome::Unreadable };
+        if let Some(e) = v.get("error") {
+            return Outcome::Rpc(e["code"].as_i64().unwrap_or_default());
+        }
+        let Some(result) = v.get("result").filter(|r| r.is_object()) else {
+            return Outcome::Unreadable;
+        };
+        match result.get("isError") {
+            Some(Value::Bool(false)) | None => {}
+            Some(Value::Bool(true)) => {
+                let code = result["structuredContent"]["error"]["code"]
+                    .as_str()
+                    .unwrap_or("tool_error")
+                    .to_owned();
+                return Outcome::Tool(code);
+            }
+            Some(_) => return Outcome::Unreadable,
+        }
+        if write && result["structuredContent"]["replayed"] == Value::Bool(true) {
+            return Outcome::Replayed;
+        }
+        Outcome::Ok
+    }
+
+    /// Judges a plain JSON answer (the axum + sqlx peer): 200 with a JSON object.
+    pub fn judge_plain(status: u16, body: &[u8]) -> Outcome {
+        if status != 200 {
+            return Outcome::Http(status);
+        }
+        match serde_json::from_slice::<Value>(body) {
+            Ok(v) if v.is_object() => Outcome::Ok,
+            _ => Outcome::Unreadable,
+        }
+    }
+}

@@ -1591,3 +1591,47 @@ async fn the_conformance_suite_authorization_scenarios_pass_against_the_control_
         assert_eq!(found.map(|c| c["status"].clone()), Some(json!("SUCCESS")), "{check}: {report}");
     }
 }
+
+#[test]
+fn the_benchmark_checker_counts_only_what_a_user_wanted() {
+    use e2e::bench::{Outcome, judge_mcp, judge_plain};
+    let result = |r: Value| json!({"jsonrpc": "2.0", "id": 1, "result": r}).to_string();
+    let ok = result(json!({"content": [{"type": "text", "text": "{}"}], "isError": false,
+        "structuredContent": {"booking": "bkg_x", "note": "the customer wrote \"isError\":true here"}}));
+    assert_eq!(judge_mcp(200, ok.as_bytes(), false), Outcome::Ok, "text inside a result is data");
+    // A tool error, however it is laid out: compact, pretty-printed, or in an SSE event.
+    let limited = json!({"jsonrpc": "2.0", "id": 1, "result": {"isError": true,
+        "content": [{"type": "text", "text": "Error: …"}],
+        "structuredContent": {"error": {"code": "rate_limited", "message": "…"}}}});
+    for body in [
+        limited.to_string(),
+        serde_json::to_string_pretty(&limited).expect("json"),
+        format!(
+            "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{{}}}}\n\nevent: message\ndata: {limited}\n\n"
+        ),
+    ] {
+        assert_eq!(
+            judge_mcp(200, body.as_bytes(), false),
+            Outcome::Tool("rate_limited".into()),
+            "{body}"
+        );
+    }
+    // A refusal before any tool ran, a JSON-RPC error, and garbage.
+    assert_eq!(judge_mcp(503, b"{}", false), Outcome::Http(503));
+    assert_eq!(judge_mcp(429, ok.as_bytes(), false), Outcome::Http(429));
+    let rpc =
+        json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "Unknown tool"}});
+    assert_eq!(judge_mcp(200, rpc.to_string().as_bytes(), false), Outcome::Rpc(-32602));
+    assert_eq!(judge_mcp(200, b"<html>bad gateway</html>", false), Outcome::Unreadable);
+    assert_eq!(judge_mcp(200, result(json!("x")).as_bytes(), false), Outcome::Unreadable);
+    // A write answered from the replay cache executed nothing: not a success of a write.
+    let replayed =
+        result(json!({"isError": false, "content": [], "structuredContent": {"replayed": true}}));
+    assert_eq!(judge_mcp(200, replayed.as_bytes(), true), Outcome::Replayed);
+    let fresh =
+        result(json!({"isError": false, "content": [], "structuredContent": {"replayed": false}}));
+    assert_eq!(judge_mcp(200, fresh.as_bytes(), true), Outcome::Ok);
+    assert_eq!(judge_plain(200, br#"{"booking":"bkg_x"}"#), Outcome::Ok);
+    assert_eq!(judge_plain(500, br#"{"booking":"bkg_x"}"#), Outcome::Http(500));
+    assert_eq!(judge_plain(200, b"not json"), Outcome::Unreadable);
+}
