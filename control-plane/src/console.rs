@@ -235,6 +235,14 @@ fn direction(form: &BTreeMap<String, String>) -> Result<bool, Response> {
     }
 }
 
+/// The reason a revocation form gives, or the console's default one.
+fn reason(form: &BTreeMap<String, String>) -> &str {
+    form.get("reason")
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty())
+        .unwrap_or("revoked in the console")
+}
+
 /// A path segment for a console URL, percent-encoded.
 fn segment(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -296,11 +304,13 @@ impl FromRequestParts<Arc<AppState>> for Source {
         parts: &mut Parts,
         state: &Arc<AppState>,
     ) -> Result<Self, Self::Rejection> {
+        // The entry our proxy appended is the last one, of the last header line (proxies may
+        // add a line of their own); those before it are the client's word.
         let forwarded = state
             .trust_forwarded_for
-            .then(|| parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()))
+            .then(|| parts.headers.get_all("x-forwarded-for").iter().next_back())
             .flatten()
-            // The entry our proxy appended is the last one; those before it are the client's word.
+            .and_then(|v| v.to_str().ok())
             .and_then(|v| v.rsplit(',').next())
             .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok());
         let peer = parts
@@ -626,11 +636,7 @@ async fn revoke(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let reason = form
-        .get("reason")
-        .map(|r| r.trim())
-        .filter(|r| !r.is_empty())
-        .unwrap_or("revoked in the console");
+    let reason = reason(&form);
     match admin::connection_revoke(&state.ds, &ctx, &handle, reason).await {
         Ok(r) => Redirect::to(&format!("/connections/{}", segment(&r.connection))).into_response(),
         Err(e) => fail(e),
@@ -644,11 +650,8 @@ async fn api_tokens(State(state): State<Arc<AppState>>, s: Session) -> Response 
         Ok(c) => c,
         Err(r) => return r,
     };
-    let (list, people) = match tokio::try_join!(
-        admin::api_token_list(&state.ds, &ctx),
-        console::people(&state.ds, &ctx)
-    ) {
-        Ok(both) => both,
+    let list = match admin::api_token_list(&state.ds, &ctx).await {
+        Ok(l) => l,
         Err(e) => return fail(e),
     };
     let rows: String = list
@@ -670,29 +673,17 @@ async fn api_tokens(State(state): State<Arc<AppState>>, s: Session) -> Response 
             )
         })
         .collect();
-    let options: String = people
-        .iter()
-        .filter(|p| p.active)
-        .map(|p| {
-            format!(
-                "<option value=\"{0}\"{1}>{2} ({0}, {3})</option>",
-                esc(&p.email),
-                if p.email == s.row.email() { " selected" } else { "" },
-                esc(&p.name),
-                esc(&p.role)
-            )
-        })
-        .collect();
     let body = format!(
         "<p>API tokens call the REST API (<code>/api/v1</code>) as a person, with that person's current role. They never work on the MCP endpoint, and they expire.</p>\
          <table><thead><tr><th>Token</th><th>Acts for</th><th>Created</th><th>Expires</th><th>Status</th><th></th></tr></thead><tbody>{rows}</tbody></table>\
          <form method=\"post\" action=\"/api-tokens\" class=\"card\"><h2>New API token</h2>{csrf}\
          <label>Name <input type=\"text\" name=\"name\" required maxlength=\"{max_name}\" placeholder=\"Nightly export\"></label>\
-         <label>Acts for <select name=\"person\">{options}</select></label>\
+         <p>It acts for you ({me}), with your role's rights at the time of each request; it ends when you leave the tenant.</p>\
          <label>Expires after <select name=\"expires_in_days\"><option value=\"7\">7 days</option><option value=\"30\">30 days</option><option value=\"90\" selected>90 days</option><option value=\"365\">365 days</option></select></label>\
          <button type=\"submit\">Create API token</button></form>",
         csrf = csrf_field(s.row.csrf_token()),
         max_name = admin::API_TOKEN_NAME_CHARS,
+        me = esc(s.row.email()),
     );
     Html(page("API tokens", Some(&s.nav("/api-tokens")), &body)).into_response()
 }
@@ -718,9 +709,10 @@ async fn create_api_token(
             ));
         }
     };
-    let person = form.get("person").map(String::as_str).unwrap_or_default();
+    // A console token acts for the person who creates it: an admin cannot mint a credential
+    // that speaks as someone else and outlives the admin's own membership.
     let name = form.get("name").map(String::as_str).unwrap_or_default();
-    match admin::api_token_create(&state.ds, &ctx, person, name, Some(days)).await {
+    match admin::api_token_create(&state.ds, &ctx, s.row.email(), name, Some(days)).await {
         Ok(t) => {
             let body = format!(
                 "<p class=\"ok\" role=\"status\">API token <code>{}</code> created for {}; it expires {}.</p>\
@@ -779,11 +771,7 @@ async fn api_token_revoke(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let reason = form
-        .get("reason")
-        .map(|r| r.trim())
-        .filter(|r| !r.is_empty())
-        .unwrap_or("revoked in the console");
+    let reason = reason(&form);
     match admin::api_token_revoke(&state.ds, &ctx, &handle, reason).await {
         Ok(_) => Redirect::to("/api-tokens").into_response(),
         Err(e) => fail(e),

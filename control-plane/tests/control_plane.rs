@@ -1205,6 +1205,18 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
         "a page with a secret is never cached"
     );
     let console_token = shown_token(&created.text().await.expect("html"));
+    // The console ignores a person smuggled into the form: a token acts for whoever creates it.
+    let mut smuggled = form.clone();
+    smuggled.retain(|(k, _)| k != "name");
+    smuggled.extend([
+        ("name".into(), "Smuggled".into()),
+        ("person".into(), t0.dispatcher.email.clone()),
+    ]);
+    assert_eq!(browser.post("/api-tokens", &smuggled).await.status(), 200);
+    assert_eq!(
+        api._db.scalar_string("SELECT p.email FROM api_tokens a JOIN people p ON p.id = a.person_id WHERE a.name = 'Smuggled'").await,
+        t0.admin.email
+    );
     assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&console_token)).await.0, 200);
     let mut bad = form.clone();
     bad.retain(|(k, _)| k != "expires_in_days");
@@ -1240,7 +1252,8 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
     assert_eq!(api.get("/api/v1/bookings?limit=1", Some(&console_token)).await.0, 401);
     assert_eq!(
         api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE action IN ('api_token.create', 'api_token.revoke') AND channel = 'console'").await,
-        2
+        3,
+        "two creations and one revocation"
     );
     // Another tenant's admin cannot revoke it through their own console either.
     let t1 = &api.seed.tenants[1];

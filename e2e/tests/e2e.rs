@@ -1635,3 +1635,64 @@ fn the_benchmark_checker_counts_only_what_a_user_wanted() {
     assert_eq!(judge_plain(500, br#"{"booking":"bkg_x"}"#), Outcome::Http(500));
     assert_eq!(judge_plain(200, b"not json"), Outcome::Unreadable);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_up_body_still_arriving_when_the_connection_is_revoked_executes_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack = Stack::start(Options::for_test("slowbody", 1)).await.expect("stack");
+    // A narrowed OAuth grant: its person could grant more, so the worker reads the body.
+    let granted = oauth_flow::connect(&stack, &["customers:read", "customers:write"]).await;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "create_customer",
+        "arguments": {"name": "Slow Body", "email": "slow.body@example.com"},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}})
+    .to_string();
+    let worker = stack.worker_urls[0].trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&worker).await.expect("connect");
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {worker}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: create_customer\r\n\
+         Authorization: Bearer {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        granted.access,
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).await.expect("head");
+    socket.write_all(&body.as_bytes()[..10]).await.expect("start of body");
+    // Revoked while the body is still arriving; wait until a fresh request is refused.
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let handle = e2e_connection_of(&stack, &granted.client_id);
+    stack
+        .ctl(&[
+            "connection",
+            "revoke",
+            "--tenant",
+            &slug,
+            "--connection",
+            &handle,
+            "--reason",
+            "stolen",
+        ])
+        .expect("revoke");
+    assert_eq!(tool_names(&stack.worker_urls[0], &granted.access).await.0, 401);
+    let _ = socket.write_all(&body.as_bytes()[10..]).await;
+    let mut answer = String::new();
+    let _ = socket.read_to_string(&mut answer).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert_eq!(
+        psql_count(&stack, "SELECT count(*) FROM customers WHERE email = 'slow.body@example.com'"),
+        0,
+        "nothing executed after the revocation"
+    );
+}
+
+/// The handle of the connection an OAuth client holds.
+fn e2e_connection_of(stack: &Stack, client_id: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .arg(&stack.database_url)
+        .args([
+            "-Atqc",
+            &format!("SELECT handle FROM connections WHERE oauth_client_id = '{client_id}'"),
+        ])
+        .output()
+        .expect("psql");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}

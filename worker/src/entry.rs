@@ -76,23 +76,27 @@ pub async fn authenticate(
         });
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
-    // Step-up (MCP scope challenge): an OAuth client calling a tool its token lacks but its
-    // person could grant is told so in HTTP, so it can ask the person for the added right.
-    // Static tokens, and rights the person lacks too, stay a tool error naming the right.
-    if context.grantable != RightSet::EMPTY {
-        let (checked, challenge) = step_up(&state, &context, request).await;
-        if let Some(challenge) = challenge {
-            return finish(&state, challenge);
-        }
-        request = checked;
-    }
     let connection_id = context.ctx.connection().map(|c| c.id).unwrap_or_default();
     let context: Arc<McpContext> = Arc::new(context);
-    request.extensions_mut().insert(context);
-    // A revocation pushed while this request runs cancels it.
+    // A revocation pushed while this request runs cancels it: registered before anything else
+    // of the request is read, so no part of it (a slow body included) outlives a revocation.
     let inflight = state.live.register(connection_id);
+    let work = async {
+        // Step-up (MCP scope challenge): an OAuth client calling a tool its token lacks but
+        // its person could grant is told so in HTTP, so it can ask the person for the added
+        // right. Static tokens, and rights the person lacks too, stay a tool error naming it.
+        if context.grantable != RightSet::EMPTY {
+            let (checked, challenge) = step_up(&state, &context, request).await;
+            if let Some(challenge) = challenge {
+                return challenge;
+            }
+            request = checked;
+        }
+        request.extensions_mut().insert(context.clone());
+        next.run(request).await
+    };
     let response = tokio::select! {
-        response = next.run(request) => response,
+        response = work => response,
         _ = inflight.token.cancelled() => unauthorized(&state, &AuthFailure::Revoked),
     };
     finish(&state, end_stream_on_revocation(response, inflight))
@@ -100,6 +104,8 @@ pub async fn authenticate(
 
 /// The largest request body read to look for a step-up: far above any tool call's arguments.
 const STEP_UP_BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// How long the body of such a request may take to arrive.
+const STEP_UP_BODY_SECS: u64 = 10;
 
 /// What a step-up check reads of a JSON-RPC request; everything else is ignored.
 #[derive(serde::Deserialize)]
@@ -123,9 +129,19 @@ async fn step_up(
     request: Request,
 ) -> (Request, Option<Response>) {
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, STEP_UP_BODY_LIMIT).await {
-        Ok(bytes) => bytes,
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(STEP_UP_BODY_SECS),
+        axum::body::to_bytes(body, STEP_UP_BODY_LIMIT),
+    )
+    .await;
+    let bytes = match read {
+        Ok(Ok(bytes)) => bytes,
         Err(_) => {
+            let body = serde_json::json!({"error": "request_timeout", "error_description": "The request body did not arrive in time; send it again."});
+            let response = (StatusCode::REQUEST_TIMEOUT, Json(body)).into_response();
+            return (Request::from_parts(parts, axum::body::Body::empty()), Some(response));
+        }
+        Ok(Err(_)) => {
             let body = serde_json::json!({"error": "request_too_large", "error_description": "The request body is larger than 4 MiB."});
             let response = (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response();
             return (Request::from_parts(parts, axum::body::Body::empty()), Some(response));

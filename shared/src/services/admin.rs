@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::bus::{self, Event};
-use crate::ctx::{OpCtx, Operator, TenantRef};
+use crate::ctx::{Channel, OpCtx, Operator, TenantRef};
 use crate::datastore::{self as ds_fns, AuditEntry, Services, TenantRow};
 use crate::error::{Error, Resource, Result};
 use crate::handle::{ApiTokenHandle, ConnectionHandle, PersonHandle, TenantHandle};
@@ -447,6 +447,16 @@ pub async fn api_token_create(
         ));
     }
     let person = member(ds, ctx, person_email).await?;
+    // A token acts for the person who creates it: a tenant admin cannot mint a credential that
+    // speaks as someone else and outlives the admin's own membership. Operators (the CLI, a
+    // platform trust root, audited) and the library's jobs may name any member.
+    let for_someone_else = ctx.actor_person_id() != Some(person.id);
+    if for_someone_else && !matches!(ctx.channel(), Channel::Cli | Channel::System) {
+        return Err(Error::invalid(
+            "person",
+            "an API token acts for the person who creates it; they create it themselves in the console (API tokens), or an operator runs gatehousectl api-token create",
+        ));
+    }
     let token = secret::generate(CredentialKind::Api);
     let handle = ApiTokenHandle::generate();
     let mut tx = ds.begin().await?;

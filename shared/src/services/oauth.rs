@@ -761,6 +761,8 @@ fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
 
 const CIMD_MAX_BYTES: usize = 64 * 1024;
 const CIMD_CACHE_SECS: i64 = 3600;
+/// The least time between two fetches of a client's key set for an unknown `kid`.
+const JWKS_REFRESH_SECS: i64 = 60;
 
 /// How client metadata documents and key sets may be fetched. The default is production's:
 /// https only, public addresses only, the system's web PKI roots.
@@ -909,7 +911,17 @@ pub async fn authenticate_client(
         (None, Some((_, None))) => return Err(invalid("the client_assertion is not a JWT".into())),
         (None, None) => return Err(invalid("client_id is required".into())),
     };
-    let Some(client) = ds.oauth_client_get(&client_id).await.map_err(OAuthError::from)? else {
+    // A metadata-document client is read through its one-hour cache, so a key (or method) the
+    // client changed in its document holds at the token endpoint too, not only at consent.
+    let client = if client_id.starts_with("https://") || client_id.starts_with("http://") {
+        match ds.oauth_client_get(&client_id).await.map_err(OAuthError::from)? {
+            Some(_) => Some(fetch_metadata_document(ds, &client_id, policy).await?),
+            None => None,
+        }
+    } else {
+        ds.oauth_client_get(&client_id).await.map_err(OAuthError::from)?
+    };
+    let Some(client) = client else {
         // Unknown clients fall through to the grant's own check (the code or refresh token
         // names its client), which answers invalid_grant as before.
         return match asserted {
@@ -934,8 +946,15 @@ pub async fn authenticate_client(
             }
             let now = jiff::Timestamp::now().as_second();
             let mut jwks = client_keys(ds, policy, &client, false).await?;
-            if client_assertion::names_unknown_key(assertion, &jwks) && client.jwks_uri.is_some() {
-                // The client may have rotated its keys since they were cached.
+            // The client may have rotated its keys: refetch for an unknown kid, at most once a
+            // minute, so forged assertions cannot make the server fetch on every request.
+            let recently = client
+                .jwks_fetched_at
+                .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < JWKS_REFRESH_SECS);
+            if client_assertion::names_unknown_key(assertion, &jwks)
+                && client.jwks_uri.is_some()
+                && !recently
+            {
                 jwks = client_keys(ds, policy, &client, true).await?;
             }
             let claims = client_assertion::verify(assertion, &jwks, &client_id, audiences, now)
@@ -980,6 +999,9 @@ async fn client_keys(
                 .map_err(|why| invalid(format!("jwks_uri {uri}: {why}")))?;
             let keys: serde_json::Value = serde_json::from_slice(&body)
                 .map_err(|_| invalid(format!("jwks_uri {uri}: not JSON")))?;
+            // Only a key set is kept: a glitch on the client's host does not lock it out.
+            serde_json::from_value::<Jwks>(keys.clone())
+                .map_err(|_| invalid(format!("jwks_uri {uri}: not a JWK set")))?;
             ds.oauth_client_jwks_put(&client.client_id, &keys).await?;
             keys
         }
