@@ -401,9 +401,29 @@ async fn revoke(
     State(state): State<Arc<AppState>>,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
-    match oauth::revoke(&state.ds, form.get("token").map(String::as_str).unwrap_or_default()).await
-    {
+    // A client that names itself is authenticated as at the token endpoint (RFC 7009 §2.1).
+    let creds = ClientCredentials {
+        client_id: form.get("client_id").map(String::as_str),
+        assertion_type: form.get("client_assertion_type").map(String::as_str),
+        assertion: form.get("client_assertion").map(String::as_str),
+    };
+    let client = if creds.client_id.is_some() || creds.assertion.is_some() {
+        let audiences = [
+            format!("{}/oauth/revoke", state.public_url),
+            format!("{}/oauth/token", state.public_url),
+            state.public_url.clone(),
+        ];
+        match oauth::authenticate_client(&state.ds, &state.fetch, creds, &audiences).await {
+            Ok(id) => Some(id),
+            Err(e) => return oauth_error(StatusCode::UNAUTHORIZED, e),
+        }
+    } else {
+        None
+    };
+    let token = form.get("token").map(String::as_str).unwrap_or_default();
+    match oauth::revoke(&state.ds, token, client.as_deref()).await {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => oauth_error(StatusCode::SERVICE_UNAVAILABLE, e.into()),
+        Err(e) if e.error == "invalid_client" => oauth_error(StatusCode::UNAUTHORIZED, e),
+        Err(e) => oauth_error(StatusCode::SERVICE_UNAVAILABLE, e),
     }
 }

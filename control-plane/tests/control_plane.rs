@@ -1312,6 +1312,23 @@ async fn registration_is_throttled_per_source_address() {
     }
     assert_eq!(register("2001:db8:1:2:ffff::1".into()).await.0, 429, "the same /64");
     assert_eq!(register("2001:db8:1:3::1".into()).await.0, 201, "another /64");
+    // Every IPv6 form of an exhausted IPv4 address counts as that address: mapped, 6to4 (any
+    // of its 65,536 subnets) and Teredo (the client's address inverted in the last 32 bits).
+    for form in [
+        "::ffff:198.51.100.7",
+        "2002:c633:6407::1",
+        "2002:c633:6407:ffff::2",
+        "2001:0:4136:e378:8000:63bf:39cc:9bf8",
+    ] {
+        assert_eq!(register(form.into()).await.0, 429, "{form}");
+    }
+    assert_eq!(register("2002:c633:6408::1".into()).await.0, 201, "6to4 of another address");
+    // A /48 holds 65,536 /64s: it has a ceiling of its own.
+    let mut site = Vec::new();
+    for i in 0..110 {
+        site.push(register(format!("2001:db8:9:{i:x}::1")).await.0);
+    }
+    assert_eq!(site.iter().filter(|s| **s == 201).count(), 100, "{site:?}");
     // A body that is not client metadata is an OAuth error, not a bare 422.
     let response = api
         .http
@@ -1524,13 +1541,31 @@ async fn a_private_key_jwt_client_authenticates_with_a_fresh_signed_assertion() 
         post(refresh(Some(used), rotated["refresh_token"].as_str().expect("r").to_owned())).await;
     assert_eq!(status, 401, "a replayed assertion: {body}");
     assert!(body["error_description"].as_str().expect("d").contains("used already"), "{body}");
+    // Revocation needs the client's assertion too (RFC 7009 §2.1): a stolen refresh token
+    // alone cannot end the grant.
+    let live = rotated["refresh_token"].as_str().expect("r").to_owned();
+    let revoke_url = format!("{}/oauth/revoke", api.url);
+    let revoke = |fields: Vec<(&'static str, String)>| {
+        let (http, url) = (api.http.clone(), revoke_url.clone());
+        async move { http.post(url).form(&fields).send().await.expect("revoke").status().as_u16() }
+    };
+    assert_eq!(revoke(vec![("token", live.clone())]).await, 401);
     // The issuer URL is accepted as audience too (RFC 7523 lets servers take either).
-    let (status, _) = post(refresh(
-        Some(key.assertion(&client_id, &api.url, json!({}))),
-        rotated["refresh_token"].as_str().expect("r").to_owned(),
-    ))
-    .await;
-    assert_eq!(status, 200);
+    let latest = post(refresh(Some(key.assertion(&client_id, &api.url, json!({}))), live)).await;
+    assert_eq!(latest.0, 200, "{}", latest.1);
+    let newest = latest.1["refresh_token"].as_str().expect("r").to_owned();
+    let signed = vec![
+        ("token", newest.clone()),
+        ("client_id", client_id.clone()),
+        ("client_assertion_type", JWT_BEARER.to_owned()),
+        ("client_assertion", key.assertion(&client_id, &revoke_url, json!({}))),
+    ];
+    assert_eq!(revoke(signed).await, 200);
+    assert_eq!(
+        post(refresh(Some(key.assertion(&client_id, &token_url, json!({}))), newest)).await.0,
+        400,
+        "revoked"
+    );
     // A public client cannot present an assertion (nor choose the method for itself).
     let public = register_client(&api).await;
     let mut fields = vec![

@@ -110,6 +110,9 @@ const STEP_UP_BODY_SECS: u64 = 10;
 /// What a step-up check reads of a JSON-RPC request; everything else is ignored.
 #[derive(serde::Deserialize)]
 struct Probe {
+    /// A request, not a notification: only a request has an answer to refuse.
+    #[serde(default)]
+    id: Option<serde_json::Value>,
     method: String,
     #[serde(default)]
     params: Option<ProbeParams>,
@@ -147,9 +150,15 @@ async fn step_up(
             return (Request::from_parts(parts, axum::body::Body::empty()), Some(response));
         }
     };
+    // A browser request from an origin rmcp will refuse gets that refusal, not a challenge.
+    let foreign_origin = parts
+        .headers
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .is_some_and(|o| !state.settings.allowed_origins.iter().any(|a| a == o));
     let needed = serde_json::from_slice::<Probe>(&bytes)
         .ok()
-        .filter(|p| p.method == "tools/call")
+        .filter(|p| !foreign_origin && p.id.is_some() && p.method == "tools/call")
         .and_then(|p| p.params?.name)
         .and_then(|name| state.tools.get(&name))
         .filter(|spec| {

@@ -331,3 +331,20 @@ impl Services {
         .await?)
     }
 }
+
+impl Services {
+    /// The OAuth client an access or refresh token was issued to, with its authentication
+    /// method at the token endpoint.
+    pub(crate) async fn token_client(&self, token_hash: &[u8]) -> Result<Option<(String, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT c.oauth_client_id, coalesce(o.token_endpoint_auth_method, 'none')
+             FROM connection_tokens t
+             JOIN connections c ON c.id = t.connection_id
+             LEFT JOIN oauth_clients o ON o.client_id = c.oauth_client_id
+             WHERE t.token_hash = $1 AND t.kind IN ('access', 'refresh') AND c.oauth_client_id IS NOT NULL",
+        )
+        .bind(token_hash)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}

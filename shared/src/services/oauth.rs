@@ -157,37 +157,67 @@ pub struct Registered {
     pub response_types: [&'static str; 1],
 }
 
-/// How many clients one source address (an IPv6 source by its /64) may register per window.
+/// How many clients one source may register per window: an IPv4 address, or an IPv6 /64; an
+/// IPv6 /48 (a site, or a free tunnel broker's allocation) may register five times that.
 pub const REGISTRATIONS_PER_SOURCE: i32 = 20;
+pub const REGISTRATIONS_PER_SITE: i32 = 100;
 pub const REGISTRATION_WINDOW_SECS: i64 = 3600;
 
-/// The throttling key of a source address: IPv4 as it is, IPv6 by its /64 (one subscriber
-/// holds a whole /64, so counting single addresses would count nothing).
-pub fn source_key(source: &str) -> String {
+/// The throttling buckets of a source address, each with its limit. IPv4 counts by address;
+/// every IPv6 form that carries an IPv4 address (mapped, compatible, 6to4, Teredo) counts as
+/// that address, so one IPv4 host cannot mint 65,536 buckets from its 6to4 prefix; native IPv6
+/// counts by /64 (one subscriber holds a whole /64) and by /48.
+pub fn source_buckets(source: &str) -> Vec<(String, i32)> {
+    let v4 = |ip: std::net::Ipv4Addr| vec![(format!("v4:{ip}"), REGISTRATIONS_PER_SOURCE)];
     match source.parse::<IpAddr>() {
-        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
-            let s = v6.segments();
-            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        Ok(IpAddr::V4(ip)) => v4(ip),
+        Ok(IpAddr::V6(ip)) => {
+            let s = ip.segments();
+            let embedded = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
+            };
+            if let Some(mapped) = ip.to_ipv4_mapped() {
+                v4(mapped)
+            } else if s[..6] == [0; 6] {
+                v4(embedded(s[6], s[7]))
+            } else if s[0] == 0x2002 {
+                v4(embedded(s[1], s[2]))
+            } else if s[0] == 0x2001 && s[1] == 0 {
+                // Teredo: the client's address is the last 32 bits, inverted.
+                v4(embedded(!s[6], !s[7]))
+            } else {
+                vec![
+                    (
+                        format!("v6:{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]),
+                        REGISTRATIONS_PER_SOURCE,
+                    ),
+                    (format!("v6:{:x}:{:x}:{:x}::/48", s[0], s[1], s[2]), REGISTRATIONS_PER_SITE),
+                ]
+            }
         }
-        Ok(IpAddr::V6(v6)) => v6.to_ipv4_mapped().map(|v4| v4.to_string()).unwrap_or_default(),
-        Ok(IpAddr::V4(v4)) => v4.to_string(),
-        Err(_) => source.chars().take(64).collect(),
+        Err(_) => vec![(
+            format!("other:{}", source.chars().take(64).collect::<String>()),
+            REGISTRATIONS_PER_SOURCE,
+        )],
     }
 }
 
-/// Counts a registration from `source`; `Err(seconds)` says how long it must wait when the
-/// source is past its limit (counted atomically, so concurrent requests cannot slip past).
+/// Counts a registration from `source` in each of its buckets; `Err(seconds)` says how long
+/// it must wait when any bucket is past its limit (counted atomically, so concurrent requests
+/// cannot slip past).
 pub async fn registration_take(
     ds: &Services,
     source: &str,
 ) -> Result<std::result::Result<(), i64>> {
-    let key = format!("register:{}", source_key(source));
-    let (count, age) = ds.throttle_take(&key, REGISTRATION_WINDOW_SECS).await?;
-    if count > REGISTRATIONS_PER_SOURCE {
-        Ok(Err((REGISTRATION_WINDOW_SECS - age).max(1)))
-    } else {
-        Ok(Ok(()))
+    let mut wait = None;
+    for (bucket, limit) in source_buckets(source) {
+        let (count, age) =
+            ds.throttle_take(&format!("register:{bucket}"), REGISTRATION_WINDOW_SECS).await?;
+        if count > limit {
+            wait = Some(wait.unwrap_or(0).max((REGISTRATION_WINDOW_SECS - age).max(1)));
+        }
     }
+    Ok(wait.map_or(Ok(()), Err))
 }
 
 /// Dynamic client registration (RFC 7591): public clients only.
@@ -676,16 +706,34 @@ async fn revoke_connection(
 }
 
 /// RFC 7009: an access token is deleted; a refresh token ends its connection. Unknown tokens
-/// are not an error.
-pub async fn revoke(ds: &Services, token: &str) -> Result<()> {
+/// are not an error. A token is revoked only by the client it was issued to, when the request
+/// names one (`client`, authenticated by [`authenticate_client`]); a `private_key_jwt` client's
+/// tokens only with its assertion (§2.1), so a stolen refresh token alone cannot end its grant.
+pub async fn revoke(
+    ds: &Services,
+    token: &str,
+    client: Option<&str>,
+) -> std::result::Result<(), OAuthError> {
     let hash = secret::hash_token(token);
+    if let Some((issued_to, method)) = ds.token_client(&hash).await? {
+        if method == "private_key_jwt" && client != Some(issued_to.as_str()) {
+            return Err(oauth(
+                "invalid_client",
+                "this client authenticates with private_key_jwt: revoke with client_assertion",
+            ));
+        }
+        if client.is_some_and(|c| c != issued_to) {
+            // Not this client's token: nothing to do, and nothing said about it.
+            return Ok(());
+        }
+    }
     let mut tx = ds.begin().await?;
     if db::access_token_delete(&mut tx, &hash).await? {
-        tx.commit().await?;
+        tx.commit().await.map_err(Error::from)?;
         return Ok(());
     }
     match db::refresh_lock(&mut tx, &hash).await? {
-        Some(r) => revoke_connection(ds, tx, r.connection_id, "revoked by the client").await,
+        Some(r) => Ok(revoke_connection(ds, tx, r.connection_id, "revoked by the client").await?),
         None => Ok(()),
     }
 }
