@@ -64,9 +64,10 @@ impl IntoResponse for ApiError {
         let status = match error {
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::Invalid { .. } | Error::UnknownFields { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            Error::Forbidden { .. } | Error::NoActor | Error::NotInToolset { .. } => {
-                StatusCode::FORBIDDEN
-            }
+            Error::Forbidden { .. }
+            | Error::NoActor
+            | Error::NotInToolset { .. }
+            | Error::TurnedOff { .. } => StatusCode::FORBIDDEN,
             Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict { .. }
             | Error::Duplicate { .. }

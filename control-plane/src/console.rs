@@ -22,7 +22,7 @@ use shared::rights::{Right, RightSet, Role};
 use shared::secret::{self, CredentialKind};
 use shared::services::console::ConsoleSession;
 use shared::services::operators;
-use shared::services::{admin, console};
+use shared::services::{admin, approvals, console};
 use shared::{OpCtx, time};
 
 use crate::AppState;
@@ -55,6 +55,10 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/people", get(people))
         .route("/people/role", post(set_role))
         .route("/people/deactivate", get(deactivate_confirm).post(deactivate))
+        .route("/approvals", get(approvals_page))
+        .route("/approvals/count", get(approvals_count))
+        .route("/approvals/{action}/{decision}", post(decide))
+        .route("/settings/approval-policy", post(set_policy))
         .route("/settings", get(settings))
         .route("/settings/agent-access", post(agent_access))
         .route("/audit", get(audit))
@@ -84,6 +88,9 @@ impl Session {
             csrf: self.row.csrf_token(),
             admin: rights.contains(Right::ConnectionsManage)
                 || rights.contains(Right::PeopleManage),
+            approver: shared::services::actions::Op::ALL
+                .iter()
+                .any(|op| rights.contains(op.right())),
             operator: self.row.is_operator(),
         }
     }
@@ -778,6 +785,178 @@ async fn api_token_revoke(
     }
 }
 
+// ---------------------------------------------------------------- approvals
+
+/// The approval policy as a form: one row per effect class.
+fn policy_form(policy: &approvals::Policy, csrf: &str) -> String {
+    let rows: String = approvals::CLASSES
+        .iter()
+        .map(|class| {
+            let scope = format!("class:{}", class.as_str());
+            let rule = policy.rules.iter().find(|r| r.scope == scope);
+            let mode = rule.map(|r| r.mode).unwrap_or(approvals::DEFAULT);
+            let options: String = [
+                (approvals::Completion::AgentConfirms, "the agent confirms (preview, then confirm_action)"),
+                (approvals::Completion::PersonApproves, "a person approves in the console"),
+                (approvals::Completion::Off, "off: agents cannot prepare it"),
+            ]
+            .iter()
+            .map(|(m, label)| {
+                format!(
+                    "<option value=\"{}\"{}>{label}</option>",
+                    m.as_str(),
+                    if *m == mode { " selected" } else { "" }
+                )
+            })
+            .collect();
+            format!(
+                "<form method=\"post\" action=\"/settings/approval-policy\" class=\"policy-row\">{csrf}<input type=\"hidden\" name=\"scope\" value=\"{class}\">\
+                 <label><strong>{class}</strong> actions: <select name=\"mode\" aria-label=\"Who completes {class} actions\">{options}</select></label>\
+                 <label><input type=\"checkbox\" name=\"approver_not_creator\" value=\"yes\"{checked}> the approver is not the connection's creator</label>\
+                 <button type=\"submit\">Save</button></form>",
+                csrf = csrf_field(csrf),
+                class = esc(class.as_str()),
+                checked = if rule.is_some_and(|r| r.approver_not_creator) { " checked" } else { "" },
+            )
+        })
+        .collect();
+    let tools: String = policy
+        .rules
+        .iter()
+        .filter(|r| r.scope.starts_with("tool:"))
+        .map(|r| format!("<li><code>{}</code>: {}</li>", esc(&r.scope[5..]), esc(r.mode.as_str())))
+        .collect();
+    format!(
+        "<div class=\"card\"><h2>Who completes agents' actions</h2><p>Actions that reach customers (notify), page someone (wake), mute alerts (alert) or delete are prepared by agents and completed as set here. A tool's own rule (set with <code>gatehousectl approval-policy set --scope TOOL</code>) comes before its class's.</p>{rows}{}</div>",
+        if tools.is_empty() { String::new() } else { format!("<p>Per tool:</p><ul>{tools}</ul>") }
+    )
+}
+
+async fn set_policy(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    // A form names its mode; a missing or unknown one changes nothing.
+    let mode = match form.get("mode").map(|m| approvals::Completion::parse("mode", m)) {
+        Some(Ok(mode)) => mode,
+        Some(Err(e)) => return fail(e),
+        None => return fail(Error::invalid("mode", "choose who completes these actions")),
+    };
+    let scope = form.get("scope").map(String::as_str).unwrap_or_default();
+    let not_creator = form.get("approver_not_creator").is_some_and(|v| v == "yes")
+        && mode == approvals::Completion::PersonApproves;
+    match approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await {
+        Ok(_) => Redirect::to("/settings").into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+async fn approvals_page(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let waiting = match approvals::awaiting(&state.ds, &ctx).await {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
+    let cards: String = waiting
+        .iter()
+        .map(|a| {
+            let action = segment(&a.action);
+            let effect = serde_json::to_string_pretty(&a.effect).unwrap_or_default();
+            format!(
+                "<div class=\"card approval\" data-action=\"{handle}\"><p><strong>{summary}</strong></p>\
+                 <p>Asked by the connection <strong>{connection}</strong> (client {client}) of {person}; prepared {created}; expires {expires}. Tool <code>{tool}</code>, action <code>{handle}</code>.</p>\
+                 <details open><summary>Exactly what will be sent or changed</summary><pre>{effect}</pre></details>\
+                 <form method=\"post\" action=\"/approvals/{action}/approve\">{csrf}<label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"500\" aria-label=\"Reason to approve {handle}\"></label><button type=\"submit\">Approve</button></form>\
+                 <form method=\"post\" action=\"/approvals/{action}/deny\">{csrf}<label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"500\" aria-label=\"Reason to deny {handle}\"></label><button type=\"submit\" class=\"danger\">Deny</button></form></div>",
+                handle = esc(&a.action),
+                summary = esc(&a.summary),
+                connection = esc(&a.connection),
+                client = esc(&a.client),
+                person = esc(&a.asked_for_by),
+                created = esc(&local(&ctx, &a.created_at)),
+                expires = esc(&local(&ctx, &a.expires_at)),
+                tool = esc(&a.tool),
+                effect = esc(&effect),
+                action = esc(&action),
+                csrf = csrf_field(s.row.csrf_token()),
+            )
+        })
+        .collect();
+    let body = if cards.is_empty() {
+        "<p class=\"card\" id=\"no-approvals\">Nothing waits for approval. Agents' actions wait here when the tenant's policy (Agent access) says a person approves them.</p>".to_owned()
+    } else {
+        cards
+    };
+    Html(page("Approvals", Some(&s.nav("/approvals")), &body)).into_response()
+}
+
+/// The navigation's count of waiting actions, polled by the console's script.
+async fn approvals_count(State(state): State<Arc<AppState>>, s: Session) -> Response {
+    let Some(ctx) = s.ctx() else {
+        return axum::Json(serde_json::json!({"count": 0})).into_response();
+    };
+    match approvals::awaiting_count(&state.ds, &ctx).await {
+        Ok(n) => axum::Json(serde_json::json!({"count": n})).into_response(),
+        Err(e) => fail(e),
+    }
+}
+
+async fn decide(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Path((action, decision)): Path<(String, String)>,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let reason = form.get("reason").map(String::as_str).unwrap_or_default();
+    let now = jiff::Timestamp::now();
+    let decided = match decision.as_str() {
+        "approve" => approvals::approve(&state.ds, &ctx, &action, reason, now).await,
+        "deny" => approvals::deny(&state.ds, &ctx, &action, reason, now).await,
+        _ => {
+            return (
+                StatusCode::NOT_FOUND,
+                Html(page("Not found", None, &error_box("No such decision."))),
+            )
+                .into_response();
+        }
+    };
+    let message = match decided {
+        Ok(approvals::Decided::Executed { action, .. }) => {
+            format!("Approved and executed {action}; the agent sees the result when it asks.")
+        }
+        Ok(approvals::Decided::Denied { action }) => {
+            format!("Denied {action}; the agent is told, with your reason.")
+        }
+        Ok(approvals::Decided::Changed { action, replaced_by }) => format!(
+            "{action} changed since it was prepared, so nothing was executed; the new version {replaced_by} waits below."
+        ),
+        Err(e) => return fail(e),
+    };
+    let body = format!(
+        "<p class=\"ok\" role=\"status\">{}</p><p><a href=\"/approvals\">Back to approvals</a></p>",
+        esc(&message)
+    );
+    Html(page("Approvals", Some(&s.nav("/approvals")), &body)).into_response()
+}
+
 // ---------------------------------------------------------------- people
 
 async fn people(State(state): State<Arc<AppState>>, s: Session) -> Response {
@@ -901,10 +1080,14 @@ async fn deactivate(
 
 // ---------------------------------------------------------------- switches and audit
 
-async fn settings(s: Session) -> Response {
+async fn settings(State(state): State<Arc<AppState>>, s: Session) -> Response {
     let ctx = match tenant_ctx(&s) {
         Ok(c) => c,
         Err(r) => return r,
+    };
+    let policy = match approvals::policy(&state.ds, &ctx).await {
+        Ok(p) => p,
+        Err(e) => return fail(e),
     };
     let on = s.row.tenant_agent_access().unwrap_or(true);
     let (state_text, button, to) = if on {
@@ -922,9 +1105,10 @@ async fn settings(s: Session) -> Response {
     };
     let body = format!(
         "<div class=\"card\"><p id=\"agent-access-state\">{state_text}</p><form method=\"post\" action=\"/settings/agent-access\">{}<input type=\"hidden\" name=\"to\" value=\"{to}\">\
-         <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label>{button}</form></div><p>Tenant: {}</p>",
+         <label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"300\"></label>{button}</form></div><p>Tenant: {}</p>{}",
         csrf_field(s.row.csrf_token()),
-        esc(&ctx.tenant().slug)
+        esc(&ctx.tenant().slug),
+        policy_form(&policy, s.row.csrf_token()),
     );
     Html(page("Agent access", Some(&s.nav("/settings")), &body)).into_response()
 }

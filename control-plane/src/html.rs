@@ -27,7 +27,7 @@ button{padding:.45rem .9rem;border-radius:4px;border:1px solid #2f5bd3;backgroun
 button.danger{background:#b42318;border-color:#b42318}button.plain{background:#fff;color:#2f5bd3}\
 .error{background:#fdecea;border:1px solid #f5c2bd;padding:.6rem 1rem;border-radius:4px}.ok{background:#e8f5ec;border:1px solid #b7dfc3;padding:.6rem 1rem;border-radius:4px}\
 code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em}pre{padding:.6rem;white-space:pre-wrap;word-break:break-all}\
-.status-revoked,.status-expired{color:#b42318}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}";
+.status-revoked,.status-expired{color:#b42318}.count{font-weight:700}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}";
 
 pub struct Nav<'a> {
     pub current: &'a str,
@@ -35,6 +35,8 @@ pub struct Nav<'a> {
     pub person: &'a str,
     pub csrf: &'a str,
     pub admin: bool,
+    /// Holds a right that can approve an agent's action.
+    pub approver: bool,
     pub operator: bool,
 }
 
@@ -47,6 +49,9 @@ pub fn page(title: &str, nav: Option<&Nav<'_>>, body: &str) -> String {
                 format!("<a href=\"{href}\"{current}>{label}</a>")
             };
             let mut links = String::new();
+            if n.approver {
+                links.push_str(&link("/approvals", "Approvals <span id=\"approvals-count\" class=\"count\" aria-live=\"polite\"></span>"));
+            }
             if n.admin {
                 links.push_str(&link("/connections", "Connections"));
                 links.push_str(&link("/people", "People"));
@@ -84,6 +89,11 @@ pub fn error_box(message: &str) -> String {
     format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
 }
 
-/// The console's only script: copy buttons (`data-copy="<element id>"`). Served from the
-/// console's own origin so the Content-Security-Policy needs no inline script.
-pub const SCRIPT: &str = "document.addEventListener('click', (e) => {\n  const b = e.target.closest('[data-copy]');\n  if (b) { navigator.clipboard.writeText(document.getElementById(b.dataset.copy).textContent); }\n});\n";
+/// The console's only script: copy buttons (`data-copy="<element id>"`) and the approvals
+/// count. Served from the console's own origin so the Content-Security-Policy needs no inline
+/// script.
+pub const SCRIPT: &str = "document.addEventListener('click', (e) => {\n  const b = e.target.closest('[data-copy]');\n  if (b) { navigator.clipboard.writeText(document.getElementById(b.dataset.copy).textContent); }\n});\n\
+// The navigation's count of actions waiting for approval, kept fresh without a reload.\n\
+async function approvalsCount() {\n  const el = document.getElementById('approvals-count');\n  if (!el) return;\n\
+  try { const r = await fetch('/approvals/count', {credentials: 'same-origin'}); if (r.ok) { const n = (await r.json()).count; el.textContent = n > 0 ? `(${n})` : ''; } } catch (_) {}\n}\n\
+approvalsCount();\nsetInterval(approvalsCount, 5000);\n";

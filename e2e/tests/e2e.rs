@@ -1696,3 +1696,299 @@ fn e2e_connection_of(stack: &Stack, client_id: &str) -> String {
         .expect("psql");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// The CSRF token a console page's forms carry.
+fn csrf_of(html: &str) -> String {
+    html.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .expect("a csrf field")
+        .to_owned()
+}
+
+/// A console session of a demo person (`admin` or `dispatcher`) of the first tenant.
+async fn console_as(stack: &Stack, who: &str) -> oauth_flow::Browser {
+    let person = &stack.tenant(0)[who];
+    let mut browser = oauth_flow::Browser::new();
+    browser
+        .sign_in(
+            &stack.control_url,
+            person["email"].as_str().expect("email"),
+            person["password"].as_str().expect("password"),
+            "/approvals",
+        )
+        .await;
+    browser
+}
+
+/// A person's decision on an action in the console: the status and the page.
+async fn decide(
+    stack: &Stack,
+    browser: &mut oauth_flow::Browser,
+    action: &str,
+    decision: &str,
+    reason: &str,
+) -> (u16, String) {
+    let page =
+        browser.get(&format!("{}/approvals", stack.control_url)).await.text().await.expect("html");
+    let form = vec![("csrf".to_owned(), csrf_of(&page)), ("reason".to_owned(), reason.to_owned())];
+    let response = browser
+        .post_form(&format!("{}/approvals/{action}/{decision}", stack.control_url), &form)
+        .await;
+    (response.status().as_u16(), response.text().await.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
+    let stack = Stack::start(Options::for_test("approvals", 2)).await.expect("stack");
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let dispatcher = stack.tenant(0)["dispatcher"]["email"].as_str().expect("e").to_owned();
+    // A dispatcher's agent: customer emails and pages, nothing more.
+    let agent = stack
+        .ctl(&[
+            "connection",
+            "create",
+            "--tenant",
+            &slug,
+            "--creator",
+            &dispatcher,
+            "--name",
+            "Dispatch agent",
+            "--rights",
+            "customers:read,bookings:read,bookings:notify,technicians:read,technicians:page",
+        ])
+        .expect("connection");
+    let token = agent["token"].as_str().expect("token").to_owned();
+    let set = |scope: &str, mode: &str, extra: &[&str]| {
+        let mut args = vec![
+            "approval-policy",
+            "set",
+            "--tenant",
+            slug.as_str(),
+            "--scope",
+            scope,
+            "--mode",
+            mode,
+        ];
+        args.extend(extra);
+        stack.ctl(&args).expect("policy")
+    };
+    let shown = set("notify", "person_approves", &[]);
+    assert_eq!(
+        shown["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .find(|t| t["tool"] == "send_customer_message")
+            .expect("t")["mode"],
+        "person_approves"
+    );
+    set("wake", "off", &[]);
+    // The policy holds from the next call on every worker: wake tools are hidden, and called
+    // anyway they answer with the reason.
+    for worker in &stack.worker_urls {
+        let (_, names) = tool_names(worker, &token).await;
+        assert!(
+            !names.contains(&"page_technician".to_owned())
+                && names.contains(&"send_customer_message".to_owned()),
+            "{names:?}"
+        );
+    }
+    let technician = psql_text(
+        &stack,
+        &format!(
+            "SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id WHERE t.slug = '{slug}' AND x.phone IS NOT NULL LIMIT 1"
+        ),
+    );
+    let paged = tool_call(
+        &stack.lb_url,
+        &token,
+        "page_technician",
+        json!({"technician": technician, "message": "Boiler down at Elm St"}),
+    )
+    .await;
+    assert_eq!(paged["isError"], true);
+    assert_eq!(paged["structuredContent"]["error"]["code"], "turned_off_by_policy", "{paged}");
+    assert!(
+        paged["content"][0]["text"]
+            .as_str()
+            .expect("t")
+            .starts_with("Error: A tenant admin turned wake actions off"),
+        "{paged}"
+    );
+    // Prepared under person_approves: the agent is told a person decides, and cannot complete it.
+    let customer = psql_text(
+        &stack,
+        &format!(
+            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
+        ),
+    );
+    let customer_email =
+        psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let prepare = |subject: &str| {
+        let (lb, token, customer) = (stack.lb_url.clone(), token.clone(), customer.clone());
+        let subject = subject.to_owned();
+        async move {
+            tool_call(&lb, &token, "send_customer_message", json!({"customer": customer, "subject": subject, "body": "Your technician arrives at 9."})).await["structuredContent"].clone()
+        }
+    };
+    let preview = prepare("Arrival time").await;
+    assert_eq!(preview["status"], "AWAITING_APPROVAL", "{preview}");
+    assert!(preview["next"].as_str().expect("next").contains("must approve"), "{preview}");
+    let confirm = json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]});
+    let early = tool_call(&stack.lb_url, &token, "confirm_action", confirm.clone()).await;
+    assert_eq!(early["structuredContent"]["error"]["code"], "awaiting_approval", "{early}");
+    let sent_to_customer = || {
+        psql_count(
+            &stack,
+            &format!("SELECT count(*) FROM outbox WHERE recipient = '{customer_email}'"),
+        )
+    };
+    assert_eq!(sent_to_customer(), 0, "nothing reaches the customer before a person approves");
+    let admins_told = psql_count(
+        &stack,
+        "SELECT count(*) FROM outbox WHERE subject = 'Approval needed: send_customer_message'",
+    );
+    assert!(admins_told >= 2, "the members who can approve are emailed: {admins_told}");
+    // Two people approve at once on the console while the agent asks again: one execution.
+    let action = preview["action"].as_str().expect("action").to_owned();
+    let mut admin = console_as(&stack, "admin").await;
+    let mut second = console_as(&stack, "dispatcher").await;
+    let page =
+        admin.get(&format!("{}/approvals", stack.control_url)).await.text().await.expect("html");
+    assert!(
+        page.contains(&action) && page.contains("Arrival time") && page.contains("Dispatch agent"),
+        "the page shows what waits"
+    );
+    let count: Value = admin
+        .get(&format!("{}/approvals/count", stack.control_url))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(count["count"], 1);
+    let (a, b, c) = tokio::join!(
+        decide(&stack, &mut admin, &action, "approve", "customer asked for it"),
+        decide(&stack, &mut second, &action, "approve", "looks right"),
+        tool_call(&stack.lb_url, &token, "confirm_action", confirm.clone()),
+    );
+    let approved = [&a, &b]
+        .iter()
+        .filter(|(s, html)| *s == 200 && html.contains("Approved and executed"))
+        .count();
+    assert_eq!(approved, 1, "exactly one approval executes: {a:?} {b:?}");
+    assert!(c["isError"] == true || c["structuredContent"]["status"] == "EXECUTED", "{c}");
+    assert_eq!(sent_to_customer(), 1, "one email to the customer");
+    let done = tool_call(&stack.lb_url, &token, "confirm_action", confirm).await;
+    assert_eq!(
+        done["structuredContent"]["status"], "EXECUTED",
+        "the agent learns it was approved: {done}"
+    );
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM audit_log WHERE action = 'send_customer_message' AND outcome = 'ok' AND channel = 'console' AND reason IS NOT NULL"
+        ),
+        1
+    );
+    // Denied: the agent is told, with the reason; nothing is sent.
+    let denied = prepare("Discount offer").await;
+    let (status, _) = decide(
+        &stack,
+        &mut admin,
+        denied["action"].as_str().expect("a"),
+        "deny",
+        "we do not offer discounts",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let told = tool_call(&stack.lb_url, &token, "confirm_action", json!({"confirm_token": denied["confirm_token"], "confirm_summary": denied["confirm_summary"]})).await;
+    assert_eq!(told["structuredContent"]["error"]["code"], "action_denied", "{told}");
+    assert!(
+        told["content"][0]["text"].as_str().expect("t").contains("we do not offer discounts"),
+        "{told}"
+    );
+    assert_eq!(sent_to_customer(), 1);
+    // Changed between preparation and approval: nothing executes, the new version waits.
+    let changed = prepare("New address").await;
+    psql_text(
+        &stack,
+        &format!(
+            "UPDATE customers SET email = 'moved@example.com', updated_at = now() WHERE handle = '{customer}' RETURNING 1"
+        ),
+    );
+    let (status, html) =
+        decide(&stack, &mut admin, changed["action"].as_str().expect("a"), "approve", "ok").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("changed since it was prepared"), "{html}");
+    assert_eq!(
+        psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
+        0
+    );
+    let waiting =
+        admin.get(&format!("{}/approvals", stack.control_url)).await.text().await.expect("html");
+    assert!(waiting.contains("moved@example.com"), "the person sees the new version");
+    // Hostile decisions: no CSRF token, an unknown decision, no reason, a foreign or
+    // agent-confirmed action: refused, nothing changes.
+    let newest = psql_text(
+        &stack,
+        "SELECT handle FROM pending_actions WHERE status = 'pending' AND completion = 'person_approves' ORDER BY id DESC LIMIT 1",
+    );
+    let url = |d: &str| format!("{}/approvals/{newest}/{d}", stack.control_url);
+    assert_eq!(
+        admin.post_form(&url("approve"), &[("reason".into(), "no csrf".into())]).await.status(),
+        403
+    );
+    let csrf = csrf_of(&waiting);
+    assert_eq!(
+        admin
+            .post_form(
+                &url("execute"),
+                &[("csrf".into(), csrf.clone()), ("reason".into(), "x".into())]
+            )
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        admin.post_form(&url("approve"), &[("csrf".into(), csrf.clone())]).await.status(),
+        422
+    );
+    for other in ["pac_doesnotexist000000", "con_x", "..%2Fconnections"] {
+        let r = admin
+            .post_form(
+                &format!("{}/approvals/{other}/approve", stack.control_url),
+                &[("csrf".into(), csrf.clone()), ("reason".into(), "x".into())],
+            )
+            .await;
+        assert_eq!(r.status(), 404, "{other}");
+    }
+    assert_eq!(
+        psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
+        0
+    );
+    // The policy may require that the approver is not the connection's creator.
+    set("notify", "person_approves", &["--approver-not-creator"]);
+    let guarded = prepare("Reminder").await;
+    let guarded_action = guarded["action"].as_str().expect("a").to_owned();
+    let (status, _) = decide(&stack, &mut second, &guarded_action, "approve", "my own agent").await;
+    assert_eq!(status, 422, "the dispatcher created the connection");
+    let (status, html) = decide(&stack, &mut admin, &guarded_action, "approve", "checked").await;
+    assert_eq!((status, html.contains("Approved and executed")), (200, true), "{html}");
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM audit_log WHERE action = 'approval_policy.set' AND channel = 'cli'"
+        ),
+        3
+    );
+}
+
+fn psql_text(stack: &Stack, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .arg(&stack.database_url)
+        .args(["-Atqc", sql])
+        .output()
+        .expect("psql");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}

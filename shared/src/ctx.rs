@@ -183,6 +183,14 @@ impl OpCtx {
         }
     }
 
+    /// The acting person's public handle, if a person acts.
+    pub fn actor_handle(&self) -> Option<&str> {
+        match &self.actor {
+            Actor::Person { handle, .. } | Actor::Operator { handle, .. } => Some(handle.as_str()),
+            _ => None,
+        }
+    }
+
     pub fn tenant(&self) -> &TenantRef {
         &self.tenant
     }

@@ -103,6 +103,10 @@ pub enum Error {
     #[error("the {class} limit of {limit} calls per minute is used up")]
     RateLimited { class: &'static str, limit: i32, retry_after_secs: u32 },
 
+    /// The tenant's approval policy turned this kind of action off for agents.
+    #[error("{tool} is turned off for agents in this tenant ({class} actions)")]
+    TurnedOff { tool: String, class: &'static str },
+
     /// The tool is not in the connection's toolset (R21).
     #[error("{tool} is not in this connection's toolset {toolset}")]
     NotInToolset { tool: String, toolset: String, available_in: Vec<String> },
@@ -157,6 +161,7 @@ impl Error {
             Error::WrongState { .. } => "wrong_state",
             Error::RateLimited { .. } => "rate_limited",
             Error::NotInToolset { .. } => "not_in_toolset",
+            Error::TurnedOff { .. } => "turned_off_by_policy",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::Internal(_) => "internal",
         }
@@ -184,6 +189,10 @@ pub enum ActionRefusal {
     Expired,
     OtherConnection,
     SummaryMismatch,
+    /// A person has not decided yet (`person_approves`).
+    AwaitingApproval,
+    /// A person denied it.
+    Denied,
 }
 
 impl ActionRefusal {
@@ -195,6 +204,8 @@ impl ActionRefusal {
             ActionRefusal::Expired => "token_expired",
             ActionRefusal::OtherConnection => "foreign_token",
             ActionRefusal::SummaryMismatch => "summary_mismatch",
+            ActionRefusal::AwaitingApproval => "awaiting_approval",
+            ActionRefusal::Denied => "action_denied",
         }
     }
 }

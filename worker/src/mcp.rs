@@ -18,6 +18,7 @@ use rmcp::{ErrorData, ServerHandler};
 use serde_json::Value;
 use shared::auth::McpContext;
 use shared::error::Error;
+use shared::services::approvals::Completion;
 
 use crate::AppState;
 use crate::results::{self, ErrorBody};
@@ -89,6 +90,12 @@ impl ServerHandler for Server {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let bound = bound(&context)?;
+        // The tenant's approval policy hides what it turned off and says who completes the rest.
+        let policy =
+            shared::services::approvals::policy(&self.state.ds, &bound.ctx).await.map_err(|e| {
+                tracing::error!(error = %e, "approval policy lookup failed");
+                ErrorData::internal_error("the tool list is unavailable; retry", None)
+            })?;
         let tools = self
             .state
             .tools
@@ -96,7 +103,16 @@ impl ServerHandler for Server {
             .iter()
             .filter(|t| t.access.missing(bound.ctx.rights()).is_none())
             .filter(|t| t.toolsets.contains(&toolset(&bound.ctx)))
-            .map(|t| t.tool.clone())
+            .filter_map(|t| match policy.for_tool(t.name) {
+                Some(Completion::Off) => None,
+                Some(Completion::PersonApproves) => {
+                    let mut tool = t.tool.clone();
+                    let described = tool.description.as_deref().unwrap_or_default();
+                    tool.description = Some(format!("{described} In this tenant a person approves it in the Gatehouse console; the agent cannot complete it.").into());
+                    Some(tool)
+                }
+                _ => Some(t.tool.clone()),
+            })
             .collect();
         // The list depends on this caller's live rights: cache it briefly and privately.
         Ok(ListToolsResult::with_all_items(tools)

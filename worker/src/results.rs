@@ -252,6 +252,8 @@ impl ErrorBody {
                 let fix = match reason {
                     ActionRefusal::SummaryMismatch => "Call confirm_action again with confirm_summary copied exactly from the preview.".to_owned(),
                     ActionRefusal::Used | ActionRefusal::Rejected => "Nothing more happened. Check list_recent_changes; prepare a new action if one is still needed.".to_owned(),
+                    ActionRefusal::AwaitingApproval => "A person decides in the console; call confirm_action again later to learn the outcome. Do not prepare it again.".to_owned(),
+                    ActionRefusal::Denied => "Tell the user it was denied and why; do not prepare it again unless they ask.".to_owned(),
                     _ => "Prepare the action again with its tool; the preview gives a new token.".to_owned(),
                 };
                 let mut body =
@@ -286,6 +288,11 @@ impl ErrorBody {
                 body.retry_after_secs = Some(*retry_after_secs);
                 body
             }
+            Error::TurnedOff { tool, class } => ErrorBody::new(
+                error.code(),
+                format!("A tenant admin turned {class} actions off for agents, so {tool} prepares nothing here."),
+                "Tell the user: a person can do this in the product itself, or a tenant admin can change the approval policy (console: Agent access).".to_owned(),
+            ),
             Error::NotInToolset { tool, toolset, available_in } => {
                 let mut body = ErrorBody::new(
                     error.code(),
@@ -367,7 +374,8 @@ pub fn error_schema() -> Value {
                         "not_found", "invalid_argument", "unknown_field", "permission_denied", "conflict",
                         "duplicate", "count_mismatch", "changed_since_preview", "wrong_state",
                         "unknown_token", "token_used", "action_rejected", "token_expired", "foreign_token",
-                        "summary_mismatch", "rate_limited", "not_in_toolset", "unauthenticated", "internal"]},
+                        "summary_mismatch", "awaiting_approval", "action_denied", "turned_off_by_policy",
+                        "rate_limited", "not_in_toolset", "unauthenticated", "internal"]},
                     "message": {"type": "string"},
                     "fix": {"type": "string"},
                     "next_tool": {"type": "string"},

@@ -10,7 +10,7 @@ use shared::config::Common;
 use shared::ctx::{Channel, Operator};
 use shared::error::{Error, Resource};
 use shared::rights::{RightSet, Role};
-use shared::services::{admin, demo, operators};
+use shared::services::{admin, approvals, demo, operators};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,6 +51,9 @@ enum Command {
     /// Manage the REST API's tokens: they expire, and can be revoked at any time.
     #[command(subcommand)]
     ApiToken(ApiTokenCmd),
+    /// Who completes agents' notify, wake, alert and delete actions in a tenant.
+    #[command(subcommand)]
+    ApprovalPolicy(ApprovalPolicyCmd),
     /// Demo data.
     #[command(subcommand)]
     Demo(DemoCmd),
@@ -220,6 +223,30 @@ enum ApiTokenCmd {
         /// Why; kept in the audit log.
         #[arg(long)]
         reason: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ApprovalPolicyCmd {
+    /// Show the tenant's rules and what each two-step tool gets.
+    Show {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Set who completes a class (notify, wake, alert, delete) or one two-step tool:
+    /// agent_confirms (the default), person_approves (a member approves in the console), or off.
+    Set {
+        #[command(flatten)]
+        t: InTenant,
+        /// An effect class (notify, wake, alert, delete) or a two-step tool's name.
+        #[arg(long)]
+        scope: String,
+        /// agent_confirms, person_approves or off; `default` removes the rule.
+        #[arg(long)]
+        mode: String,
+        /// With person_approves: the approver may not be the connection's creator.
+        #[arg(long)]
+        approver_not_creator: bool,
     },
 }
 
@@ -496,6 +523,47 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                     Ok((to_json(&r), text))
                 }
             }
+        }
+        Command::ApprovalPolicy(cmd) => {
+            let slug = match &cmd {
+                ApprovalPolicyCmd::Show { t } | ApprovalPolicyCmd::Set { t, .. } => {
+                    t.tenant.clone()
+                }
+            };
+            let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
+            if let ApprovalPolicyCmd::Set { scope, mode, approver_not_creator, .. } = cmd {
+                let mode = match mode.as_str() {
+                    "default" => None,
+                    other => Some(approvals::Completion::parse("mode", other)?),
+                };
+                approvals::policy_set(&ds, &ctx, &scope, mode, approver_not_creator).await?;
+            }
+            let policy = approvals::policy(&ds, &ctx).await?;
+            let tools: Vec<Value> = shared::services::actions::Op::ALL
+                .iter()
+                .map(|op| {
+                    let (mode, not_creator) = policy.for_op(*op);
+                    json!({"tool": op.name(), "class": op.class().as_str(), "mode": mode, "approver_not_creator": not_creator})
+                })
+                .collect();
+            let text = tools
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{:24} {:7} {}{}",
+                        t["tool"].as_str().unwrap_or_default(),
+                        t["class"].as_str().unwrap_or_default(),
+                        t["mode"].as_str().unwrap_or_default(),
+                        if t["approver_not_creator"] == true {
+                            " (approver is not the creator)"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok((json!({"rules": policy.rules, "tools": tools}), text))
         }
         Command::KillSwitch { state, tenant, reason } => {
             let kill = state == "on";

@@ -22,6 +22,14 @@ pub struct PendingRow {
     pub expired: bool,
     /// When the preview was made: durations in the preview are measured from here.
     pub created_at: DateTime<Utc>,
+    /// `agent_confirms` or `person_approves`, fixed at the preview.
+    pub completion: String,
+    pub approver_not_creator: bool,
+    /// The person whose connection prepared it.
+    pub creator_id: i64,
+    pub connection_status: String,
+    pub result: Option<Value>,
+    pub decision_reason: Option<String>,
 }
 
 pub struct NewPending<'a> {
@@ -36,6 +44,9 @@ pub struct NewPending<'a> {
     pub ttl_seconds: i64,
     /// The instant the preview was planned at.
     pub previewed_at: DateTime<Utc>,
+    pub completion: &'a str,
+    pub approver_not_creator: bool,
+    pub preview: &'a Value,
 }
 
 pub(crate) async fn pending_insert(
@@ -45,8 +56,10 @@ pub(crate) async fn pending_insert(
 ) -> Result<(i64, DateTime<Utc>)> {
     Ok(sqlx::query_as::<_, (i64, DateTime<Utc>)>(
         "INSERT INTO pending_actions (tenant_id, handle, connection_id, tool, args, args_digest,
-                                      content_hash, summary, token_hash, expires_at, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11)
+                                      content_hash, summary, token_hash, expires_at, created_at,
+                                      completion, approver_not_creator, preview)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + make_interval(secs => $10), $11,
+                 $12, $13, $14)
          RETURNING id, expires_at",
     )
     .bind(ctx.tenant_id())
@@ -60,8 +73,28 @@ pub(crate) async fn pending_insert(
     .bind(p.token_hash)
     .bind(p.ttl_seconds as f64)
     .bind(p.previewed_at)
+    .bind(p.completion)
+    .bind(p.approver_not_creator)
+    .bind(p.preview)
     .fetch_one(&mut **tx)
     .await?)
+}
+
+const PENDING_LOCKED_SQL: &str =
+    "SELECT p.id, p.handle, p.connection_id, p.tool, p.args, p.content_hash, p.summary, p.status,
+            p.expires_at <= now() AS expired, p.created_at, p.completion, p.approver_not_creator,
+            c.creator_id, c.status AS connection_status, p.result, p.decision_reason
+     FROM pending_actions p JOIN connections c ON c.id = p.connection_id WHERE p.id = $1";
+
+/// Takes the advisory lock of a pending action for the rest of the transaction and reads it
+/// again under the lock.
+async fn pending_locked(tx: &mut Tx<'_>, id: Option<i64>) -> Result<Option<PendingRow>> {
+    let Some(id) = id else { return Ok(None) };
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(id).execute(&mut **tx).await?;
+    Ok(sqlx::query_as::<_, PendingRow>(PENDING_LOCKED_SQL)
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?)
 }
 
 /// Finds a pending action of the tenant by token hash, takes its advisory lock for the rest of
@@ -78,15 +111,161 @@ pub(crate) async fn pending_lock_by_token(
     .bind(token_hash)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some(id) = id else { return Ok(None) };
-    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(id).execute(&mut **tx).await?;
-    Ok(sqlx::query_as::<_, PendingRow>(
-        "SELECT id, handle, connection_id, tool, args, content_hash, summary, status, expires_at,
-                expires_at <= now() AS expired, created_at
-         FROM pending_actions WHERE id = $1",
+    pending_locked(tx, id).await
+}
+
+/// The same by the action's handle (pac_…), for a person deciding in the console.
+pub(crate) async fn pending_lock_by_handle(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<PendingRow>> {
+    let id: Option<i64> =
+        sqlx::query_scalar("SELECT id FROM pending_actions WHERE tenant_id = $1 AND handle = $2")
+            .bind(ctx.tenant_id())
+            .bind(handle)
+            .fetch_optional(&mut **tx)
+            .await?;
+    pending_locked(tx, id).await
+}
+
+/// Records who decided a pending action and why.
+pub(crate) async fn pending_decided_by(
+    tx: &mut Tx<'_>,
+    id: i64,
+    person_id: Option<i64>,
+    reason: &str,
+) -> Result<()> {
+    sqlx::query("UPDATE pending_actions SET decided_by = $2, decision_reason = $3 WHERE id = $1")
+        .bind(id)
+        .bind(person_id)
+        .bind(reason)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// An action waiting for a person, as the console lists it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AwaitingRow {
+    pub handle: String,
+    pub tool: String,
+    pub summary: String,
+    pub preview: Option<Value>,
+    pub connection_name: String,
+    pub client_name: String,
+    pub creator_email: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Services {
+    /// The tenant's actions waiting for a person, oldest first.
+    pub(crate) async fn pending_awaiting(
+        &self,
+        ctx: &OpCtx,
+        limit: i64,
+    ) -> Result<Vec<AwaitingRow>> {
+        Ok(sqlx::query_as::<_, AwaitingRow>(
+            "SELECT p.handle, p.tool, p.summary, p.preview, c.name AS connection_name,
+                    c.client_name, pe.email AS creator_email, p.created_at, p.expires_at
+             FROM pending_actions p
+             JOIN connections c ON c.id = p.connection_id
+             JOIN people pe ON pe.id = c.creator_id
+             WHERE p.tenant_id = $1 AND p.status = 'pending' AND p.completion = 'person_approves'
+               AND p.expires_at > now() AND c.status = 'active'
+             ORDER BY p.created_at, p.id LIMIT $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// How many actions wait for a person in the tenant.
+    pub(crate) async fn pending_awaiting_count(&self, ctx: &OpCtx) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM pending_actions p JOIN connections c ON c.id = p.connection_id
+             WHERE p.tenant_id = $1 AND p.status = 'pending' AND p.completion = 'person_approves'
+               AND p.expires_at > now() AND c.status = 'active'",
+        )
+        .bind(ctx.tenant_id())
+        .fetch_one(self.pool())
+        .await?)
+    }
+
+    /// The tenant's approval policy rows: (scope, mode, approver_not_creator).
+    pub(crate) async fn approval_policy_rows(
+        &self,
+        ctx: &OpCtx,
+    ) -> Result<Vec<(String, String, bool)>> {
+        Ok(sqlx::query_as(
+            "SELECT scope, mode, approver_not_creator FROM approval_policies WHERE tenant_id = $1 ORDER BY scope",
+        )
+        .bind(ctx.tenant_id())
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+/// The same inside a transaction (the prepare and approve steps read it with their locks).
+pub(crate) async fn approval_policy_rows_tx(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+) -> Result<Vec<(String, String, bool)>> {
+    Ok(sqlx::query_as(
+        "SELECT scope, mode, approver_not_creator FROM approval_policies WHERE tenant_id = $1 ORDER BY scope",
     )
-    .bind(id)
-    .fetch_optional(&mut **tx)
+    .bind(ctx.tenant_id())
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// Sets one scope's rule; `None` removes it (the default applies again).
+pub(crate) async fn approval_policy_put(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    scope: &str,
+    rule: Option<(&str, bool)>,
+) -> Result<()> {
+    match rule {
+        Some((mode, not_creator)) => {
+            sqlx::query(
+                "INSERT INTO approval_policies (tenant_id, scope, mode, approver_not_creator) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (tenant_id, scope) DO UPDATE SET mode = EXCLUDED.mode,
+                     approver_not_creator = EXCLUDED.approver_not_creator, updated_at = now()",
+            )
+            .bind(ctx.tenant_id())
+            .bind(scope)
+            .bind(mode)
+            .bind(not_creator)
+            .execute(&mut **tx)
+            .await?;
+        }
+        None => {
+            sqlx::query("DELETE FROM approval_policies WHERE tenant_id = $1 AND scope = $2")
+                .bind(ctx.tenant_id())
+                .bind(scope)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// The tenant's active members whose role is one of `roles`, for telling approvers.
+pub(crate) async fn members_with_roles(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    roles: &[String],
+) -> Result<Vec<(i64, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT p.id, p.email FROM memberships m JOIN people p ON p.id = m.person_id
+         WHERE m.tenant_id = $1 AND m.active AND p.active AND m.role = ANY($2) ORDER BY p.id",
+    )
+    .bind(ctx.tenant_id())
+    .bind(roles)
+    .fetch_all(&mut **tx)
     .await?)
 }
 
@@ -105,4 +284,23 @@ pub(crate) async fn pending_decide(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// The person who created a connection.
+pub(crate) async fn connection_creator(tx: &mut Tx<'_>, connection_id: i64) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT creator_id FROM connections WHERE id = $1")
+        .bind(connection_id)
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
+/// The tenant's agent switch and the platform's kill switch, as Postgres has them now.
+pub(crate) async fn switches(tx: &mut Tx<'_>, ctx: &OpCtx) -> Result<(bool, bool)> {
+    Ok(sqlx::query_as(
+        "SELECT t.agent_access, (SELECT global_kill FROM platform_state LIMIT 1)
+         FROM tenants t WHERE t.id = $1",
+    )
+    .bind(ctx.tenant_id())
+    .fetch_one(&mut **tx)
+    .await?)
 }

@@ -29,6 +29,7 @@ use crate::handle::BookingHandle;
 use crate::input::parse_input;
 use crate::rights::Right;
 use crate::secret;
+use crate::services::approvals::{self, Completion, Decided};
 use crate::services::bookings::{
     CancelBookingsInput, ConfirmBookingInput, DeleteBookingInput, RescheduleBookingInput,
 };
@@ -357,7 +358,17 @@ fn connection_id(ctx: &OpCtx) -> Result<i64> {
     })
 }
 
-/// Stores a pending action for `plan` and returns the preview.
+/// Who completes a pending action, fixed when it is stored.
+#[derive(Clone, Copy)]
+struct Completes {
+    connection_id: i64,
+    mode: Completion,
+    approver_not_creator: bool,
+}
+
+/// Stores a pending action for `plan` and returns the preview. An action a person must
+/// approve says so, and the members who could approve it are told through the outbox.
+#[expect(clippy::too_many_arguments, reason = "the rail's one storing step")]
 async fn store_preview(
     tx: &mut Tx<'static>,
     ctx: &OpCtx,
@@ -366,18 +377,20 @@ async fn store_preview(
     args: &Value,
     plan: &Plan,
     now: Timestamp,
+    completes: Completes,
 ) -> Result<Value> {
     let previewed = At::fresh(now).previewed;
     let token =
         format!("cfm_{}", &secret::generate(secret::CredentialKind::Session)["gh_ses_".len()..]);
     let handle = format!("pac_{}", &crate::handle::NoteHandle::generate().as_str()[4..]);
     let content_hash = sha256_hex(canonical_json(&plan.content).as_bytes());
+    let person = completes.mode == Completion::PersonApproves;
     let (id, expires_at) = db::pending_insert(
         tx,
         ctx,
         NewPending {
             handle: &handle,
-            connection_id: connection_id(ctx)?,
+            connection_id: completes.connection_id,
             tool: op.name(),
             args,
             args_digest: &args_digest(args),
@@ -386,6 +399,9 @@ async fn store_preview(
             token_hash: &secret::hash_token(&token),
             ttl_seconds: ds.policy().action_ttl_secs,
             previewed_at: from_ts(previewed),
+            completion: completes.mode.as_str(),
+            approver_not_creator: completes.approver_not_creator,
+            preview: &plan.preview,
         },
     )
     .await?;
@@ -395,23 +411,71 @@ async fn store_preview(
         ctx,
         AuditEntry {
             action: &action,
-            outcome: "previewed",
+            outcome: if person { "awaiting_approval" } else { "previewed" },
             targets: plan.targets.clone(),
             pending_action: Some(id),
             reason: None,
         },
     )
     .await?;
+    let expires =
+        time::present(to_ts(expires_at), &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+    if person {
+        tell_approvers(tx, ctx, op, (id, &handle), plan, completes, &expires.display).await?;
+    }
     Ok(json!({
-        "status": "PREVIEW",
+        "status": if person { "AWAITING_APPROVAL" } else { "PREVIEW" },
         "action": handle,
         "tool": op.name(),
         "confirm_token": token,
         "confirm_summary": plan.summary,
-        "expires": time::present(to_ts(expires_at), &ctx.tenant().zone, &ctx.tenant().zone_name, now),
+        "expires": expires,
         "effect": plan.preview,
-        "next": "Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action.",
+        "next": if person {
+            approvals::awaiting_note(completes.approver_not_creator)
+        } else {
+            json!("Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action.")
+        },
     }))
+}
+
+/// Emails the members whose role holds the action's right that it waits for them.
+async fn tell_approvers(
+    tx: &mut Tx<'static>,
+    ctx: &OpCtx,
+    op: Op,
+    pending: (i64, &str),
+    plan: &Plan,
+    completes: Completes,
+    expires: &str,
+) -> Result<()> {
+    let creator = db::connection_creator(tx, completes.connection_id).await?;
+    let members = db::members_with_roles(tx, ctx, &approvals::roles_holding(op.right())).await?;
+    let asker = ctx.connection().map(|c| c.name.clone()).unwrap_or_else(|| "an agent".into());
+    for (person_id, email) in members {
+        if completes.approver_not_creator && Some(person_id) == creator {
+            continue;
+        }
+        let key = format!("{}:approval:{person_id}", pending.1);
+        let body = format!(
+            "The agent connection \"{asker}\" asks to: {}\n\nNothing happens unless someone approves it in the Gatehouse console under Approvals (action {}), before {expires}.",
+            plan.summary, pending.1
+        );
+        db::outbox_insert(
+            tx,
+            ctx,
+            NewMessage {
+                pending_action_id: Some(pending.0),
+                channel: "email",
+                recipient: &email,
+                subject: &format!("Approval needed: {}", op.name()),
+                body: &body,
+                idempotency_key: &key,
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Step one: plan the action and return a preview. Executes nothing.
@@ -435,8 +499,14 @@ pub async fn prepare<T: TwoStep + Serialize>(
             .collect(),
     );
     let mut tx = ds.begin().await?;
+    // The tenant's policy decides who completes it, read in the same transaction.
+    let (mode, approver_not_creator) = approvals::policy_tx(&mut tx, ctx).await?.for_op(op);
+    if mode == Completion::Off {
+        return Err(Error::TurnedOff { tool: op.name().to_owned(), class: op.class().as_str() });
+    }
     let plan = plan(&mut tx, ctx, op, &args, At::fresh(now)).await?;
-    let preview = store_preview(&mut tx, ctx, ds, op, &args, &plan, now).await?;
+    let completes = Completes { connection_id: connection_id(ctx)?, mode, approver_not_creator };
+    let preview = store_preview(&mut tx, ctx, ds, op, &args, &plan, now, completes).await?;
     tx.commit().await?;
     Ok(preview)
 }
@@ -466,7 +536,7 @@ fn refused(reason: ActionRefusal, message: impl Into<String>) -> Error {
 
 enum Opened {
     /// This connection's pending action, locked for the rest of the transaction.
-    Mine(Tx<'static>, db::PendingRow),
+    Mine(Tx<'static>, Box<db::PendingRow>),
     /// Unknown, or another connection's (refusal audited).
     Refused(Error),
 }
@@ -490,7 +560,7 @@ async fn open_pending(ds: &Services, ctx: &OpCtx, token: &str) -> Result<Opened>
         );
         return Ok(Opened::Refused(refuse(tx, ctx, &p.tool, p.id, error).await));
     }
-    Ok(Opened::Mine(tx, p))
+    Ok(Opened::Mine(tx, Box::new(p)))
 }
 
 /// Step two: execute a previewed action after every check.
@@ -501,9 +571,36 @@ pub async fn confirm(
     now: Timestamp,
 ) -> Result<Value> {
     let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
-        Opened::Mine(tx, p) => (tx, p),
+        Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
     };
+    if p.completion == Completion::PersonApproves.as_str() {
+        // A person decides this one: the agent learns the outcome and can never complete it.
+        drop(tx);
+        return match p.status.as_str() {
+            "executed" => Ok(p.result.unwrap_or(Value::Null)),
+            "rejected" => Err(refused(
+                ActionRefusal::Denied,
+                format!(
+                    "a person denied action {}: {}",
+                    p.handle,
+                    p.decision_reason.as_deref().unwrap_or("no reason given")
+                ),
+            )),
+            "superseded" => Err(refused(
+                ActionRefusal::Used,
+                format!("action {} changed before it was approved and was replaced", p.handle),
+            )),
+            _ if p.expired => Err(refused(
+                ActionRefusal::Expired,
+                format!("action {} expired before anyone approved it", p.handle),
+            )),
+            _ => Err(refused(
+                ActionRefusal::AwaitingApproval,
+                format!("action {} waits for a person's approval in the console", p.handle),
+            )),
+        };
+    }
     // Every reason this token cannot execute, checked in order; each refusal is audited.
     let refusal = match p.status.as_str() {
         "executed" => Some(refused(
@@ -563,7 +660,12 @@ pub async fn confirm(
         db::pending_decide(&mut tx, p.id, "superseded", None).await?;
         // The new preview promises what holds from now on.
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
-        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now).await?;
+        let completes = Completes {
+            connection_id: p.connection_id,
+            mode: Completion::AgentConfirms,
+            approver_not_creator: false,
+        };
+        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
         tx.commit().await?;
         return Err(Error::ChangedSincePreview { preview: Box::new(preview) });
     }
@@ -588,7 +690,7 @@ pub async fn confirm(
 
 pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Result<Value> {
     let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
-        Opened::Mine(tx, p) => (tx, p),
+        Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
     };
     if p.status != "pending" {
@@ -617,4 +719,132 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
     .await?;
     tx.commit().await?;
     Ok(json!({"status": "REJECTED", "action": p.handle, "tool": p.tool}))
+}
+
+// ------------------------------------------------------------------ a person decides
+
+/// A person approves or denies an action that waits for them (`person_approves`), under the
+/// same lock and checks as `confirm_action`: the action's state and expiry, the approver's
+/// live right, the policy's rule on who may approve, the connection still active, the switches,
+/// and a re-plan whose content hash must match. Executes at most once.
+pub(crate) async fn decide(
+    ds: &Services,
+    ctx: &OpCtx,
+    raw: &str,
+    reason: &str,
+    approve: bool,
+    now: Timestamp,
+) -> Result<Decided> {
+    let person = ctx.actor_person_id().ok_or(Error::NoActor)?;
+    let handle = raw.trim();
+    if !handle.starts_with("pac_") || handle.len() > 64 {
+        return Err(approvals::no_such_action(raw));
+    }
+    let reason = approvals::decision_reason(reason)?;
+    let mut tx = ds.begin().await?;
+    let Some(p) = db::pending_lock_by_handle(&mut tx, ctx, handle).await? else {
+        return Err(approvals::no_such_action(raw));
+    };
+    // Actions the agent completes are not the console's to decide.
+    if p.completion != Completion::PersonApproves.as_str() {
+        return Err(approvals::no_such_action(raw));
+    }
+    let op = Op::by_name(&p.tool)
+        .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
+    ctx.require(op.right())?;
+    let refusal = match p.status.as_str() {
+        "executed" | "rejected" | "superseded" => Some(refused(
+            ActionRefusal::Used,
+            format!("action {} was decided already ({})", p.handle, p.status),
+        )),
+        _ if p.expired => {
+            Some(refused(ActionRefusal::Expired, format!("action {} expired", p.handle)))
+        }
+        _ if p.connection_status != "active" => Some(Error::WrongState {
+            message: format!("the connection that asked for action {} was revoked", p.handle),
+            use_instead: None,
+        }),
+        _ if approve && p.approver_not_creator && p.creator_id == person => Some(Error::WrongState {
+            message: "this tenant's policy needs someone other than the connection's creator to approve it".into(),
+            use_instead: None,
+        }),
+        _ => None,
+    };
+    if let Some(error) = refusal {
+        return Err(error);
+    }
+    let action = format!("{}.{}", p.tool, if approve { "approve" } else { "deny" });
+    if !approve {
+        db::pending_decide(&mut tx, p.id, "rejected", None).await?;
+        db::pending_decided_by(&mut tx, p.id, Some(person), &reason).await?;
+        let entry = AuditEntry {
+            action: &action,
+            outcome: "denied",
+            targets: Vec::new(),
+            pending_action: Some(p.id),
+            reason: Some(&reason),
+        };
+        db::audit_insert(&mut tx, ctx, entry).await?;
+        tx.commit().await?;
+        return Ok(Decided::Denied { action: p.handle });
+    }
+    let (agent_access, killed) = db::switches(&mut tx, ctx).await?;
+    if killed || !agent_access {
+        return Err(Error::WrongState {
+            message:
+                "agent access is turned off, so agents' actions wait; turn it back on to approve"
+                    .into(),
+            use_instead: None,
+        });
+    }
+    let at = At { now, previewed: to_ts(p.created_at) };
+    let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+            let entry = AuditEntry {
+                action: &action,
+                outcome: "failed",
+                targets: Vec::new(),
+                pending_action: Some(p.id),
+                reason: Some(&reason),
+            };
+            db::audit_insert(&mut tx, ctx, entry).await?;
+            tx.commit().await?;
+            return Err(e);
+        }
+    };
+    if sha256_hex(canonical_json(&plan.content).as_bytes()) != p.content_hash {
+        // The person is shown the new version; this one can never execute.
+        db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+        let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
+        let completes = Completes {
+            connection_id: p.connection_id,
+            mode: Completion::PersonApproves,
+            approver_not_creator: p.approver_not_creator,
+        };
+        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
+        tx.commit().await?;
+        let replaced_by = preview["action"].as_str().unwrap_or_default().to_owned();
+        return Ok(Decided::Changed { action: p.handle, replaced_by });
+    }
+    let result = apply(&mut tx, ctx, &plan, (p.id, &p.handle), now).await?;
+    let out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary,
+        "approved": {"by": ctx.actor_handle(), "reason": reason}, "result": result});
+    db::pending_decide(&mut tx, p.id, "executed", Some(&out)).await?;
+    db::pending_decided_by(&mut tx, p.id, Some(person), &reason).await?;
+    db::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry {
+            action: op.name(),
+            outcome: "ok",
+            targets: plan.targets.clone(),
+            pending_action: Some(p.id),
+            reason: Some(&reason),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Decided::Executed { action: p.handle, result: out })
 }

@@ -6,6 +6,7 @@
 
 pub mod actions;
 pub mod admin;
+pub mod approvals;
 pub mod bookings;
 pub mod catalog;
 pub mod client_assertion;

@@ -1,0 +1,311 @@
+//! Who completes a prepared action (R7, R18, R19): tenant policy, per effect class and
+//! optionally per tool.
+//!
+//! - `agent_confirms` (the default, [`DEFAULT`]): PREVIEW, then `confirm_action` by the agent.
+//! - `person_approves`: a tenant member holding the action's right approves or denies it in the
+//!   console; the agent can only learn the outcome.
+//! - `off`: agents cannot prepare it at all; the tool is hidden with that reason.
+//!
+//! The policy is enforced here and in [`crate::services::actions`], so every adapter obeys it.
+//! An approval runs the same engine as `confirm_action`: the pending action's advisory lock,
+//! its state and expiry, live rights and switches, a re-plan whose content hash must match, one
+//! execution, one audit row (channel `console`, the approver as actor).
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::ctx::OpCtx;
+use crate::datastore::{self as db, AuditEntry, Services};
+use crate::effect::EffectClass;
+use crate::error::{Error, Resource, Result};
+use crate::rights::{Right, Role};
+use crate::services::actions::Op;
+
+/// Who completes a prepared action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Completion {
+    AgentConfirms,
+    PersonApproves,
+    Off,
+}
+
+/// What a class or tool without a rule gets: the one place the default is defined.
+pub const DEFAULT: Completion = Completion::AgentConfirms;
+
+/// The classes a policy speaks of (the two-step ones).
+pub const CLASSES: &[EffectClass] =
+    &[EffectClass::Notify, EffectClass::Wake, EffectClass::Alert, EffectClass::Delete];
+
+impl Completion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Completion::AgentConfirms => "agent_confirms",
+            Completion::PersonApproves => "person_approves",
+            Completion::Off => "off",
+        }
+    }
+
+    pub fn parse(field: &str, raw: &str) -> Result<Completion> {
+        match raw {
+            "agent_confirms" => Ok(Completion::AgentConfirms),
+            "person_approves" => Ok(Completion::PersonApproves),
+            "off" => Ok(Completion::Off),
+            _ => Err(Error::invalid_with_options(
+                field,
+                format!(
+                    "{:?} is not a way to complete actions",
+                    raw.chars().take(40).collect::<String>()
+                ),
+                vec!["agent_confirms".into(), "person_approves".into(), "off".into()],
+            )),
+        }
+    }
+}
+
+/// One rule of a tenant's policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rule {
+    /// `class:notify` … or `tool:<name>`.
+    pub scope: String,
+    pub mode: Completion,
+    /// With `person_approves`: the approver may not be the person whose connection asked.
+    pub approver_not_creator: bool,
+}
+
+/// A tenant's approval policy.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Policy {
+    pub rules: Vec<Rule>,
+}
+
+impl Policy {
+    fn from_rows(rows: Vec<(String, String, bool)>) -> Policy {
+        let rules = rows
+            .into_iter()
+            .filter_map(|(scope, mode, approver_not_creator)| {
+                Some(Rule {
+                    scope,
+                    mode: Completion::parse("mode", &mode).ok()?,
+                    approver_not_creator,
+                })
+            })
+            .collect();
+        Policy { rules }
+    }
+
+    /// How an operation is completed in this tenant: its tool's rule, else its class's, else
+    /// the default.
+    pub fn for_op(&self, op: Op) -> (Completion, bool) {
+        let tool = format!("tool:{}", op.name());
+        let class = format!("class:{}", op.class().as_str());
+        self.rules
+            .iter()
+            .find(|r| r.scope == tool)
+            .or_else(|| self.rules.iter().find(|r| r.scope == class))
+            .map(|r| (r.mode, r.approver_not_creator))
+            .unwrap_or((DEFAULT, false))
+    }
+
+    /// How a tool is completed, by name; `None` for tools that are not two-step.
+    pub fn for_tool(&self, tool: &str) -> Option<Completion> {
+        Op::by_name(tool).map(|op| self.for_op(op).0)
+    }
+}
+
+/// The tenant's policy (anyone acting in the tenant may read it: it decides what they see).
+pub async fn policy(ds: &Services, ctx: &OpCtx) -> Result<Policy> {
+    Ok(Policy::from_rows(ds.approval_policy_rows(ctx).await?))
+}
+
+pub(crate) async fn policy_tx(tx: &mut db::Tx<'static>, ctx: &OpCtx) -> Result<Policy> {
+    Ok(Policy::from_rows(db::approval_policy_rows_tx(tx, ctx).await?))
+}
+
+/// Parses a policy scope as given: an effect class (`notify`…) or a two-step tool's name.
+pub fn parse_scope(raw: &str) -> Result<String> {
+    let raw = raw.trim();
+    if let Some(class) = CLASSES.iter().find(|c| c.as_str() == raw) {
+        return Ok(format!("class:{}", class.as_str()));
+    }
+    if let Some(op) = Op::by_name(raw) {
+        return Ok(format!("tool:{}", op.name()));
+    }
+    let mut options: Vec<String> = CLASSES.iter().map(|c| c.as_str().to_owned()).collect();
+    options.extend(Op::ALL.iter().map(|o| o.name().to_owned()));
+    Err(Error::invalid_with_options(
+        "scope",
+        format!(
+            "{:?} is neither an effect class nor a two-step tool",
+            raw.chars().take(40).collect::<String>()
+        ),
+        options,
+    ))
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicySet {
+    pub scope: String,
+    /// The mode now in force (`None` given: the default again).
+    pub mode: Completion,
+    pub approver_not_creator: bool,
+}
+
+/// Sets the rule of one scope (`mode: None` removes it, so the default applies), audited. The
+/// change holds from the next call on every worker: the policy is read on every prepare.
+pub async fn policy_set(
+    ds: &Services,
+    ctx: &OpCtx,
+    scope: &str,
+    mode: Option<Completion>,
+    approver_not_creator: bool,
+) -> Result<PolicySet> {
+    ctx.require(Right::TenantSwitch)?;
+    let scope = parse_scope(scope)?;
+    if approver_not_creator && mode != Some(Completion::PersonApproves) {
+        return Err(Error::invalid(
+            "approver_not_creator",
+            "only a person_approves rule names who may approve",
+        ));
+    }
+    let mut tx = ds.begin().await?;
+    db::approval_policy_put(&mut tx, ctx, &scope, mode.map(|m| (m.as_str(), approver_not_creator)))
+        .await?;
+    let mode = mode.unwrap_or(DEFAULT);
+    let mut entry = AuditEntry::ok("approval_policy.set", vec![scope.clone()]);
+    let reason = format!(
+        "{}{}",
+        mode.as_str(),
+        if approver_not_creator { ", approver is not the creator" } else { "" }
+    );
+    entry.reason = Some(&reason);
+    db::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    Ok(PolicySet { scope, mode, approver_not_creator })
+}
+
+/// The roles that hold `right`: whom to tell that an action waits for them.
+pub(crate) fn roles_holding(right: Right) -> Vec<String> {
+    Role::ALL.iter().filter(|r| r.rights().contains(right)).map(|r| r.as_str().to_owned()).collect()
+}
+
+// ------------------------------------------------------------------ the console's side
+
+/// An action waiting for a person, as the console shows it.
+#[derive(Debug, Serialize)]
+pub struct Awaiting {
+    pub action: String,
+    pub tool: String,
+    pub summary: String,
+    /// Exactly what will be sent or changed.
+    pub effect: Value,
+    pub connection: String,
+    pub client: String,
+    pub asked_for_by: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+fn utc(t: chrono::DateTime<chrono::Utc>) -> String {
+    crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The actions waiting for a person in the tenant, oldest first. Only a member who could
+/// approve something sees them.
+pub async fn awaiting(ds: &Services, ctx: &OpCtx) -> Result<Vec<Awaiting>> {
+    if !Op::ALL.iter().any(|op| ctx.rights().contains(op.right())) {
+        return Err(Error::Forbidden { right: Right::BookingsNotify });
+    }
+    Ok(ds
+        .pending_awaiting(ctx, 200)
+        .await?
+        .into_iter()
+        .map(|r| Awaiting {
+            action: r.handle,
+            tool: r.tool,
+            summary: r.summary,
+            effect: r.preview.unwrap_or(Value::Null),
+            connection: r.connection_name,
+            client: r.client_name,
+            asked_for_by: r.creator_email,
+            created_at: utc(r.created_at),
+            expires_at: utc(r.expires_at),
+        })
+        .collect())
+}
+
+/// How many actions wait for a person (the console's navigation count).
+pub async fn awaiting_count(ds: &Services, ctx: &OpCtx) -> Result<i64> {
+    if !Op::ALL.iter().any(|op| ctx.rights().contains(op.right())) {
+        return Ok(0);
+    }
+    ds.pending_awaiting_count(ctx).await
+}
+
+/// What a person's decision came to.
+#[derive(Debug, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Decided {
+    /// Executed once; the result the agent will also see.
+    Executed {
+        action: String,
+        result: Value,
+    },
+    Denied {
+        action: String,
+    },
+    /// What it would do changed since it was prepared: nothing executed, and the new version
+    /// waits for a decision under a new handle.
+    Changed {
+        action: String,
+        replaced_by: String,
+    },
+}
+
+/// A person approves a waiting action in the console.
+pub async fn approve(
+    ds: &Services,
+    ctx: &OpCtx,
+    handle: &str,
+    reason: &str,
+    now: jiff::Timestamp,
+) -> Result<Decided> {
+    crate::services::actions::decide(ds, ctx, handle, reason, true, now).await
+}
+
+/// A person denies a waiting action; the agent is told, with the reason.
+pub async fn deny(
+    ds: &Services,
+    ctx: &OpCtx,
+    handle: &str,
+    reason: &str,
+    now: jiff::Timestamp,
+) -> Result<Decided> {
+    crate::services::actions::decide(ds, ctx, handle, reason, false, now).await
+}
+
+/// The reason a person gives: required, bounded, plain text.
+pub(crate) fn decision_reason(raw: &str) -> Result<String> {
+    let t = raw.trim();
+    if t.is_empty() || t.chars().count() > 500 || t.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "reason",
+            "give a reason of 1 to 500 characters; the agent and the audit see it",
+        ));
+    }
+    Ok(t.to_owned())
+}
+
+/// Not found, for a handle that names no waiting action of this tenant.
+pub(crate) fn no_such_action(raw: &str) -> Error {
+    Error::not_found(Resource::Action, raw.chars().take(40).collect::<String>())
+}
+
+/// The preview shown when an action waits for a person.
+pub(crate) fn awaiting_note(approver_not_creator: bool) -> Value {
+    json!(if approver_not_creator {
+        "A person in this tenant other than the connection's creator must approve this in the Gatehouse console (Approvals); the agent cannot complete it. Nothing has happened yet. Call confirm_action with confirm_token and confirm_summary later to learn whether it was approved, denied or expired."
+    } else {
+        "A person in this tenant must approve this in the Gatehouse console (Approvals); the agent cannot complete it. Nothing has happened yet. Call confirm_action with confirm_token and confirm_summary later to learn whether it was approved, denied or expired."
+    })
+}
