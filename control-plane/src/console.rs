@@ -43,7 +43,7 @@ pub fn login_cookie(state: &AppState) -> &'static str {
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/", get(|| async { Redirect::to("/connections") }))
+        .route("/", get(home))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(logout))
         .route("/tenants", get(tenants).post(pick_tenant))
@@ -787,6 +787,30 @@ async fn api_token_revoke(
 
 // ---------------------------------------------------------------- approvals
 
+/// Where a person starts: admins at their connections, approvers at what waits for them.
+async fn home(s: Session) -> Response {
+    let rights = console::session_rights(&s.row);
+    let start = if rights.contains(Right::ConnectionsManage) {
+        "/connections"
+    } else if shared::services::actions::Op::ALL.iter().any(|op| rights.contains(op.right())) {
+        "/approvals"
+    } else if rights.contains(Right::AuditRead) {
+        "/audit"
+    } else {
+        "/tenants"
+    };
+    Redirect::to(start).into_response()
+}
+
+/// A pending action's handle as it may appear in a URL: `pac_` and lowercase alphanumerics.
+fn action_handle(raw: &str) -> Option<&str> {
+    let tail = raw.strip_prefix("pac_")?;
+    (!tail.is_empty()
+        && tail.len() <= 40
+        && tail.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+    .then_some(raw)
+}
+
 /// The approval policy as a form: one row per effect class.
 fn policy_form(policy: &approvals::Policy, csrf: &str) -> String {
     let rows: String = approvals::CLASSES
@@ -812,7 +836,7 @@ fn policy_form(policy: &approvals::Policy, csrf: &str) -> String {
             format!(
                 "<form method=\"post\" action=\"/settings/approval-policy\" class=\"policy-row\">{csrf}<input type=\"hidden\" name=\"scope\" value=\"{class}\">\
                  <label><strong>{class}</strong> actions: <select name=\"mode\" aria-label=\"Who completes {class} actions\">{options}</select></label>\
-                 <label><input type=\"checkbox\" name=\"approver_not_creator\" value=\"yes\"{checked}> the approver is not the connection's creator</label>\
+                 <label><input type=\"checkbox\" name=\"approver_not_creator\" value=\"yes\"{checked}> with a person approving: never the connection's own creator</label>\
                  <button type=\"submit\">Save</button></form>",
                 csrf = csrf_field(csrf),
                 class = esc(class.as_str()),
@@ -859,10 +883,33 @@ async fn set_policy(
     }
 }
 
-async fn approvals_page(State(state): State<Arc<AppState>>, s: Session) -> Response {
+async fn approvals_page(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
     let ctx = match tenant_ctx(&s) {
         Ok(c) => c,
         Err(r) => return r,
+    };
+    // The outcome of the decision just made (post, redirect, get): handles parsed, the
+    // outcome one of three words, nothing else of the query shown.
+    let decided = q.get("decided").and_then(|h| action_handle(h));
+    let status = match (decided, q.get("outcome").map(String::as_str)) {
+        (Some(a), Some("executed")) => format!(
+            "<p class=\"ok\" role=\"status\">Approved and executed {}; the agent sees the result when it asks.</p>",
+            esc(a)
+        ),
+        (Some(a), Some("denied")) => format!(
+            "<p class=\"ok\" role=\"status\">Denied {}; the agent is told, with your reason.</p>",
+            esc(a)
+        ),
+        (Some(a), Some("changed")) => format!(
+            "<p class=\"error\" role=\"status\">{} changed since it was prepared, so nothing was executed; the new version {} waits below.</p>",
+            esc(a),
+            esc(q.get("replaced_by").and_then(|h| action_handle(h)).unwrap_or("(see below)"))
+        ),
+        _ => String::new(),
     };
     let waiting = match approvals::awaiting(&state.ds, &ctx).await {
         Ok(w) => w,
@@ -877,8 +924,8 @@ async fn approvals_page(State(state): State<Arc<AppState>>, s: Session) -> Respo
                 "<div class=\"card approval\" data-action=\"{handle}\"><p><strong>{summary}</strong></p>\
                  <p>Asked by the connection <strong>{connection}</strong> (client {client}) of {person}; prepared {created}; expires {expires}. Tool <code>{tool}</code>, action <code>{handle}</code>.</p>\
                  <details open><summary>Exactly what will be sent or changed</summary><pre>{effect}</pre></details>\
-                 <form method=\"post\" action=\"/approvals/{action}/approve\">{csrf}<label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"500\" aria-label=\"Reason to approve {handle}\"></label><button type=\"submit\">Approve</button></form>\
-                 <form method=\"post\" action=\"/approvals/{action}/deny\">{csrf}<label>Reason <input type=\"text\" name=\"reason\" required maxlength=\"500\" aria-label=\"Reason to deny {handle}\"></label><button type=\"submit\" class=\"danger\">Deny</button></form></div>",
+                 <form method=\"post\" action=\"/approvals/{action}/approve\">{csrf}<label>Reason to approve <input type=\"text\" name=\"reason\" required maxlength=\"500\" aria-label=\"Reason to approve {handle}\"></label><button type=\"submit\">Approve</button></form>\
+                 <form method=\"post\" action=\"/approvals/{action}/deny\">{csrf}<label>Reason to deny <input type=\"text\" name=\"reason\" required maxlength=\"500\" aria-label=\"Reason to deny {handle}\"></label><button type=\"submit\" class=\"danger\">Deny</button></form></div>",
                 handle = esc(&a.action),
                 summary = esc(&a.summary),
                 connection = esc(&a.connection),
@@ -894,9 +941,11 @@ async fn approvals_page(State(state): State<Arc<AppState>>, s: Session) -> Respo
         })
         .collect();
     let body = if cards.is_empty() {
-        "<p class=\"card\" id=\"no-approvals\">Nothing waits for approval. Agents' actions wait here when the tenant's policy (Agent access) says a person approves them.</p>".to_owned()
+        format!(
+            "{status}<p class=\"card\" id=\"no-approvals\">Nothing waits for approval. Agents' actions wait here when the tenant's policy (Agent access) says a person approves them.</p>"
+        )
     } else {
-        cards
+        format!("{status}{cards}")
     };
     Html(page("Approvals", Some(&s.nav("/approvals")), &body)).into_response()
 }
@@ -938,23 +987,22 @@ async fn decide(
                 .into_response();
         }
     };
-    let message = match decided {
+    // Post, redirect, get: a reload never sends the decision again.
+    let target = match decided {
         Ok(approvals::Decided::Executed { action, .. }) => {
-            format!("Approved and executed {action}; the agent sees the result when it asks.")
+            format!("/approvals?decided={}&outcome=executed", segment(&action))
         }
         Ok(approvals::Decided::Denied { action }) => {
-            format!("Denied {action}; the agent is told, with your reason.")
+            format!("/approvals?decided={}&outcome=denied", segment(&action))
         }
         Ok(approvals::Decided::Changed { action, replaced_by }) => format!(
-            "{action} changed since it was prepared, so nothing was executed; the new version {replaced_by} waits below."
+            "/approvals?decided={}&outcome=changed&replaced_by={}",
+            segment(&action),
+            segment(&replaced_by)
         ),
         Err(e) => return fail(e),
     };
-    let body = format!(
-        "<p class=\"ok\" role=\"status\">{}</p><p><a href=\"/approvals\">Back to approvals</a></p>",
-        esc(&message)
-    );
-    Html(page("Approvals", Some(&s.nav("/approvals")), &body)).into_response()
+    Redirect::to(&target).into_response()
 }
 
 // ---------------------------------------------------------------- people

@@ -17,7 +17,7 @@ pub fn esc(s: &str) -> String {
 }
 
 pub const STYLE: &str = "body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}\
-header{background:#1d2430;color:#fff;padding:.6rem 1.5rem;display:flex;gap:1.5rem;align-items:center}\
+header{background:#1d2430;color:#fff;padding:.6rem 1.5rem;display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;align-items:center}\
 header a{color:#dfe6f0;text-decoration:none}header a[aria-current]{color:#fff;font-weight:600}\
 header form{margin-left:auto}main{max-width:72rem;margin:1.5rem auto;padding:0 1.5rem}\
 table{border-collapse:collapse;width:100%;background:#fff}th,td{text-align:left;padding:.45rem .6rem;border-bottom:1px solid #e3e6ea;vertical-align:top}\

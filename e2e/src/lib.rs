@@ -210,6 +210,8 @@ pub struct Stack {
     worker_ports: Vec<u16>,
     opts_log: String,
     db_pool: u32,
+    /// The key specification every worker seals multi round-trip state with.
+    mrtr_keys: String,
 }
 
 fn spawn_logged(name: &str, mut cmd: Command, run_dir: &Path) -> Result<Proc> {
@@ -309,6 +311,7 @@ impl Stack {
             worker_ports: worker_ports.clone(),
             opts_log: opts.log_level.clone(),
             db_pool: opts.db_pool,
+            mrtr_keys: shared::seal::SealKeys::generate("dev1"),
         };
 
         stack.start_nats()?;
@@ -353,7 +356,9 @@ impl Stack {
             .env("DATABASE_URL", &self.database_url)
             .env("NATS_URL", &self.nats_url)
             .env("RUST_LOG", &self.opts_log)
-            .env("GATEHOUSE_DB_POOL", self.db_pool.to_string());
+            .env("GATEHOUSE_DB_POOL", self.db_pool.to_string())
+            // Every worker of the stack seals multi round-trip state with the same key.
+            .env("GATEHOUSE_MRTR_KEYS", &self.mrtr_keys);
         let name = format!("worker-{}", i + 1);
         self.procs.retain(|p| p.name != name);
         self.procs.push(spawn_logged(&name, w, &self.run_dir)?);

@@ -1735,6 +1735,12 @@ async fn decide(
     let response = browser
         .post_form(&format!("{}/approvals/{action}/{decision}", stack.control_url), &form)
         .await;
+    // A decision answers with a redirect to the Approvals page, which says what happened.
+    if response.status() == 303 {
+        let location = response.headers()["location"].to_str().expect("ascii").to_owned();
+        let page = browser.get(&format!("{}{location}", stack.control_url)).await;
+        return (page.status().as_u16(), page.text().await.unwrap_or_default());
+    }
     (response.status().as_u16(), response.text().await.unwrap_or_default())
 }
 
@@ -1847,7 +1853,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert_eq!(sent_to_customer(), 0, "nothing reaches the customer before a person approves");
     let admins_told = psql_count(
         &stack,
-        "SELECT count(*) FROM outbox WHERE subject = 'Approval needed: send_customer_message'",
+        "SELECT count(*) FROM outbox WHERE subject LIKE 'Approval needed: %Arrival time%'",
     );
     assert!(admins_told >= 2, "the members who can approve are emailed: {admins_told}");
     // Two people approve at once on the console while the agent asks again: one execution.
@@ -1991,4 +1997,128 @@ fn psql_text(stack: &Stack, sql: &str) -> String {
         .output()
         .expect("psql");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_confirms_in_its_own_ui_with_a_sealed_single_use_state() {
+    let stack = Stack::start(Options::for_test("mrtr", 2)).await.expect("stack");
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let customer = psql_text(
+        &stack,
+        &format!(
+            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
+        ),
+    );
+    let run = |answer: &str, subject: &str| {
+        let out = std::process::Command::new(e2e::python())
+            .arg(e2e::repo_root().join("e2e/py/mrtr_check.py"))
+            .args(["--url", &format!("{}/mcp", stack.lb_url), "--token", &stack.token(0, 0)])
+            .args(["--customer", &customer, "--answer", answer, "--subject", subject])
+            .output()
+            .expect("the .venv's python (scripts/test makes it)");
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{line}\n{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str::<Value>(line.trim()).expect("json")
+    };
+    let sent = |subject: &str| {
+        psql_count(&stack, &format!("SELECT count(*) FROM outbox WHERE subject = '{subject}'"))
+    };
+    // Accepted in the client's own UI: the person saw the server's summary; executed once.
+    let accepted = run("accept", "SDK accepted");
+    assert_eq!(accepted["status"], "EXECUTED", "{accepted}");
+    let asked = accepted["asked"][0].as_str().expect("the person was asked");
+    assert!(asked.contains("Email") && asked.contains("SDK accepted"), "{asked}");
+    assert_eq!(sent("SDK accepted"), 1);
+    // Declined: nothing is sent and the action is rejected.
+    let declined = run("decline", "SDK declined");
+    assert_eq!(declined["status"], "REJECTED", "{declined}");
+    assert_eq!(sent("SDK declined"), 0);
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM pending_actions WHERE status = 'rejected' AND tool = 'send_customer_message'"
+        ),
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
+    let stack = Stack::start(Options::for_test("approve_ui", 1)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let slug = tenant["slug"].as_str().expect("slug").to_owned();
+    let dispatcher = tenant["dispatcher"]["email"].as_str().expect("e").to_owned();
+    let agent = stack
+        .ctl(&[
+            "connection",
+            "create",
+            "--tenant",
+            &slug,
+            "--creator",
+            &dispatcher,
+            "--name",
+            "Dispatch agent",
+            "--rights",
+            "customers:read,bookings:read,bookings:notify",
+        ])
+        .expect("connection");
+    stack
+        .ctl(&[
+            "approval-policy",
+            "set",
+            "--tenant",
+            &slug,
+            "--scope",
+            "notify",
+            "--mode",
+            "person_approves",
+        ])
+        .expect("policy");
+    let customer = psql_text(
+        &stack,
+        &format!(
+            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
+        ),
+    );
+    let customer_email =
+        psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/approvals.mjs"))
+        .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
+        .args(["--token", agent["token"].as_str().expect("token"), "--customer", &customer])
+        .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+        .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .arg("--shots")
+        .arg(stack.run_dir.join("approval-shots"))
+        .output()
+        .expect("node (scripts/test installs playwright-core and Chromium)");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser approvals failed:\n{line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value =
+        serde_json::from_str(line.trim().lines().last().unwrap_or_default()).expect("json");
+    assert_eq!(seen["live_count_seen"], true, "the count updated without a reload: {seen}");
+    assert_eq!(seen["agent_status"], "EXECUTED", "{seen}");
+    assert_eq!(seen["denied_code"], "action_denied", "{seen}");
+    // Exactly one email reached the customer: the approved one.
+    assert_eq!(
+        psql_count(
+            &stack,
+            &format!("SELECT count(*) FROM outbox WHERE recipient = '{customer_email}'")
+        ),
+        1
+    );
+    let approved = seen["approved_action"].as_str().expect("action");
+    assert_eq!(
+        psql_text(
+            &stack,
+            &format!(
+                "SELECT status || ' ' || coalesce(decision_reason, '') FROM pending_actions WHERE handle = '{approved}'"
+            )
+        ),
+        "executed customer asked for it"
+    );
 }

@@ -13,6 +13,7 @@ pub mod handle;
 pub mod input;
 pub mod money;
 pub mod rights;
+pub mod seal;
 mod sealed;
 pub mod secret;
 pub mod services;

@@ -6,6 +6,7 @@ pub mod entry;
 pub mod live;
 pub mod mcp;
 pub mod metrics;
+pub mod mrtr;
 pub mod results;
 pub mod tools;
 
@@ -33,6 +34,9 @@ pub struct Settings {
     pub allowed_origins: Vec<String>,
     /// A name for this worker, sent as `Gatehouse-Worker` so tests can see the balancing.
     pub worker_id: String,
+    /// Keys that seal multi round-trip `requestState` (the same on every worker); without
+    /// them two-step tools answer PREVIEW to every client.
+    pub mrtr_keys: Option<Arc<shared::seal::SealKeys>>,
 }
 
 impl Settings {

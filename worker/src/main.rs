@@ -36,6 +36,10 @@ struct Args {
     /// A name for this worker in the `Gatehouse-Worker` response header and logs.
     #[arg(long, env = "GATEHOUSE_WORKER_ID")]
     worker_id: Option<String>,
+    /// Keys sealing multi round-trip confirmation state: `kid:base64url-32-bytes[,…]`, the
+    /// first sealing; the same on every worker. Without them clients confirm with confirm_action.
+    #[arg(long, env = "GATEHOUSE_MRTR_KEYS", hide_env_values = true)]
+    mrtr_keys: Option<String>,
 }
 
 #[tokio::main]
@@ -60,6 +64,13 @@ async fn main() -> anyhow::Result<()> {
         allowed_hosts,
         allowed_origins: args.allowed_origins.into_iter().filter(|o| !o.is_empty()).collect(),
         worker_id,
+        mrtr_keys: match &args.mrtr_keys {
+            Some(spec) => Some(Arc::new(
+                shared::seal::SealKeys::parse(spec)
+                    .map_err(|e| anyhow::anyhow!("GATEHOUSE_MRTR_KEYS: {e}"))?,
+            )),
+            None => None,
+        },
     };
     let bus = shared::bus::Bus::spawn(&common.nats_url);
     let state = Arc::new(AppState::new(ds, settings));

@@ -150,6 +150,12 @@ impl ServerHandler for Server {
             Err(Error::Forbidden { right })
         } else if let Err(limited) = self.take_rate(spec, &ctx).await {
             Err(limited)
+        } else if let Some(sealed) = request.request_state.as_deref() {
+            // The retry of a multi round-trip confirmation: the person answered.
+            let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+            let now = jiff::Timestamp::now();
+            let responses = request.input_responses.as_ref();
+            crate::mrtr::resume(&self.state, &ctx, name, &args, sealed, responses, now).await
         } else {
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
             let progress = crate::tools::Progress {
@@ -158,12 +164,34 @@ impl ServerHandler for Server {
             };
             let env = Env {
                 ds: self.state.ds.clone(),
-                ctx,
+                ctx: ctx.clone(),
                 now: jiff::Timestamp::now(),
                 progress,
                 cancel: context.ct.clone(),
             };
-            spec.call(env, args).await
+            let called = if spec.class.two_step() { Some(args.clone()) } else { None };
+            let outcome = spec.call(env, args).await;
+            // A client that can show the person a form confirms in its own UI (MRTR).
+            match (&outcome, called) {
+                (Ok(preview), Some(args))
+                    if preview["status"] == "PREVIEW"
+                        && crate::mrtr::eligible(&self.state, &context) =>
+                {
+                    match crate::mrtr::ask(&self.state, &ctx, &args, preview).await {
+                        Ok(input_required) => {
+                            let metrics = &self.state.metrics;
+                            metrics
+                                .tool_calls
+                                .with_label_values(&[name, spec.class.as_str(), "input_required"])
+                                .inc();
+                            tracing::info!(tool.name = name, outcome = "input_required", request.id = %request_id, "tool call");
+                            return Ok(CallToolResponse::InputRequired(input_required));
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                _ => outcome,
+            }
         };
         let (result, label) = match outcome {
             Ok(value) => (results::success(value), "ok"),

@@ -56,6 +56,8 @@ struct Stack {
     url: String,
     seed: demo::DemoSeed,
     http: reqwest::Client,
+    /// The multi round-trip sealing keys every worker of the stack shares.
+    mrtr: Arc<shared::seal::SealKeys>,
 }
 
 impl Stack {
@@ -63,6 +65,9 @@ impl Stack {
         logs();
         let db = TestDb::new().await;
         let seed = demo::seed(&db.ds, None, "").await.expect("demo seed");
+        let mrtr = Arc::new(
+            shared::seal::SealKeys::parse(&shared::seal::SealKeys::generate("t1")).expect("keys"),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         let settings = Settings {
@@ -71,12 +76,13 @@ impl Stack {
             allowed_hosts: vec!["127.0.0.1".into(), "localhost".into()],
             allowed_origins: vec!["https://console.gatehouse.test".into()],
             worker_id: "test-worker".into(),
+            mrtr_keys: Some(mrtr.clone()),
         };
         let state = Arc::new(AppState::new(db.ds.clone(), settings));
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
         // No connection reuse: concurrent calls in a test really run side by side.
         let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
-        Stack { db, url, seed, http }
+        Stack { db, url, seed, http, mrtr }
     }
 
     fn token(&self, tenant: usize, connection: usize) -> String {
@@ -110,6 +116,7 @@ impl Stack {
             allowed_hosts: vec!["127.0.0.1".into(), "localhost".into()],
             allowed_origins: origins.iter().map(|o| (*o).to_owned()).collect(),
             worker_id: "test-worker-2".into(),
+            mrtr_keys: Some(self.mrtr.clone()),
         };
         let state = Arc::new(AppState::new(self.db.ds.clone(), settings));
         tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
@@ -126,10 +133,12 @@ impl Stack {
         extra: &[(&str, &str)],
     ) -> (u16, reqwest::header::HeaderMap, Value) {
         let mut params = params;
+        // A caller may declare capabilities of its own; everything else is the suite's.
+        let capabilities = params["_meta"]["io.modelcontextprotocol/clientCapabilities"].clone();
         params["_meta"] = json!({
             "io.modelcontextprotocol/protocolVersion": PROTOCOL,
             "io.modelcontextprotocol/clientInfo": {"name": "contract-suite", "version": "1"},
-            "io.modelcontextprotocol/clientCapabilities": {}
+            "io.modelcontextprotocol/clientCapabilities": if capabilities.is_object() { capabilities } else { json!({}) }
         });
         let mut request = self
             .http
@@ -920,6 +929,7 @@ async fn health_readiness_and_metrics_answer() {
         allowed_hosts: vec!["127.0.0.1".into()],
         allowed_origins: vec![],
         worker_id: "split".into(),
+        mrtr_keys: None,
     };
     let state = Arc::new(AppState::new(stack.db.ds.clone(), settings));
     let serve = |router: axum::Router| async move {
@@ -3057,4 +3067,175 @@ async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
         )
         .await;
     assert_eq!(ok["replayed"], false);
+}
+
+// ---------------------------------------------------------------- multi round-trip confirmation
+
+/// A tools/call from a client that declared form elicitation, optionally a retry.
+async fn elicit_call(
+    stack: &Stack,
+    base: &str,
+    token: &str,
+    tool: &str,
+    args: Value,
+    retry: Option<(&str, &str)>,
+) -> Value {
+    let mut params = json!({"name": tool, "arguments": args,
+        "_meta": {"io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}}});
+    if let Some((state, action)) = retry {
+        params["requestState"] = json!(state);
+        params["inputResponses"] = json!({"confirm": {"action": action, "content": {}}});
+    }
+    let (status, _, body) =
+        stack.raw_at(base, Some(token), "tools/call", Some(tool), params, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    body["result"].clone()
+}
+
+#[tokio::test]
+async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_state() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let other = stack.another_worker().await;
+    let customer: String = stack
+        .db
+        .scalar_string("SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id ORDER BY t.id, c.id LIMIT 1")
+        .await;
+    let email =
+        |subject: &str| json!({"customer": customer, "subject": subject, "body": "See you at 9."});
+    let sent = |subject: &str| format!("SELECT count(*) FROM outbox WHERE subject = '{subject}'");
+    // The first round asks the person, with the server's summary, and executes nothing.
+    let asked =
+        elicit_call(&stack, &stack.url, &token, "send_customer_message", email("MRTR one"), None)
+            .await;
+    assert_eq!(asked["resultType"], "input_required", "{asked}");
+    let request = &asked["inputRequests"]["confirm"];
+    assert_eq!(request["method"], "elicitation/create");
+    assert_eq!(request["params"]["mode"], "form");
+    assert!(request["params"]["message"].as_str().expect("message").contains("Email"), "{request}");
+    let state = asked["requestState"].as_str().expect("requestState").to_owned();
+    assert!(
+        !state.contains(&customer) && !state.contains("MRTR"),
+        "the state is sealed, not readable"
+    );
+    assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 0);
+    // Tampered, moved to another connection, or retried with other arguments: nothing runs.
+    let mut chars: Vec<char> = state.chars().collect();
+    let i = chars.len() - 3;
+    chars[i] = if chars[i] == 'A' { 'B' } else { 'A' };
+    let tampered: String = chars.into_iter().collect();
+    let refused = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "send_customer_message",
+        email("MRTR one"),
+        Some((&tampered, "accept")),
+    )
+    .await;
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert_eq!(refused["structuredContent"]["error"]["code"], "unknown_token", "{refused}");
+    let stranger = stack.token(0, 1);
+    let moved = elicit_call(
+        &stack,
+        &stack.url,
+        &stranger,
+        "send_customer_message",
+        email("MRTR one"),
+        Some((&state, "accept")),
+    )
+    .await;
+    assert_eq!(moved["isError"], true, "{moved}");
+    let changed = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "send_customer_message",
+        email("MRTR other"),
+        Some((&state, "accept")),
+    )
+    .await;
+    assert_eq!(changed["isError"], true, "{changed}");
+    let elsewhere = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "delete_customer",
+        json!({"customer": customer}),
+        Some((&state, "accept")),
+    )
+    .await;
+    assert_eq!(elsewhere["isError"], true, "another tool: {elsewhere}");
+    assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 0);
+    // Accepted, on another worker: executes once; the same state again executes nothing.
+    let done = elicit_call(
+        &stack,
+        &other,
+        &token,
+        "send_customer_message",
+        email("MRTR one"),
+        Some((&state, "accept")),
+    )
+    .await;
+    assert_eq!(done["isError"], false, "{done}");
+    assert_eq!(done["structuredContent"]["status"], "EXECUTED", "{done}");
+    let schema = stack.output_schema(&token, "send_customer_message").await;
+    check_contract("send_customer_message", &done, &schema).expect("an executed result");
+    let again = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "send_customer_message",
+        email("MRTR one"),
+        Some((&state, "accept")),
+    )
+    .await;
+    assert_eq!(again["structuredContent"]["error"]["code"], "token_used", "{again}");
+    assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 1);
+    // Declined: rejected, nothing sent, and the state cannot be accepted afterwards.
+    let asked =
+        elicit_call(&stack, &stack.url, &token, "send_customer_message", email("MRTR two"), None)
+            .await;
+    let state = asked["requestState"].as_str().expect("requestState").to_owned();
+    let declined = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "send_customer_message",
+        email("MRTR two"),
+        Some((&state, "decline")),
+    )
+    .await;
+    assert_eq!(declined["structuredContent"]["status"], "REJECTED", "{declined}");
+    check_contract("send_customer_message", &declined, &schema).expect("a rejected result");
+    let late = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "send_customer_message",
+        email("MRTR two"),
+        Some((&state, "accept")),
+    )
+    .await;
+    assert_eq!(late["structuredContent"]["error"]["code"], "action_rejected", "{late}");
+    let unanswered = elicit_call(
+        &stack,
+        &stack.url,
+        &token,
+        "send_customer_message",
+        email("MRTR two"),
+        Some((&state, "maybe")),
+    )
+    .await;
+    assert_eq!(unanswered["isError"], true);
+    assert_eq!(stack.db.scalar_i64(&sent("MRTR two")).await, 0);
+    // A client that declared no elicitation is never sent one: it gets the PREVIEW.
+    let plain =
+        stack.call(&token, "send_customer_message", email("MRTR three")).await.expect("preview");
+    assert_eq!(plain["status"], "PREVIEW");
+    let audited = stack
+        .db
+        .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'send_customer_message' AND outcome = 'ok' AND channel = 'mcp'")
+        .await;
+    assert_eq!(audited, 1, "one execution, audited once");
 }

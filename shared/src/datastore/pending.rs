@@ -304,3 +304,13 @@ pub(crate) async fn switches(tx: &mut Tx<'_>, ctx: &OpCtx) -> Result<(bool, bool
     .fetch_one(&mut **tx)
     .await?)
 }
+
+/// When a pending action expires, in seconds since the epoch.
+pub(crate) async fn pending_expiry(tx: &mut Tx<'_>, id: i64) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at)::bigint FROM pending_actions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&mut **tx)
+    .await?)
+}

@@ -468,7 +468,10 @@ async fn tell_approvers(
                 pending_action_id: Some(pending.0),
                 channel: "email",
                 recipient: &email,
-                subject: &format!("Approval needed: {}", op.name()),
+                subject: &format!(
+                    "Approval needed: {}",
+                    plan.summary.chars().take(120).collect::<String>()
+                ),
                 body: &body,
                 idempotency_key: &key,
             },
@@ -570,7 +573,7 @@ pub async fn confirm(
     input: &ConfirmActionInput,
     now: Timestamp,
 ) -> Result<Value> {
-    let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
+    let (tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
         Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
     };
@@ -602,7 +605,23 @@ pub async fn confirm(
         };
     }
     // Every reason this token cannot execute, checked in order; each refusal is audited.
-    let refusal = match p.status.as_str() {
+    let refusal = state_refusal(&p).or_else(|| {
+        (input.confirm_summary != p.summary).then(|| {
+            refused(
+                ActionRefusal::SummaryMismatch,
+                "confirm_summary differs from the one issued; pass it exactly as the preview gave it",
+            )
+        })
+    });
+    if let Some(error) = refusal {
+        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
+    }
+    execute(ds, tx, ctx, p, now).await
+}
+
+/// Why a pending action's state refuses it, whichever way it is confirmed.
+fn state_refusal(p: &db::PendingRow) -> Option<Error> {
+    match p.status.as_str() {
         "executed" => Some(refused(
             ActionRefusal::Used,
             format!("action {} was executed already; a token works once", p.handle),
@@ -618,15 +637,19 @@ pub async fn confirm(
             ActionRefusal::Expired,
             format!("action {} expired; prepare it again", p.handle),
         )),
-        _ if input.confirm_summary != p.summary => Some(refused(
-            ActionRefusal::SummaryMismatch,
-            "confirm_summary differs from the one issued; pass it exactly as the preview gave it",
-        )),
         _ => None,
-    };
-    if let Some(error) = refusal {
-        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
     }
+}
+
+/// The confirm engine once a pending action is locked and its token accepted: the live right,
+/// a re-plan under row locks and the content-hash compare, then one execution, audited.
+async fn execute(
+    ds: &Services,
+    mut tx: Tx<'static>,
+    ctx: &OpCtx,
+    p: db::PendingRow,
+    now: Timestamp,
+) -> Result<Value> {
     let op = Op::by_name(&p.tool)
         .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
     if let Err(e) = ctx.require(op.right()) {
@@ -847,4 +870,120 @@ pub(crate) async fn decide(
     .await?;
     tx.commit().await?;
     Ok(Decided::Executed { action: p.handle, result: out })
+}
+
+// ------------------------------------------------------------------ multi round-trip (MRTR)
+
+/// What a sealed `requestState` binds (MCP 2026-07-28 multi round-trip confirmation): the
+/// connection, the tool, the digest of the request's arguments, the pending action and the
+/// hash of exactly what it will do, and when it stops being answerable.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConfirmState {
+    pub connection: i64,
+    pub tool: String,
+    pub request_digest: String,
+    pub action: String,
+    pub content_hash: String,
+    pub expires: i64,
+}
+
+/// The digest of a tool call's arguments as sent (canonical JSON, nulls dropped): what a
+/// retry must repeat exactly.
+pub fn request_digest(arguments: &Value) -> String {
+    let kept = match arguments {
+        Value::Object(map) => Value::Object(
+            map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ),
+        other => other.clone(),
+    };
+    sha256_hex(canonical_json(&kept).as_bytes())
+}
+
+/// The state to seal for a preview this connection just received.
+pub async fn confirm_state(
+    ds: &Services,
+    ctx: &OpCtx,
+    preview: &Value,
+    request_digest: String,
+) -> Result<ConfirmState> {
+    let handle = preview["action"].as_str().unwrap_or_default();
+    let mut tx = ds.begin().await?;
+    let p = db::pending_lock_by_handle(&mut tx, ctx, handle)
+        .await?
+        .ok_or_else(|| approvals::no_such_action(handle))?;
+    let expires = db::pending_expiry(&mut tx, p.id).await?;
+    Ok(ConfirmState {
+        connection: p.connection_id,
+        tool: p.tool,
+        request_digest,
+        action: p.handle,
+        content_hash: p.content_hash,
+        expires,
+    })
+}
+
+/// The person answered the elicitation of a sealed state: accepted executes once through the
+/// same engine as `confirm_action`; declined rejects the pending action. The state must be
+/// this connection's, for this tool and these exact arguments, unexpired, and its action must
+/// still be the one sealed (content hash) and unused: single use is the pending action row.
+pub async fn confirm_sealed(
+    ds: &Services,
+    ctx: &OpCtx,
+    state: &ConfirmState,
+    tool: &str,
+    request_digest: &str,
+    accept: bool,
+    now: Timestamp,
+) -> Result<Value> {
+    let stale = |why: &str| {
+        refused(
+            ActionRefusal::Unknown,
+            format!("requestState {why}; call the tool again without it for a new confirmation"),
+        )
+    };
+    if Some(state.connection) != ctx.connection().map(|c| c.id) {
+        return Err(refused(
+            ActionRefusal::OtherConnection,
+            "this requestState belongs to another connection",
+        ));
+    }
+    if state.tool != tool || state.request_digest != request_digest {
+        return Err(stale(
+            "was issued for another tool call (the tool and its arguments must be repeated exactly)",
+        ));
+    }
+    if state.expires <= now.as_second() {
+        return Err(refused(
+            ActionRefusal::Expired,
+            "the confirmation expired; call the tool again",
+        ));
+    }
+    let mut tx = ds.begin().await?;
+    let Some(p) = db::pending_lock_by_handle(&mut tx, ctx, &state.action).await? else {
+        return Err(stale("names no action"));
+    };
+    if p.connection_id != state.connection
+        || p.content_hash != state.content_hash
+        || p.completion != Completion::AgentConfirms.as_str()
+    {
+        return Err(stale("does not match its action"));
+    }
+    if let Some(error) = state_refusal(&p) {
+        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
+    }
+    if !accept {
+        db::pending_decide(&mut tx, p.id, "rejected", None).await?;
+        let action = format!("{}.reject", p.tool);
+        let entry = AuditEntry {
+            action: &action,
+            outcome: "rejected",
+            targets: Vec::new(),
+            pending_action: Some(p.id),
+            reason: Some("declined in the client"),
+        };
+        db::audit_insert(&mut tx, ctx, entry).await?;
+        tx.commit().await?;
+        return Ok(json!({"status": "REJECTED", "action": p.handle, "tool": p.tool}));
+    }
+    execute(ds, tx, ctx, p, now).await
 }

@@ -59,6 +59,17 @@ pub struct Rejected {
     tool: String,
 }
 
+/// What a two-step tool answers: a preview, or, once the person confirmed in the client's own
+/// UI (multi round-trip), the executed or rejected action.
+#[derive(JsonSchema)]
+#[schemars(untagged)]
+#[expect(dead_code, reason = "describes the output schema only")]
+pub enum TwoStepOutcome {
+    Preview(Preview),
+    Executed(Executed),
+    Rejected(Rejected),
+}
+
 /// Every right that can prepare a two-step action.
 const TWO_STEP_RIGHTS: &[Right] = &[
     Right::BookingsNotify,
@@ -90,7 +101,7 @@ fn def(
 
 pub fn tools() -> Vec<ToolSpec> {
     let mut tools = vec![
-        tool_json::<SendCustomerMessageInput, Preview, _, _>(
+        tool_json::<SendCustomerMessageInput, TwoStepOutcome, _, _>(
             def(
                 Op::SendCustomerMessage,
                 "Email a customer",
@@ -102,7 +113,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<ConfirmBookingInput, Preview, _, _>(
+        tool_json::<ConfirmBookingInput, TwoStepOutcome, _, _>(
             def(
                 Op::ConfirmBooking,
                 "Confirm a booking",
@@ -114,7 +125,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<RescheduleBookingInput, Preview, _, _>(
+        tool_json::<RescheduleBookingInput, TwoStepOutcome, _, _>(
             def(
                 Op::RescheduleBooking,
                 "Reschedule a booking",
@@ -126,7 +137,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<CancelBookingsInput, Preview, _, _>(
+        tool_json::<CancelBookingsInput, TwoStepOutcome, _, _>(
             def(
                 Op::CancelBookings,
                 "Cancel bookings",
@@ -142,7 +153,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<PageTechnicianInput, Preview, _, _>(
+        tool_json::<PageTechnicianInput, TwoStepOutcome, _, _>(
             def(
                 Op::PageTechnician,
                 "Page a technician",
@@ -157,7 +168,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<MuteAlertsInput, Preview, _, _>(
+        tool_json::<MuteAlertsInput, TwoStepOutcome, _, _>(
             def(
                 Op::MuteAlerts,
                 "Mute an alert rule",
@@ -169,7 +180,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<DeleteCustomerInput, Preview, _, _>(
+        tool_json::<DeleteCustomerInput, TwoStepOutcome, _, _>(
             def(
                 Op::DeleteCustomer,
                 "Delete a customer",
@@ -181,7 +192,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 actions::prepare(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
-        tool_json::<DeleteBookingInput, Preview, _, _>(
+        tool_json::<DeleteBookingInput, TwoStepOutcome, _, _>(
             def(
                 Op::DeleteBooking,
                 "Delete a booking",
