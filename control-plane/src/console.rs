@@ -59,6 +59,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/approvals/count", get(approvals_count))
         .route("/approvals/{action}/{decision}", post(decide))
         .route("/settings/approval-policy", post(set_policy))
+        .route("/settings/rate-limit", post(set_rate_limit))
         .route("/settings", get(settings))
         .route("/settings/agent-access", post(agent_access))
         .route("/audit", get(audit))
@@ -856,6 +857,69 @@ fn policy_form(policy: &approvals::Policy, csrf: &str) -> String {
     )
 }
 
+/// The rate buckets as a form: one row per class.
+fn limits_form(limits: &[shared::services::rates::Limit], csrf: &str) -> String {
+    let rows: String = limits
+        .iter()
+        .map(|l| {
+            format!(
+                "<tr><td><code>{class}</code></td><td>{counted}</td><td>{default}</td><td><form method=\"post\" action=\"/settings/rate-limit\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"class\" value=\"{class}\">\
+                 <input type=\"number\" name=\"per_minute\" min=\"1\" max=\"{max}\" value=\"{value}\" aria-label=\"Calls per minute for {class}\" required> <button type=\"submit\">Save</button></form>{reset}</td></tr>",
+                class = esc(l.class),
+                counted = if l.counted == "per_worker" { "on each worker" } else { "across all workers" },
+                default = l.default,
+                value = l.per_minute,
+                max = shared::services::rates::MAX_PER_MINUTE,
+                csrf = csrf_field(csrf),
+                reset = if l.overridden {
+                    format!(
+                        " <form method=\"post\" action=\"/settings/rate-limit\" class=\"inline\">{}<input type=\"hidden\" name=\"class\" value=\"{}\"><input type=\"hidden\" name=\"per_minute\" value=\"default\"><button type=\"submit\" class=\"plain\">Back to default</button></form>",
+                        csrf_field(csrf),
+                        esc(l.class)
+                    )
+                } else {
+                    String::new()
+                },
+            )
+        })
+        .collect();
+    format!(
+        "<div class=\"card\"><h2>Rate limits per connection</h2><p>Calls each agent connection may make per minute, by effect class. A connection past its limit is told which limit and when to retry.</p>\
+         <table><thead><tr><th>Class</th><th>Counted</th><th>Default</th><th>Per minute</th></tr></thead><tbody>{rows}</tbody></table></div>"
+    )
+}
+
+async fn set_rate_limit(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Form(form): Form<BTreeMap<String, String>>,
+) -> Response {
+    if let Err(r) = s.check_csrf(&form) {
+        return r;
+    }
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let per_minute = match form.get("per_minute").map(|v| v.trim()) {
+        Some("default") => None,
+        Some(n) => match n.parse::<i32>() {
+            Ok(n) => Some(n),
+            Err(_) => {
+                return fail(Error::invalid("per_minute", "a whole number of calls per minute"));
+            }
+        },
+        None => {
+            return fail(Error::invalid("per_minute", "say how many calls per minute, or default"));
+        }
+    };
+    let class = form.get("class").map(String::as_str).unwrap_or_default();
+    match shared::services::rates::set_limit(&state.ds, &ctx, class, per_minute).await {
+        Ok(_) => Redirect::to("/settings").into_response(),
+        Err(e) => fail(e),
+    }
+}
+
 async fn set_policy(
     State(state): State<Arc<AppState>>,
     s: Session,
@@ -1137,6 +1201,10 @@ async fn settings(State(state): State<Arc<AppState>>, s: Session) -> Response {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    let limits = match shared::services::rates::limits(&state.ds, &ctx).await {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
     let on = s.row.tenant_agent_access().unwrap_or(true);
     let (state_text, button, to) = if on {
         (
@@ -1157,7 +1225,7 @@ async fn settings(State(state): State<Arc<AppState>>, s: Session) -> Response {
         csrf_field(s.row.csrf_token()),
         esc(&ctx.tenant().slug),
         policy_form(&policy, s.row.csrf_token()),
-    );
+    ) + &limits_form(&limits, s.row.csrf_token());
     Html(page("Agent access", Some(&s.nav("/settings")), &body)).into_response()
 }
 

@@ -1707,12 +1707,12 @@ fn csrf_of(html: &str) -> String {
 }
 
 /// A console session of a demo person (`admin` or `dispatcher`) of the first tenant.
-async fn console_as(stack: &Stack, who: &str) -> oauth_flow::Browser {
+async fn console_as(stack: &Stack, control: &str, who: &str) -> oauth_flow::Browser {
     let person = &stack.tenant(0)[who];
     let mut browser = oauth_flow::Browser::new();
     browser
         .sign_in(
-            &stack.control_url,
+            control,
             person["email"].as_str().expect("email"),
             person["password"].as_str().expect("password"),
             "/approvals",
@@ -1723,22 +1723,20 @@ async fn console_as(stack: &Stack, who: &str) -> oauth_flow::Browser {
 
 /// A person's decision on an action in the console: the status and the page.
 async fn decide(
-    stack: &Stack,
+    control: &str,
     browser: &mut oauth_flow::Browser,
     action: &str,
     decision: &str,
     reason: &str,
 ) -> (u16, String) {
-    let page =
-        browser.get(&format!("{}/approvals", stack.control_url)).await.text().await.expect("html");
+    let page = browser.get(&format!("{}/approvals", control)).await.text().await.expect("html");
     let form = vec![("csrf".to_owned(), csrf_of(&page)), ("reason".to_owned(), reason.to_owned())];
-    let response = browser
-        .post_form(&format!("{}/approvals/{action}/{decision}", stack.control_url), &form)
-        .await;
+    let response =
+        browser.post_form(&format!("{}/approvals/{action}/{decision}", control), &form).await;
     // A decision answers with a redirect to the Approvals page, which says what happened.
     if response.status() == 303 {
         let location = response.headers()["location"].to_str().expect("ascii").to_owned();
-        let page = browser.get(&format!("{}{location}", stack.control_url)).await;
+        let page = browser.get(&format!("{}{location}", control)).await;
         return (page.status().as_u16(), page.text().await.unwrap_or_default());
     }
     (response.status().as_u16(), response.text().await.unwrap_or_default())
@@ -1746,7 +1744,29 @@ async fn decide(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
-    let stack = Stack::start(Options::for_test("approvals", 2)).await.expect("stack");
+    let mut stack = Stack::start(Options::for_test("approvals", 2)).await.expect("stack");
+    // A second control-plane process: two people deciding at once reach different processes.
+    let port = e2e::free_port().expect("port");
+    let control2 = format!("http://127.0.0.1:{port}");
+    let mcp = format!("{}/mcp", stack.lb_url);
+    stack
+        .spawn_helper(
+            "control-plane-2",
+            "control-plane",
+            &[
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--public-url",
+                &control2,
+                "--mcp-resource",
+                &mcp,
+                "--no-dispatcher",
+            ],
+        )
+        .expect("second control plane");
+    e2e::wait_ready(&format!("{control2}/readyz"), std::time::Duration::from_secs(30))
+        .await
+        .expect("ready");
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     let dispatcher = stack.tenant(0)["dispatcher"]["email"].as_str().expect("e").to_owned();
     // A dispatcher's agent: customer emails and pages, nothing more.
@@ -1858,8 +1878,8 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert!(admins_told >= 2, "the members who can approve are emailed: {admins_told}");
     // Two people approve at once on the console while the agent asks again: one execution.
     let action = preview["action"].as_str().expect("action").to_owned();
-    let mut admin = console_as(&stack, "admin").await;
-    let mut second = console_as(&stack, "dispatcher").await;
+    let mut admin = console_as(&stack, &stack.control_url, "admin").await;
+    let mut second = console_as(&stack, &control2, "dispatcher").await;
     let page =
         admin.get(&format!("{}/approvals", stack.control_url)).await.text().await.expect("html");
     assert!(
@@ -1874,8 +1894,8 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         .expect("json");
     assert_eq!(count["count"], 1);
     let (a, b, c) = tokio::join!(
-        decide(&stack, &mut admin, &action, "approve", "customer asked for it"),
-        decide(&stack, &mut second, &action, "approve", "looks right"),
+        decide(&stack.control_url, &mut admin, &action, "approve", "customer asked for it"),
+        decide(&control2, &mut second, &action, "approve", "looks right"),
         tool_call(&stack.lb_url, &token, "confirm_action", confirm.clone()),
     );
     let approved = [&a, &b]
@@ -1900,7 +1920,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     // Denied: the agent is told, with the reason; nothing is sent.
     let denied = prepare("Discount offer").await;
     let (status, _) = decide(
-        &stack,
+        &stack.control_url,
         &mut admin,
         denied["action"].as_str().expect("a"),
         "deny",
@@ -1923,8 +1943,14 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
             "UPDATE customers SET email = 'moved@example.com', updated_at = now() WHERE handle = '{customer}' RETURNING 1"
         ),
     );
-    let (status, html) =
-        decide(&stack, &mut admin, changed["action"].as_str().expect("a"), "approve", "ok").await;
+    let (status, html) = decide(
+        &stack.control_url,
+        &mut admin,
+        changed["action"].as_str().expect("a"),
+        "approve",
+        "ok",
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(html.contains("changed since it was prepared"), "{html}");
     assert_eq!(
@@ -1973,13 +1999,35 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
         0
     );
+    // Expired before anyone decided: refused in the console, and the agent is told.
+    let late = prepare("Too late").await;
+    let late_action = late["action"].as_str().expect("a").to_owned();
+    psql_text(
+        &stack,
+        &format!(
+            "UPDATE pending_actions SET expires_at = now() - interval '1 second' WHERE handle = '{late_action}' RETURNING 1"
+        ),
+    );
+    let (status, _) = decide(&stack.control_url, &mut admin, &late_action, "approve", "ok").await;
+    assert_eq!(status, 422, "an expired action cannot be approved");
+    let told = tool_call(
+        &stack.lb_url,
+        &token,
+        "confirm_action",
+        json!({"confirm_token": late["confirm_token"], "confirm_summary": late["confirm_summary"]}),
+    )
+    .await;
+    assert_eq!(told["structuredContent"]["error"]["code"], "token_expired", "{told}");
+    assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox WHERE subject = 'Too late'"), 0);
     // The policy may require that the approver is not the connection's creator.
     set("notify", "person_approves", &["--approver-not-creator"]);
     let guarded = prepare("Reminder").await;
     let guarded_action = guarded["action"].as_str().expect("a").to_owned();
-    let (status, _) = decide(&stack, &mut second, &guarded_action, "approve", "my own agent").await;
+    let (status, _) =
+        decide(&control2, &mut second, &guarded_action, "approve", "my own agent").await;
     assert_eq!(status, 422, "the dispatcher created the connection");
-    let (status, html) = decide(&stack, &mut admin, &guarded_action, "approve", "checked").await;
+    let (status, html) =
+        decide(&stack.control_url, &mut admin, &guarded_action, "approve", "checked").await;
     assert_eq!((status, html.contains("Approved and executed")), (200, true), "{html}");
     assert_eq!(
         psql_count(

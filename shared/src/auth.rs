@@ -62,6 +62,9 @@ pub struct McpContext {
     /// a step-up authorization could add (MCP scope challenge, HTTP 403 `insufficient_scope`).
     /// Empty for static tokens, whose missing rights stay a tool error.
     pub grantable: RightSet,
+    /// Reads a connection may make per minute on one worker: the tenant's override or the
+    /// default, read in the same statement as the rest of the context.
+    pub read_limit: i32,
 }
 
 /// The credential of an `Authorization` header value: `Bearer <token>`, the scheme matched
@@ -190,6 +193,9 @@ pub(crate) fn mcp_context(
         tenant_agent_access: row.tenant_agent_access,
         global_kill: row.global_kill,
         grantable,
+        read_limit: row
+            .read_per_minute
+            .unwrap_or_else(|| crate::services::rates::default_per_minute("read")),
     })
 }
 

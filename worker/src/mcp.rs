@@ -57,11 +57,12 @@ impl Server {
         &self,
         spec: &crate::tools::ToolSpec,
         ctx: &shared::OpCtx,
+        read_limit: i32,
     ) -> shared::Result<()> {
         match spec.rate_class() {
             None => Ok(()),
             Some(crate::tools::EffectClass::Read) => {
-                self.state.reads.take(ctx, jiff::Timestamp::now().as_second())
+                self.state.reads.take(ctx, read_limit, jiff::Timestamp::now().as_second())
             }
             Some(class) => {
                 shared::services::rates::take_shared(&self.state.ds, ctx, class.as_str()).await
@@ -148,7 +149,7 @@ impl ServerHandler for Server {
             })
         } else if let Some(right) = missing {
             Err(Error::Forbidden { right })
-        } else if let Err(limited) = self.take_rate(spec, &ctx).await {
+        } else if let Err(limited) = self.take_rate(spec, &ctx, bound.read_limit).await {
             Err(limited)
         } else if let Some(sealed) = request.request_state.as_deref() {
             // The retry of a multi round-trip confirmation: the person answered.

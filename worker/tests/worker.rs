@@ -3239,3 +3239,57 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
         .await;
     assert_eq!(audited, 1, "one execution, audited once");
 }
+
+#[tokio::test]
+async fn a_tenants_read_override_holds_on_every_worker_and_names_its_limit() {
+    let stack = Stack::start().await;
+    let ds = &stack.db.ds;
+    let tenant = &stack.seed.tenants[0];
+    let operator = shared::services::operators::authenticate(
+        ds,
+        &tenant.admin.email,
+        shared::ctx::Channel::Cli,
+    )
+    .await
+    .expect("the demo's operator");
+    let row = admin::tenant_by_slug(ds, &tenant.slug).await.expect("tenant");
+    let ctx = shared::OpCtx::for_operator(&operator, admin::tenant_ref(&row).expect("ref"));
+    // Out of range, or a class with no bucket: refused, nothing set.
+    for (class, n) in
+        [("read", Some(0)), ("read", Some(-5)), ("read", Some(1_000_001)), ("everything", Some(5))]
+    {
+        let err =
+            shared::services::rates::set_limit(ds, &ctx, class, n).await.expect_err("refused");
+        assert_eq!(err.code(), "invalid_argument", "{class} {n:?}");
+    }
+    assert_eq!(stack.db.scalar_i64("SELECT count(*) FROM tenant_rate_limits").await, 0);
+    let set = shared::services::rates::set_limit(ds, &ctx, "read", Some(3)).await.expect("set");
+    assert_eq!((set.per_minute, set.overridden), (3, true));
+    // The override arrives with the connection context: three reads, then the fourth is
+    // refused naming the class, the tenant's limit and when to retry, on either worker.
+    let token = stack.token(0, 1);
+    let other = stack.another_worker().await;
+    for _ in 0..3 {
+        stack.call(&token, "find_technicians", json!({})).await.expect("within the limit");
+    }
+    let refused = stack.call(&token, "find_technicians", json!({})).await.expect_err("over");
+    assert_eq!(
+        (refused["code"].as_str(), refused["class"].as_str()),
+        (Some("rate_limited"), Some("read")),
+        "{refused}"
+    );
+    assert!(refused["message"].as_str().expect("m").contains("3 calls per minute"), "{refused}");
+    assert!(refused["fix"].as_str().expect("fix").contains("seconds"), "{refused}");
+    // Each worker counts its own reads (per worker, as documented), with the same limit.
+    for _ in 0..3 {
+        stack.call_at(&other, &token, "find_technicians", json!({})).await.expect("another worker");
+    }
+    assert!(stack.call_at(&other, &token, "find_technicians", json!({})).await.is_err());
+    // Back to the default: the next call passes again; every change is audited.
+    shared::services::rates::set_limit(ds, &ctx, "read", None).await.expect("default");
+    stack.call(&token, "find_technicians", json!({})).await.expect("default again");
+    assert_eq!(
+        stack.db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'rate_limit.set'").await,
+        2
+    );
+}

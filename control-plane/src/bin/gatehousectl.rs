@@ -10,7 +10,7 @@ use shared::config::Common;
 use shared::ctx::{Channel, Operator};
 use shared::error::{Error, Resource};
 use shared::rights::{RightSet, Role};
-use shared::services::{admin, approvals, demo, operators};
+use shared::services::{admin, approvals, demo, operators, rates};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,6 +54,9 @@ enum Command {
     /// Who completes agents' notify, wake, alert and delete actions in a tenant.
     #[command(subcommand)]
     ApprovalPolicy(ApprovalPolicyCmd),
+    /// A tenant's rate buckets: calls per connection and minute, by effect class.
+    #[command(subcommand)]
+    RateLimit(RateLimitCmd),
     /// Demo data.
     #[command(subcommand)]
     Demo(DemoCmd),
@@ -247,6 +250,26 @@ enum ApprovalPolicyCmd {
         /// With person_approves: the approver may not be the connection's creator.
         #[arg(long)]
         approver_not_creator: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum RateLimitCmd {
+    /// Show every class's allowance (the tenant's own or the default).
+    Show {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Set a class's allowance per connection and minute, or `default`.
+    Set {
+        #[command(flatten)]
+        t: InTenant,
+        /// read, silent_write, notify, wake, alert or delete.
+        #[arg(long)]
+        class: String,
+        /// Calls per connection and minute (1 to 1000000), or `default`.
+        #[arg(long)]
+        per_minute: String,
     },
 }
 
@@ -564,6 +587,43 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 .collect::<Vec<_>>()
                 .join("\n");
             Ok((json!({"rules": policy.rules, "tools": tools}), text))
+        }
+        Command::RateLimit(cmd) => {
+            let slug = match &cmd {
+                RateLimitCmd::Show { t } | RateLimitCmd::Set { t, .. } => t.tenant.clone(),
+            };
+            let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
+            if let RateLimitCmd::Set { class, per_minute, .. } = cmd {
+                let per_minute = match per_minute.as_str() {
+                    "default" => None,
+                    n => Some(n.parse::<i32>().map_err(|_| {
+                        Error::invalid(
+                            "per_minute",
+                            "a whole number of calls per minute, or `default`",
+                        )
+                    })?),
+                };
+                rates::set_limit(&ds, &ctx, &class, per_minute).await?;
+            }
+            let limits = rates::limits(&ds, &ctx).await?;
+            let text = limits
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{:13} {:>8} per minute{}  (counted {})",
+                        l.class,
+                        l.per_minute,
+                        if l.overridden {
+                            format!(", default {}", l.default)
+                        } else {
+                            " (default)".into()
+                        },
+                        l.counted.replace('_', " ")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok((json!({"limits": limits}), text))
         }
         Command::KillSwitch { state, tenant, reason } => {
             let kill = state == "on";

@@ -1,20 +1,32 @@
 //! The conformance fixture: the worker's own protocol layer (`worker::protocol_config`, the
 //! same rmcp service setup and stateless handling) serving the fixture tools the MCP
 //! conformance suite calls, on loopback only and without auth (the suite sends none).
-//! Scenarios for capabilities Gatehouse does not offer (resources, prompts, elicitation,
-//! tasks) stay failing by design; see docs/conformance.md.
+//! Scenarios for capabilities Gatehouse does not offer (resources, tasks) stay failing by
+//! design; see docs/conformance.md.
+//!
+//! The multi round-trip (`input_required`) tools seal their `requestState` with the same
+//! sealing as the workers' confirmations (`shared::seal`), refuse a tampered one with -32602,
+//! and use each state once (here in process memory: the fixture has no database; the workers
+//! use the pending action row).
 
 use std::sync::Arc;
 
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, InputRequest, InputRequiredResult, InputResponses,
+    ListPromptsResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, Prompt,
+    ResultType, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::{ErrorData, ServerHandler};
+use serde_json::Value;
 use serde_json::json;
+use shared::seal::SealKeys;
 
 /// A 1×1 red PNG.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
@@ -31,8 +43,216 @@ const TOOLS: &[(&str, &str)] = &[
     ("test_tool_with_progress", "Reports progress three times."),
 ];
 
+/// The multi round-trip tools of the conformance suite (SEP-2322).
+const MRTR_TOOLS: &[(&str, &str)] = &[
+    ("test_input_required_result_elicitation", "Asks the user's name, then greets them."),
+    ("test_input_required_result_sampling", "Asks the client's model a question."),
+    ("test_input_required_result_list_roots", "Asks for the client's roots."),
+    ("test_input_required_result_request_state", "Confirms with a sealed request state."),
+    ("test_input_required_result_multiple_inputs", "Asks for three inputs at once."),
+    ("test_input_required_result_multi_round", "Asks in two rounds."),
+    ("test_input_required_result_tampered_state", "Refuses a tampered request state."),
+    ("test_input_required_result_capabilities", "Asks only for what the client declared."),
+];
+
+const PROMPT: &str = "test_input_required_result_prompt";
+
 #[derive(Clone)]
-struct Fixture;
+struct Fixture {
+    keys: Arc<SealKeys>,
+    /// Request states already answered: each is used once.
+    used: Arc<Mutex<HashSet<String>>>,
+}
+
+fn input(value: serde_json::Value) -> InputRequest {
+    serde_json::from_value(value).expect("a valid input request")
+}
+
+fn elicit(message: &str, field: &str, kind: &str) -> InputRequest {
+    input(json!({"method": "elicitation/create", "params": {"mode": "form", "message": message,
+        "requestedSchema": {"type": "object", "properties": {field: {"type": kind}}, "required": [field]}}}))
+}
+
+fn sample(text: &str) -> InputRequest {
+    input(json!({"method": "sampling/createMessage", "params": {
+        "messages": [{"role": "user", "content": {"type": "text", "text": text}}], "maxTokens": 50}}))
+}
+
+fn roots() -> InputRequest {
+    input(json!({"method": "roots/list", "params": {}}))
+}
+
+/// An accepted elicitation answer under `key`, with its content.
+fn accepted<'a>(responses: Option<&'a InputResponses>, key: &str) -> Option<&'a Value> {
+    let answer = responses?.get(key)?;
+    (answer["action"] == "accept" && answer["content"].is_object()).then(|| &answer["content"])
+}
+
+fn answered(responses: Option<&InputResponses>, key: &str) -> bool {
+    responses.and_then(|r| r.get(key)).is_some_and(Value::is_object)
+}
+
+fn text(t: impl Into<String>) -> CallToolResponse {
+    CallToolResult::success(vec![ContentBlock::text(t.into())]).into()
+}
+
+impl Fixture {
+    /// Seals the step a tool is at.
+    fn seal(&self, tool: &str, step: u8) -> String {
+        let nonce = SealKeys::generate("n");
+        let state = json!({"tool": tool, "step": step, "nonce": nonce});
+        self.keys.seal(state.to_string().as_bytes()).expect("sealing")
+    }
+
+    /// Opens a state this tool sealed, once: a tampered, foreign or reused one is an invalid
+    /// request (-32602).
+    fn open(&self, tool: &str, raw: &str) -> Result<u8, ErrorData> {
+        let state: Value =
+            self.keys.open(raw).and_then(|p| serde_json::from_slice(&p).ok()).ok_or_else(|| {
+                ErrorData::invalid_params("requestState integrity check failed", None)
+            })?;
+        if state["tool"] != tool {
+            return Err(ErrorData::invalid_params("requestState belongs to another tool", None));
+        }
+        let nonce = state["nonce"].as_str().unwrap_or_default().to_owned();
+        if !self.used.lock().unwrap_or_else(|p| p.into_inner()).insert(nonce) {
+            return Err(ErrorData::invalid_params("requestState was used already", None));
+        }
+        Ok(state["step"].as_u64().unwrap_or_default() as u8)
+    }
+
+    fn ask(&self, requests: Vec<(&str, InputRequest)>, state: Option<String>) -> CallToolResponse {
+        let map: BTreeMap<String, InputRequest> =
+            requests.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        InputRequiredResult::new(Some(map), state).into()
+    }
+
+    /// The multi round-trip tools; `None` for any other name.
+    fn mrtr(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<Result<CallToolResponse, ErrorData>> {
+        let name = request.name.as_ref();
+        let responses = request.input_responses.as_ref();
+        let state = request.request_state.as_deref();
+        let name_question = || elicit("What is your name?", "name", "string");
+        Some(Ok(match name {
+            "test_input_required_result_elicitation" => match accepted(responses, "user_name") {
+                Some(content) => {
+                    text(format!("Hello, {}!", content["name"].as_str().unwrap_or("there")))
+                }
+                None => self.ask(vec![("user_name", name_question())], None),
+            },
+            "test_input_required_result_sampling" => {
+                if answered(responses, "sample_request") {
+                    text("The model answered.")
+                } else {
+                    self.ask(
+                        vec![("sample_request", sample("What is the capital of France?"))],
+                        None,
+                    )
+                }
+            }
+            "test_input_required_result_list_roots" => {
+                let found = responses
+                    .and_then(|r| r.get("roots_request"))
+                    .and_then(|r| r["roots"].as_array());
+                match found {
+                    Some(list) => text(format!("Found {} root(s)", list.len())),
+                    None => self.ask(vec![("roots_request", roots())], None),
+                }
+            }
+            "test_input_required_result_request_state"
+            | "test_input_required_result_tampered_state" => match state {
+                Some(raw) => {
+                    if let Err(e) = self.open(name, raw) {
+                        return Some(Err(e));
+                    }
+                    match accepted(responses, "confirm") {
+                        Some(_) => text("state-ok: requestState validated"),
+                        None => self.ask(
+                            vec![("confirm", elicit("Please confirm", "ok", "boolean"))],
+                            Some(self.seal(name, 1)),
+                        ),
+                    }
+                }
+                None => self.ask(
+                    vec![("confirm", elicit("Please confirm", "ok", "boolean"))],
+                    Some(self.seal(name, 1)),
+                ),
+            },
+            "test_input_required_result_multiple_inputs" => {
+                let all = ["user_name", "greeting", "client_roots"]
+                    .iter()
+                    .all(|k| answered(responses, k));
+                match state {
+                    Some(raw) if all => {
+                        if let Err(e) = self.open(name, raw) {
+                            return Some(Err(e));
+                        }
+                        text("All three inputs received.")
+                    }
+                    _ => self.ask(
+                        vec![
+                            ("user_name", name_question()),
+                            ("greeting", sample("Generate a greeting")),
+                            ("client_roots", roots()),
+                        ],
+                        Some(self.seal(name, 1)),
+                    ),
+                }
+            }
+            "test_input_required_result_multi_round" => {
+                let step = match state {
+                    Some(raw) => match self.open(name, raw) {
+                        Ok(step) => step,
+                        Err(e) => return Some(Err(e)),
+                    },
+                    None => 0,
+                };
+                match (step, accepted(responses, "step1"), accepted(responses, "step2")) {
+                    (1, Some(_), _) => self.ask(
+                        vec![(
+                            "step2",
+                            elicit("Step 2: What is your favorite color?", "color", "string"),
+                        )],
+                        Some(self.seal(name, 2)),
+                    ),
+                    (2, _, Some(content)) => text(format!(
+                        "Favorite color: {}",
+                        content["color"].as_str().unwrap_or("?")
+                    )),
+                    _ => self.ask(
+                        vec![("step1", elicit("Step 1: What is your name?", "name", "string"))],
+                        Some(self.seal(name, 1)),
+                    ),
+                }
+            }
+            "test_input_required_result_capabilities" => {
+                if responses.is_some_and(|r| !r.is_empty()) {
+                    text("capabilities-ok")
+                } else {
+                    // Only what the client declared: never an elicitation it cannot show.
+                    let caps = context.client_capabilities().unwrap_or_default();
+                    let mut requests = Vec::new();
+                    if caps.elicitation.is_some() {
+                        requests
+                            .push(("elicit_input", elicit("Anything to add?", "note", "string")));
+                    }
+                    if caps.sampling.is_some() {
+                        requests.push(("sample_input", sample("Sample request")));
+                    }
+                    if caps.roots.is_some() {
+                        requests.push(("roots_input", roots()));
+                    }
+                    self.ask(requests, Some(self.seal(name, 1)))
+                }
+            }
+            _ => return None,
+        }))
+    }
+}
 
 /// A content block from its wire form.
 fn block(value: serde_json::Value) -> ContentBlock {
@@ -52,7 +272,7 @@ fn image() -> ContentBlock {
 
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_prompts().build())
     }
 
     async fn list_tools(
@@ -64,8 +284,53 @@ impl ServerHandler for Fixture {
             json!({"type": "object", "properties": {}}).as_object().cloned().unwrap_or_default(),
         );
         Ok(ListToolsResult::with_all_items(
-            TOOLS.iter().map(|(n, d)| Tool::new(*n, *d, schema.clone())).collect(),
+            TOOLS
+                .iter()
+                .chain(MRTR_TOOLS)
+                .map(|(n, d)| Tool::new(*n, *d, schema.clone()))
+                .collect(),
         ))
+    }
+
+    async fn list_prompts(
+        &self,
+        _r: Option<PaginatedRequestParams>,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let prompt: Prompt = serde_json::from_value(
+            json!({"name": PROMPT, "description": "A prompt that asks for context first."}),
+        )
+        .expect("a prompt");
+        Ok(ListPromptsResult::with_all_items(vec![prompt]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _c: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        if request.name != PROMPT {
+            return Err(ErrorData::invalid_params(
+                format!("unknown prompt {}", request.name),
+                None,
+            ));
+        }
+        match accepted(request.input_responses.as_ref(), "user_context") {
+            Some(content) => {
+                let mut result: GetPromptResult = serde_json::from_value(json!({"messages": [{"role": "user",
+                    "content": {"type": "text", "text": format!("Prompt with context: {}", content["context"].as_str().unwrap_or_default())}}]}))
+                .expect("a prompt result");
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            None => {
+                let map = BTreeMap::from([(
+                    "user_context".to_owned(),
+                    elicit("What context should the prompt use?", "context", "string"),
+                )]);
+                Ok(InputRequiredResult::new(Some(map), None).into())
+            }
+        }
     }
 
     async fn call_tool(
@@ -73,6 +338,9 @@ impl ServerHandler for Fixture {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(outcome) = self.mrtr(&request, &context) {
+            return outcome;
+        }
         let result = match request.name.as_ref() {
             "test_simple_text" => CallToolResult::success(vec![ContentBlock::text(
                 "This is a simple text response for testing.",
@@ -122,8 +390,12 @@ async fn main() -> anyhow::Result<()> {
     );
     let hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), listen.clone()];
     let config = worker::protocol_config(&hosts, &[]);
+    let fixture = Fixture {
+        keys: Arc::new(SealKeys::parse(&SealKeys::generate("fx")).map_err(anyhow::Error::msg)?),
+        used: Arc::default(),
+    };
     let service = StreamableHttpService::new(
-        || Ok(Fixture),
+        move || Ok(fixture.clone()),
         Arc::new(NeverSessionManager::default()),
         config,
     );

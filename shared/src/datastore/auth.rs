@@ -29,6 +29,8 @@ pub struct ConnectionContextRow {
     pub creator_role: Option<String>,
     pub membership_active: Option<bool>,
     pub global_kill: bool,
+    /// The tenant's override of the per-worker read bucket, if it set one.
+    pub read_per_minute: Option<i32>,
 }
 
 /// What an API token resolves to: the person's current role in the token's tenant.
@@ -72,7 +74,9 @@ pub(crate) const CONNECTION_CONTEXT_SQL: &str = r#"
                    t.agent_access AS tenant_agent_access,
                    p.id AS creator_id, p.handle AS creator_handle, p.active AS creator_active,
                    m.role AS creator_role, m.active AS membership_active,
-                   (SELECT global_kill FROM platform_state) AS global_kill
+                   (SELECT global_kill FROM platform_state) AS global_kill,
+                   (SELECT r.per_minute FROM tenant_rate_limits r
+                     WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute
             FROM tok
             JOIN connections c ON c.id = tok.connection_id
             JOIN tenants t ON t.id = c.tenant_id

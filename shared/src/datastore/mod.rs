@@ -34,6 +34,7 @@ pub use oauth::*;
 pub use outbox::*;
 pub use pending::*;
 pub use people::*;
+pub(crate) use rates::*;
 pub(crate) use replay::*;
 pub use service_catalog::*;
 pub use sessions::*;

@@ -1,5 +1,6 @@
 //! Rate windows shared by every worker.
 
+use crate::ctx::OpCtx;
 use crate::datastore::*;
 use crate::error::Result;
 
@@ -31,4 +32,44 @@ impl Services {
         .fetch_one(self.pool())
         .await?)
     }
+}
+
+impl Services {
+    /// The tenant's overrides, by class.
+    pub(crate) async fn rate_overrides(&self, ctx: &OpCtx) -> Result<Vec<(String, i32)>> {
+        Ok(sqlx::query_as("SELECT class, per_minute FROM tenant_rate_limits WHERE tenant_id = $1")
+            .bind(ctx.tenant_id())
+            .fetch_all(self.pool())
+            .await?)
+    }
+}
+
+/// Sets (or with `None` removes) the tenant's override of one class.
+pub(crate) async fn rate_override_put(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    class: &str,
+    per_minute: Option<i32>,
+) -> Result<()> {
+    match per_minute {
+        Some(n) => {
+            sqlx::query(
+                "INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) VALUES ($1, $2, $3)
+                 ON CONFLICT (tenant_id, class) DO UPDATE SET per_minute = EXCLUDED.per_minute",
+            )
+            .bind(ctx.tenant_id())
+            .bind(class)
+            .bind(n)
+            .execute(&mut **tx)
+            .await?;
+        }
+        None => {
+            sqlx::query("DELETE FROM tenant_rate_limits WHERE tenant_id = $1 AND class = $2")
+                .bind(ctx.tenant_id())
+                .bind(class)
+                .execute(&mut **tx)
+                .await?;
+        }
+    }
+    Ok(())
 }

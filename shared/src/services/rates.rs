@@ -2,15 +2,26 @@
 //!
 //! Outward and writing classes (silent_write, notify, wake, alert, delete) count in Postgres, in
 //! one-minute windows shared by every worker, so a connection cannot multiply its allowance by
-//! landing on more workers; a tenant can override each default. Reads are counted per worker in
-//! memory: they change nothing, and a database write on every read would double the hot path.
+//! landing on more workers. Reads are counted per worker in memory: they change nothing, and a
+//! database write on every read would double the hot path. A tenant can override every class,
+//! reads included (the read override arrives with the connection context, in the same
+//! statement); operators and tenant admins set overrides with `gatehousectl rate-limit` and in
+//! the console, audited.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use serde::Serialize;
+
 use crate::ctx::OpCtx;
-use crate::datastore::Services;
+use crate::datastore::{self as db, AuditEntry, Services};
 use crate::error::{Error, Result};
+use crate::rights::Right;
+
+/// The classes with a bucket, in the order they are shown.
+pub const CLASSES: &[&str] = &["read", "silent_write", "notify", "wake", "alert", "delete"];
+/// The largest allowance a tenant may set.
+pub const MAX_PER_MINUTE: i32 = 1_000_000;
 
 /// The default allowance per connection and minute, defined once.
 pub fn default_per_minute(class: &str) -> i32 {
@@ -47,10 +58,10 @@ pub struct LocalBuckets {
 }
 
 impl LocalBuckets {
-    pub fn take(&self, ctx: &OpCtx, now_secs: i64) -> Result<()> {
+    /// Counts one read against `limit` (the tenant's override or the default).
+    pub fn take(&self, ctx: &OpCtx, limit: i32, now_secs: i64) -> Result<()> {
         let Some(connection) = ctx.connection() else { return Ok(()) };
         let minute = now_secs.div_euclid(60);
-        let limit = default_per_minute("read");
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         if windows.len() > 10_000 {
             windows.retain(|_, (m, _)| *m == minute);
@@ -69,4 +80,76 @@ impl LocalBuckets {
         }
         Ok(())
     }
+}
+
+/// One class's allowance in a tenant.
+#[derive(Debug, Serialize)]
+pub struct Limit {
+    pub class: &'static str,
+    pub per_minute: i32,
+    pub default: i32,
+    /// Whether the tenant set its own.
+    pub overridden: bool,
+    /// Where it is counted: `per_worker` (reads) or `shared` (everything else).
+    pub counted: &'static str,
+}
+
+/// The tenant's allowance per connection and minute for every class.
+pub async fn limits(ds: &Services, ctx: &OpCtx) -> Result<Vec<Limit>> {
+    ctx.require(Right::TenantSwitch)?;
+    let overrides = ds.rate_overrides(ctx).await?;
+    Ok(CLASSES
+        .iter()
+        .map(|class| {
+            let set = overrides.iter().find(|(c, _)| c == class).map(|(_, n)| *n);
+            Limit {
+                class,
+                per_minute: set.unwrap_or_else(|| default_per_minute(class)),
+                default: default_per_minute(class),
+                overridden: set.is_some(),
+                counted: if *class == "read" { "per_worker" } else { "shared" },
+            }
+        })
+        .collect())
+}
+
+/// Sets a class's allowance for the tenant (`None`: back to the default), audited. Holds from
+/// the next call on every worker (read with the context, or in the shared window's statement).
+pub async fn set_limit(
+    ds: &Services,
+    ctx: &OpCtx,
+    class: &str,
+    per_minute: Option<i32>,
+) -> Result<Limit> {
+    ctx.require(Right::TenantSwitch)?;
+    let class = CLASSES.iter().copied().find(|c| *c == class).ok_or_else(|| {
+        Error::invalid_with_options(
+            "class",
+            format!("{:?} has no bucket", class.chars().take(40).collect::<String>()),
+            CLASSES.iter().map(|c| (*c).to_owned()).collect(),
+        )
+    })?;
+    if per_minute.is_some_and(|n| !(1..=MAX_PER_MINUTE).contains(&n)) {
+        return Err(Error::invalid(
+            "per_minute",
+            format!("give 1 to {MAX_PER_MINUTE} calls per minute, or `default`"),
+        ));
+    }
+    let mut tx = ds.begin().await?;
+    db::rate_override_put(&mut tx, ctx, class, per_minute).await?;
+    let reason = match per_minute {
+        Some(n) => format!("{class}: {n} per minute"),
+        None => format!("{class}: default ({})", default_per_minute(class)),
+    };
+    let mut entry = AuditEntry::ok("rate_limit.set", vec![class.to_owned()]);
+    entry.reason = Some(&reason);
+    db::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    Ok(Limit {
+        class,
+        per_minute: per_minute.unwrap_or_else(|| default_per_minute(class)),
+        default: default_per_minute(class),
+        overridden: per_minute.is_some(),
+        counted: if class == "read" { "per_worker" } else { "shared" },
+    })
 }
