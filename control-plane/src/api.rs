@@ -187,7 +187,8 @@ async fn get_booking(
     ApiCtx(ctx): ApiCtx,
     Path(booking): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let row = booking_svc::get(&state.ds, &ctx, &GetBookingInput { booking }).await?;
+    let row =
+        booking_svc::get(&state.ds, &ctx, &GetBookingInput { booking, notes_cursor: None }).await?;
     Ok(Json(json!(views::booking(&row, true, jiff::Timestamp::now()))))
 }
 

@@ -1611,7 +1611,9 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
         "the classes are listed: {err}"
     );
     assert_eq!(
-        api._db.scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'read'").await,
+        api._db
+            .scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'read'")
+            .await,
         900,
         "refused changes changed nothing"
     );
@@ -1712,7 +1714,9 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     theirs.extend([("class".into(), "read".into()), ("per_minute".into(), "1".into())]);
     assert_eq!(dispatcher.post("/settings/rate-limit", &theirs).await.status(), 403);
     assert_eq!(
-        api._db.scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'read'").await,
+        api._db
+            .scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'read'")
+            .await,
         900
     );
 }

@@ -676,12 +676,14 @@ pub mod bench {
         Outcome::Ok
     }
 
-    /// Judges a plain JSON answer (the axum + sqlx peer): 200 with a JSON object.
+    /// Judges a plain JSON answer (the axum + sqlx peer): 200 with a JSON object that is not
+    /// an error.
     pub fn judge_plain(status: u16, body: &[u8]) -> Outcome {
         if status != 200 {
             return Outcome::Http(status);
         }
         match serde_json::from_slice::<Value>(body) {
+            Ok(v) if v.get("error").is_some() => Outcome::Tool("error".into()),
             Ok(v) if v.is_object() => Outcome::Ok,
             _ => Outcome::Unreadable,
         }

@@ -1634,6 +1634,11 @@ fn the_benchmark_checker_counts_only_what_a_user_wanted() {
     assert_eq!(judge_plain(200, br#"{"booking":"bkg_x"}"#), Outcome::Ok);
     assert_eq!(judge_plain(500, br#"{"booking":"bkg_x"}"#), Outcome::Http(500));
     assert_eq!(judge_plain(200, b"not json"), Outcome::Unreadable);
+    assert_eq!(
+        judge_plain(200, br#"{"error":"not found"}"#),
+        Outcome::Tool("error".into()),
+        "the peer's own error is not a fast read"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,9 +100,17 @@ pub struct BookingView {
     pub reference: Option<String>,
     /// What the customer wrote when booking (R13).
     pub customer_note: Option<UntrustedText>,
-    /// Notes on the booking, oldest first; present on single-booking results.
+    /// The latest notes on the booking (at most 20), oldest first; present on single-booking
+    /// results.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notes: Option<Vec<NoteView>>,
+    /// How many notes the booking has in all; present on single-booking results.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes_total: Option<i64>,
+    /// Pass as `notes_cursor` to get_booking for the notes before these; absent when there are
+    /// none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub earlier_notes_cursor: Option<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -175,10 +183,19 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
     let ends = starts
         .checked_add(jiff::SignedDuration::from_mins(i64::from(row.duration_minutes)))
         .unwrap_or(starts);
+    // The query returns one note more than a page, newest first: whether earlier notes exist,
+    // and where the next page starts.
+    let page = crate::datastore::NOTES_PAGE as usize;
+    let shown = &row.notes.0[..row.notes.0.len().min(page)];
+    let earlier_notes_cursor =
+        (with_notes && row.notes.0.len() > page).then(|| shown.last()).flatten().and_then(|n| {
+            let at = n.created_at.parse::<Timestamp>().ok()?;
+            Some(crate::services::encode_cursor(&[&at.as_microsecond().to_string(), &n.handle]))
+        });
     let notes = with_notes.then(|| {
-        row.notes
-            .0
+        shown
             .iter()
+            .rev()
             .map(|n| {
                 let written = n.created_at.parse::<Timestamp>().unwrap_or(starts);
                 let trusted = n.source == "staff";
@@ -221,5 +238,7 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
         reference: row.reference.clone(),
         customer_note: row.customer_note.as_deref().map(|n| untrusted(n, "customer")),
         notes,
+        notes_total: with_notes.then_some(row.notes_total),
+        earlier_notes_cursor,
     }
 }

@@ -2214,7 +2214,11 @@ async fn every_reference_argument_refuses_another_tenants_handle() {
                     } else {
                         &b.booking_cursor
                     };
-                    args.retain(|k, _| k == "limit");
+                    // The cursor replaces the search, not the record it pages within.
+                    args.retain(|k, _| {
+                        k == "limit"
+                            || spec.refs.iter().any(|o| o.field == k && o.shape == Shape::Single)
+                    });
                     args.insert(r.field.into(), json!(cursor));
                 }
             }
@@ -3292,4 +3296,62 @@ async fn a_tenants_read_override_holds_on_every_worker_and_names_its_limit() {
         stack.db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'rate_limit.set'").await,
         2
     );
+}
+
+#[tokio::test]
+async fn a_booking_with_ten_thousand_notes_answers_with_a_bounded_page() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let booking: String = stack
+        .db
+        .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
+        .await;
+    stack
+        .db
+        .exec(&format!(
+            "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, body, created_at)
+             SELECT b.tenant_id, 'bnt_bulk' || lpad(i::text, 12, '0'), b.id, 'customer',
+                    'Note ' || i || ' ' || repeat('x', 200), now() + make_interval(secs => i)
+             FROM bookings b, generate_series(1, 10000) i WHERE b.handle = '{booking}'"
+        ))
+        .await;
+    let total = stack
+        .db
+        .scalar_i64(&format!("SELECT count(*) FROM booking_notes n JOIN bookings b ON b.id = n.booking_id WHERE b.handle = '{booking}'"))
+        .await;
+    let first = stack.ok(&token, "get_booking", json!({"booking": booking})).await;
+    let notes = first["notes"].as_array().expect("notes");
+    assert_eq!(notes.len(), 20, "a page, not the history");
+    assert_eq!(first["notes_total"], total, "with the count of all");
+    assert!(
+        first.to_string().len() < 64 * 1024,
+        "the result stays small: {} bytes",
+        first.to_string().len()
+    );
+    // Newest last within the page; the cursor pages backwards with no overlap and no gap.
+    let texts = |page: &Value| -> Vec<String> {
+        page["notes"]
+            .as_array()
+            .expect("notes")
+            .iter()
+            .map(|n| n["untrusted"]["untrusted_text"].as_str().unwrap_or_default().chars().take(12).collect())
+            .collect()
+    };
+    assert!(texts(&first).last().expect("last").starts_with("Note 10000"), "{:?}", texts(&first));
+    let cursor =
+        first["earlier_notes_cursor"].as_str().expect("a cursor to earlier notes").to_owned();
+    let second =
+        stack.ok(&token, "get_booking", json!({"booking": booking, "notes_cursor": cursor})).await;
+    assert!(texts(&second).last().expect("last").starts_with("Note 9980 "), "{:?}", texts(&second));
+    assert!(
+        texts(&second).first().expect("first").starts_with("Note 9961 "),
+        "{:?}",
+        texts(&second)
+    );
+    // A cursor that is not one is refused with the field named, and nothing else happens.
+    let err = stack
+        .call(&token, "get_booking", json!({"booking": booking, "notes_cursor": "garbage"}))
+        .await
+        .expect_err("refused");
+    assert_eq!(err["field"], "notes_cursor", "{err}");
 }

@@ -228,7 +228,12 @@ fn pgbench(
     let hash = hex::encode(shared::secret::hash_token(token));
     let (context_sql, lookup_sql) = shared::services::read_path_statements();
     let context = context_sql.replace("$1", &format!("'\\x{hash}'::bytea"));
-    let lookup = lookup_sql.replace("$1", tenant_id).replace("$2", &format!("'{booking}'"));
+    // The first page of notes: no cursor.
+    let lookup = lookup_sql
+        .replace("$1", tenant_id)
+        .replace("$2", &format!("'{booking}'"))
+        .replace("$3", "NULL")
+        .replace("$4", "NULL");
     let one_line = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
     let script = stack.run_dir.join("pgbench-get-booking.sql");
     std::fs::write(&script, format!("{};\n{};\n", one_line(&context), one_line(&lookup)))?;

@@ -36,8 +36,11 @@ pub struct BookingRow {
     pub priority: String,
     pub reference: Option<String>,
     pub updated_at: DateTime<Utc>,
-    /// Filled by [`Services::booking_get`] only.
+    /// Filled by [`Services::booking_get`] only: the latest notes (one more than a page, so
+    /// the presenter knows whether earlier ones exist), newest first.
     pub notes: Json<Vec<NoteRow>>,
+    /// How many notes the booking has in all (0 where notes are not read).
+    pub notes_total: i64,
 }
 
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -87,7 +90,7 @@ const FILTER: &str = "
 
 static BOOKING_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{SELECT}, '[]'::json AS notes {FROM} {FILTER}
+        "{SELECT}, '[]'::json AS notes, 0::bigint AS notes_total {FROM} {FILTER}
                AND ($7::timestamptz IS NULL OR (b.starts_at, b.handle) > ($7, $8))
              ORDER BY b.starts_at, b.handle
              LIMIT $9"
@@ -97,23 +100,33 @@ static BOOKING_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
 static BOOKING_COUNT_SQL: LazyLock<String> =
     LazyLock::new(|| format!("SELECT count(*) {FROM} {FILTER}"));
 
+/// How many notes a single-booking result shows; earlier ones are paged with a cursor (R21).
+pub const NOTES_PAGE: i64 = 20;
+
 static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
+    // The latest notes before the cursor ($3 written at, $4 handle), one more than a page;
+    // a booking with thousands of notes answers with a page, never all of them.
     format!(
         "{SELECT},
                (SELECT coalesce(json_agg(json_build_object(
                     'handle', n.handle, 'source', n.source, 'body', n.body,
                     'created_at', n.created_at)
-                    ORDER BY n.created_at, n.id), '[]'::json)
-                FROM booking_notes n
-                WHERE n.booking_id = b.id AND n.tenant_id = b.tenant_id) AS notes
+                    ORDER BY n.created_at DESC, n.handle DESC), '[]'::json)
+                FROM (SELECT n.handle, n.source, n.body, n.created_at FROM booking_notes n
+                      WHERE n.tenant_id = b.tenant_id AND n.booking_id = b.id
+                        AND ($3::timestamptz IS NULL OR (n.created_at, n.handle) < ($3, $4::text))
+                      ORDER BY n.created_at DESC, n.handle DESC LIMIT {page}) n) AS notes,
+               (SELECT count(*) FROM booking_notes n
+                WHERE n.tenant_id = b.tenant_id AND n.booking_id = b.id) AS notes_total
              {FROM}
-             WHERE b.tenant_id = $1 AND b.handle = $2"
+             WHERE b.tenant_id = $1 AND b.handle = $2",
+        page = NOTES_PAGE + 1
     )
 });
 
 static BOOKING_LOCK_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{SELECT}, '[]'::json AS notes {FROM} WHERE b.tenant_id = $1 AND b.handle = $2 FOR UPDATE OF b"
+        "{SELECT}, '[]'::json AS notes, 0::bigint AS notes_total {FROM} WHERE b.tenant_id = $1 AND b.handle = $2 FOR UPDATE OF b"
     )
 });
 
@@ -185,10 +198,14 @@ impl Services {
         &self,
         ctx: &OpCtx,
         handle: &BookingHandle,
+        notes_before: Option<(DateTime<Utc>, String)>,
     ) -> Result<Option<BookingRow>> {
+        let (at, note) = notes_before.unzip();
         let row = sqlx::query_as::<_, BookingRow>(booking_get_sql())
             .bind(ctx.tenant_id())
             .bind(handle.as_str())
+            .bind(at)
+            .bind(note)
             .fetch_optional(self.pool())
             .await?;
         Ok(row)

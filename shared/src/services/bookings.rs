@@ -63,6 +63,9 @@ pub struct FindBookingsInput {
 pub struct GetBookingInput {
     /// Booking handle (bkg_…), from find_bookings.
     pub booking: String,
+    /// `earlier_notes_cursor` of a previous result: the next page of earlier notes.
+    #[serde(default)]
+    pub notes_cursor: Option<String>,
 }
 
 pub(crate) fn filter(input: &FindBookingsInput) -> Result<BookingFilter> {
@@ -146,7 +149,24 @@ pub async fn find(
 pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<BookingRow> {
     ctx.require(Right::BookingsRead)?;
     let handle = BookingHandle::parse("booking", &input.booking)?;
-    ds.booking_get(ctx, &handle)
+    let before = match nonempty(&input.notes_cursor) {
+        Some(c) => {
+            let parts = super::decode_cursor(c, 2).map_err(|_| {
+                Error::invalid(
+                    "notes_cursor",
+                    "not a notes cursor from a previous result; call get_booking without it",
+                )
+            })?;
+            let micros: i64 = parts[0]
+                .parse()
+                .map_err(|_| Error::invalid("notes_cursor", "malformed notes cursor"))?;
+            let at = jiff::Timestamp::from_microsecond(micros)
+                .map_err(|_| Error::invalid("notes_cursor", "malformed notes cursor"))?;
+            Some((crate::datastore::from_ts(at), parts[1].clone()))
+        }
+        None => None,
+    };
+    ds.booking_get(ctx, &handle, before)
         .await?
         .ok_or_else(|| Error::not_found(Resource::Booking, handle.as_str()))
 }

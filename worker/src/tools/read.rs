@@ -148,10 +148,13 @@ pub fn tools() -> Vec<ToolSpec> {
             Def {
                 name: "get_booking",
                 title: "Get a booking",
-                description: "One booking by handle (bkg_…) with customer, technician, service, price, notes and version. Text written by customers or external systems is returned under untrusted_text.",
+                description: "One booking by handle (bkg_…) with customer, technician, service, price, version and its latest 20 notes with their total; earlier notes page with notes_cursor. Text written by customers or external systems is returned under untrusted_text.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
-                refs: &[Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single }],
+                refs: &[
+                    Ref { field: "booking", kind: RefKind::Booking, shape: Shape::Single },
+                    Ref { field: "notes_cursor", kind: RefKind::Cursor, shape: Shape::Cursor },
+                ],
                 untrusted: &[ThirdPartyText::CustomerNote, ThirdPartyText::BookingNotes],
             },
             get_booking,

@@ -194,9 +194,12 @@ pub fn tools() -> Vec<ToolSpec> {
                 untrusted: &[],
             },
             async |env: Env, input: BookingBriefInput| {
-                let row =
-                    bookings::get(&env.ds, &env.ctx, &GetBookingInput { booking: input.booking })
-                        .await?;
+                let row = bookings::get(
+                    &env.ds,
+                    &env.ctx,
+                    &GetBookingInput { booking: input.booking, notes_cursor: None },
+                )
+                .await?;
                 let v = views::booking(&row, false, env.now);
                 Ok(Brief {
                     booking: v.booking,
