@@ -20,6 +20,9 @@ ALTER TABLE pending_actions ADD COLUMN approver_not_creator BOOLEAN NOT NULL DEF
 ALTER TABLE pending_actions ADD COLUMN preview JSONB;
 ALTER TABLE pending_actions ADD COLUMN decided_by BIGINT REFERENCES people(id);
 ALTER TABLE pending_actions ADD COLUMN decision_reason TEXT;
+-- An action that changed before a person approved it points to its new version, so the agent's
+-- token follows it.
+ALTER TABLE pending_actions ADD COLUMN replaced_by TEXT;
 CREATE INDEX pending_actions_awaiting_idx ON pending_actions (tenant_id, created_at)
     WHERE status = 'pending' AND completion = 'person_approves';
 

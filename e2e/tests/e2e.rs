@@ -1878,7 +1878,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert_eq!(sent_to_customer(), 0, "nothing reaches the customer before a person approves");
     let admins_told = psql_count(
         &stack,
-        "SELECT count(*) FROM outbox WHERE subject LIKE 'Approval needed: %Arrival time%'",
+        "SELECT count(*) FROM outbox WHERE subject = 'Approval needed: send_customer_message from Dispatch agent' AND body NOT LIKE '%Arrival time%'",
     );
     assert!(admins_told >= 2, "the members who can approve are emailed: {admins_told}");
     // Two people approve at once on the console while the agent asks again: one execution.
@@ -1918,7 +1918,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert_eq!(
         psql_count(
             &stack,
-            "SELECT count(*) FROM audit_log WHERE action = 'send_customer_message' AND outcome = 'ok' AND channel = 'console' AND reason IS NOT NULL"
+            "SELECT count(*) FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id WHERE a.action = 'send_customer_message' AND a.outcome = 'ok' AND a.channel = 'console' AND a.reason IS NULL AND p.decision_reason IS NOT NULL"
         ),
         1
     );
@@ -1962,6 +1962,10 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
         0
     );
+    // The agent's token follows its action to the new version.
+    let follow = json!({"confirm_token": changed["confirm_token"], "confirm_summary": changed["confirm_summary"]});
+    let told = tool_call(&stack.lb_url, &token, "confirm_action", follow.clone()).await;
+    assert_eq!(told["structuredContent"]["error"]["code"], "awaiting_approval", "{told}");
     let waiting =
         admin.get(&format!("{}/approvals", stack.control_url)).await.text().await.expect("html");
     assert!(waiting.contains("moved@example.com"), "the person sees the new version");
@@ -2004,6 +2008,47 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
         0
     );
+    let newest_version = psql_text(
+        &stack,
+        &format!(
+            "SELECT replaced_by FROM pending_actions WHERE handle = '{}'",
+            changed["action"].as_str().expect("a")
+        ),
+    );
+    let (status, _) =
+        decide(&stack.control_url, &mut admin, &newest_version, "approve", "new address checked")
+            .await;
+    assert_eq!(status, 200);
+    let done = tool_call(&stack.lb_url, &token, "confirm_action", follow).await;
+    assert_eq!(
+        done["structuredContent"]["status"], "EXECUTED",
+        "the agent learns the new version was approved: {done}"
+    );
+    assert_eq!(
+        psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
+        1
+    );
+    // A policy change reaches actions already prepared: one the agent could confirm a moment
+    // ago now waits for a person, or, turned off, dies.
+    set("notify", "agent_confirms", &[]);
+    let before = prepare("Prepared before the change").await;
+    assert_eq!(before["status"], "PREVIEW", "{before}");
+    set("notify", "person_approves", &[]);
+    let now_waits = tool_call(&stack.lb_url, &token, "confirm_action", json!({"confirm_token": before["confirm_token"], "confirm_summary": before["confirm_summary"]})).await;
+    assert_eq!(now_waits["structuredContent"]["error"]["code"], "awaiting_approval", "{now_waits}");
+    set("notify", "agent_confirms", &[]);
+    let second_try = prepare("Prepared before off").await;
+    set("notify", "off", &[]);
+    let dead = tool_call(&stack.lb_url, &token, "confirm_action", json!({"confirm_token": second_try["confirm_token"], "confirm_summary": second_try["confirm_summary"]})).await;
+    assert_eq!(dead["structuredContent"]["error"]["code"], "turned_off_by_policy", "{dead}");
+    assert_eq!(
+        psql_count(
+            &stack,
+            "SELECT count(*) FROM outbox WHERE subject IN ('Prepared before the change', 'Prepared before off')"
+        ),
+        0
+    );
+    set("notify", "person_approves", &[]);
     // Expired before anyone decided: refused in the console, and the agent is told.
     let late = prepare("Too late").await;
     let late_action = late["action"].as_str().expect("a").to_owned();
@@ -2039,7 +2084,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
             &stack,
             "SELECT count(*) FROM audit_log WHERE action = 'approval_policy.set' AND channel = 'cli'"
         ),
-        3
+        8
     );
 }
 

@@ -37,10 +37,13 @@ impl SealKeys {
     pub fn parse(spec: &str) -> Result<SealKeys, String> {
         let mut keys = Vec::new();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (kid, key) =
-                part.split_once(':').ok_or_else(|| format!("{part:?}: write kid:base64url-key"))?;
+            // Errors name the entry by position, never its text: it may hold key material.
+            let n = keys.len() + 1;
+            let (kid, key) = part
+                .split_once(':')
+                .ok_or_else(|| format!("entry {n}: write kid:base64url-key"))?;
             if kid.is_empty() || kid.len() > 16 || !kid.chars().all(|c| c.is_ascii_alphanumeric()) {
-                return Err(format!("key id {kid:?}: 1 to 16 letters or digits"));
+                return Err(format!("entry {n}: the key id must be 1 to 16 letters or digits"));
             }
             let bytes = URL_SAFE_NO_PAD
                 .decode(key.trim_end_matches('='))
@@ -65,15 +68,18 @@ impl SealKeys {
         format!("{kid}:{}", URL_SAFE_NO_PAD.encode(key))
     }
 
-    /// Seals `plaintext` with the current key: `gs1.<kid>.<nonce+ciphertext+tag>`.
-    pub fn seal(&self, plaintext: &[u8]) -> Result<String, String> {
+    /// Seals `plaintext` for `purpose` with the current key: `gs1.<kid>.<nonce+ciphertext+tag>`.
+    /// The purpose is bound as associated data, so a value sealed for one use never opens as
+    /// another even under the same keys.
+    pub fn seal(&self, purpose: &str, plaintext: &[u8]) -> Result<String, String> {
         let (kid, key) = &self.keys[0];
         let mut nonce = [0u8; NONCE_LEN];
         self.rng.fill(&mut nonce).map_err(|_| "no randomness".to_owned())?;
         let mut sealed = plaintext.to_vec();
+        let aad = format!("{purpose}\0{kid}");
         key.seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),
-            Aad::from(kid.as_bytes()),
+            Aad::from(aad.as_bytes()),
             &mut sealed,
         )
         .map_err(|_| "sealing failed".to_owned())?;
@@ -84,7 +90,7 @@ impl SealKeys {
 
     /// Opens a sealed value; `None` when it is not one of ours, names an unknown key, or was
     /// changed in any way.
-    pub fn open(&self, sealed: &str) -> Option<Vec<u8>> {
+    pub fn open(&self, purpose: &str, sealed: &str) -> Option<Vec<u8>> {
         if sealed.len() > 8192 {
             return None;
         }
@@ -101,7 +107,8 @@ impl SealKeys {
         let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
         let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
         let mut buffer = ciphertext.to_vec();
-        let plain = key.open_in_place(nonce, Aad::from(kid.as_bytes()), &mut buffer).ok()?;
+        let aad = format!("{purpose}\0{kid}");
+        let plain = key.open_in_place(nonce, Aad::from(aad.as_bytes()), &mut buffer).ok()?;
         Some(plain.to_vec())
     }
 }
@@ -113,9 +120,9 @@ mod tests {
     #[test]
     fn a_sealed_value_opens_only_unchanged_and_with_a_known_key() {
         let keys = SealKeys::parse(&SealKeys::generate("k1")).expect("keys");
-        let sealed = keys.seal(b"{\"action\":\"pac_1\"}").expect("seal");
-        assert_eq!(keys.open(&sealed).as_deref(), Some(&b"{\"action\":\"pac_1\"}"[..]));
-        assert_ne!(sealed, keys.seal(b"{\"action\":\"pac_1\"}").expect("seal"), "fresh nonce");
+        let sealed = keys.seal("t", b"{\"action\":\"pac_1\"}").expect("seal");
+        assert_eq!(keys.open("t", &sealed).as_deref(), Some(&b"{\"action\":\"pac_1\"}"[..]));
+        assert_ne!(sealed, keys.seal("t", b"{\"action\":\"pac_1\"}").expect("seal"), "fresh nonce");
         // Any change to any part, another format, another key id, another key: refused.
         let body = sealed.rsplit('.').next().expect("body").to_owned();
         let mut flipped = URL_SAFE_NO_PAD.decode(&body).expect("b64");
@@ -129,18 +136,19 @@ mod tests {
             "not sealed".to_owned(),
             format!("gs1.k1.{}", "A".repeat(9000)),
         ] {
-            assert!(keys.open(&forged).is_none(), "{forged}");
+            assert!(keys.open("t", &forged).is_none(), "{forged}");
         }
         let stranger = SealKeys::parse(&SealKeys::generate("k1")).expect("keys");
-        assert!(stranger.open(&sealed).is_none(), "another key with the same id");
+        assert!(stranger.open("t", &sealed).is_none(), "another key with the same id");
+        assert!(keys.open("another purpose", &sealed).is_none(), "sealed for another purpose");
         // Rotation: a new key first seals; the old one still opens what it sealed.
         let old_spec = format!("k1:{}", URL_SAFE_NO_PAD.encode([7u8; 32]));
         let old = SealKeys::parse(&old_spec).expect("old");
         let rotated =
             SealKeys::parse(&format!("{},{old_spec}", SealKeys::generate("k2"))).expect("rotated");
-        let by_old = old.seal(b"x").expect("seal");
-        assert_eq!(rotated.open(&by_old).as_deref(), Some(&b"x"[..]));
-        assert!(rotated.seal(b"x").expect("seal").starts_with("gs1.k2."));
+        let by_old = old.seal("t", b"x").expect("seal");
+        assert_eq!(rotated.open("t", &by_old).as_deref(), Some(&b"x"[..]));
+        assert!(rotated.seal("t", b"x").expect("seal").starts_with("gs1.k2."));
         let twice = format!("{old_spec},{old_spec}");
         for bad in ["", "k1", "k1:short", &old_spec.replacen("k1", "k!", 1), &twice] {
             assert!(SealKeys::parse(bad).is_err(), "{bad:?}");

@@ -109,7 +109,7 @@ impl ServerHandler for Server {
                 Some(Completion::PersonApproves) => {
                     let mut tool = t.tool.clone();
                     let described = tool.description.as_deref().unwrap_or_default();
-                    tool.description = Some(format!("{described} In this tenant a person approves it in the Gatehouse console; the agent cannot complete it.").into());
+                    tool.description = Some(format!("{described} In this tenant a person must approve it in the Gatehouse console: the agent cannot complete it, and confirm_action only reports the outcome.").into());
                     Some(tool)
                 }
                 _ => Some(t.tool.clone()),

@@ -19,6 +19,9 @@ use shared::services::actions::{self, ConfirmState};
 
 use crate::AppState;
 
+/// What the workers' sealed states are for (bound into the seal).
+const PURPOSE: &str = "gatehouse/mrtr-confirm/v1";
+
 /// The key of the one input request a confirmation asks for.
 pub const CONFIRM_INPUT: &str = "confirm";
 
@@ -49,7 +52,7 @@ pub async fn ask(
     let bound =
         actions::confirm_state(&state.ds, ctx, preview, actions::request_digest(arguments)).await?;
     let plain = serde_json::to_vec(&bound).map_err(|e| Error::Internal(e.to_string()))?;
-    let sealed = keys.seal(&plain).map_err(Error::Internal)?;
+    let sealed = keys.seal(PURPOSE, &plain).map_err(Error::Internal)?;
     let message = format!(
         "{}\n\nNothing has happened yet. Accept to do exactly this once; decline to drop it.",
         preview["confirm_summary"].as_str().unwrap_or_default()
@@ -80,7 +83,7 @@ pub async fn resume(
             refused("this server issued no requestState; call the tool without one")
         })?;
     let bound: ConfirmState = keys
-        .open(sealed)
+        .open(PURPOSE, sealed)
         .and_then(|plain| serde_json::from_slice(&plain).ok())
         .ok_or_else(|| refused("requestState is not one this server issued, or it was changed; call the tool again without it"))?;
     let answer = responses.and_then(|r| r.get(CONFIRM_INPUT)).and_then(|a| a["action"].as_str());

@@ -3334,7 +3334,14 @@ async fn a_booking_with_ten_thousand_notes_answers_with_a_bounded_page() {
             .as_array()
             .expect("notes")
             .iter()
-            .map(|n| n["untrusted"]["untrusted_text"].as_str().unwrap_or_default().chars().take(12).collect())
+            .map(|n| {
+                n["untrusted"]["untrusted_text"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(12)
+                    .collect()
+            })
             .collect()
     };
     assert!(texts(&first).last().expect("last").starts_with("Note 10000"), "{:?}", texts(&first));

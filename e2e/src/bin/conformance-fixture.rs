@@ -101,14 +101,17 @@ impl Fixture {
     fn seal(&self, tool: &str, step: u8) -> String {
         let nonce = SealKeys::generate("n");
         let state = json!({"tool": tool, "step": step, "nonce": nonce});
-        self.keys.seal(state.to_string().as_bytes()).expect("sealing")
+        self.keys.seal("conformance-fixture", state.to_string().as_bytes()).expect("sealing")
     }
 
     /// Opens a state this tool sealed, once: a tampered, foreign or reused one is an invalid
     /// request (-32602).
     fn open(&self, tool: &str, raw: &str) -> Result<u8, ErrorData> {
-        let state: Value =
-            self.keys.open(raw).and_then(|p| serde_json::from_slice(&p).ok()).ok_or_else(|| {
+        let state: Value = self
+            .keys
+            .open("conformance-fixture", raw)
+            .and_then(|p| serde_json::from_slice(&p).ok())
+            .ok_or_else(|| {
                 ErrorData::invalid_params("requestState integrity check failed", None)
             })?;
         if state["tool"] != tool {

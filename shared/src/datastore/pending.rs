@@ -30,6 +30,8 @@ pub struct PendingRow {
     pub connection_status: String,
     pub result: Option<Value>,
     pub decision_reason: Option<String>,
+    /// The handle of the version that replaced it, when it changed before approval.
+    pub replaced_by: Option<String>,
 }
 
 pub struct NewPending<'a> {
@@ -83,7 +85,7 @@ pub(crate) async fn pending_insert(
 const PENDING_LOCKED_SQL: &str =
     "SELECT p.id, p.handle, p.connection_id, p.tool, p.args, p.content_hash, p.summary, p.status,
             p.expires_at <= now() AS expired, p.created_at, p.completion, p.approver_not_creator,
-            c.creator_id, c.status AS connection_status, p.result, p.decision_reason
+            c.creator_id, c.status AS connection_status, p.result, p.decision_reason, p.replaced_by
      FROM pending_actions p JOIN connections c ON c.id = p.connection_id WHERE p.id = $1";
 
 /// Takes the advisory lock of a pending action for the rest of the transaction and reads it
@@ -164,6 +166,7 @@ impl Services {
     pub(crate) async fn pending_awaiting(
         &self,
         ctx: &OpCtx,
+        tools: &[String],
         limit: i64,
     ) -> Result<Vec<AwaitingRow>> {
         Ok(sqlx::query_as::<_, AwaitingRow>(
@@ -173,23 +176,29 @@ impl Services {
              JOIN connections c ON c.id = p.connection_id
              JOIN people pe ON pe.id = c.creator_id
              WHERE p.tenant_id = $1 AND p.status = 'pending' AND p.completion = 'person_approves'
-               AND p.expires_at > now() AND c.status = 'active'
+               AND p.expires_at > now() AND c.status = 'active' AND p.tool = ANY($3)
              ORDER BY p.created_at, p.id LIMIT $2",
         )
         .bind(ctx.tenant_id())
         .bind(limit)
+        .bind(tools)
         .fetch_all(self.pool())
         .await?)
     }
 
     /// How many actions wait for a person in the tenant.
-    pub(crate) async fn pending_awaiting_count(&self, ctx: &OpCtx) -> Result<i64> {
+    pub(crate) async fn pending_awaiting_count(
+        &self,
+        ctx: &OpCtx,
+        tools: &[String],
+    ) -> Result<i64> {
         Ok(sqlx::query_scalar(
             "SELECT count(*) FROM pending_actions p JOIN connections c ON c.id = p.connection_id
              WHERE p.tenant_id = $1 AND p.status = 'pending' AND p.completion = 'person_approves'
-               AND p.expires_at > now() AND c.status = 'active'",
+               AND p.expires_at > now() AND c.status = 'active' AND p.tool = ANY($2)",
         )
         .bind(ctx.tenant_id())
+        .bind(tools)
         .fetch_one(self.pool())
         .await?)
     }
@@ -313,4 +322,62 @@ pub(crate) async fn pending_expiry(tx: &mut Tx<'_>, id: i64) -> Result<i64> {
     .bind(id)
     .fetch_one(&mut **tx)
     .await?)
+}
+
+/// Hands a pending action to a person (the tenant's policy changed since it was prepared).
+pub(crate) async fn pending_to_person(tx: &mut Tx<'_>, id: i64, not_creator: bool) -> Result<()> {
+    sqlx::query(
+        "UPDATE pending_actions SET completion = 'person_approves', approver_not_creator = $2 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(not_creator)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Records the version that replaced a pending action, and moves its token there so the agent
+/// that asked can follow the outcome.
+pub(crate) async fn pending_replaced(tx: &mut Tx<'_>, id: i64, newer: &str) -> Result<()> {
+    // Two statements, in this order: the token hash is unique, so the old row lets go first.
+    let token: Vec<u8> = sqlx::query_scalar(
+        "UPDATE pending_actions p SET replaced_by = $2, token_hash = sha256(old.token_hash || 'replaced'::bytea)
+         FROM (SELECT token_hash FROM pending_actions WHERE id = $1) old
+         WHERE p.id = $1 RETURNING old.token_hash",
+    )
+    .bind(id)
+    .bind(newer)
+    .fetch_one(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE pending_actions SET token_hash = $2 WHERE handle = $1")
+        .bind(newer)
+        .bind(token)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// A connection's stored rights, its creator's role, and whether creator and membership are active.
+type LiveRightsRow = (Vec<String>, Option<String>, bool, Option<bool>);
+
+/// The live rights of a connection: its stored rights cut to its creator's current role, or
+/// `None` when the creator is no longer an active member (R4).
+pub(crate) async fn connection_live_rights(
+    tx: &mut Tx<'_>,
+    connection_id: i64,
+) -> Result<Option<crate::rights::RightSet>> {
+    let row: Option<LiveRightsRow> = sqlx::query_as(
+        "SELECT c.rights, m.role, p.active, m.active FROM connections c
+         JOIN people p ON p.id = c.creator_id
+         LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
+         WHERE c.id = $1",
+    )
+    .bind(connection_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.and_then(|(rights, role, person_active, member_active)| {
+        let role: crate::rights::Role = role?.parse().ok()?;
+        (person_active && member_active == Some(true))
+            .then(|| crate::rights::RightSet::parse_lenient(&rights).intersect(role.rights()))
+    }))
 }

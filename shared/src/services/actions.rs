@@ -421,7 +421,7 @@ async fn store_preview(
     let expires =
         time::present(to_ts(expires_at), &ctx.tenant().zone, &ctx.tenant().zone_name, now);
     if person {
-        tell_approvers(tx, ctx, op, (id, &handle), plan, completes, &expires.display).await?;
+        tell_approvers(tx, ctx, op, (id, &handle), completes, &expires.display).await?;
     }
     Ok(json!({
         "status": if person { "AWAITING_APPROVAL" } else { "PREVIEW" },
@@ -445,7 +445,6 @@ async fn tell_approvers(
     ctx: &OpCtx,
     op: Op,
     pending: (i64, &str),
-    plan: &Plan,
     completes: Completes,
     expires: &str,
 ) -> Result<()> {
@@ -457,9 +456,12 @@ async fn tell_approvers(
             continue;
         }
         let key = format!("{}:approval:{person_id}", pending.1);
+        // Tool, connection, action and expiry only: no customer data and no text the agent
+        // wrote reaches the approvers' inboxes; the console shows the rest to who may see it.
         let body = format!(
-            "The agent connection \"{asker}\" asks to: {}\n\nNothing happens unless someone approves it in the Gatehouse console under Approvals (action {}), before {expires}.",
-            plan.summary, pending.1
+            "The agent connection \"{asker}\" prepared {} (action {}). Nothing happens unless someone approves it in the Gatehouse console under Approvals, before {expires}.",
+            op.name(),
+            pending.1
         );
         db::outbox_insert(
             tx,
@@ -468,10 +470,7 @@ async fn tell_approvers(
                 pending_action_id: Some(pending.0),
                 channel: "email",
                 recipient: &email,
-                subject: &format!(
-                    "Approval needed: {}",
-                    plan.summary.chars().take(120).collect::<String>()
-                ),
+                subject: &format!("Approval needed: {} from {asker}", op.name()),
                 body: &body,
                 idempotency_key: &key,
             },
@@ -590,10 +589,19 @@ pub async fn confirm(
                     p.decision_reason.as_deref().unwrap_or("no reason given")
                 ),
             )),
-            "superseded" => Err(refused(
-                ActionRefusal::Used,
-                format!("action {} changed before it was approved and was replaced", p.handle),
-            )),
+            "superseded" => match p.replaced_by.as_deref() {
+                Some(newer) => Err(refused(
+                    ActionRefusal::AwaitingApproval,
+                    format!(
+                        "action {} changed before it was approved; its new version {newer} waits for a person (this token follows it)",
+                        p.handle
+                    ),
+                )),
+                None => Err(refused(
+                    ActionRefusal::Used,
+                    format!("action {} no longer applies and was dropped", p.handle),
+                )),
+            },
             _ if p.expired => Err(refused(
                 ActionRefusal::Expired,
                 format!("action {} expired before anyone approved it", p.handle),
@@ -654,6 +662,35 @@ async fn execute(
         .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
     if let Err(e) = ctx.require(op.right()) {
         return Err(refuse(tx, ctx, &p.tool, p.id, e).await);
+    }
+    // The policy as it is now, not as it was at the preview: an action the tenant has since
+    // turned off dies, and one a person must now approve goes to them instead.
+    let (mode, approver_not_creator) = approvals::policy_tx(&mut tx, ctx).await?.for_op(op);
+    match mode {
+        Completion::AgentConfirms => {}
+        Completion::Off => {
+            db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+            let error = Error::TurnedOff { tool: op.name().to_owned(), class: op.class().as_str() };
+            return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
+        }
+        Completion::PersonApproves => {
+            db::pending_to_person(&mut tx, p.id, approver_not_creator).await?;
+            let completes =
+                Completes { connection_id: p.connection_id, mode, approver_not_creator };
+            let expires = db::pending_expiry(&mut tx, p.id).await?;
+            let expires = jiff::Timestamp::from_second(expires).unwrap_or(now);
+            let expires =
+                time::present(expires, &ctx.tenant().zone, &ctx.tenant().zone_name, now).display;
+            tell_approvers(&mut tx, ctx, op, (p.id, &p.handle), completes, &expires).await?;
+            tx.commit().await?;
+            return Err(refused(
+                ActionRefusal::AwaitingApproval,
+                format!(
+                    "the tenant now requires a person's approval: action {} waits in the console",
+                    p.handle
+                ),
+            ));
+        }
     }
     let at = At { now, previewed: to_ts(p.created_at) };
     let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
@@ -716,6 +753,15 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
         Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
     };
+    if p.completion == Completion::PersonApproves.as_str() {
+        return Err(refused(
+            ActionRefusal::AwaitingApproval,
+            format!(
+                "action {} is a person's to approve or deny in the console, not the agent's",
+                p.handle
+            ),
+        ));
+    }
     if p.status != "pending" {
         return Err(refuse(
             tx,
@@ -775,6 +821,13 @@ pub(crate) async fn decide(
     let op = Op::by_name(&p.tool)
         .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
     ctx.require(op.right())?;
+    // The rule on who may approve is the stricter of the one stored and the one now in force.
+    let (now_mode, now_not_creator) = approvals::policy_tx(&mut tx, ctx).await?.for_op(op);
+    let not_creator = p.approver_not_creator || now_not_creator;
+    // The connection that asked must still hold the right: its creator may have been demoted.
+    let asker_holds = db::connection_live_rights(&mut tx, p.connection_id)
+        .await?
+        .is_some_and(|rights| rights.contains(op.right()));
     let refusal = match p.status.as_str() {
         "executed" | "rejected" | "superseded" => Some(refused(
             ActionRefusal::Used,
@@ -787,7 +840,19 @@ pub(crate) async fn decide(
             message: format!("the connection that asked for action {} was revoked", p.handle),
             use_instead: None,
         }),
-        _ if approve && p.approver_not_creator && p.creator_id == person => Some(Error::WrongState {
+        _ if approve && now_mode == Completion::Off => Some(Error::TurnedOff {
+            tool: op.name().to_owned(),
+            class: op.class().as_str(),
+        }),
+        _ if approve && !asker_holds => Some(Error::WrongState {
+            message: format!(
+                "the connection that asked for action {} no longer holds {} (its creator's role changed)",
+                p.handle,
+                op.right().as_str()
+            ),
+            use_instead: None,
+        }),
+        _ if approve && not_creator && p.creator_id == person => Some(Error::WrongState {
             message: "this tenant's policy needs someone other than the connection's creator to approve it".into(),
             use_instead: None,
         }),
@@ -805,7 +870,7 @@ pub(crate) async fn decide(
             outcome: "denied",
             targets: Vec::new(),
             pending_action: Some(p.id),
-            reason: Some(&reason),
+            reason: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
@@ -830,7 +895,7 @@ pub(crate) async fn decide(
                 outcome: "failed",
                 targets: Vec::new(),
                 pending_action: Some(p.id),
-                reason: Some(&reason),
+                reason: None,
             };
             db::audit_insert(&mut tx, ctx, entry).await?;
             tx.commit().await?;
@@ -847,8 +912,10 @@ pub(crate) async fn decide(
             approver_not_creator: p.approver_not_creator,
         };
         let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
-        tx.commit().await?;
         let replaced_by = preview["action"].as_str().unwrap_or_default().to_owned();
+        // The agent's token follows the action to its new version.
+        db::pending_replaced(&mut tx, p.id, &replaced_by).await?;
+        tx.commit().await?;
         return Ok(Decided::Changed { action: p.handle, replaced_by });
     }
     let result = apply(&mut tx, ctx, &plan, (p.id, &p.handle), now).await?;
@@ -859,12 +926,14 @@ pub(crate) async fn decide(
     db::audit_insert(
         &mut tx,
         ctx,
+        // The person's free-text reason stays on the pending action (the agent is told it);
+        // the audit keeps tool, outcome and public ids (R23).
         AuditEntry {
             action: op.name(),
             outcome: "ok",
             targets: plan.targets.clone(),
             pending_action: Some(p.id),
-            reason: Some(&reason),
+            reason: None,
         },
     )
     .await?;

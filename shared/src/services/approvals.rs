@@ -210,14 +210,24 @@ fn utc(t: chrono::DateTime<chrono::Utc>) -> String {
     crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// The actions waiting for a person in the tenant, oldest first. Only a member who could
-/// approve something sees them.
+/// The tools whose actions this person could approve: only those are shown to them (a person
+/// who may page technicians does not read customer emails waiting for someone else).
+fn approvable(ctx: &OpCtx) -> Vec<String> {
+    Op::ALL
+        .iter()
+        .filter(|op| ctx.rights().contains(op.right()))
+        .map(|op| op.name().to_owned())
+        .collect()
+}
+
+/// The actions waiting for a person in the tenant that this person could approve, oldest first.
 pub async fn awaiting(ds: &Services, ctx: &OpCtx) -> Result<Vec<Awaiting>> {
-    if !Op::ALL.iter().any(|op| ctx.rights().contains(op.right())) {
+    let tools = approvable(ctx);
+    if tools.is_empty() {
         return Err(Error::Forbidden { right: Right::BookingsNotify });
     }
     Ok(ds
-        .pending_awaiting(ctx, 200)
+        .pending_awaiting(ctx, &tools, 200)
         .await?
         .into_iter()
         .map(|r| Awaiting {
@@ -236,10 +246,11 @@ pub async fn awaiting(ds: &Services, ctx: &OpCtx) -> Result<Vec<Awaiting>> {
 
 /// How many actions wait for a person (the console's navigation count).
 pub async fn awaiting_count(ds: &Services, ctx: &OpCtx) -> Result<i64> {
-    if !Op::ALL.iter().any(|op| ctx.rights().contains(op.right())) {
+    let tools = approvable(ctx);
+    if tools.is_empty() {
         return Ok(0);
     }
-    ds.pending_awaiting_count(ctx).await
+    ds.pending_awaiting_count(ctx, &tools).await
 }
 
 /// What a person's decision came to.
