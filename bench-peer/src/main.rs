@@ -21,19 +21,27 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Row};
 
-const LOOKUP: &str = "SELECT b.handle, b.status, b.starts_at::text AS starts_at, b.zone, b.total_minor, b.currency::text AS currency,
-        c.handle AS customer, c.name AS customer_name, s.name AS service
- FROM bookings b JOIN customers c ON c.id = b.customer_id JOIN services s ON s.id = b.service_id
- WHERE b.tenant_id = $1 AND b.handle = $2";
+/// Gatehouse's own booking statement (customer, technician, service, the latest notes and their
+/// count), so the peers differ from a gated call by the gates and the presenter only.
+fn lookup_sql() -> &'static str {
+    shared::services::read_path_statements().1
+}
 
 async fn lookup(pool: &PgPool, tenant: i64, handle: &str) -> Value {
-    match sqlx::query(LOOKUP).bind(tenant).bind(handle).fetch_optional(pool).await {
+    let query = sqlx::query(lookup_sql())
+        .bind(tenant)
+        .bind(handle)
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(None::<String>);
+    match query.fetch_optional(pool).await {
         Ok(Some(r)) => json!({
             "booking": r.get::<String, _>("handle"), "status": r.get::<String, _>("status"),
-            "starts_at": r.get::<String, _>("starts_at"), "zone": r.get::<String, _>("zone"),
+            "starts_at": r.get::<chrono::DateTime<chrono::Utc>, _>("starts_at").to_rfc3339(),
+            "zone": r.get::<String, _>("zone"),
             "total_minor": r.get::<i64, _>("total_minor"), "currency": r.get::<String, _>("currency"),
-            "customer": r.get::<String, _>("customer"), "customer_name": r.get::<String, _>("customer_name"),
-            "service": r.get::<String, _>("service"),
+            "customer": r.get::<String, _>("customer_handle"), "customer_name": r.get::<String, _>("customer_name"),
+            "service": r.get::<String, _>("service_name"),
+            "notes": r.get::<Value, _>("notes"), "notes_total": r.get::<i64, _>("notes_total"),
         }),
         Ok(None) => json!({"error": "not found"}),
         Err(e) => json!({"error": e.to_string()}),

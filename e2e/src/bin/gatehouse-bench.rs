@@ -337,10 +337,11 @@ async fn main() -> Result<()> {
     opts.log_level = "warn".into();
     opts.db_pool = 16;
     let mut stack = Stack::start(opts).await?;
-    // The benchmark is a load drill: lift this tenant's write buckets.
+    // The benchmark is a load drill: lift this tenant's buckets (reads included, through the
+    // tenant override), so the scenarios measure the work of a call, not a refusal.
     psql(
         &stack.database_url,
-        "INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT t.id, c, 100000000 FROM tenants t, unnest(ARRAY['silent_write', 'notify']) c",
+        "INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT t.id, c, 100000000 FROM tenants t, unnest(ARRAY['read', 'silent_write', 'notify']) c",
     )?;
     let token = stack.token(0, 0);
     let http = reqwest::Client::new();
@@ -404,8 +405,6 @@ async fn main() -> Result<()> {
     let mut reader_tokens = Vec::new();
     for i in 0..READ_CONNECTIONS {
         let c = stack.ctl(&[
-            "--as",
-            &creator,
             "connection",
             "create",
             "--tenant",
@@ -504,6 +503,9 @@ async fn main() -> Result<()> {
     );
     // What one connection sees past its read bucket: refusals naming the bucket, counted as
     // such, never as fast reads.
+    // Back to the default read bucket for this one: the override arrives with each call's
+    // context, so the next call already counts against 600 a minute.
+    psql(&stack.database_url, "DELETE FROM tenant_rate_limits WHERE class = 'read'")?;
     let one = Target { tokens: Arc::new(vec![token.clone()]), ..get(&w1) };
     rows.push(
         load(
@@ -671,15 +673,20 @@ async fn main() -> Result<()> {
          the plain peer is the same lookup as JSON over axum + sqlx; pgbench runs Gatehouse's two statements alone.\n\n\
          Only answers a user wanted count as calls/s and in the latencies: HTTP 200, a JSON-RPC result, `isError` \
          false, and for writes `replayed` false (the checker parses every answer; `e2e::bench`, tested in the e2e \
-         suite). Everything else is listed by kind. Read scenarios spread their calls over {readers} connections of \
-         the same person and rights, so no connection's read bucket (600 a minute per worker) is reached; the last \
-         scenario shows what one connection sees when it is.\n\n\
+         suite). Everything else is listed by kind. For the read scenarios the tenant's read limit is lifted (a tenant \
+         override, as an operator would set it for a load drill) and calls are spread over {readers} connections of the \
+         same person and rights, so they measure the read path, not a bucket; the last scenario restores the default \
+         (600 a minute per connection and worker) and shows what one connection sees past it.\n\n\
+         **Figures on this page before 2026-12-01 are void**: the old checker looked for the 14-byte text \
+         `\"isError\":true` in 13-byte windows, so it never saw an error, and every read ran on one connection whose \
+         read bucket refused all but a few hundred calls a minute, so its \"5,519 calls/s, 0 errors\" and \"82 % of the \
+         bare peer\" were mostly refusals counted as fast reads.\n\n\
          | scenario | ok calls/s | p50 ms | p99 ms | server CPU ms per call | calls sent | not ok, by kind |\n\
          |---|---|---|---|---|---|---|\n{table}\
          | confirm_action (confirmed notify: lock, checks, re-plan, outbox, audit), nginx over two workers | {confirm_rate:.0} | – | – | – | {confirmed} | {cerr} |\n\n\
          ## Ratios\n\n\
          - Gatehouse `get_booking` through every gate, one worker: **{g_bare:.0} %** of the bare rmcp peer's rate \
-         (target ≥ 80 %), {g_plain:.0} % of plain axum + sqlx, {g_sql:.0} % of the database work alone.\n\
+         (target ≥ 95 %), {g_plain:.0} % of plain axum + sqlx, {g_sql:.0} % of the database work alone.\n\
          - CPU per call in the serving process: Gatehouse worker {c0:.3} ms, bare rmcp peer {cb:.3} ms, plain axum + sqlx \
          {cp:.3} ms: the gates, the second query and the presenters cost {gate:.3} ms per call.\n\
          - Worker CPU per call, nginx over one worker vs two: {c1:.3} ms vs {c2:.3} ms ({cdiff:+.0} %; target within 10 %).\n\
@@ -710,10 +717,10 @@ async fn main() -> Result<()> {
         readers = READ_CONNECTIONS,
         cerr = 400 - confirmed,
         sql = r(7),
-        verdict = if r(0) >= 0.8 * r(5) {
-            "In this run the gated read meets the 80 % target against the bare peer."
+        verdict = if r(0) >= 0.95 * r(5) {
+            "In this run the gated read meets the 95 % target against the bare peer."
         } else {
-            "In this run the gated read misses the 80 % target against the bare peer."
+            "In this run the gated read misses the 95 % target against the bare peer."
         },
         g_bare = 100.0 * r(0) / r(5),
         g_plain = 100.0 * r(0) / r(6),
