@@ -31,7 +31,6 @@ ensure_packages() {
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
   [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
-  command -v python3 >/dev/null || missing+=(python3 python3-venv)
   if [ ${#missing[@]} -gt 0 ]; then
     # shellcheck disable=SC2207
     missing=($(printf '%s\n' "${missing[@]}" | sort -u))
@@ -80,11 +79,19 @@ ensure_venv() {
   "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP_SDK_VERSION" pyyaml jsonschema aiosmtpd
 }
 
-ensure_all() {
+# What running Gatehouse needs (scripts/dev, scripts/bench): Postgres, NATS, nginx, started.
+ensure_running() {
   command -v cargo >/dev/null || { echo "cargo is required (the machine's Rust toolchain)" >&2; exit 1; }
   ensure_packages
   ensure_postgres
   ensure_nats
+}
+
+# What the test suite needs on top (scripts/test): the Python SDK, Chromium and playwright-core,
+# Node 22 with the MCP Inspector, the conformance suite and the TypeScript SDK.
+ensure_all() {
+  ensure_running
+  command -v python3 >/dev/null || apt_install python3 python3-venv
   ensure_venv
   ensure_browser
   ensure_mcp_tools

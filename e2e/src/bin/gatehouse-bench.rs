@@ -204,7 +204,8 @@ async fn load(name: &str, t: &Target, args: &Args, pids: &[u32]) -> Result<Figur
         cpu_ms_per_call: if pids.is_empty() {
             None
         } else {
-            cpu.map(|c| c / latencies.len().max(1) as f64)
+            // Per call sent: a refusal costs the server too.
+            cpu.map(|c| c / (latencies.len() + failed).max(1) as f64)
         },
     })
 }
