@@ -729,8 +729,27 @@ async fn execute(
         tx.commit().await?;
         return Err(Error::ChangedSincePreview { preview: Box::new(preview) });
     }
-    let result = apply(&mut tx, ctx, &plan, (p.id, &p.handle), now).await?;
-    let out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary, "result": result});
+    run_once(tx, ctx, op, &p, &plan, None, now).await
+}
+
+/// Executes a re-planned action once and commits: its changes and messages, the action marked
+/// executed with what it returned (and who approved it, if a person did), one audit row that
+/// keeps tool, outcome and public ids (R19, R23; a person's reason stays on the action).
+async fn run_once(
+    mut tx: Tx<'static>,
+    ctx: &OpCtx,
+    op: Op,
+    p: &db::PendingRow,
+    plan: &Plan,
+    approved: Option<(i64, &str)>,
+    now: Timestamp,
+) -> Result<Value> {
+    let result = apply(&mut tx, ctx, plan, (p.id, &p.handle), now).await?;
+    let mut out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary, "result": result});
+    if let Some((person, reason)) = approved {
+        out["approved"] = json!({"by": ctx.actor_handle(), "reason": reason});
+        db::pending_decided_by(&mut tx, p.id, Some(person), reason).await?;
+    }
     db::pending_decide(&mut tx, p.id, "executed", Some(&out)).await?;
     db::audit_insert(
         &mut tx,
@@ -918,26 +937,7 @@ pub(crate) async fn decide(
         tx.commit().await?;
         return Ok(Decided::Changed { action: p.handle, replaced_by });
     }
-    let result = apply(&mut tx, ctx, &plan, (p.id, &p.handle), now).await?;
-    let out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary,
-        "approved": {"by": ctx.actor_handle(), "reason": reason}, "result": result});
-    db::pending_decide(&mut tx, p.id, "executed", Some(&out)).await?;
-    db::pending_decided_by(&mut tx, p.id, Some(person), &reason).await?;
-    db::audit_insert(
-        &mut tx,
-        ctx,
-        // The person's free-text reason stays on the pending action (the agent is told it);
-        // the audit keeps tool, outcome and public ids (R23).
-        AuditEntry {
-            action: op.name(),
-            outcome: "ok",
-            targets: plan.targets.clone(),
-            pending_action: Some(p.id),
-            reason: None,
-        },
-    )
-    .await?;
-    tx.commit().await?;
+    let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
     Ok(Decided::Executed { action: p.handle, result: out })
 }
 
