@@ -1262,6 +1262,19 @@ async fn the_mcp_inspector_lists_and_calls_tools_in_both_protocol_eras() {
             "{era}: an unknown field is a tool error: {stderr}"
         );
     }
+    // Every tool's input and output schema passes the Inspector's strict portability check
+    // (OpenAI strict mode, Gemini function declarations): no type arrays, every property typed.
+    // The all-rights connection lists every tool.
+    let (ok, listed, report) =
+        inspector_run(&url, &stack.token(0, 0), "modern", &["--method", "tools/list", "--strict"]);
+    assert!(ok, "--strict failed: {report}");
+    let tools =
+        serde_json::from_str::<Value>(&listed).expect("json")["tools"].as_array().map(Vec::len);
+    assert!(tools.is_some_and(|n| n >= 20), "every tool was checked: {tools:?}");
+    assert!(
+        !report.contains("Warning:") && !report.contains("Error:"),
+        "strict portability problems:\n{report}"
+    );
 }
 
 #[tokio::test]

@@ -421,10 +421,52 @@ pub fn strip_numeric_formats(value: &mut Value) {
     }
 }
 
+/// Rewrites a schema for strict clients (OpenAI strict mode, Gemini function declarations, the
+/// Inspector's `--strict` check): a `type` array such as `["string", "null"]` becomes `anyOf`
+/// branches of one type each, the keywords that constrain the value moving into its non-null
+/// branch; what it accepts does not change.
+pub fn portable(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.values_mut().for_each(portable);
+            let types = match map.get("type") {
+                Some(Value::Array(types)) if !map.contains_key("anyOf") => types.clone(),
+                _ => return,
+            };
+            map.remove("type");
+            // What describes the property stays on it; what constrains the value goes with
+            // each typed branch.
+            let kept = ["description", "title", "default", "examples", "deprecated"];
+            let constraints: Map<String, Value> = map
+                .iter()
+                .filter(|(k, _)| !kept.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            map.retain(|k, _| kept.contains(&k.as_str()));
+            let branches: Vec<Value> = types
+                .into_iter()
+                .map(|t| {
+                    if t == "null" {
+                        json!({"type": "null"})
+                    } else {
+                        let mut branch = constraints.clone();
+                        branch.insert("type".into(), t);
+                        Value::Object(branch)
+                    }
+                })
+                .collect();
+            map.insert("anyOf".into(), Value::Array(branches));
+        }
+        Value::Array(items) => items.iter_mut().for_each(portable),
+        _ => {}
+    }
+}
+
 /// An output schema covering the success type and the error shape.
 pub fn output_schema(success: schemars::Schema) -> Map<String, Value> {
     let mut success = success.to_value();
     strip_numeric_formats(&mut success);
+    portable(&mut success);
     let defs = success.as_object_mut().and_then(|o| {
         o.remove("$schema");
         o.remove("title");

@@ -206,6 +206,7 @@ pub struct ExportSummary {
     /// The first bookings of the range; page through the rest with find_bookings.
     pub first: Vec<String>,
     /// Arguments for find_bookings that continue after `first`.
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub continue_with: Option<serde_json::Value>,
 }
 

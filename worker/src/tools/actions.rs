@@ -32,6 +32,7 @@ pub struct Preview {
     confirm_summary: String,
     expires: TimeView,
     /// The details of what will be sent or changed.
+    #[schemars(with = "serde_json::Map<String, Value>")]
     effect: Value,
     next: String,
 }
@@ -46,6 +47,7 @@ pub struct Executed {
     tool: String,
     summary: String,
     /// What changed and how many messages were queued.
+    #[schemars(with = "serde_json::Map<String, Value>")]
     result: Value,
 }
 

@@ -259,6 +259,7 @@ fn input_schema<I: JsonSchema>() -> JsonObject {
     let schema = schemars::SchemaGenerator::default().into_root_schema_for::<I>();
     let mut value = schema.to_value();
     results::strip_numeric_formats(&mut value);
+    results::portable(&mut value);
     let mut object = value.as_object().cloned().unwrap_or_default();
     object.remove("$schema");
     object.insert("additionalProperties".into(), Value::Bool(false));
