@@ -54,7 +54,14 @@ pub async fn take_shared(ds: &Services, ctx: &OpCtx, class: &'static str) -> Res
 /// Per-worker fixed windows for reads.
 #[derive(Default)]
 pub struct LocalBuckets {
-    windows: Mutex<HashMap<i64, (i64, i32)>>,
+    windows: Mutex<Windows>,
+}
+
+/// The read windows of one worker, and the minute they were last pruned in.
+#[derive(Default)]
+struct Windows {
+    by_connection: HashMap<i64, (i64, i32)>,
+    pruned: i64,
 }
 
 impl LocalBuckets {
@@ -63,10 +70,13 @@ impl LocalBuckets {
         let Some(connection) = ctx.connection() else { return Ok(()) };
         let minute = now_secs.div_euclid(60);
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
-        if windows.len() > 10_000 {
-            windows.retain(|_, (m, _)| *m == minute);
+        // Windows of past minutes are dropped once a minute, not on every call: with many
+        // connections a sweep per call would make every read pay for all of them.
+        if windows.pruned != minute {
+            windows.by_connection.retain(|_, (m, _)| *m == minute);
+            windows.pruned = minute;
         }
-        let entry = windows.entry(connection.id).or_insert((minute, 0));
+        let entry = windows.by_connection.entry(connection.id).or_insert((minute, 0));
         if entry.0 != minute {
             *entry = (minute, 0);
         }
