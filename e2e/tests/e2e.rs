@@ -1923,6 +1923,14 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert_eq!(approved, 1, "exactly one approval executes: {a:?} {b:?}");
     assert!(c["isError"] == true || c["structuredContent"]["status"] == "EXECUTED", "{c}");
     assert_eq!(sent_to_customer(), 1, "one email to the customer");
+    // The person's approval is the agent's change too: its connection names it.
+    let recent = tool_call(&stack.lb_url, &token, "list_recent_changes", json!({})).await;
+    let executed = recent["structuredContent"]["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .any(|c| c["action"] == "send_customer_message" && c["outcome"] == "ok");
+    assert!(executed, "the agent's recent changes show what a person approved for it: {recent}");
     let done = tool_call(&stack.lb_url, &token, "confirm_action", confirm).await;
     assert_eq!(
         done["structuredContent"]["status"], "EXECUTED",

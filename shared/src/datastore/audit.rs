@@ -88,7 +88,9 @@ impl<'a> AuditEntry<'a> {
 }
 
 /// Writes one audit row from the context: channel, actor, connection and client name come from
-/// the entry point (R19), never from the caller's arguments.
+/// the entry point (R19), never from the caller's arguments. A row about a pending action
+/// written outside a connection (a person approving it in the console) names the connection
+/// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
 pub(crate) async fn audit_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
@@ -98,7 +100,11 @@ pub(crate) async fn audit_insert(
     sqlx::query(
         "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
                                 client_name, action, outcome, targets, request_id, pending_action_id, reason)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
+                $7, $8, $9, $10, $11, $12
+         FROM (SELECT 1) one
+         LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
+         LEFT JOIN connections c ON c.id = p.connection_id",
     )
     .bind(ctx.tenant_id())
     .bind(ctx.channel().as_str())
