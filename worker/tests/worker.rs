@@ -3171,6 +3171,16 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
     .await;
     assert_eq!(elsewhere["isError"], true, "another tool: {elsewhere}");
     assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 0);
+    // Each refused state that named this tenant's action was audited with it: other arguments,
+    // another tool. (The tampered one named nothing that opens; the read-only connection was
+    // refused for its rights before any state was looked at.)
+    assert_eq!(
+        stack
+            .db
+            .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'send_customer_message.confirm' AND outcome = 'refused'")
+            .await,
+        2
+    );
     // Accepted, on another worker: executes once; the same state again executes nothing.
     let done = elicit_call(
         &stack,

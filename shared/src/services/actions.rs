@@ -1010,32 +1010,33 @@ pub async fn confirm_sealed(
             format!("requestState {why}; call the tool again without it for a new confirmation"),
         )
     };
-    if Some(state.connection) != ctx.connection().map(|c| c.id) {
-        return Err(refused(
-            ActionRefusal::OtherConnection,
-            "this requestState belongs to another connection",
-        ));
-    }
-    if state.tool != tool || state.request_digest != request_digest {
-        return Err(stale(
-            "was issued for another tool call (the tool and its arguments must be repeated exactly)",
-        ));
-    }
-    if state.expires <= now.as_second() {
-        return Err(refused(
-            ActionRefusal::Expired,
-            "the confirmation expired; call the tool again",
-        ));
-    }
     let mut tx = ds.begin().await?;
     let Some(p) = db::pending_lock_by_handle(&mut tx, ctx, &state.action).await? else {
         return Err(stale("names no action"));
     };
-    if p.connection_id != state.connection
+    // Every refusal of a state that names an action of this tenant is audited with it, as
+    // confirm_action's are.
+    let refusal = if Some(state.connection) != ctx.connection().map(|c| c.id) {
+        Some(refused(
+            ActionRefusal::OtherConnection,
+            "this requestState belongs to another connection",
+        ))
+    } else if state.tool != tool || state.request_digest != request_digest {
+        Some(stale(
+            "was issued for another tool call (the tool and its arguments must be repeated exactly)",
+        ))
+    } else if state.expires <= now.as_second() {
+        Some(refused(ActionRefusal::Expired, "the confirmation expired; call the tool again"))
+    } else if p.connection_id != state.connection
         || p.content_hash != state.content_hash
         || p.completion != Completion::AgentConfirms.as_str()
     {
-        return Err(stale("does not match its action"));
+        Some(stale("does not match its action"))
+    } else {
+        None
+    };
+    if let Some(error) = refusal {
+        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
     }
     if let Some(error) = state_refusal(&p) {
         return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
