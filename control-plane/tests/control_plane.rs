@@ -1676,6 +1676,21 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     form.retain(|(k, _)| k == "csrf");
     form.extend([("class".into(), "notify".into()), ("per_minute".into(), "12".into())]);
     assert_eq!(browser.post("/settings/rate-limit", &form).await.status(), 303);
+    // Above ten times the default only an operator may go.
+    let mut too_many = form.clone();
+    too_many.retain(|(k, _)| k != "per_minute");
+    too_many.push(("per_minute".into(), "301".into()));
+    assert_eq!(
+        browser.post("/settings/rate-limit", &too_many).await.status(),
+        422,
+        "notify's default is 30"
+    );
+    let (ok, raised) =
+        cli(&["rate-limit", "set", "--tenant", slug, "--class", "notify", "--per-minute", "5000"]);
+    assert!(ok, "an operator may go above the tenant ceiling: {raised}");
+    let (ok, _) =
+        cli(&["rate-limit", "set", "--tenant", slug, "--class", "notify", "--per-minute", "12"]);
+    assert!(ok);
     let forged =
         vec![("class".to_owned(), "notify".to_owned()), ("per_minute".to_owned(), "99".to_owned())];
     assert_eq!(browser.post("/settings/rate-limit", &forged).await.status(), 403);

@@ -175,6 +175,11 @@ impl OpCtx {
         }
     }
 
+    /// Whether a verified platform operator acts (the CLI's `--as`, the console's operator page).
+    pub(crate) fn is_operator(&self) -> bool {
+        matches!(self.actor, Actor::Operator { .. })
+    }
+
     /// The person behind the actor, for the audit's `actor_id`.
     pub fn actor_person_id(&self) -> Option<i64> {
         match &self.actor {

@@ -20,8 +20,11 @@ use crate::rights::Right;
 
 /// The classes with a bucket, in the order they are shown.
 pub const CLASSES: &[&str] = &["read", "silent_write", "notify", "wake", "alert", "delete"];
-/// The largest allowance a tenant may set.
+/// The largest allowance an operator may set.
 pub const MAX_PER_MINUTE: i32 = 1_000_000;
+/// How far above a class's default a tenant admin may raise it; beyond that the platform's
+/// capacity is at stake, and an operator decides.
+pub const TENANT_CEILING_FACTOR: i32 = 10;
 
 /// The default allowance per connection and minute, defined once.
 pub fn default_per_minute(class: &str) -> i32 {
@@ -143,6 +146,15 @@ pub async fn set_limit(
         return Err(Error::invalid(
             "per_minute",
             format!("give 1 to {MAX_PER_MINUTE} calls per minute, or `default`"),
+        ));
+    }
+    let ceiling = default_per_minute(class) * TENANT_CEILING_FACTOR;
+    if !ctx.is_operator() && per_minute.is_some_and(|n| n > ceiling) {
+        return Err(Error::invalid(
+            "per_minute",
+            format!(
+                "a tenant admin may set {class} up to {ceiling} calls per minute; beyond that a platform operator sets it (gatehousectl rate-limit set)"
+            ),
         ));
     }
     let mut tx = ds.begin().await?;
