@@ -2,7 +2,9 @@
 
 1. values.yaml validates against values.schema.json;
 2. every `.Values.…` path a template references exists in values.yaml and in the schema;
-3. every template is well-formed YAML once its template actions are stubbed.
+3. every template is well-formed YAML once its template actions are stubbed;
+4. the Grafana dashboard is valid JSON with queries, and every metric the dashboard and the alert
+   rules name is one the binaries export (read from their metric definitions).
 
 Exits non-zero with one line per problem.
 """
@@ -76,6 +78,40 @@ for template in templates:
                 problems.append(f"{template.name}: a document without kind/apiVersion")
     except yaml.YAMLError as e:
         problems.append(f"{template.name}: not well-formed YAML once stubbed: {e}")
+
+# The metrics the binaries export: names from their definitions, with their registry prefix.
+repo = chart.parent.parent
+exported: set[str] = set()
+for source, prefix in [
+    (repo / "worker" / "src" / "metrics.rs", "gatehouse_worker_"),
+    (repo / "control-plane" / "src" / "lib.rs", "gatehouse_control_plane_"),
+]:
+    for name in re.findall(r'(?:Opts|HistogramOpts|IntGauge)::new\(\s*"([a-z_]+)"', source.read_text()):
+        exported.add(prefix + name)
+if not exported:
+    problems.append("no metric definitions found in the worker or control plane")
+
+
+def metric_names(text: str) -> set[str]:
+    names = set(re.findall(r"\bgatehouse_[a-z_]+", text))
+    return {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
+
+
+dashboard_path = chart / "dashboards" / "gatehouse.json"
+try:
+    dashboard = json.loads(dashboard_path.read_text())
+    queries = [t.get("expr", "") for p in dashboard.get("panels", []) for t in p.get("targets", [])]
+    if not queries or not all(queries):
+        problems.append("dashboards/gatehouse.json: every panel needs queries")
+    for name in sorted(metric_names(" ".join(queries)) - exported):
+        problems.append(f"dashboards/gatehouse.json: {name} is not a metric the binaries export")
+except (OSError, json.JSONDecodeError) as e:
+    problems.append(f"dashboards/gatehouse.json: {e}")
+rules = (chart / "templates" / "monitoring.yaml").read_text()
+if "alert:" not in rules:
+    problems.append("templates/monitoring.yaml: no alert rules")
+for name in sorted(metric_names(rules) - exported):
+    problems.append(f"templates/monitoring.yaml: {name} is not a metric the binaries export")
 
 if checked == 0:
     problems.append("no .Values references found: the check saw no templates")
