@@ -1735,3 +1735,36 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
         900
     );
 }
+
+#[tokio::test]
+async fn the_approvals_page_shows_nothing_of_a_hostile_query() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    // Only a pac_ handle and one of three outcomes are ever shown; anything else is ignored.
+    for query in [
+        "decided=%3Cscript%3Ealert(1)%3C%2Fscript%3E&outcome=executed",
+        "decided=pac_abc&outcome=%3Cb%3Eexecuted",
+        "decided=pac_abc&outcome=changed&replaced_by=https%3A%2F%2Fevil.example",
+        "decided=pac_abc&decided=pac_def&outcome=denied",
+        &format!("decided=pac_{}&outcome=executed", "a".repeat(5000)),
+    ] {
+        let page = browser.get(&format!("/approvals?{query}")).await;
+        assert_eq!(page.status(), 200, "{query}");
+        let html = page.text().await.expect("html");
+        assert!(
+            !html.contains("<script>alert")
+                && !html.contains("<b>")
+                && !html.contains("evil.example"),
+            "{query}"
+        );
+        assert!(!html.contains(&"a".repeat(100)), "an overlong handle is not echoed");
+    }
+    let shown = browser
+        .get("/approvals?decided=pac_abc123&outcome=denied")
+        .await
+        .text()
+        .await
+        .expect("html");
+    assert!(shown.contains("Denied pac_abc123"), "a well-formed outcome is shown");
+}

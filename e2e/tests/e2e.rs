@@ -1786,23 +1786,11 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         .await
         .expect("ready");
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
-    let dispatcher = stack.tenant(0)["dispatcher"]["email"].as_str().expect("e").to_owned();
     // A dispatcher's agent: customer emails and pages, nothing more.
-    let agent = stack
-        .ctl(&[
-            "connection",
-            "create",
-            "--tenant",
-            &slug,
-            "--creator",
-            &dispatcher,
-            "--name",
-            "Dispatch agent",
-            "--rights",
-            "customers:read,bookings:read,bookings:notify,technicians:read,technicians:page",
-        ])
-        .expect("connection");
-    let token = agent["token"].as_str().expect("token").to_owned();
+    let token = dispatch_agent(
+        &stack,
+        "customers:read,bookings:read,bookings:notify,technicians:read,technicians:page",
+    );
     let set = |scope: &str, mode: &str, extra: &[&str]| {
         let mut args = vec![
             "approval-policy",
@@ -1861,12 +1849,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         "{paged}"
     );
     // Prepared under person_approves: the agent is told a person decides, and cannot complete it.
-    let customer = psql_text(
-        &stack,
-        &format!(
-            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
-        ),
-    );
+    let customer = emailed_customer(&stack, &slug);
     let customer_email =
         psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
     let prepare = |subject: &str| {
@@ -2122,12 +2105,7 @@ fn psql_text(stack: &Stack, sql: &str) -> String {
 async fn the_python_sdk_confirms_in_its_own_ui_with_a_sealed_single_use_state() {
     let stack = Stack::start(Options::for_test("mrtr", 2)).await.expect("stack");
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
-    let customer = psql_text(
-        &stack,
-        &format!(
-            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
-        ),
-    );
+    let customer = emailed_customer(&stack, &slug);
     let run = |answer: &str, subject: &str| {
         let out = std::process::Command::new(e2e::python())
             .arg(e2e::repo_root().join("e2e/py/mrtr_check.py"))
@@ -2166,21 +2144,7 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
     let stack = Stack::start(Options::for_test("approve_ui", 1)).await.expect("stack");
     let tenant = stack.tenant(0).clone();
     let slug = tenant["slug"].as_str().expect("slug").to_owned();
-    let dispatcher = tenant["dispatcher"]["email"].as_str().expect("e").to_owned();
-    let agent = stack
-        .ctl(&[
-            "connection",
-            "create",
-            "--tenant",
-            &slug,
-            "--creator",
-            &dispatcher,
-            "--name",
-            "Dispatch agent",
-            "--rights",
-            "customers:read,bookings:read,bookings:notify",
-        ])
-        .expect("connection");
+    let agent_token = dispatch_agent(&stack, "customers:read,bookings:read,bookings:notify");
     stack
         .ctl(&[
             "approval-policy",
@@ -2193,18 +2157,13 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
             "person_approves",
         ])
         .expect("policy");
-    let customer = psql_text(
-        &stack,
-        &format!(
-            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
-        ),
-    );
+    let customer = emailed_customer(&stack, &slug);
     let customer_email =
         psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
     let out = std::process::Command::new("node")
         .arg(e2e::repo_root().join("e2e/browser/approvals.mjs"))
         .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
-        .args(["--token", agent["token"].as_str().expect("token"), "--customer", &customer])
+        .args(["--token", &agent_token, "--customer", &customer])
         .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
         .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
         .arg("--shots")
@@ -2240,4 +2199,35 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
         ),
         "executed customer asked for it"
     );
+}
+
+/// A connection of the first tenant's dispatcher named "Dispatch agent", with these rights; its token.
+fn dispatch_agent(stack: &Stack, rights: &str) -> String {
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug");
+    let dispatcher = stack.tenant(0)["dispatcher"]["email"].as_str().expect("email");
+    let agent = stack
+        .ctl(&[
+            "connection",
+            "create",
+            "--tenant",
+            slug,
+            "--creator",
+            dispatcher,
+            "--name",
+            "Dispatch agent",
+            "--rights",
+            rights,
+        ])
+        .expect("connection");
+    agent["token"].as_str().expect("token").to_owned()
+}
+
+/// The first customer of a tenant who has an email address.
+fn emailed_customer(stack: &Stack, slug: &str) -> String {
+    psql_text(
+        stack,
+        &format!(
+            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
+        ),
+    )
 }
