@@ -8,6 +8,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_URL="${GATEHOUSE_TEST_PG:-postgres://postgres@127.0.0.1:5432}"
 NATS_PORT=4222
 MCP_SDK_VERSION="2.3.0"
+OTEL_PROTO_VERSION="1.45.2" # e2e/py/otlp_receiver.py decodes Gatehouse's trace exports with it
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -71,12 +72,13 @@ ensure_nats() {
 
 ensure_venv() {
   local py="$REPO/.venv/bin/python"
-  if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys, yaml, jsonschema, aiosmtpd; sys.exit(m.version('mcp') != '$MCP_SDK_VERSION')" 2>/dev/null; then
+  if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys, yaml, jsonschema, aiosmtpd, opentelemetry.proto.collector.trace.v1.trace_service_pb2; sys.exit(m.version('mcp') != '$MCP_SDK_VERSION' or m.version('opentelemetry-proto') != '$OTEL_PROTO_VERSION')" 2>/dev/null; then
     return
   fi
   say "creating .venv with the MCP Python SDK $MCP_SDK_VERSION"
   python3 -m venv "$REPO/.venv" 2>/dev/null || { apt_install python3-venv; python3 -m venv "$REPO/.venv"; }
-  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP_SDK_VERSION" pyyaml jsonschema aiosmtpd
+  "$REPO/.venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP_SDK_VERSION" pyyaml jsonschema aiosmtpd \
+    "opentelemetry-proto==$OTEL_PROTO_VERSION"
 }
 
 # What running Gatehouse needs (scripts/dev, scripts/bench): Postgres, NATS, nginx, started.

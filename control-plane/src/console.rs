@@ -22,7 +22,7 @@ use shared::rights::{Right, RightSet, Role};
 use shared::secret::{self, CredentialKind};
 use shared::services::console::ConsoleSession;
 use shared::services::operators;
-use shared::services::{admin, approvals, console};
+use shared::services::{activity, admin, approvals, console};
 use shared::{OpCtx, time};
 
 use crate::AppState;
@@ -63,6 +63,8 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/settings", get(settings))
         .route("/settings/agent-access", post(agent_access))
         .route("/audit", get(audit))
+        .route("/audit.csv", get(audit_csv))
+        .route("/activity", get(activity_page))
         .route("/messages", get(messages))
         .route("/operator", get(operator))
         .route("/operator/kill-switch", post(global_switch))
@@ -556,6 +558,7 @@ async fn connection_detail(
     State(state): State<Arc<AppState>>,
     s: Session,
     Path(handle): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
     let ctx = match tenant_ctx(&s) {
         Ok(c) => c,
@@ -567,6 +570,24 @@ async fn connection_detail(
     };
     let changes = match admin::audit_list(&state.ds, &ctx, Some(&c.connection), 50).await {
         Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let span = activity::Span::parse(q.get("span").map(String::as_str));
+    let pictures = match activity::activity(
+        &state.ds,
+        &ctx,
+        Some(&c.connection),
+        span,
+        jiff::Timestamp::now(),
+    )
+    .await
+    {
+        Ok(a) => crate::pictures::section(
+            "connection-activity",
+            &format!("/connections/{}", segment(&c.connection)),
+            &a,
+            true,
+        ),
         Err(e) => return fail(e),
     };
     let rows: String = changes
@@ -590,8 +611,8 @@ async fn connection_detail(
         String::new()
     };
     let body = format!(
-        "<div class=\"card\"><p><code>{handle}</code> · client {client} · created by {creator} on {created} · last used {used} · <span class=\"status-{status}\">{status}</span></p><p>Rights: {rights}</p>{revoke}</div>\
-         <h2>Recent changes</h2><table><thead><tr><th>When</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>",
+        "<div class=\"card\"><p><code>{handle}</code> · client {client} · created by {creator} on {created} · last used {used} · <span class=\"status-{status}\">{status}</span></p><p>Rights: {rights}</p>{revoke}</div>{pictures}\
+         <h2>Recent changes</h2><p><a href=\"/audit?connection={handle}\">All of this connection's changes in the audit log</a></p><table><thead><tr><th>When</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>",
         handle = esc(&c.connection),
         client = esc(&c.client_name),
         creator = esc(&c.creator),
@@ -1253,6 +1274,29 @@ async fn agent_access(
     }
 }
 
+/// The audit search of a request's query: the filters of [`admin::AuditFilter`].
+fn audit_filter(q: &BTreeMap<String, String>) -> admin::AuditFilter {
+    let get = |k: &str| q.get(k).cloned();
+    admin::AuditFilter {
+        connection: get("connection"),
+        action: get("action").or_else(|| get("tool")),
+        outcome: get("outcome"),
+        channel: get("channel"),
+        since: get("since"),
+        until: get("until"),
+        cursor: get("cursor"),
+    }
+}
+
+/// The query string of a search without its cursor, for the next page and the CSV link.
+fn audit_query(q: &BTreeMap<String, String>) -> String {
+    let pairs: Vec<(&str, &str)> = ["connection", "action", "outcome", "channel", "since", "until"]
+        .iter()
+        .filter_map(|k| q.get(*k).map(|v| (*k, v.trim())).filter(|(_, v)| !v.is_empty()))
+        .collect();
+    url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+}
+
 async fn audit(
     State(state): State<Arc<AppState>>,
     s: Session,
@@ -1262,19 +1306,43 @@ async fn audit(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let connection = q.get("connection").map(|c| c.trim()).filter(|c| !c.is_empty());
-    let rows = match admin::audit_list(&state.ds, &ctx, connection, 200).await {
-        Ok(r) => r,
+    let filter = audit_filter(&q);
+    let value = |k: &str| esc(q.get(k).map(String::as_str).unwrap_or(""));
+    let select = |name: &str, options: &[&str]| {
+        let current = q.get(name).map(|v| v.trim()).unwrap_or("");
+        let mut out = format!("<select name=\"{name}\"><option value=\"\">any</option>");
+        for o in options {
+            let selected = if *o == current { " selected" } else { "" };
+            out.push_str(&format!("<option{selected}>{o}</option>"));
+        }
+        out.push_str("</select>");
+        out
+    };
+    let form = format!(
+        "<form method=\"get\" action=\"/audit\" class=\"card filters\"><label>Connection <input type=\"text\" name=\"connection\" value=\"{}\" placeholder=\"con_…\"></label>\
+         <label>Action starts with <input type=\"text\" name=\"action\" value=\"{}\" placeholder=\"confirm_booking\"></label>\
+         <label>Outcome {}</label><label>Channel {}</label>\
+         <label>From (UTC day) <input type=\"date\" name=\"since\" value=\"{}\"></label>\
+         <label>Until (UTC day, included) <input type=\"date\" name=\"until\" value=\"{}\"></label><button type=\"submit\">Search</button> <a href=\"/audit\">Clear</a></form>",
+        value("connection"),
+        esc(filter.action.as_deref().unwrap_or("")),
+        select("outcome", &admin::AUDIT_OUTCOMES),
+        select("channel", &admin::AUDIT_CHANNELS),
+        value("since"),
+        value("until"),
+    );
+    let found = match admin::audit_search(&state.ds, &ctx, &filter, 100).await {
+        Ok(found) => found,
+        Err(e @ (Error::Invalid { .. } | Error::NotFound { .. })) => {
+            let body = format!("{form}{}", error_box(&e.to_string()));
+            return (StatusCode::BAD_REQUEST, Html(page("Audit", Some(&s.nav("/audit")), &body)))
+                .into_response();
+        }
         Err(e) => return fail(e),
     };
-    let tool = q.get("tool").map(|t| t.trim()).filter(|t| !t.is_empty());
-    let outcome = q.get("outcome").map(|t| t.trim()).filter(|t| !t.is_empty());
-    let since = q.get("since").map(|t| t.trim()).filter(|t| !t.is_empty());
-    let shown: String = rows
+    let shown: String = found
+        .rows
         .iter()
-        .filter(|r| tool.is_none_or(|t| r.action.starts_with(t)))
-        .filter(|r| outcome.is_none_or(|o| r.outcome == o))
-        .filter(|r| since.is_none_or(|d| r.at.as_str() >= d))
         .map(|r| {
             format!(
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -1288,19 +1356,146 @@ async fn audit(
             )
         })
         .collect();
-    let value = |k: &str| esc(q.get(k).map(String::as_str).unwrap_or(""));
+    let query = audit_query(&q);
+    let next = match &found.next {
+        Some(cursor) => {
+            let sep = if query.is_empty() { "" } else { "&" };
+            let cursor = url::form_urlencoded::Serializer::new(String::new())
+                .append_pair("cursor", cursor)
+                .finish();
+            format!(
+                "<a rel=\"next\" href=\"/audit?{}{sep}{}\">Next page</a>",
+                esc(&query),
+                esc(&cursor)
+            )
+        }
+        None => "<span class=\"muted\">End of the log</span>".to_owned(),
+    };
     let body = format!(
-        "<form method=\"get\" action=\"/audit\" class=\"card\"><label>Connection <input type=\"text\" name=\"connection\" value=\"{}\" placeholder=\"con_…\"></label>\
-         <label>Tool <input type=\"text\" name=\"tool\" value=\"{}\" placeholder=\"confirm_booking\"></label>\
-         <label>Outcome <input type=\"text\" name=\"outcome\" value=\"{}\" placeholder=\"ok, refused, previewed\"></label>\
-         <label>Since (UTC, e.g. 2026-11-30) <input type=\"text\" name=\"since\" value=\"{}\"></label><button type=\"submit\">Filter</button></form>\
-         <table><thead><tr><th>When (UTC)</th><th>Channel</th><th>Tool</th><th>Outcome</th><th>Records</th><th>Connection</th><th>Client</th></tr></thead><tbody>{shown}</tbody></table>",
-        value("connection"),
-        value("tool"),
-        value("outcome"),
-        value("since")
+        "{form}<p>{} rows{} · <a href=\"/audit.csv?{}\" download>Export everything that matches as CSV</a></p>\
+         <table><thead><tr><th>When (UTC)</th><th>Channel</th><th>Action</th><th>Outcome</th><th>Records</th><th>Connection</th><th>Client</th></tr></thead><tbody>{shown}</tbody></table><p class=\"pager\">{next}</p>",
+        found.rows.len(),
+        if found.next.is_some() { " on this page" } else { "" },
+        esc(&query),
     );
     Html(page("Audit", Some(&s.nav("/audit")), &body)).into_response()
+}
+
+/// A CSV cell: quoted, and a value a spreadsheet would run as a formula (`=`, `+`, `-`, `@`,
+/// tab, carriage return) is prefixed with `'`, since names come from clients.
+fn csv_cell(value: &str) -> String {
+    let risky = value.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    let value = if risky { format!("'{value}") } else { value.to_owned() };
+    format!("\"{}\"", value.replace('"', "\"\""))
+}
+
+/// Everything the search matches, as CSV, read page by page (1,000 rows a statement) and
+/// streamed, so a long log neither waits nor sits in memory.
+async fn audit_csv(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let mut filter = audit_filter(&q);
+    filter.cursor = None;
+    // The first page answers now, so a bad filter is a 400 with the reason, not a broken file.
+    let first = match admin::audit_search(&state.ds, &ctx, &filter, 1000).await {
+        Ok(found) => found,
+        Err(e @ (Error::Invalid { .. } | Error::NotFound { .. })) => {
+            return (StatusCode::BAD_REQUEST, e.to_string()).into_response();
+        }
+        Err(e) => return fail(e),
+    };
+    let header =
+        "at,channel,action,outcome,records,connection,connection_name,client_name,reason\r\n";
+    let rows = |page: &admin::AuditPage| -> String {
+        page.rows
+            .iter()
+            .map(|r| {
+                [
+                    r.at.as_str(),
+                    &r.channel,
+                    &r.action,
+                    &r.outcome,
+                    &r.targets.join(" "),
+                    r.connection.as_deref().unwrap_or(""),
+                    r.connection_name.as_deref().unwrap_or(""),
+                    r.client_name.as_deref().unwrap_or(""),
+                    r.reason.as_deref().unwrap_or(""),
+                ]
+                .iter()
+                .map(|c| csv_cell(c))
+                .collect::<Vec<_>>()
+                .join(",")
+                    + "\r\n"
+            })
+            .collect()
+    };
+    let first_chunk = format!("{header}{}", rows(&first));
+    let slug: String =
+        ctx.tenant().slug.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+    let name = format!("attachment; filename=\"audit-{slug}.csv\"");
+    let ds = state.ds.clone();
+    let stream = futures_util::stream::unfold(
+        (Some(first_chunk), first.next, filter),
+        move |(chunk, next, mut filter)| {
+            let ds = ds.clone();
+            let ctx = ctx.clone();
+            async move {
+                if let Some(chunk) = chunk {
+                    return Some((Ok::<_, std::io::Error>(chunk), (None, next, filter)));
+                }
+                let cursor = next?;
+                filter.cursor = Some(cursor);
+                match admin::audit_search(&ds, &ctx, &filter, 1000).await {
+                    Ok(page) => {
+                        let chunk = rows(&page);
+                        Some((Ok(chunk), (None, page.next, filter)))
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "audit export interrupted");
+                        Some((
+                            Err(std::io::Error::other("the audit export was interrupted")),
+                            (None, None, filter),
+                        ))
+                    }
+                }
+            }
+        },
+    );
+    let mut response = axum::body::Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
+    if let Ok(v) = HeaderValue::from_str(&name) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    response
+}
+
+async fn activity_page(
+    State(state): State<Arc<AppState>>,
+    s: Session,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let ctx = match tenant_ctx(&s) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let span = activity::Span::parse(q.get("span").map(String::as_str));
+    let found = match activity::activity(&state.ds, &ctx, None, span, jiff::Timestamp::now()).await
+    {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    let body = format!(
+        "<p>What every agent connection of this tenant did. Open a connection for its own picture.</p>{}",
+        crate::pictures::section("tenant-activity", "/activity", &found, false)
+    );
+    Html(page("Activity", Some(&s.nav("/activity")), &body)).into_response()
 }
 
 async fn operator(State(state): State<Arc<AppState>>, s: Session) -> Response {

@@ -27,7 +27,9 @@ button{padding:.45rem .9rem;border-radius:4px;border:1px solid #2f5bd3;backgroun
 button.danger{background:#b42318;border-color:#b42318}button.plain{background:#fff;color:#2f5bd3}\
 .error{background:#fdecea;border:1px solid #f5c2bd;padding:.6rem 1rem;border-radius:4px}.ok{background:#e8f5ec;border:1px solid #b7dfc3;padding:.6rem 1rem;border-radius:4px}\
 code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em}pre{padding:.6rem;white-space:pre-wrap;word-break:break-all}\
-.status-revoked,.status-expired{color:#b42318}.count{font-weight:700}form.inline{display:inline}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}";
+.status-revoked,.status-expired{color:#b42318}.count{font-weight:700}form.inline{display:inline}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}\
+.picture{margin:.5rem 0 1rem;background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:.5rem}.picture svg{display:block;width:100%;height:auto}\
+.muted{color:#5b6472}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text]{min-width:12rem}.outcome-refused{color:#b42318}";
 
 pub struct Nav<'a> {
     pub current: &'a str,
@@ -53,6 +55,7 @@ pub fn page(title: &str, nav: Option<&Nav<'_>>, body: &str) -> String {
                 links.push_str(&link("/approvals", "Approvals <span id=\"approvals-count\" class=\"count\" aria-live=\"polite\"></span>"));
             }
             if n.admin {
+                links.push_str(&link("/activity", "Activity"));
                 links.push_str(&link("/connections", "Connections"));
                 links.push_str(&link("/people", "People"));
                 links.push_str(&link("/api-tokens", "API tokens"));

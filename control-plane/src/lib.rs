@@ -2,9 +2,11 @@
 //! The console and the OAuth authorization server mount here as well.
 
 pub mod api;
+pub mod charts;
 pub mod console;
 pub mod html;
 pub mod oauth;
+pub mod pictures;
 pub mod smtp;
 
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, Gauge, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 use shared::Services;
 
 pub struct AppState {
@@ -33,6 +35,12 @@ pub struct AppState {
 pub struct Metrics {
     registry: Registry,
     pub api_requests: IntCounterVec,
+    /// Outbox delivery attempts by channel-less outcome (`sent`, `failed`).
+    pub outbox_deliveries: IntCounterVec,
+    /// Read from Postgres when scraped (see [`Metrics::scrape`]).
+    pub outbox_queued: IntGauge,
+    pub outbox_oldest: Gauge,
+    pub outbox_failed: IntGauge,
 }
 
 impl Metrics {
@@ -44,8 +52,52 @@ impl Metrics {
             &["route", "status"],
         )
         .expect("valid metric");
-        registry.register(Box::new(api_requests.clone())).expect("register once");
-        Metrics { registry, api_requests }
+        let outbox_deliveries = IntCounterVec::new(
+            Opts::new(
+                "outbox_deliveries_total",
+                "Outbox delivery attempts by this process, by outcome (sent, failed)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let outbox_queued =
+            IntGauge::new("outbox_queued", "Messages waiting in the outbox").expect("valid metric");
+        let outbox_oldest = Gauge::new(
+            "outbox_oldest_queued_seconds",
+            "How long the oldest queued message has waited",
+        )
+        .expect("valid metric");
+        let outbox_failed =
+            IntGauge::new("outbox_failed", "Messages given up on after five attempts")
+                .expect("valid metric");
+        for c in [&api_requests, &outbox_deliveries] {
+            registry.register(Box::new(c.clone())).expect("register once");
+        }
+        for g in [&outbox_queued, &outbox_failed] {
+            registry.register(Box::new(g.clone())).expect("register once");
+        }
+        registry.register(Box::new(outbox_oldest.clone())).expect("register once");
+        Metrics {
+            registry,
+            api_requests,
+            outbox_deliveries,
+            outbox_queued,
+            outbox_oldest,
+            outbox_failed,
+        }
+    }
+
+    /// Reads the outbox backlog (one small query on the queued index) and renders.
+    async fn scrape(&self, ds: &Services) -> String {
+        match shared::services::outbox::backlog(ds).await {
+            Ok(b) => {
+                self.outbox_queued.set(b.queued);
+                self.outbox_oldest.set(b.oldest_secs);
+                self.outbox_failed.set(b.failed);
+            }
+            Err(e) => tracing::warn!(error = %e, "outbox backlog for metrics"),
+        }
+        self.render()
     }
 
     fn render(&self) -> String {
@@ -130,5 +182,6 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
+    let text = state.metrics.scrape(&state.ds).await;
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -52,7 +52,11 @@ struct Args {
 }
 
 /// Delivers queued messages every half second through `sink`.
-async fn dispatcher<S: shared::services::outbox::Sink>(ds: Services, sink: S) {
+async fn dispatcher<S: shared::services::outbox::Sink>(
+    ds: Services,
+    sink: S,
+    state: Arc<AppState>,
+) {
     let mut last_prune = std::time::Instant::now() - std::time::Duration::from_secs(3600);
     loop {
         if last_prune.elapsed() > std::time::Duration::from_secs(300) {
@@ -63,8 +67,14 @@ async fn dispatcher<S: shared::services::outbox::Sink>(ds: Services, sink: S) {
             }
         }
         match shared::services::outbox::dispatch_once(&ds, &sink, 50).await {
-            Ok(n) if n > 0 => continue,
-            Ok(_) => {}
+            Ok(done) => {
+                let deliveries = &state.metrics.outbox_deliveries;
+                deliveries.with_label_values(&["sent"]).inc_by(done.sent as u64);
+                deliveries.with_label_values(&["failed"]).inc_by(done.failed as u64);
+                if done.sent > 0 {
+                    continue;
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "outbox dispatch failed; retrying"),
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -75,6 +85,8 @@ async fn dispatcher<S: shared::services::outbox::Sink>(ds: Services, sink: S) {
 async fn main() -> anyhow::Result<()> {
     config::init_tracing();
     let args = Args::parse();
+    let telemetry =
+        shared::telemetry::init("gatehouse-control-plane").map_err(|e| anyhow::anyhow!(e))?;
     let common = Common::from_env()?;
     let mut fetch =
         shared::services::oauth::FetchPolicy { dev: args.dev_mode, ..Default::default() };
@@ -103,12 +115,14 @@ async fn main() -> anyhow::Result<()> {
         match &args.smtp_url {
             Some(url) => {
                 let sink = control_plane::smtp::SmtpSink::new(url, &args.smtp_from)?;
-                tokio::spawn(async move { dispatcher(ds, sink).await });
+                let state = state.clone();
+                tokio::spawn(async move { dispatcher(ds, sink, state).await });
             }
             None => {
-                tokio::spawn(
-                    async move { dispatcher(ds, shared::services::outbox::LogSink).await },
-                );
+                let state = state.clone();
+                tokio::spawn(async move {
+                    dispatcher(ds, shared::services::outbox::LogSink, state).await
+                });
             }
         }
     }
@@ -131,5 +145,6 @@ async fn main() -> anyhow::Result<()> {
     axum::serve(listener, public.into_make_service_with_connect_info::<std::net::SocketAddr>())
         .with_graceful_shutdown(config::shutdown_signal())
         .await?;
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     Ok(())
 }

@@ -176,14 +176,20 @@ impl Bus {
         }
     }
 
-    /// Every current entry (history replay), then every change, as events. `None` while NATS
-    /// is not connected yet.
-    pub async fn watch(&self) -> Option<Result<impl futures_util::Stream<Item = Event> + use<>>> {
+    /// Every current entry (history replay), then every change, as events with the time NATS
+    /// stored them (Unix nanoseconds, the server's clock). `None` while NATS is not connected
+    /// yet.
+    pub async fn watch(
+        &self,
+    ) -> Option<Result<impl futures_util::Stream<Item = (Event, i128)> + use<>>> {
         let inner = self.inner.read().await.clone()?;
         Some(match inner.kv.watch_with_history(">").await {
             Ok(watch) => Ok(watch.filter_map(|entry| async move {
                 let entry = entry.ok()?;
-                Event::parse(&entry.key, &entry.value)
+                Some((
+                    Event::parse(&entry.key, &entry.value)?,
+                    entry.created.unix_timestamp_nanos(),
+                ))
             })),
             Err(e) => Err(nats_error(e)),
         })

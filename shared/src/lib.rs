@@ -17,6 +17,7 @@ pub mod seal;
 mod sealed;
 pub mod secret;
 pub mod services;
+pub mod telemetry;
 pub mod text;
 pub mod time;
 pub mod views;

@@ -19,6 +19,7 @@ use futures_util::StreamExt;
 use shared::auth::{self, AuthFailure, McpContext};
 use shared::rights::RightSet;
 use shared::secret::CredentialKind;
+use shared::telemetry::{self, Attr, Name};
 
 use crate::AppState;
 
@@ -31,8 +32,10 @@ pub async fn authenticate(
     next: Next,
 ) -> Response {
     let started = Instant::now();
+    let received = telemetry::enabled().then(std::time::SystemTime::now);
     // Step 1: the kill switch as NATS last pushed it, before any database work.
     if state.live.killed() {
+        refused(&state, received, &request, "kill_switch");
         return finish(
             &state,
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
@@ -50,9 +53,11 @@ pub async fn authenticate(
         Ok(outcome) => outcome,
         Err(e) => {
             tracing::error!(error = %e, "connection context lookup failed");
+            refused(&state, received, &request, "database_unavailable");
             return finish(&state, unavailable("The database is unreachable; retry shortly."));
         }
     };
+    let looked_up = received.map(|at| (at, std::time::SystemTime::now()));
     let label = if outcome.is_ok() { "ok" } else { "refused" };
     state
         .metrics
@@ -61,9 +66,13 @@ pub async fn authenticate(
         .observe(started.elapsed().as_secs_f64());
     let context = match outcome {
         Ok(context) => context,
-        Err(failure) => return finish(&state, unauthorized(&state, &failure)),
+        Err(failure) => {
+            refused(&state, received, &request, "unauthenticated");
+            return finish(&state, unauthorized(&state, &failure));
+        }
     };
     if context.global_kill {
+        refused(&state, received, &request, "kill_switch");
         return finish(
             &state,
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
@@ -74,6 +83,7 @@ pub async fn authenticate(
             "error": "agent_access_off",
             "error_description": "Agent access for this tenant was turned off by the tenant's admin; ask them to turn it back on in the console.",
         });
+        refused(&state, received, &request, "agent_access_off");
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
     let connection_id = context.ctx.connection().map(|c| c.id).unwrap_or_default();
@@ -82,18 +92,52 @@ pub async fn authenticate(
     // of the request is read, so no part of it (a slow body included) outlives a revocation.
     let inflight = state.live.register(connection_id);
     let work = async {
-        // Step-up (MCP scope challenge): an OAuth client calling a tool its token lacks but
-        // its person could grant is told so in HTTP, so it can ask the person for the added
-        // right. Static tokens, and rights the person lacks too, stay a tool error naming it.
-        if context.grantable != RightSet::EMPTY {
-            let (checked, challenge) = step_up(&state, &context, request).await;
-            if let Some(challenge) = challenge {
+        // The body is read here only when something needs it before rmcp does: a step-up
+        // check (an OAuth client calling a tool its token lacks but its person could grant is
+        // told so in HTTP, so it can ask for the right) or the request's span.
+        let step_up = context.grantable != RightSet::EMPTY;
+        let mut span = None;
+        if step_up || looked_up.is_some() {
+            let (parts, bytes) = match read_body(request).await {
+                Ok(read) => read,
+                Err(refusal) => return refusal,
+            };
+            let probe = serde_json::from_slice::<Probe>(&bytes).ok();
+            if let Some((received, context_done)) = looked_up {
+                span = Some(request_span(
+                    &state,
+                    &context,
+                    &parts,
+                    probe.as_ref(),
+                    received,
+                    context_done,
+                ));
+            }
+            if step_up
+                && let Some(challenge) = step_up_challenge(&state, &context, &parts, probe.as_ref())
+            {
+                state.metrics.refusals.with_label_values(&["rights"]).inc();
+                if let Some(span) = &span {
+                    span.fail(&[
+                        Attr::Outcome("insufficient_scope"),
+                        Attr::ErrorType("insufficient_scope"),
+                    ]);
+                }
                 return challenge;
             }
-            request = checked;
+            request = Request::from_parts(parts, axum::body::Body::from(bytes));
         }
         request.extensions_mut().insert(context.clone());
-        next.run(request).await
+        if let Some(span) = &span {
+            request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
+        }
+        let response = next.run(request).await;
+        if let Some(span) = &span
+            && !response.status().is_success()
+        {
+            span.fail(&[Attr::HttpStatus(response.status().as_u16())]);
+        }
+        response
     };
     let response = tokio::select! {
         response = work => response,
@@ -110,7 +154,7 @@ const STEP_UP_BODY_SECS: u64 = 10;
 /// What a step-up check reads of a JSON-RPC request; everything else is ignored.
 #[derive(serde::Deserialize)]
 struct Probe {
-    /// A request, not a notification: only a request has an answer to refuse.
+    /// A request, not a notification: only a request has an answer to refuse (and an id).
     #[serde(default)]
     id: Option<serde_json::Value>,
     method: String,
@@ -122,52 +166,130 @@ struct Probe {
 struct ProbeParams {
     #[serde(default)]
     name: Option<String>,
+    /// Where a 2026-07-28 client puts its `traceparent`.
+    #[serde(default, rename = "_meta")]
+    meta: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// Reads the request's body and answers 403 `insufficient_scope` when it calls a tool that a
-/// right the person can still grant would allow; otherwise returns the request unchanged.
-async fn step_up(
-    state: &AppState,
-    context: &McpContext,
+/// Reads a request's body (what rmcp would read next), bounded in size and time.
+async fn read_body(
     request: Request,
-) -> (Request, Option<Response>) {
+) -> Result<(http::request::Parts, axum::body::Bytes), Response> {
     let (parts, body) = request.into_parts();
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(STEP_UP_BODY_SECS),
         axum::body::to_bytes(body, STEP_UP_BODY_LIMIT),
     )
     .await;
-    let bytes = match read {
-        Ok(Ok(bytes)) => bytes,
+    match read {
+        Ok(Ok(bytes)) => Ok((parts, bytes)),
         Err(_) => {
             let body = serde_json::json!({"error": "request_timeout", "error_description": "The request body did not arrive in time; send it again."});
-            let response = (StatusCode::REQUEST_TIMEOUT, Json(body)).into_response();
-            return (Request::from_parts(parts, axum::body::Body::empty()), Some(response));
+            Err((StatusCode::REQUEST_TIMEOUT, Json(body)).into_response())
         }
         Ok(Err(_)) => {
             let body = serde_json::json!({"error": "request_too_large", "error_description": "The request body is larger than 4 MiB."});
-            let response = (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response();
-            return (Request::from_parts(parts, axum::body::Body::empty()), Some(response));
+            Err((StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response())
         }
-    };
+    }
+}
+
+/// HTTP 403 `insufficient_scope` when the request calls a tool that a right the person can
+/// still grant would allow.
+fn step_up_challenge(
+    state: &AppState,
+    context: &McpContext,
+    parts: &http::request::Parts,
+    probe: Option<&Probe>,
+) -> Option<Response> {
     // A browser request from an origin rmcp will refuse gets that refusal, not a challenge.
     let foreign_origin = parts
         .headers
         .get(header::ORIGIN)
         .and_then(|o| o.to_str().ok())
         .is_some_and(|o| !state.settings.allowed_origins.iter().any(|a| a == o));
-    let needed = serde_json::from_slice::<Probe>(&bytes)
-        .ok()
+    let needed = probe
         .filter(|p| !foreign_origin && p.id.is_some() && p.method == "tools/call")
-        .and_then(|p| p.params?.name)
-        .and_then(|name| state.tools.get(&name))
+        .and_then(|p| p.params.as_ref()?.name.as_deref())
+        .and_then(|name| state.tools.get(name))
         .filter(|spec| {
             let toolset = context.ctx.connection().map(|c| c.toolset.as_str()).unwrap_or("full");
             spec.toolsets.contains(&toolset)
         })
         .and_then(|spec| spec.access.step_up(context.ctx.rights(), context.grantable));
-    let challenge = needed.map(|right| insufficient_scope(state, context.ctx.rights(), right));
-    (Request::from_parts(parts, axum::body::Body::from(bytes)), challenge)
+    needed.map(|right| insufficient_scope(state, context.ctx.rights(), right))
+}
+
+/// The span of one MCP request (MCP semantic conventions), continuing the trace the client
+/// sent in the request's `_meta` or its headers, backdated to its arrival, with the
+/// connection-context lookup as its first child. Attributes come from the registry and the
+/// context, never from the request's arguments.
+fn request_span(
+    state: &AppState,
+    context: &McpContext,
+    parts: &http::request::Parts,
+    probe: Option<&Probe>,
+    received: std::time::SystemTime,
+    context_done: std::time::SystemTime,
+) -> telemetry::Active {
+    let method = probe.map_or("other", |p| telemetry::method_name(&p.method));
+    let tool = probe
+        .filter(|p| p.method == "tools/call")
+        .and_then(|p| p.params.as_ref()?.name.as_deref())
+        .and_then(|name| state.tools.get(name))
+        .map(|spec| (spec.name, spec.class));
+    let meta = probe.and_then(|p| p.params.as_ref()?.meta.as_ref());
+    let parent = telemetry::remote_parent(meta, Some(&parts.headers));
+    let version = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|asked| {
+            rmcp::model::ProtocolVersion::KNOWN_VERSIONS.iter().find(|v| v.as_str() == asked)
+        })
+        .map(|v| v.as_str());
+    let mut attrs = vec![Attr::Method(method), Attr::NetworkProtocol("http")];
+    let name = match tool {
+        Some((tool, class)) => {
+            attrs.extend([Attr::Tool(tool), Attr::Operation("execute_tool"), Attr::Class(class)]);
+            Name::MethodTarget(method, tool)
+        }
+        None => Name::Static(method),
+    };
+    attrs.extend(version.map(Attr::ProtocolVersion));
+    match probe.and_then(|p| p.id.as_ref()) {
+        Some(serde_json::Value::Number(n)) => attrs.extend(n.as_i64().map(Attr::RequestNumber)),
+        Some(serde_json::Value::String(s)) => attrs.push(Attr::RequestText(s)),
+        _ => {}
+    }
+    attrs.push(Attr::Tenant(&context.ctx.tenant().handle));
+    attrs.extend(context.ctx.connection().map(|c| Attr::Connection(&c.handle)));
+    let span = telemetry::server(name, &parent, received, &attrs);
+    span.child_done(
+        Name::Static("gatehouse.connection_context"),
+        received,
+        context_done,
+        &[Attr::DbSystem("postgresql")],
+    );
+    span
+}
+
+/// A request refused before it reached the tools (no or a bad token, a switch, no database):
+/// counted by reason, and a span with the outcome under the client's trace from its headers.
+fn refused(
+    state: &AppState,
+    received: Option<std::time::SystemTime>,
+    request: &Request,
+    outcome: &'static str,
+) {
+    if let Some(reason) = crate::metrics::refusal_reason(outcome) {
+        state.metrics.refusals.with_label_values(&[reason]).inc();
+    }
+    if let Some(received) = received {
+        let parent = telemetry::remote_parent(None, Some(request.headers()));
+        let span = telemetry::server(Name::Static("mcp.request"), &parent, received, &[]);
+        span.fail(&[Attr::Outcome(outcome), Attr::ErrorType(outcome)]);
+    }
 }
 
 /// HTTP 403 with the scope challenge of RFC 6750 §3.1 as MCP uses it: the scope to ask for is

@@ -57,6 +57,8 @@ pub struct AppState {
     pub live: Arc<live::Live>,
     /// Per-worker read buckets (writes count in Postgres, shared by all workers).
     pub reads: shared::services::rates::LocalBuckets,
+    /// Calls counted for the console's pictures, written in batches by [`record_activity`].
+    pub activity: shared::services::activity::Recorder,
 }
 
 impl AppState {
@@ -68,6 +70,7 @@ impl AppState {
             tools: tools::Registry::new(),
             live: Arc::new(live::Live::default()),
             reads: Default::default(),
+            activity: Default::default(),
         }
     }
 }
@@ -156,4 +159,21 @@ async fn protected_resource(State(state): State<Arc<AppState>>) -> Json<serde_js
         "scopes_supported": shared::rights::Right::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
         "resource_name": "Gatehouse bookings",
     }))
+}
+
+/// How often a worker writes the calls it counted.
+pub const ACTIVITY_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Writes the counted calls every [`ACTIVITY_FLUSH`] for the life of the worker; a failed
+/// write keeps the counts for the next one.
+pub async fn record_activity(state: Arc<AppState>) {
+    let mut tick = tokio::time::interval(ACTIVITY_FLUSH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = state.activity.flush(&state.ds).await {
+            state.metrics.activity_flush_failures.inc();
+            tracing::warn!(error = %e, "writing call activity failed; keeping it for the next write");
+        }
+    }
 }

@@ -122,18 +122,25 @@ pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metr
         };
         live.nats_connected.store(true, Ordering::Release);
         metrics.nats_connected.set(1);
+        // Entries stored before the watch began are history being replayed, not pushes.
+        let watching_since = unix_nanos();
         let mut stream = std::pin::pin!(stream);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
                 event = stream.next() => match event {
-                    Some(event) => {
+                    Some((event, stored)) => {
                         live.apply(&event);
-                        metrics.bus_events.with_label_values(&[match event {
+                        let kind = match event {
                             Event::GlobalKill(_) => "global_kill",
                             Event::TenantAccess { .. } => "tenant_access",
                             Event::Revoked { .. } => "revoked",
-                        }]).inc();
+                        };
+                        metrics.bus_events.with_label_values(&[kind]).inc();
+                        if stored >= watching_since {
+                            let lag = (unix_nanos() - stored).max(0) as f64 / 1e9;
+                            metrics.bus_push_lag.with_label_values(&[kind]).observe(lag);
+                        }
                     }
                     None => break,
                 },
@@ -145,4 +152,10 @@ pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metr
         tracing::warn!("lost the NATS watch; Postgres alone decides until it is back");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+fn unix_nanos() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
 }

@@ -46,6 +46,7 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     config::init_tracing();
     let args = Args::parse();
+    let telemetry = shared::telemetry::init("gatehouse-worker").map_err(|e| anyhow::anyhow!(e))?;
     let common = Common::from_env()?;
     let ds = Services::connect(common.database_url.expose(), common.db_max_connections).await?;
     let public_url = args.public_url.trim_end_matches('/').to_owned();
@@ -75,6 +76,8 @@ async fn main() -> anyhow::Result<()> {
     let bus = shared::bus::Bus::spawn(&common.nats_url);
     let state = Arc::new(AppState::new(ds, settings));
     tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
+    tokio::spawn(worker::record_activity(state.clone()));
+    let last_flush = state.clone();
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
     let public = match &args.operator_listen {
@@ -92,5 +95,10 @@ async fn main() -> anyhow::Result<()> {
         None => app(state),
     };
     axum::serve(listener, public).with_graceful_shutdown(config::shutdown_signal()).await?;
+    // What was counted since the last write, and the spans still queued, before exiting.
+    if let Err(e) = last_flush.activity.flush(&last_flush.ds).await {
+        tracing::warn!(error = %e, "writing call activity at shutdown failed");
+    }
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     Ok(())
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use shared::auth::McpContext;
 use shared::error::Error;
 use shared::services::approvals::Completion;
+use shared::telemetry::{self, Attr, Name};
 
 use crate::AppState;
 use crate::results::{self, ErrorBody};
@@ -45,6 +46,11 @@ fn bound(context: &RequestContext<RoleServer>) -> Result<Arc<McpContext>, ErrorD
         .ok_or_else(|| {
             ErrorData::internal_error("no connection context bound to the request", None)
         })
+}
+
+/// The request's span, when traces are exported.
+fn traced(context: &RequestContext<RoleServer>) -> Option<&telemetry::RequestTrace> {
+    context.extensions.get::<http::request::Parts>()?.extensions.get::<telemetry::RequestTrace>()
 }
 
 fn toolset(ctx: &shared::OpCtx) -> &str {
@@ -130,6 +136,9 @@ impl ServerHandler for Server {
         let started = Instant::now();
         let name = request.name.as_ref();
         let Some(spec) = self.state.tools.get(name) else {
+            if let Some(trace) = traced(&context) {
+                trace.fail(&[Attr::Outcome("unknown_tool"), Attr::ErrorCode(-32602)]);
+            }
             return Err(ErrorData::invalid_params(
                 format!(
                     "Unknown tool {name:?}; call tools/list for the tools this connection has."
@@ -141,6 +150,7 @@ impl ServerHandler for Server {
         let request_id = ctx.request_id().to_owned();
         let connection = ctx.connection().map(|c| c.handle.to_string()).unwrap_or_default();
         let missing = spec.access.missing(ctx.rights());
+        let mut confirm_path = (spec.name == "confirm_action").then_some("confirm_action");
         let outcome = if !spec.toolsets.contains(&toolset(&ctx)) {
             Err(Error::NotInToolset {
                 tool: name.to_owned(),
@@ -152,6 +162,7 @@ impl ServerHandler for Server {
         } else if let Err(limited) = self.take_rate(spec, &ctx, bound.read_limit).await {
             Err(limited)
         } else if let Some(sealed) = request.request_state.as_deref() {
+            confirm_path = Some("multi_round_trip");
             // The retry of a multi round-trip confirmation: the person answered.
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
             let now = jiff::Timestamp::now();
@@ -171,7 +182,16 @@ impl ServerHandler for Server {
                 cancel: context.ct.clone(),
             };
             let called = if spec.class.two_step() { Some(args.clone()) } else { None };
-            let outcome = spec.call(env, args).await;
+            let attrs = [Attr::Tool(spec.name), Attr::Class(spec.class)];
+            let service = telemetry::child(
+                Name::MethodTarget("gatehouse.service", spec.name),
+                &attrs,
+                spec.call(env, args),
+            );
+            let outcome = match traced(&context) {
+                Some(trace) => trace.run(service).await,
+                None => service.await,
+            };
             // A client that can show the person a form confirms in its own UI (MRTR).
             match (&outcome, called) {
                 (Ok(preview), Some(args))
@@ -185,6 +205,14 @@ impl ServerHandler for Server {
                                 .tool_calls
                                 .with_label_values(&[name, spec.class.as_str(), "input_required"])
                                 .inc();
+                            self.state.activity.record(
+                                &ctx,
+                                spec.name,
+                                spec.class,
+                                "input_required",
+                                jiff::Timestamp::now(),
+                                started.elapsed().as_secs_f32() * 1000.0,
+                            );
                             tracing::info!(tool.name = name, outcome = "input_required", request.id = %request_id, "tool call");
                             return Ok(CallToolResponse::InputRequired(input_required));
                         }
@@ -205,9 +233,27 @@ impl ServerHandler for Server {
             }
         };
         let elapsed = started.elapsed();
+        if let Some(trace) = traced(&context) {
+            trace.set(&[Attr::Outcome(label)]);
+            if label != "ok" {
+                trace.fail(&[Attr::ErrorType("tool_error")]);
+            }
+        }
         let metrics = &self.state.metrics;
-        metrics.tool_calls.with_label_values(&[name, spec.class.as_str(), label]).inc();
-        metrics.tool_duration.with_label_values(&[name]).observe(elapsed.as_secs_f64());
+        let class = spec.class.as_str();
+        metrics.tool_calls.with_label_values(&[name, class, label]).inc();
+        metrics.tool_duration.with_label_values(&[name, class]).observe(elapsed.as_secs_f64());
+        if let Some(reason) = crate::metrics::refusal_reason(label) {
+            metrics.refusals.with_label_values(&[reason]).inc();
+        }
+        if let Some(path) = confirm_path {
+            metrics
+                .confirm_duration
+                .with_label_values(&[path, label])
+                .observe(elapsed.as_secs_f64());
+        }
+        let ms = elapsed.as_secs_f32() * 1000.0;
+        self.state.activity.record(&ctx, spec.name, spec.class, label, jiff::Timestamp::now(), ms);
         tracing::info!(
             tool.name = name,
             tool.class = spec.class.as_str(),

@@ -13,6 +13,30 @@ pub struct Metrics {
     pub auth_duration: HistogramVec,
     pub nats_connected: IntGauge,
     pub bus_events: IntCounterVec,
+    pub bus_push_lag: HistogramVec,
+    pub refusals: IntCounterVec,
+    pub confirm_duration: HistogramVec,
+    pub activity_flush_failures: prometheus::IntCounter,
+}
+
+/// The refusal family an outcome belongs to (the `reason` of `refusals_total`), or `None`
+/// for a call that was not refused (done, or failed on its own input or data).
+pub fn refusal_reason(outcome: &str) -> Option<&'static str> {
+    Some(match outcome {
+        "permission_denied" | "not_in_toolset" | "insufficient_scope" | "unauthenticated" => {
+            "rights"
+        }
+        "kill_switch" | "agent_access_off" | "turned_off_by_policy" => "switch",
+        "rate_limited" => "rate_bucket",
+        "token_used" | "unknown_token" | "foreign_token" | "token_expired" | "replayed" => "replay",
+        "conflict"
+        | "duplicate"
+        | "wrong_state"
+        | "count_mismatch"
+        | "changed_since_preview"
+        | "summary_mismatch" => "conflict",
+        _ => return None,
+    })
 }
 
 const BUCKETS: &[f64] =
@@ -35,7 +59,7 @@ impl Metrics {
         let tool_duration = HistogramVec::new(
             HistogramOpts::new("tool_call_duration_seconds", "Tool call latency inside the worker")
                 .buckets(BUCKETS.to_vec()),
-            &["tool"],
+            &["tool", "class"],
         )
         .expect("valid metric");
         let auth_duration = HistogramVec::new(
@@ -51,11 +75,43 @@ impl Metrics {
             &["kind"],
         )
         .expect("valid metric");
+        let bus_push_lag = HistogramVec::new(
+            HistogramOpts::new(
+                "bus_push_lag_seconds",
+                "From NATS storing a switch or revocation to this worker applying it",
+            )
+            .buckets(BUCKETS.to_vec()),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "refusals_total",
+                "Requests and tool calls refused, by reason (rights, switch, rate_bucket, replay, conflict)",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        let confirm_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "confirm_duration_seconds",
+                "Time to complete a two-step action (confirm_action or a multi round-trip answer)",
+            )
+            .buckets(BUCKETS.to_vec()),
+            &["path", "outcome"],
+        )
+        .expect("valid metric");
+        let activity_flush_failures = prometheus::IntCounter::new(
+            "activity_flush_failures_total",
+            "Failed writes of the console's call counts (retried with the next batch)",
+        )
+        .expect("valid metric");
         registry.register(Box::new(nats_connected.clone())).expect("register once");
-        for c in [&http_requests, &tool_calls, &bus_events] {
+        registry.register(Box::new(activity_flush_failures.clone())).expect("register once");
+        for c in [&http_requests, &tool_calls, &bus_events, &refusals] {
             registry.register(Box::new(c.clone())).expect("register once");
         }
-        for h in [&tool_duration, &auth_duration] {
+        for h in [&tool_duration, &auth_duration, &bus_push_lag, &confirm_duration] {
             registry.register(Box::new(h.clone())).expect("register once");
         }
         Metrics {
@@ -66,6 +122,10 @@ impl Metrics {
             auth_duration,
             nats_connected,
             bus_events,
+            bus_push_lag,
+            refusals,
+            confirm_duration,
+            activity_flush_failures,
         }
     }
 

@@ -36,6 +36,7 @@ impl Services {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AuditListRow {
+    pub id: i64,
     pub at: DateTime<Utc>,
     pub channel: String,
     pub action: String,
@@ -47,22 +48,52 @@ pub struct AuditListRow {
     pub reason: Option<String>,
 }
 
+/// What an audit search asks for, already checked by the service.
+#[derive(Debug, Default, Clone)]
+pub struct AuditQuery<'a> {
+    pub connection: Option<&'a str>,
+    /// A `LIKE` pattern (prefix, escaped).
+    pub action_like: Option<String>,
+    pub outcome: Option<&'a str>,
+    pub channel: Option<&'a str>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    /// The last row of the previous page.
+    pub after: Option<(DateTime<Utc>, i64)>,
+}
+
 impl Services {
-    pub(crate) async fn audit_list(
+    /// One page of the tenant's audit log, newest first, filtered and paged in SQL (keyset on
+    /// time and id, so a page costs the same at the end of a long history).
+    pub(crate) async fn audit_search(
         &self,
         ctx: &OpCtx,
-        connection: Option<&str>,
+        q: &AuditQuery<'_>,
         limit: i64,
     ) -> Result<Vec<AuditListRow>> {
         Ok(sqlx::query_as::<_, AuditListRow>(
-            "SELECT a.at, a.channel, a.action, a.outcome, a.targets, c.handle AS connection_handle,
+            "SELECT a.id, a.at, a.channel, a.action, a.outcome, a.targets, c.handle AS connection_handle,
                     a.connection_name, a.client_name, a.reason
              FROM audit_log a LEFT JOIN connections c ON c.id = a.connection_id
-             WHERE a.tenant_id = $1 AND ($2::text IS NULL OR c.handle = $2)
-             ORDER BY a.at DESC, a.id DESC LIMIT $3",
+             WHERE a.tenant_id = $1
+               AND ($2::text IS NULL OR a.connection_id = (SELECT id FROM connections WHERE tenant_id = $1 AND handle = $2))
+               AND ($3::text IS NULL OR a.action LIKE $3 ESCAPE '\\')
+               AND ($4::text IS NULL OR a.outcome = $4)
+               AND ($5::text IS NULL OR a.channel = $5)
+               AND ($6::timestamptz IS NULL OR a.at >= $6)
+               AND ($7::timestamptz IS NULL OR a.at < $7)
+               AND ($8::timestamptz IS NULL OR (a.at, a.id) < ($8, $9))
+             ORDER BY a.at DESC, a.id DESC LIMIT $10",
         )
         .bind(ctx.tenant_id())
-        .bind(connection)
+        .bind(q.connection)
+        .bind(q.action_like.as_deref())
+        .bind(q.outcome)
+        .bind(q.channel)
+        .bind(q.since)
+        .bind(q.until)
+        .bind(q.after.map(|(at, _)| at))
+        .bind(q.after.map(|(_, id)| id))
         .bind(limit)
         .fetch_all(self.pool())
         .await?)

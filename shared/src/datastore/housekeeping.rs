@@ -24,6 +24,8 @@ impl Services {
             // Expired access and refresh tokens (a used refresh token is kept until it expires,
             // to detect reuse).
             "DELETE FROM connection_tokens WHERE expires_at < now() - interval '1 day'",
+            // The console pictures go back a week.
+            "DELETE FROM call_activity WHERE hour < now() - interval '8 days'",
         ] {
             removed += sqlx::query(sql).execute(self.pool()).await?.rows_affected();
         }

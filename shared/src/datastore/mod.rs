@@ -4,6 +4,7 @@
 //! that every lookup by handle is filtered by the caller's tenant (R3). Services call these;
 //! adapters (tools, REST handlers, the console) never do.
 
+mod activity;
 mod alert_rules;
 mod api_tokens;
 mod audit;
@@ -23,6 +24,7 @@ mod sessions;
 mod technicians;
 mod tenants;
 
+pub use activity::*;
 pub use alert_rules::*;
 pub use api_tokens::*;
 pub use audit::*;

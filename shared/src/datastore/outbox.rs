@@ -19,8 +19,8 @@ pub struct NewMessage<'a> {
 
 pub(crate) async fn outbox_insert(tx: &mut Tx<'_>, ctx: &OpCtx, m: NewMessage<'_>) -> Result<()> {
     sqlx::query(
-        "INSERT INTO outbox (tenant_id, pending_action_id, channel, recipient, subject, body, idempotency_key)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO outbox (tenant_id, pending_action_id, channel, recipient, subject, body, idempotency_key, traceparent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(ctx.tenant_id())
     .bind(m.pending_action_id)
@@ -29,6 +29,8 @@ pub(crate) async fn outbox_insert(tx: &mut Tx<'_>, ctx: &OpCtx, m: NewMessage<'_
     .bind(m.subject)
     .bind(m.body)
     .bind(m.idempotency_key)
+    // The trace of the call that queued it, so its delivery joins that trace.
+    .bind(crate::telemetry::current_traceparent())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -43,6 +45,7 @@ pub struct OutboxRow {
     pub body: String,
     pub idempotency_key: String,
     pub attempts: i32,
+    pub traceparent: Option<String>,
 }
 
 impl Services {
@@ -51,7 +54,7 @@ impl Services {
     pub(crate) async fn outbox_claim(&self, limit: i64) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query_as::<_, OutboxRow>(
-            "SELECT id, channel, recipient, subject, body, idempotency_key, attempts FROM outbox
+            "SELECT id, channel, recipient, subject, body, idempotency_key, attempts, traceparent FROM outbox
              WHERE status = 'queued' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
         )
         .bind(limit)
@@ -106,6 +109,30 @@ impl Services {
         .bind(ctx.tenant_id())
         .bind(limit)
         .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+/// What waits in the outbox, for the control plane's metrics.
+#[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
+pub struct OutboxBacklog {
+    /// Messages queued for delivery.
+    pub queued: i64,
+    /// Seconds the oldest queued message has waited.
+    pub oldest_secs: f64,
+    /// Messages given up on after their last attempt.
+    pub failed: i64,
+}
+
+impl Services {
+    pub(crate) async fn outbox_backlog(&self) -> Result<OutboxBacklog> {
+        Ok(sqlx::query_as::<_, OutboxBacklog>(
+            "SELECT (SELECT count(*) FROM outbox WHERE status = 'queued') AS queued,
+                    coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8
+                              FROM outbox WHERE status = 'queued'), 0) AS oldest_secs,
+                    (SELECT count(*) FROM outbox WHERE status = 'failed') AS failed",
+        )
+        .fetch_one(self.pool())
         .await?)
     }
 }

@@ -736,6 +736,21 @@ async fn execute(
 /// executed with what it returned (and who approved it, if a person did), one audit row that
 /// keeps tool, outcome and public ids (R19, R23; a person's reason stays on the action).
 async fn run_once(
+    tx: Tx<'static>,
+    ctx: &OpCtx,
+    op: Op,
+    p: &db::PendingRow,
+    plan: &Plan,
+    approved: Option<(i64, &str)>,
+    now: Timestamp,
+) -> Result<Value> {
+    use crate::telemetry::{self, Attr, Name};
+    let attrs = [Attr::Tool(op.name()), Attr::Class(op.class())];
+    let work = execute_once(tx, ctx, op, p, plan, approved, now);
+    telemetry::child(Name::MethodTarget("gatehouse.confirm.execute", op.name()), &attrs, work).await
+}
+
+async fn execute_once(
     mut tx: Tx<'static>,
     ctx: &OpCtx,
     op: Op,

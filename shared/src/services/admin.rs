@@ -688,21 +688,138 @@ pub struct AuditView {
     pub reason: Option<String>,
 }
 
-/// The tenant's audit log for admins (R23): what was done, by which channel and connection, to
-/// which public ids — never arguments or personal data, because the log never holds them.
-pub async fn audit_list(
+/// What an admin searches the audit log for; every field as it came from outside.
+#[derive(Debug, Default, Clone)]
+pub struct AuditFilter {
+    /// A connection handle (`con_…`).
+    pub connection: Option<String>,
+    /// The start of an action name: `confirm_booking`, `connection.`.
+    pub action: Option<String>,
+    /// `ok`, `refused` or `failed`.
+    pub outcome: Option<String>,
+    /// `mcp`, `api`, `console`, `cli` or `system`.
+    pub channel: Option<String>,
+    /// From this day (`2026-11-30`, UTC) or instant (RFC 3339) on.
+    pub since: Option<String>,
+    /// Before this day (the whole day included) or instant.
+    pub until: Option<String>,
+    /// The `next` of a previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of a search and where the next one starts.
+#[derive(Debug, Serialize)]
+pub struct AuditPage {
+    pub rows: Vec<AuditView>,
+    pub next: Option<String>,
+}
+
+pub const AUDIT_OUTCOMES: [&str; 3] = ["ok", "refused", "failed"];
+pub const AUDIT_CHANNELS: [&str; 5] = ["mcp", "api", "console", "cli", "system"];
+
+fn audit_instant(
+    field: &str,
+    raw: &str,
+    end_of_day: bool,
+) -> Result<chrono::DateTime<chrono::Utc>> {
+    let bad = || {
+        Error::invalid(
+            field,
+            format!(
+                "{field} must be a day like 2026-11-30 or an instant like 2026-11-30T14:00:00Z"
+            ),
+        )
+    };
+    if let Ok(day) = chrono::NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
+        let day = if end_of_day { day.succ_opt().ok_or_else(bad)? } else { day };
+        return Ok(day.and_hms_opt(0, 0, 0).ok_or_else(bad)?.and_utc());
+    }
+    chrono::DateTime::parse_from_rfc3339(raw).map(|t| t.to_utc()).map_err(|_| bad())
+}
+
+/// Searches the tenant's audit log for admins (R23): what was done, by which channel and
+/// connection, to which public ids — never arguments or personal data, because the log never
+/// holds them. Filters and pages run in SQL; a filter that cannot match anything real (an
+/// unknown outcome, a malformed day) is an error that says what to write instead.
+pub async fn audit_search(
     ds: &Services,
     ctx: &OpCtx,
-    connection: Option<&str>,
+    filter: &AuditFilter,
     limit: i64,
-) -> Result<Vec<AuditView>> {
+) -> Result<AuditPage> {
     ctx.require(Right::AuditRead)?;
     if !(1..=1000).contains(&limit) {
         return Err(Error::invalid("limit", "use 1 to 1000"));
     }
-    let connection = connection.map(|c| ConnectionHandle::parse("connection", c)).transpose()?;
-    let rows = ds.audit_list(ctx, connection.as_ref().map(|c| c.as_str()), limit).await?;
-    Ok(rows
+    let given = |v: &Option<String>| {
+        v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned)
+    };
+    let connection =
+        given(&filter.connection).map(|c| ConnectionHandle::parse("connection", &c)).transpose()?;
+    let outcome = given(&filter.outcome);
+    if let Some(o) = &outcome
+        && !AUDIT_OUTCOMES.contains(&o.as_str())
+    {
+        return Err(Error::invalid("outcome", "outcome is one of ok, refused, failed"));
+    }
+    let channel = given(&filter.channel);
+    if let Some(c) = &channel
+        && !AUDIT_CHANNELS.contains(&c.as_str())
+    {
+        return Err(Error::invalid("channel", "channel is one of mcp, api, console, cli, system"));
+    }
+    let action = given(&filter.action);
+    if let Some(a) = &action
+        && (a.chars().count() > 80 || a.chars().any(char::is_control))
+    {
+        return Err(Error::invalid(
+            "action",
+            "action is the start of a tool or action name, at most 80 characters",
+        ));
+    }
+    let action_like = action.map(|a| {
+        let escaped = a.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
+        format!("{escaped}%")
+    });
+    let since = given(&filter.since).map(|s| audit_instant("since", &s, false)).transpose()?;
+    let until = given(&filter.until).map(|s| audit_instant("until", &s, true)).transpose()?;
+    let after = match given(&filter.cursor) {
+        None => None,
+        Some(c) => {
+            let parts = super::decode_cursor(&c, 2)?;
+            let at = parts[0].parse::<i64>().ok().and_then(chrono::DateTime::from_timestamp_micros);
+            let id = parts[1].parse::<i64>().ok();
+            match (at, id) {
+                (Some(at), Some(id)) => Some((at, id)),
+                _ => {
+                    return Err(Error::invalid(
+                        "cursor",
+                        "not a cursor from a previous page; repeat the search without it",
+                    ));
+                }
+            }
+        }
+    };
+    let query = ds_fns::AuditQuery {
+        connection: connection.as_ref().map(|c| c.as_str()),
+        action_like,
+        outcome: outcome.as_deref(),
+        channel: channel.as_deref(),
+        since,
+        until,
+        after,
+    };
+    // One row more than asked says whether there is a next page.
+    let mut rows = ds.audit_search(ctx, &query, limit + 1).await?;
+    let next = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| {
+            super::encode_cursor(&[&r.at.timestamp_micros().to_string(), &r.id.to_string()])
+        })
+    } else {
+        None
+    };
+    let rows = rows
         .into_iter()
         .map(|r| AuditView {
             at: crate::datastore::to_ts(r.at).strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
@@ -715,7 +832,19 @@ pub async fn audit_list(
             client_name: r.client_name,
             reason: r.reason,
         })
-        .collect())
+        .collect();
+    Ok(AuditPage { rows, next })
+}
+
+/// The newest `limit` audit rows of the tenant, or of one connection.
+pub async fn audit_list(
+    ds: &Services,
+    ctx: &OpCtx,
+    connection: Option<&str>,
+    limit: i64,
+) -> Result<Vec<AuditView>> {
+    let filter = AuditFilter { connection: connection.map(str::to_owned), ..Default::default() };
+    Ok(audit_search(ds, ctx, &filter, limit).await?.rows)
 }
 
 /// Whether the global kill switch is on, for the operator page.

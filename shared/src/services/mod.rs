@@ -5,6 +5,7 @@
 //! reads or writes, and refuses when no actor is bound (R5).
 
 pub mod actions;
+pub mod activity;
 pub mod admin;
 pub mod approvals;
 pub mod bookings;

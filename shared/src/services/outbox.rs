@@ -4,8 +4,8 @@
 //! idempotency key (so a sink or the provider behind it can drop a repeat), and marked sent;
 //! a failed attempt stays queued and is retried, up to five attempts.
 
-pub use crate::datastore::OutboxRow;
 use crate::datastore::{self as db, Services};
+pub use crate::datastore::{OutboxBacklog, OutboxRow};
 use crate::error::Result;
 
 /// Where messages go.
@@ -33,22 +33,47 @@ impl Sink for LogSink {
     }
 }
 
-/// Delivers up to `batch` queued messages; returns how many were sent.
-pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Result<usize> {
+/// What one dispatch round did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dispatched {
+    pub sent: usize,
+    /// Attempts that failed (the message stays queued until its fifth).
+    pub failed: usize,
+}
+
+/// Delivers up to `batch` queued messages. Each delivery is a span in the trace of the call
+/// that queued the message (when traces are exported).
+pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Result<Dispatched> {
+    use crate::telemetry::{self, Attr, Name};
     let (mut tx, rows) = ds.outbox_claim(batch).await?;
-    let mut sent = 0;
+    let mut done = Dispatched::default();
     for row in &rows {
-        match sink.deliver(row).await {
+        let channel = if row.channel == "page" { "page" } else { "email" };
+        let span = telemetry::start(
+            Name::Static("gatehouse.outbox.deliver"),
+            opentelemetry::trace::SpanKind::Producer,
+            Some(&telemetry::stored_parent(row.traceparent.as_deref())),
+            &[Attr::OutboxChannel(channel), Attr::Attempt(i64::from(row.attempts) + 1)],
+        );
+        match telemetry::within(&span, sink.deliver(row)).await {
             Ok(()) => {
+                span.set(&[Attr::Outcome("ok")]);
                 db::outbox_mark(&mut tx, row.id, true, None).await?;
-                sent += 1;
+                done.sent += 1;
             }
             Err(e) => {
+                span.fail(&[Attr::Outcome("delivery_failed"), Attr::ErrorType("delivery_failed")]);
                 tracing::warn!(outbox.id = row.id, error = %e, "delivery failed; will retry");
                 db::outbox_mark(&mut tx, row.id, false, Some(&e)).await?;
+                done.failed += 1;
             }
         }
     }
     tx.commit().await?;
-    Ok(sent)
+    Ok(done)
+}
+
+/// How many messages wait, how long the oldest has, and how many were given up on.
+pub async fn backlog(ds: &Services) -> Result<OutboxBacklog> {
+    ds.outbox_backlog().await
 }
