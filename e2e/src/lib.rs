@@ -69,6 +69,8 @@ pub struct Options {
     pub smtp_url: Option<String>,
     /// More arguments for the control plane (e.g. `--dev-mode --dev-ca-cert PEM`).
     pub control_args: Vec<String>,
+    /// Environment for the control plane and every worker (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Options {
@@ -84,6 +86,7 @@ impl Options {
             pg_server: pg_server(),
             smtp_url: None,
             control_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -212,6 +215,7 @@ pub struct Stack {
     db_pool: u32,
     /// The key specification every worker seals multi round-trip state with.
     mrtr_keys: String,
+    env: Vec<(String, String)>,
 }
 
 fn spawn_logged(name: &str, mut cmd: Command, run_dir: &Path) -> Result<Proc> {
@@ -312,6 +316,7 @@ impl Stack {
             opts_log: opts.log_level.clone(),
             db_pool: opts.db_pool,
             mrtr_keys: shared::seal::SealKeys::generate("dev1"),
+            env: opts.env.clone(),
         };
 
         stack.start_nats()?;
@@ -323,7 +328,8 @@ impl Stack {
             .env("DATABASE_URL", &database_url)
             .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)
-            .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string());
+            .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string())
+            .envs(opts.env.iter().map(|(k, v)| (k, v)));
         stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
         for i in 0..opts.workers {
             stack.start_worker(i)?;
@@ -358,7 +364,8 @@ impl Stack {
             .env("RUST_LOG", &self.opts_log)
             .env("GATEHOUSE_DB_POOL", self.db_pool.to_string())
             // Every worker of the stack seals multi round-trip state with the same key.
-            .env("GATEHOUSE_MRTR_KEYS", &self.mrtr_keys);
+            .env("GATEHOUSE_MRTR_KEYS", &self.mrtr_keys)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         let name = format!("worker-{}", i + 1);
         self.procs.retain(|p| p.name != name);
         self.procs.push(spawn_logged(&name, w, &self.run_dir)?);

@@ -26,6 +26,8 @@ async fn main() -> anyhow::Result<()> {
         pg_server: e2e::pg_server(),
         smtp_url: std::env::var("GATEHOUSE_SMTP_URL").ok(),
         control_args: Vec::new(),
+        // The services inherit this process's environment, OTEL_* included.
+        env: Vec::new(),
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
