@@ -2311,20 +2311,65 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     let tp = |span: &str| format!("00-{client_trace}-{span}-01");
     // Decoys in every argument: none may reach a span.
     let (subject, body) = ("DECOY-subject-9f2c", "DECOY-body-41aa");
-    let (status, found) = traced_call(&stack.lb_url, &token, 11, "find_customers", json!({"query": "Fischer"}), Some(&tp("00f067aa0ba90201")), None).await;
+    let (status, found) = traced_call(
+        &stack.lb_url,
+        &token,
+        11,
+        "find_customers",
+        json!({"query": "Fischer"}),
+        Some(&tp("00f067aa0ba90201")),
+        None,
+    )
+    .await;
     assert_eq!(status, 200, "{found}");
     let customer = found["result"]["structuredContent"]["customers"][0]["customer"].clone();
-    let (_, preview) = traced_call(&stack.lb_url, &token, 12, "send_customer_message", json!({"customer": customer, "subject": subject, "body": body}), Some(&tp("00f067aa0ba90202")), None).await;
+    let (_, preview) = traced_call(
+        &stack.lb_url,
+        &token,
+        12,
+        "send_customer_message",
+        json!({"customer": customer, "subject": subject, "body": body}),
+        Some(&tp("00f067aa0ba90202")),
+        None,
+    )
+    .await;
     let p = preview["result"]["structuredContent"].clone();
-    let (_, done) = traced_call(&stack.lb_url, &token, 13, "confirm_action", json!({"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}), Some(&tp("00f067aa0ba90203")), None).await;
+    let (_, done) = traced_call(
+        &stack.lb_url,
+        &token,
+        13,
+        "confirm_action",
+        json!({"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}),
+        Some(&tp("00f067aa0ba90203")),
+        None,
+    )
+    .await;
     assert_eq!(done["result"]["structuredContent"]["status"], "EXECUTED", "{done}");
     // The trace in the headers only (a client that does not set `_meta`), on a failing call.
     let header_trace = "0af7651916cd43dd8448eb211c80319c";
-    let (_, bad) = traced_call(&stack.lb_url, &token, 14, "get_booking", json!({"booking": "bkg_DECOY-handle"}), None, Some(&format!("00-{header_trace}-b7ad6b7169203331-01"))).await;
+    let (_, bad) = traced_call(
+        &stack.lb_url,
+        &token,
+        14,
+        "get_booking",
+        json!({"booking": "bkg_DECOY-handle"}),
+        None,
+        Some(&format!("00-{header_trace}-b7ad6b7169203331-01")),
+    )
+    .await;
     assert_eq!(bad["result"]["isError"], true, "{bad}");
     // A request refused before any tool: no valid token.
     let refused_trace = "11111111111111111111111111111111";
-    let (status, _) = traced_call(&stack.lb_url, "gh_mcp_DECOYTOKEN", 15, "find_customers", json!({}), None, Some(&format!("00-{refused_trace}-2222222222222222-01"))).await;
+    let (status, _) = traced_call(
+        &stack.lb_url,
+        "gh_mcp_DECOYTOKEN",
+        15,
+        "find_customers",
+        json!({}),
+        None,
+        Some(&format!("00-{refused_trace}-2222222222222222-01")),
+    )
+    .await;
     assert_eq!(status, 401);
 
     let named = |spans: &[Value], name: &str, trace: &str| -> Option<Value> {
@@ -2373,9 +2418,15 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
         .iter()
         .find(|s| s["span_id"] == execute["parent_span_id"])
         .expect("the execution's parent");
-    assert_eq!(service["parent_span_id"], confirm["span_id"], "execution under the call's service span");
+    assert_eq!(
+        service["parent_span_id"], confirm["span_id"],
+        "execution under the call's service span"
+    );
     let delivery = named(&spans, "gatehouse.outbox.deliver", client_trace).expect("delivery");
-    assert_eq!(delivery["parent_span_id"], execute["span_id"], "the delivery joins the trace that queued it");
+    assert_eq!(
+        delivery["parent_span_id"], execute["span_id"],
+        "the delivery joins the trace that queued it"
+    );
     assert_eq!(delivery["resource"]["service.name"], "gatehouse-control-plane");
     assert_eq!(delivery["attributes"]["gatehouse.outbox.channel"], "email");
     assert_eq!(delivery["attributes"]["gatehouse.outcome"], "ok");
@@ -2392,7 +2443,9 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     // No argument value, personal data or secret in anything the receiver got.
     let raw = std::fs::read(dir.join("raw.bin")).expect("raw bodies");
     let jsonl = std::fs::read(dir.join("spans.jsonl")).expect("spans");
-    for decoy in [subject, body, "DECOY-handle", "DECOYTOKEN", "Fischer", "anna.fischer", token.as_str()] {
+    for decoy in
+        [subject, body, "DECOY-handle", "DECOYTOKEN", "Fischer", "anna.fischer", token.as_str()]
+    {
         for (what, bytes) in [("raw OTLP", &raw), ("decoded spans", &jsonl)] {
             let found = bytes.windows(decoy.len()).any(|w| w == decoy.as_bytes());
             assert!(!found, "{decoy:?} reached the {what}");
