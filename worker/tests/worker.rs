@@ -58,6 +58,8 @@ struct Stack {
     http: reqwest::Client,
     /// The multi round-trip sealing keys every worker of the stack shares.
     mrtr: Arc<shared::seal::SealKeys>,
+    /// The first worker's state (its call counts).
+    state: Arc<AppState>,
 }
 
 impl Stack {
@@ -79,10 +81,11 @@ impl Stack {
             mrtr_keys: Some(mrtr.clone()),
         };
         let state = Arc::new(AppState::new(db.ds.clone(), settings));
-        tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
+        let serving = state.clone();
+        tokio::spawn(async move { axum::serve(listener, app(serving)).await.expect("serve") });
         // No connection reuse: concurrent calls in a test really run side by side.
         let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
-        Stack { db, url, seed, http, mrtr }
+        Stack { db, url, seed, http, mrtr, state }
     }
 
     fn token(&self, tenant: usize, connection: usize) -> String {
@@ -3371,4 +3374,61 @@ async fn a_booking_with_ten_thousand_notes_answers_with_a_bounded_page() {
         .await
         .expect_err("refused");
     assert_eq!(err["field"], "notes_cursor", "{err}");
+}
+
+#[tokio::test]
+async fn every_tool_call_is_counted_for_the_console_by_outcome_without_its_arguments() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let connection = &stack.seed.tenants[0].connections[0].connection;
+    let decoy = "DECOY-activity-5e1";
+    for _ in 0..3 {
+        stack.call(&token, "find_customers", json!({"query": decoy})).await.expect("a read");
+    }
+    let refused = stack.call(&token, "get_booking", json!({"booking": decoy})).await;
+    assert!(refused.is_err());
+    let written = stack.state.activity.flush(&stack.db.ds).await.expect("flush");
+    assert_eq!(written, 4);
+    let counts = stack
+        .db
+        .scalar_string(&format!(
+            "SELECT string_agg(a.effect_class || ':' || a.outcome || '=' || a.calls, ' ' ORDER BY a.outcome)
+             FROM call_activity a JOIN connections c ON c.id = a.connection_id WHERE c.handle = '{connection}'"
+        ))
+        .await;
+    assert_eq!(counts, "read:invalid_argument=1 read:ok=3");
+    let recent = stack
+        .db
+        .scalar_string(&format!(
+            "SELECT string_agg(r::text, ' ') FROM recent_calls r JOIN connections c ON c.id = r.connection_id WHERE c.handle = '{connection}'"
+        ))
+        .await;
+    assert_eq!(recent.matches("find_customers").count(), 3, "{recent}");
+    assert!(!recent.contains(decoy), "no argument value is kept: {recent}");
+    // A second flush with nothing new writes nothing; the counts add up across flushes.
+    assert_eq!(stack.state.activity.flush(&stack.db.ds).await.expect("flush"), 0);
+    stack.call(&token, "find_customers", json!({"query": "a"})).await.expect("a read");
+    stack.state.activity.flush(&stack.db.ds).await.expect("flush");
+    let ok = stack
+        .db
+        .scalar_i64(&format!(
+            "SELECT sum(calls)::bigint FROM call_activity a JOIN connections c ON c.id = a.connection_id
+             WHERE c.handle = '{connection}' AND a.outcome = 'ok'"
+        ))
+        .await;
+    assert_eq!(ok, 4);
+    // The latest calls stay bounded per connection however many there were.
+    for _ in 0..3 {
+        for _ in 0..25 {
+            stack.call(&token, "find_customers", json!({"query": "a"})).await.expect("a read");
+        }
+        stack.state.activity.flush(&stack.db.ds).await.expect("flush");
+    }
+    let kept = stack
+        .db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM recent_calls r JOIN connections c ON c.id = r.connection_id WHERE c.handle = '{connection}'"
+        ))
+        .await;
+    assert_eq!(kept, 50);
 }
