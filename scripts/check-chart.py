@@ -86,7 +86,7 @@ for source, prefix in [
     (repo / "worker" / "src" / "metrics.rs", "gatehouse_worker_"),
     (repo / "control-plane" / "src" / "lib.rs", "gatehouse_control_plane_"),
 ]:
-    for name in re.findall(r'(?:Opts|HistogramOpts|IntGauge)::new\(\s*"([a-z_]+)"', source.read_text()):
+    for name in re.findall(r'(?:Opts|HistogramOpts|IntGauge|Gauge|IntCounter)::new\(\s*"([a-z_]+)"', source.read_text()):
         exported.add(prefix + name)
 if not exported:
     problems.append("no metric definitions found in the worker or control plane")
