@@ -253,10 +253,10 @@ pub fn stacked_bars(id: &str, title: &str, series: &[Series], bars: &[Bar]) -> S
 pub fn horizontal_bars(id: &str, title: &str, rows: &[(String, u64)]) -> String {
     const ROW_H: f64 = 26.0;
     const BAR_H: f64 = 16.0;
-    const LABEL_RIGHT: f64 = 196.0;
-    const BAR_LEFT: f64 = 204.0;
+    const LABEL_RIGHT: f64 = 320.0;
+    const BAR_LEFT: f64 = 328.0;
     /// Reasons longer than this are cut in the picture (the row's tooltip has them whole).
-    const LABEL_CHARS: usize = 26;
+    const LABEL_CHARS: usize = 48;
 
     let id = sanitize_id(id);
     let total = rows.iter().fold(0u64, |acc, (_, n)| acc.saturating_add(*n));
@@ -323,7 +323,8 @@ pub fn horizontal_bars(id: &str, title: &str, rows: &[(String, u64)]) -> String 
                 px(y + (ROW_H - BAR_H) / 2.0 - 4.0),
                 px(len),
                 px(BAR_H),
-                colour(0),
+                // Neutral, so a refusal is not read as a call of the first series above it.
+                MUTED,
             );
         }
         let _ = write!(
@@ -563,7 +564,7 @@ fn compact(n: u64) -> String {
 }
 
 /// "1 call", "2 calls".
-fn plural(n: u64, one: &str, many: &str) -> String {
+pub fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
@@ -938,9 +939,9 @@ mod tests {
         assert_eq!(widths.len(), 3);
         assert!((widths[0] / widths[1] - 2.0).abs() < 0.01, "{widths:?}");
         assert!((widths[0] / widths[2] - 4.0).abs() < 0.01, "{widths:?}");
-        assert!(widths[0] + 204.0 <= WIDTH - 8.0);
+        assert!(widths[0] + 328.0 <= WIDTH - 8.0);
         // Long reasons are cut in the picture but whole in the tooltip and data.
-        assert!(svg.contains(">a reason so long that it…</text>"));
+        assert!(svg.contains(">a reason so long that it cannot fit in the colu…</text>"), "{svg}");
         assert!(
             svg.contains("<title>a reason so long that it cannot fit in the column: 5</title>")
         );

@@ -602,6 +602,13 @@ async fn connection_detail(
             )
         })
         .collect();
+    let changes = if rows.is_empty() {
+        "<p class=\"muted\">No changes yet.</p>".to_owned()
+    } else {
+        format!(
+            "<table><thead><tr><th>When</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+    };
     let revoke = if c.status == "active" {
         format!(
             "<p><a href=\"/connections/{}/revoke\">Revoke this connection…</a></p>",
@@ -612,7 +619,7 @@ async fn connection_detail(
     };
     let body = format!(
         "<div class=\"card\"><p><code>{handle}</code> · client {client} · created by {creator} on {created} · last used {used} · <span class=\"status-{status}\">{status}</span></p><p>Rights: {rights}</p>{revoke}</div>{pictures}\
-         <h2>Recent changes</h2><p><a href=\"/audit?connection={handle}\">All of this connection's changes in the audit log</a></p><table><thead><tr><th>When</th><th>Tool</th><th>Outcome</th><th>Records</th></tr></thead><tbody>{rows}</tbody></table>",
+         <h2>Recent changes</h2><p><a href=\"/audit?connection={handle}\">All of this connection's changes in the audit log</a></p>{changes}",
         handle = esc(&c.connection),
         client = esc(&c.client_name),
         creator = esc(&c.creator),

@@ -81,12 +81,12 @@ pub fn section(id: &str, base: &str, activity: &Activity, per_connection: bool) 
     format!(
         "<section class=\"activity\" id=\"{id}\" aria-labelledby=\"{id}-heading\">\
          <h2 id=\"{id}-heading\">Activity over {span_words}</h2>\
-         <p>{calls_total} calls · <a href=\"{base}?span={other}\">Show the {other_words}</a></p>\
+         <p>{calls_total} · <a href=\"{base}?span={other}\">Show the {other_words}</a></p>\
          <figure class=\"picture\">{calls}</figure>\
          <h3>Calls that did not succeed</h3><figure class=\"picture\">{refusals}</figure>\
          <h3>Latest calls</h3>{recent}</section>",
         id = esc(id),
-        calls_total = activity.calls,
+        calls_total = charts::plural(activity.calls, "call", "calls"),
         base = esc(base),
     )
 }

@@ -1917,7 +1917,7 @@ async fn the_console_draws_each_connections_activity_from_the_counted_calls() {
     assert_eq!(sum("silent_write"), 0, "thirty hours ago is outside the day");
     assert!(section.contains("role=\"img\""));
     assert!(section.contains("data-reason=\"rate_limited (rate bucket empty)\""), "{section}");
-    assert!(section.contains("data-reason=\"permission_denied (the connection lacks the right)\""));
+    assert!(section.contains("data-reason=\"permission_denied (lacks the right)\""));
     assert!(section.contains("<code>find_customers</code>"), "the latest calls");
     let week =
         admin.get(&format!("/connections/{con}?span=week")).await.text().await.expect("page");

@@ -2454,3 +2454,49 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     receiver.start_kill().expect("stop the receiver");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn an_admin_sees_each_connections_calls_drawn_in_the_browser() {
+    let stack = Stack::start(Options::for_test("activity_ui", 2)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let admin = tenant["admin"]["email"].as_str().expect("email");
+    let agent = stack
+        .ctl(&[
+            "connection",
+            "create",
+            "--tenant",
+            tenant["slug"].as_str().expect("slug"),
+            "--creator",
+            admin,
+            "--name",
+            "Activity agent",
+            "--rights",
+            "customers:read,bookings:read",
+        ])
+        .expect("connection");
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/activity.mjs"))
+        .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
+        .args(["--token", agent["token"].as_str().expect("token")])
+        .args(["--connection", agent["connection"].as_str().expect("connection")])
+        .args(["--email", admin, "--password", tenant["admin"]["password"].as_str().expect("pw")])
+        .arg("--shots")
+        .arg(stack.run_dir.join("activity-shots"))
+        .output()
+        .expect("node (scripts/test installs playwright-core and Chromium)");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser activity check failed:\n{line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value =
+        serde_json::from_str(line.trim().lines().last().unwrap_or_default()).expect("json");
+    // The calls the browser's agent made, counted by two workers behind the balancer.
+    assert_eq!(seen["read"], 6, "{seen}");
+    assert_eq!(seen["notify"], 2, "{seen}");
+    assert_eq!(seen["refusals"], json!({"permission_denied": 2, "invalid_argument": 1}), "{seen}");
+    assert_eq!(seen["connection_read"], 6, "{seen}");
+    assert_eq!(seen["week_bars"], 168, "{seen}");
+    assert!(seen["drawn_pixels"].as_u64().is_some_and(|n| n > 0), "the bars are drawn: {seen}");
+}

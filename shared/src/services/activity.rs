@@ -181,16 +181,16 @@ pub struct Activity {
 /// What an outcome code means, in a few words.
 pub fn meaning(code: &str) -> &'static str {
     match code {
-        "permission_denied" => "the connection lacks the right",
-        "not_in_toolset" => "outside the connection's toolset",
-        "turned_off_by_policy" => "turned off by the tenant's policy",
+        "permission_denied" => "lacks the right",
+        "not_in_toolset" => "outside the toolset",
+        "turned_off_by_policy" => "turned off by policy",
         "rate_limited" => "rate bucket empty",
         "token_used" | "unknown_token" | "foreign_token" | "token_expired" => {
-            "confirmation replayed, foreign or expired"
+            "replayed, foreign or expired"
         }
         "summary_mismatch" | "changed_since_preview" => "changed since the preview",
         "conflict" | "duplicate" | "wrong_state" | "count_mismatch" => "conflicts with the data",
-        "awaiting_approval" => "waits for a person's approval",
+        "awaiting_approval" => "awaits a person's approval",
         "action_denied" | "action_rejected" => "denied or rejected",
         "invalid_argument" | "unknown_field" => "invalid arguments",
         "not_found" => "not found",
