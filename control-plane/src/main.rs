@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let ds = Services::connect(common.database_url.expose(), common.db_max_connections)
         .await?
-        .with_bus(shared::bus::Bus::spawn(&common.nats_url));
+        .with_bus(shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas));
     let state = Arc::new(AppState {
         ds,
         public_url: args.public_url.trim_end_matches('/').to_owned(),

@@ -71,6 +71,9 @@ pub struct Options {
     pub control_args: Vec<String>,
     /// Environment for the control plane and every worker (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub env: Vec<(String, String)>,
+    /// NATS servers: 1, or 3 for a cluster on loopback ports (worker `i` connects to node
+    /// `i % 3`, the control plane to all three, the bucket kept on all three).
+    pub nats_nodes: usize,
 }
 
 impl Options {
@@ -87,6 +90,7 @@ impl Options {
             smtp_url: None,
             control_args: Vec::new(),
             env: Vec::new(),
+            nats_nodes: 1,
         }
     }
 }
@@ -202,9 +206,11 @@ struct Proc {
 pub struct Stack {
     procs: Vec<Proc>,
     pub database_url: String,
-    /// This stack's own NATS server (JetStream, its own store), so tests can stop and start it.
+    /// This stack's own NATS server (JetStream, its own store), so tests can stop and start it;
+    /// with a cluster, every node's URL, comma-separated.
     pub nats_url: String,
-    nats_port: u16,
+    /// Client and cluster-route ports of each NATS node.
+    nats_ports: Vec<(u16, u16)>,
     pub lb_url: String,
     pub control_url: String,
     pub worker_urls: Vec<String>,
@@ -291,8 +297,18 @@ impl Stack {
         gatehousectl(&database_url, &["migrate"])?;
         let seed = gatehousectl(&database_url, &["demo", "seed"])?;
 
-        let nats_port = free_port()?;
-        let nats_url = format!("nats://127.0.0.1:{nats_port}");
+        let nats_ports: Vec<(u16, u16)> = (0..opts.nats_nodes.max(1))
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<Result<_>>()?;
+        let nats_url = nats_ports
+            .iter()
+            .map(|(p, _)| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut env = opts.env.clone();
+        if nats_ports.len() > 1 {
+            env.push(("GATEHOUSE_NATS_REPLICAS".into(), nats_ports.len().min(5).to_string()));
+        }
         let (lb_port, control_port, first_worker) = match opts.ports {
             Some(p) => p,
             None => (free_port()?, free_port()?, 0),
@@ -306,7 +322,7 @@ impl Stack {
             procs: Vec::new(),
             database_url: database_url.clone(),
             nats_url: nats_url.clone(),
-            nats_port,
+            nats_ports,
             lb_url: lb_url.clone(),
             control_url: control_url.clone(),
             worker_urls: worker_ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect(),
@@ -316,7 +332,7 @@ impl Stack {
             opts_log: opts.log_level.clone(),
             db_pool: opts.db_pool,
             mrtr_keys: shared::seal::SealKeys::generate("dev1"),
-            env: opts.env.clone(),
+            env: env.clone(),
         };
 
         stack.start_nats()?;
@@ -329,7 +345,7 @@ impl Stack {
             .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)
             .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string())
-            .envs(opts.env.iter().map(|(k, v)| (k, v)));
+            .envs(env.iter().map(|(k, v)| (k, v)));
         stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
         for i in 0..opts.workers {
             stack.start_worker(i)?;
@@ -360,7 +376,7 @@ impl Stack {
             .args(["--authorization-server", &self.control_url])
             .args(["--worker-id", &format!("worker-{}", i + 1)])
             .env("DATABASE_URL", &self.database_url)
-            .env("NATS_URL", &self.nats_url)
+            .env("NATS_URL", self.worker_nats_url(i))
             .env("RUST_LOG", &self.opts_log)
             .env("GATEHOUSE_DB_POOL", self.db_pool.to_string())
             // Every worker of the stack seals multi round-trip state with the same key.
@@ -428,31 +444,73 @@ impl Stack {
         ))
     }
 
-    /// Starts (or restarts) this stack's NATS server and waits until it accepts connections.
+    /// The NATS URL worker `i` is given: its own node of a cluster.
+    pub fn worker_nats_url(&self, i: usize) -> String {
+        let (port, _) = self.nats_ports[i % self.nats_ports.len()];
+        format!("nats://127.0.0.1:{port}")
+    }
+
+    fn nats_name(&self, node: usize) -> String {
+        if self.nats_ports.len() == 1 { "nats".to_owned() } else { format!("nats-{}", node + 1) }
+    }
+
+    /// Starts (or restarts) this stack's NATS servers and waits until they accept connections.
     pub fn start_nats(&mut self) -> Result<()> {
-        let store = self.run_dir.join("nats-store");
+        for node in 0..self.nats_ports.len() {
+            self.start_nats_node(node)?;
+        }
+        Ok(())
+    }
+
+    /// Starts (or restarts) one NATS node, with its own JetStream store; in a cluster it
+    /// routes to the other nodes.
+    pub fn start_nats_node(&mut self, node: usize) -> Result<()> {
+        let name = self.nats_name(node);
+        let store = self.run_dir.join(format!("{name}-store"));
         std::fs::create_dir_all(&store)?;
+        let (port, route) = self.nats_ports[node];
         let mut nats = Command::new(nats_bin()?);
-        nats.args(["-a", "127.0.0.1", "-p", &self.nats_port.to_string(), "-js", "-sd"]).arg(&store);
-        self.procs.retain(|p| p.name != "nats");
-        self.procs.push(spawn_logged("nats", nats, &self.run_dir)?);
+        nats.args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"]).arg(&store);
+        if self.nats_ports.len() > 1 {
+            let routes: Vec<String> = self
+                .nats_ports
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| *k != node)
+                .map(|(_, (_, r))| format!("nats://127.0.0.1:{r}"))
+                .collect();
+            nats.args(["-n", &name, "--cluster_name", "gatehouse"])
+                .args(["--cluster", &format!("nats://127.0.0.1:{route}")])
+                .args(["--routes", &routes.join(",")]);
+        }
+        self.procs.retain(|p| p.name != name);
+        self.procs.push(spawn_logged(&name, nats, &self.run_dir)?);
         let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.nats_port)).is_err() {
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if start.elapsed() > Duration::from_secs(10) {
-                bail!("nats-server did not start: {}", self.log("nats"));
+                bail!("nats-server did not start: {}", self.log(&name));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
     }
 
-    /// Stops this stack's NATS server, as an outage would.
+    /// Stops this stack's NATS servers, as an outage would.
     pub fn stop_nats(&mut self) -> Result<()> {
-        if let Some(p) = self.procs.iter_mut().find(|p| p.name == "nats") {
+        for node in 0..self.nats_ports.len() {
+            self.stop_nats_node(node)?;
+        }
+        Ok(())
+    }
+
+    /// Stops one NATS node (SIGKILL), as a crashed server would stop.
+    pub fn stop_nats_node(&mut self, node: usize) -> Result<()> {
+        let name = self.nats_name(node);
+        if let Some(p) = self.procs.iter_mut().find(|p| p.name == name) {
             p.child.kill()?;
             p.child.wait()?;
         }
-        self.procs.retain(|p| p.name != "nats");
+        self.procs.retain(|p| p.name != name);
         Ok(())
     }
 

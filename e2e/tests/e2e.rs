@@ -2500,3 +2500,191 @@ async fn an_admin_sees_each_connections_calls_drawn_in_the_browser() {
     assert_eq!(seen["week_bars"], 168, "{seen}");
     assert!(seen["drawn_pixels"].as_u64().is_some_and(|n| n > 0), "the bars are drawn: {seen}");
 }
+
+/// A counter of a worker's `/metrics` (0 when the series does not exist yet).
+async fn worker_counter(worker: &str, series: &str) -> f64 {
+    let text = match reqwest::get(format!("{worker}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return -1.0,
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Waits (at most 30 s) until every worker in `workers` has counted at least `want` of `kind`
+/// pushes; returns the counts.
+async fn pushes_reach(stack: &Stack, workers: &[usize], kind: &str, want: &[f64]) -> Vec<f64> {
+    let series = format!("gatehouse_worker_bus_events_total{{kind=\"{kind}\"}}");
+    let mut now = Vec::new();
+    for _ in 0..300 {
+        now.clear();
+        for &w in workers {
+            now.push(worker_counter(&stack.worker_urls[w], &series).await);
+        }
+        if now.iter().zip(want).all(|(n, w)| n >= w) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    now
+}
+
+/// Waits until NATS takes a write through these servers (leaders elected after a node stopped).
+async fn nats_writable(urls: &str) {
+    for _ in 0..150 {
+        if let Ok(bus) = shared::bus::Bus::connect(urls, std::time::Duration::from_secs(2), 3).await
+            && bus.probe().await.is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("NATS at {urls} takes no write");
+}
+
+async fn every_worker_watches(stack: &Stack, workers: &[usize]) {
+    for &w in workers {
+        let url = format!("{}/readyz", stack.worker_urls[w]);
+        let mut watching = false;
+        for _ in 0..300 {
+            let body: Value = match reqwest::get(&url).await {
+                Ok(r) => r.json().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            };
+            if body["nats"] == "connected" {
+                watching = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(watching, "worker-{} watches the bucket", w + 1);
+    }
+}
+
+#[tokio::test]
+async fn a_nats_cluster_that_loses_a_node_still_pushes_every_switch_and_revocation_to_every_worker()
+{
+    let mut opts = Options::for_test("nats_cluster", 3);
+    opts.nats_nodes = 3;
+    let mut stack = Stack::start(opts).await.expect("stack");
+    let all = [0, 1, 2];
+    every_worker_watches(&stack, &all).await;
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let kinds = ["global_kill", "tenant_access", "revoked"];
+    let counts = |kind: &'static str| {
+        let stack = &stack;
+        async move {
+            let series = format!("gatehouse_worker_bus_events_total{{kind=\"{kind}\"}}");
+            let mut out = Vec::new();
+            for w in &stack.worker_urls {
+                out.push(worker_counter(w, &series).await);
+            }
+            out
+        }
+    };
+    let mut before = Vec::new();
+    for kind in kinds {
+        before.push(counts(kind).await);
+    }
+
+    // Worker-1's node stops; the cluster keeps two of three, worker-1 moves to another node.
+    stack.stop_nats_node(0).expect("stop node 1");
+    let survivors = stack.worker_nats_url(1) + "," + &stack.worker_nats_url(2);
+    nats_writable(&survivors).await;
+    stack.ctl(&["kill-switch", "on", "--reason", "cluster drill"]).expect("global on");
+    stack
+        .ctl(&["kill-switch", "on", "--tenant", &slug, "--reason", "cluster drill"])
+        .expect("tenant on");
+    let revoked = stack.tenant(0)["connections"][1]["connection"].as_str().expect("con").to_owned();
+    stack
+        .ctl(&[
+            "connection",
+            "revoke",
+            "--tenant",
+            &slug,
+            "--connection",
+            &revoked,
+            "--reason",
+            "cluster drill",
+        ])
+        .expect("revoke");
+    for (kind, before) in kinds.iter().zip(&before) {
+        let want: Vec<f64> = before.iter().map(|b| b + 1.0).collect();
+        let after = pushes_reach(&stack, &all, kind, &want).await;
+        assert!(
+            after.iter().zip(before).all(|(a, b)| a > b),
+            "{kind} reached every worker over the cluster: before {before:?}, after {after:?}"
+        );
+    }
+    stack.ctl(&["kill-switch", "off", "--reason", "drill over"]).expect("global off");
+    stack
+        .ctl(&["kill-switch", "off", "--tenant", &slug, "--reason", "drill over"])
+        .expect("tenant off");
+    assert!(
+        every_worker_answers(&stack, &stack.token(0, 0), 200).await.iter().all(|(s, _)| *s == 200)
+    );
+    stack.start_nats_node(0).expect("node 1 back");
+
+    // Worker-3 is cut off: its only seed is down while it restarts, so it has no NATS at all
+    // while the switches flip on the other two nodes; when its node is back it catches up from
+    // the bucket's history.
+    stack.kill_worker(2).expect("kill worker-3");
+    stack.stop_nats_node(2).expect("stop node 3");
+    let others = stack.worker_nats_url(0) + "," + &stack.worker_nats_url(1);
+    nats_writable(&others).await;
+    stack.start_worker(2).expect("worker-3 without NATS");
+    e2e::wait_ready(
+        &format!("{}/readyz", stack.worker_urls[2]),
+        std::time::Duration::from_secs(20),
+    )
+    .await
+    .expect("worker-3 serves from Postgres alone");
+    let other_slug = stack.tenant(1)["slug"].as_str().expect("slug").to_owned();
+    stack
+        .ctl(&["kill-switch", "on", "--tenant", &other_slug, "--reason", "while cut off"])
+        .expect("tenant on");
+    let cut_off = [2];
+    let both = [2.0];
+    let seen = worker_counter(
+        &stack.worker_urls[2],
+        "gatehouse_worker_bus_events_total{kind=\"tenant_access\"}",
+    )
+    .await;
+    assert_eq!(seen, 0.0, "worker-3 has no NATS while its node is down");
+    // Postgres alone already refuses the switched-off tenant on worker-3.
+    assert_eq!(
+        write_status(&stack.worker_urls[2], &stack.token(1, 0), "cut-off@example.net").await.0,
+        403
+    );
+    stack.start_nats_node(2).expect("node 3 back");
+    let caught_up = pushes_reach(&stack, &cut_off, "tenant_access", &both).await;
+    assert!(
+        caught_up[0] >= 2.0,
+        "worker-3 replayed both tenants' switches from history: {caught_up:?}"
+    );
+    let replayed = worker_counter(
+        &stack.worker_urls[2],
+        "gatehouse_worker_bus_events_total{kind=\"revoked\"}",
+    )
+    .await;
+    assert!(replayed >= 1.0, "and the revocation: {replayed}");
+    stack
+        .ctl(&["kill-switch", "off", "--tenant", &other_slug, "--reason", "done"])
+        .expect("tenant off");
+    // Push lag on each worker, for the record (the benchmark measures it under load).
+    for w in &stack.worker_urls {
+        let sum =
+            worker_counter(w, "gatehouse_worker_bus_push_lag_seconds_sum{kind=\"tenant_access\"}")
+                .await;
+        let n = worker_counter(
+            w,
+            "gatehouse_worker_bus_push_lag_seconds_count{kind=\"tenant_access\"}",
+        )
+        .await;
+        eprintln!(
+            "{w}: tenant switch pushes {n}, mean lag {:.1} ms",
+            if n > 0.0 { sum / n * 1000.0 } else { 0.0 }
+        );
+    }
+}

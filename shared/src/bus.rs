@@ -1,5 +1,13 @@
 //! The push channel: a NATS JetStream key-value bucket holding the kill switches and
-//! revocation markers (R4, R18).
+//! revocation markers (R4, R18), and a core NATS subject that carries each change the moment
+//! it is made.
+//!
+//! Two paths, because each covers the other's weak moment: a core message reaches every
+//! connected worker at once even while JetStream re-elects its leaders after a server of a
+//! cluster stopped (the bucket's watchers stall until their consumer is recreated), and the
+//! bucket's history gives a worker that was cut off every change when it reconnects. Each value
+//! carries its publisher's timestamp, so a worker applies the newest change of a key once,
+//! whichever path brought it first.
 //!
 //! Postgres stays the truth — every MCP request re-reads the switches and the connection with
 //! its context query — so NATS only makes changes arrive sooner: a worker flips its in-memory
@@ -33,8 +41,46 @@ pub enum Event {
     Revoked { connection_id: i64 },
 }
 
+/// Where the fast path publishes: `gatehouse.push.<key>` on core NATS.
+const PUSH_PREFIX: &str = "gatehouse.push.";
+
+/// An event with the instant its publisher sent it (Unix nanoseconds, the publisher's clock),
+/// which orders the copies that arrive over the two paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    pub event: Event,
+    pub sent_ns: i128,
+}
+
+/// Now, in Unix nanoseconds.
+pub fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// A value without its stamp, and the stamp (`on;1764600000000000000`); 0 when unstamped.
+fn unstamp(value: &[u8]) -> (&[u8], i128) {
+    match value.iter().position(|b| *b == b';') {
+        Some(i) => {
+            let stamp = std::str::from_utf8(&value[i + 1..]).ok().and_then(|s| s.parse().ok());
+            (&value[..i], stamp.unwrap_or(0))
+        }
+        None => (value, 0),
+    }
+}
+
+impl Pushed {
+    /// Reads a bucket entry or a fast-path message back (`None` for keys that are not events).
+    pub fn parse(key: &str, value: &[u8]) -> Option<Pushed> {
+        let (value, sent_ns) = unstamp(value);
+        Event::parse(key, value).map(|event| Pushed { event, sent_ns })
+    }
+}
+
 impl Event {
-    fn key(&self) -> String {
+    /// The bucket key, which is also what orders its copies: one switch or connection a key.
+    pub fn key(&self) -> String {
         match self {
             Event::GlobalKill(_) => "switch.global".into(),
             Event::TenantAccess { tenant_id, .. } => format!("switch.tenant.{tenant_id}"),
@@ -52,8 +98,9 @@ impl Event {
         }
     }
 
-    /// Reads an entry of the bucket back into an event.
+    /// Reads an entry of the bucket back into an event (stamped or not).
     pub fn parse(key: &str, value: &[u8]) -> Option<Event> {
+        let (value, _) = unstamp(value);
         let on = value == b"on";
         if key == "switch.global" {
             return Some(Event::GlobalKill(on));
@@ -90,11 +137,29 @@ fn nats_error(e: impl std::fmt::Display) -> Error {
     Error::Internal(format!("nats: {e}"))
 }
 
-async fn open(url: &str) -> Result<Inner> {
+/// The servers of a `NATS_URL`: one URL, or several separated by commas (seeds of a cluster;
+/// the client learns the rest of the cluster from them).
+pub fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>> {
+    let servers: Vec<async_nats::ServerAddr> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| u.parse().map_err(|e| Error::invalid("NATS_URL", format!("{u}: {e}"))))
+        .collect::<Result<_>>()?;
+    if servers.is_empty() {
+        return Err(Error::invalid(
+            "NATS_URL",
+            "name at least one server, e.g. nats://127.0.0.1:4222",
+        ));
+    }
+    Ok(servers)
+}
+
+async fn open(url: &str, replicas: usize) -> Result<Inner> {
     let client = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(2))
         .max_reconnects(None)
-        .connect(url)
+        .connect(servers(url)?)
         .await
         .map_err(nats_error)?;
     let js = jetstream::new(client.clone());
@@ -107,6 +172,8 @@ async fn open(url: &str) -> Result<Inner> {
         deny_delete: true,
         allow_direct: true,
         discard: stream::DiscardPolicy::New,
+        // On a NATS cluster, copies on that many servers, so losing one loses no switch.
+        num_replicas: replicas,
         ..Default::default()
     })
     .await
@@ -117,13 +184,13 @@ async fn open(url: &str) -> Result<Inner> {
 
 impl Bus {
     /// Starts connecting to `url` in the background and returns at once.
-    pub fn spawn(url: &str) -> Bus {
+    pub fn spawn(url: &str, replicas: usize) -> Bus {
         let bus = Bus::default();
         let (inner, url) = (bus.inner.clone(), url.to_owned());
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(200);
             loop {
-                match open(&url).await {
+                match open(&url, replicas).await {
                     Ok(opened) => {
                         *inner.write().await = Some(opened);
                         tracing::info!(nats.url = %url, "connected to NATS");
@@ -141,8 +208,8 @@ impl Bus {
     }
 
     /// Connects, waiting at most `within`; for short-lived commands.
-    pub async fn connect(url: &str, within: Duration) -> Result<Bus> {
-        let opened = tokio::time::timeout(within, open(url))
+    pub async fn connect(url: &str, within: Duration, replicas: usize) -> Result<Bus> {
+        let opened = tokio::time::timeout(within, open(url, replicas))
             .await
             .map_err(|_| Error::Internal(format!("nats: {url} unreachable")))??;
         Ok(Bus { inner: Arc::new(RwLock::new(Some(opened))) })
@@ -154,17 +221,28 @@ impl Bus {
         })
     }
 
-    /// Publishes an event; a failure is logged and swallowed (the database already holds the change).
+    /// Publishes an event: first on core NATS (the fast path: every connected worker gets it at
+    /// once, whatever JetStream's leaders are doing, e.g. re-electing after a server stopped),
+    /// then into the bucket (the history a worker replays when it connects). A failure is
+    /// logged and swallowed: the database already holds the change.
     pub async fn publish(&self, event: &Event) {
         let Some(inner) = self.inner.read().await.clone() else {
             tracing::warn!(bus.key = %event.key(), "NATS not connected; workers see the change on their next call");
             return;
         };
-        let put = tokio::time::timeout(
-            Duration::from_secs(2),
-            inner.kv.put(event.key(), bytes::Bytes::from_static(event.value().as_bytes())),
-        )
-        .await;
+        let value = bytes::Bytes::from(format!("{};{}", event.value(), now_ns()));
+        let fast = async {
+            inner.client.publish(format!("{PUSH_PREFIX}{}", event.key()), value.clone()).await?;
+            inner.client.flush().await.map_err(|e| nats_error(e).to_string())?;
+            Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+        };
+        match tokio::time::timeout(Duration::from_secs(2), fast).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(bus.key = %event.key(), error = %e, "fast push failed"),
+            Err(_) => tracing::warn!(bus.key = %event.key(), "fast push timed out"),
+        }
+        let put =
+            tokio::time::timeout(Duration::from_secs(2), inner.kv.put(event.key(), value)).await;
         match put {
             Ok(Ok(_)) => tracing::debug!(bus.key = %event.key(), "published"),
             Ok(Err(e)) => {
@@ -176,21 +254,45 @@ impl Bus {
         }
     }
 
-    /// Every current entry (history replay), then every change, as events with the time NATS
-    /// stored them (Unix nanoseconds, the server's clock). `None` while NATS is not connected
-    /// yet.
-    pub async fn watch(
-        &self,
-    ) -> Option<Result<impl futures_util::Stream<Item = (Event, i128)> + use<>>> {
+    /// Whether NATS takes a write now (a cluster that lost a node has elected new leaders):
+    /// writes a probe key that no process reads.
+    pub async fn probe(&self) -> Result<()> {
+        let inner = self.inner.read().await.clone().ok_or_else(|| nats_error("not connected"))?;
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            inner.kv.put("probe", bytes::Bytes::from_static(b"1")),
+        )
+        .await
+        .map_err(|_| nats_error("probe timed out"))?
+        .map_err(nats_error)?;
+        Ok(())
+    }
+
+    /// Every current entry (history replay), then every change, merged with the fast path's
+    /// messages. A change usually arrives twice; its stamp tells the copies apart. `None`
+    /// while NATS is not connected yet.
+    pub async fn watch(&self) -> Option<Result<impl futures_util::Stream<Item = Pushed> + use<>>> {
         let inner = self.inner.read().await.clone()?;
+        let pushes = match inner.client.subscribe(format!("{PUSH_PREFIX}>")).await {
+            Ok(subscription) => subscription,
+            Err(e) => return Some(Err(nats_error(e))),
+        };
         Some(match inner.kv.watch_with_history(">").await {
-            Ok(watch) => Ok(watch.filter_map(|entry| async move {
-                let entry = entry.ok()?;
-                Some((
-                    Event::parse(&entry.key, &entry.value)?,
-                    entry.created.unix_timestamp_nanos(),
-                ))
-            })),
+            Ok(watch) => {
+                let history = watch.filter_map(|entry| async move {
+                    let entry = entry.ok()?;
+                    let mut pushed = Pushed::parse(&entry.key, &entry.value)?;
+                    if pushed.sent_ns == 0 {
+                        pushed.sent_ns = entry.created.unix_timestamp_nanos();
+                    }
+                    Some(pushed)
+                });
+                let fast = pushes.filter_map(|message| async move {
+                    let key = message.subject.as_str().strip_prefix(PUSH_PREFIX)?.to_owned();
+                    Pushed::parse(&key, &message.payload)
+                });
+                Ok(futures_util::stream::select(history, fast))
+            }
             Err(e) => Err(nats_error(e)),
         })
     }
@@ -215,8 +317,13 @@ mod tests {
             Event::TenantAccess { tenant_id: 7, on: false },
             Event::Revoked { connection_id: 42 },
         ] {
-            assert_eq!(Event::parse(&e.key(), e.value().as_bytes()), Some(e));
+            assert_eq!(Event::parse(&e.key(), e.value().as_bytes()), Some(e.clone()));
+            let stamped = format!("{};1764600000000000042", e.value());
+            let pushed = Pushed::parse(&e.key(), stamped.as_bytes()).expect("stamped");
+            assert_eq!((pushed.event, pushed.sent_ns), (e, 1764600000000000042));
         }
         assert_eq!(Event::parse("switch.tenant.x", b"on"), None);
+        assert_eq!(Pushed::parse("probe", b"1"), None, "the probe key is no event");
+        assert_eq!(Pushed::parse("switch.global", b"on;garbage").map(|p| p.sent_ns), Some(0));
     }
 }

@@ -22,7 +22,11 @@ impl std::fmt::Debug for Secret {
 pub struct Common {
     /// Postgres URL; it may hold a password, so it is wrapped.
     pub database_url: Secret,
+    /// One NATS URL, or several separated by commas (a cluster's seeds).
     pub nats_url: String,
+    /// Copies of the switch bucket a NATS cluster keeps (`GATEHOUSE_NATS_REPLICAS`, 1 to 5;
+    /// 3 on a three-node cluster, so one node can stop).
+    pub nats_replicas: usize,
     pub db_max_connections: u32,
 }
 
@@ -36,7 +40,18 @@ impl Common {
         let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
         let db_max_connections =
             std::env::var("GATEHOUSE_DB_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-        Ok(Common { database_url: Secret(database_url), nats_url, db_max_connections })
+        let nats_replicas = match std::env::var("GATEHOUSE_NATS_REPLICAS") {
+            Err(_) => 1,
+            Ok(v) => v.trim().parse().ok().filter(|n| (1..=5).contains(n)).ok_or_else(|| {
+                Error::invalid("GATEHOUSE_NATS_REPLICAS", "use 1 to 5 (3 on a three-node cluster)")
+            })?,
+        };
+        Ok(Common {
+            database_url: Secret(database_url),
+            nats_url,
+            nats_replicas,
+            db_max_connections,
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use shared::bus::{Bus, Event};
+use shared::bus::{Bus, Event, Pushed};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Default)]
@@ -22,6 +22,9 @@ pub struct Live {
     tenants_off: Mutex<HashSet<i64>>,
     inflight: Mutex<HashMap<i64, Vec<(u64, CancellationToken)>>>,
     next_id: AtomicU64,
+    /// The stamp of the latest change applied per key: a change arrives over the fast path and
+    /// from the bucket, and an older copy arriving late must not undo a newer one.
+    applied: Mutex<HashMap<String, i128>>,
 }
 
 /// Unregisters an in-flight request when it ends.
@@ -69,6 +72,20 @@ impl Live {
             .or_default()
             .push((id, token.clone()));
         InFlight { live: self.clone(), connection_id, id, token }
+    }
+
+    /// Applies a change unless a newer one of its key was applied; true when applied.
+    pub fn apply_pushed(&self, pushed: &Pushed) -> bool {
+        {
+            let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
+            let last = applied.entry(pushed.event.key()).or_insert(i128::MIN);
+            if pushed.sent_ns <= *last {
+                return false;
+            }
+            *last = pushed.sent_ns;
+        }
+        self.apply(&pushed.event);
+        true
     }
 
     pub fn apply(&self, event: &Event) {
@@ -122,23 +139,25 @@ pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metr
         };
         live.nats_connected.store(true, Ordering::Release);
         metrics.nats_connected.set(1);
-        // Entries stored before the watch began are history being replayed, not pushes.
-        let watching_since = unix_nanos();
+        // Changes stamped before the watch began are history being replayed, not pushes.
+        let watching_since = shared::bus::now_ns();
         let mut stream = std::pin::pin!(stream);
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
-                event = stream.next() => match event {
-                    Some((event, stored)) => {
-                        live.apply(&event);
-                        let kind = match event {
+                pushed = stream.next() => match pushed {
+                    Some(pushed) => {
+                        if !live.apply_pushed(&pushed) {
+                            continue;
+                        }
+                        let kind = match pushed.event {
                             Event::GlobalKill(_) => "global_kill",
                             Event::TenantAccess { .. } => "tenant_access",
                             Event::Revoked { .. } => "revoked",
                         };
                         metrics.bus_events.with_label_values(&[kind]).inc();
-                        if stored >= watching_since {
-                            let lag = (unix_nanos() - stored).max(0) as f64 / 1e9;
+                        if pushed.sent_ns >= watching_since {
+                            let lag = (shared::bus::now_ns() - pushed.sent_ns).max(0) as f64 / 1e9;
                             metrics.bus_push_lag.with_label_values(&[kind]).observe(lag);
                         }
                     }
@@ -152,10 +171,4 @@ pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metr
         tracing::warn!("lost the NATS watch; Postgres alone decides until it is back");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn unix_nanos() -> i128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128)
 }

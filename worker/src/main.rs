@@ -73,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
             None => None,
         },
     };
-    let bus = shared::bus::Bus::spawn(&common.nats_url);
+    let bus = shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas);
     let state = Arc::new(AppState::new(ds, settings));
     tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
     tokio::spawn(worker::record_activity(state.clone()));

@@ -358,7 +358,13 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
     let common = Common::from_env()?;
     let mut ds = Services::connect(common.database_url.expose(), 4).await?;
     if cli.command.pushes() {
-        match shared::bus::Bus::connect(&common.nats_url, std::time::Duration::from_secs(2)).await {
+        match shared::bus::Bus::connect(
+            &common.nats_url,
+            std::time::Duration::from_secs(2),
+            common.nats_replicas,
+        )
+        .await
+        {
             Ok(bus) => ds = ds.with_bus(bus),
             Err(_) => eprintln!(
                 "warning: NATS at {} is unreachable; workers will see this change on their next request instead of at once",

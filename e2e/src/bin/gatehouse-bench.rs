@@ -576,7 +576,7 @@ async fn main() -> Result<()> {
     // Kill switch and revocation propagation.
     let ds = shared::Services::connect(&stack.database_url, 2)
         .await?
-        .with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5)).await?);
+        .with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5), 1).await?);
     let workers = stack.worker_urls.clone();
     let admin_email = stack.tenant(0)["admin"]["email"].as_str().context("email")?.to_owned();
     let operator = operators::authenticate(&ds, &admin_email, Channel::Cli).await?;

@@ -28,6 +28,7 @@ async fn main() -> anyhow::Result<()> {
         control_args: Vec::new(),
         // The services inherit this process's environment, OTEL_* included.
         env: Vec::new(),
+        nats_nodes: 1,
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;
