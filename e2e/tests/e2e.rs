@@ -1073,9 +1073,12 @@ async fn revoking_a_connection_ends_its_streaming_export_on_another_worker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_three_worker_fleet_survives_kills_nats_restarts_and_switches_without_losing_or_doubling()
+async fn a_three_worker_fleet_survives_kills_nats_failures_and_switches_without_losing_or_doubling()
 {
-    let mut stack = Stack::start(Options::for_test("fleet", 3)).await.expect("stack");
+    // Three workers, each on its own server of a three-node NATS cluster.
+    let mut opts = Options::for_test("fleet", 3);
+    opts.nats_nodes = 3;
+    let mut stack = Stack::start(opts).await.expect("stack");
     let token = stack.token(0, 0);
     let (clients, rounds) = (6, 18);
     // A load drill: this tenant's buckets are raised for it, as an admin would.
@@ -1104,6 +1107,10 @@ async fn a_three_worker_fleet_survives_kills_nats_restarts_and_switches_without_
     )
     .await
     .expect("worker-2 back");
+    // One NATS server dies under load, comes back; then the whole cluster restarts.
+    stack.stop_nats_node(1).expect("stop nats-2");
+    pause(700).await;
+    stack.start_nats_node(1).expect("start nats-2");
     stack.stop_nats().expect("stop nats");
     pause(500).await;
     stack.start_nats().expect("start nats");
