@@ -9,6 +9,7 @@
 //! - a silent write (`add_booking_note`, with replay and audit) and confirmed notifies
 //!   (`confirm_action`) per second;
 //! - the time from a kill-switch flip to 503 on every worker, and from a revocation to refusal;
+//! - switch and revocation push lag on a three-node NATS cluster, with one server stopped;
 //! - worker memory idle and under load.
 //!
 //! The load generator shares the two cores with nginx, the workers and Postgres, so absolute
@@ -35,6 +36,7 @@ struct Args {
     concurrency: usize,
     seconds: u64,
     out: String,
+    cluster_only: bool,
 }
 
 fn args() -> Args {
@@ -42,6 +44,7 @@ fn args() -> Args {
         concurrency: 16,
         seconds: 8,
         out: e2e::repo_root().join("docs/benchmarks.md").to_string_lossy().into_owned(),
+        cluster_only: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -50,9 +53,15 @@ fn args() -> Args {
             "--concurrency" => a.concurrency = argv[i + 1].parse().expect("--concurrency N"),
             "--seconds" => a.seconds = argv[i + 1].parse().expect("--seconds N"),
             "--out" => a.out = argv[i + 1].clone(),
+            "--cluster-only" => {
+                a.cluster_only = true;
+                i += 1;
+                continue;
+            }
             "--help" | "-h" => {
                 println!(
-                    "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]"
+                    "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]\n\
+                     gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)"
                 );
                 std::process::exit(0);
             }
@@ -331,9 +340,173 @@ fn summary(mut v: Vec<f64>) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
+/// The push-lag histogram of one worker for one kind: (sum of seconds, count).
+async fn push_lag(http: &reqwest::Client, worker: &str, kind: &str) -> (f64, f64) {
+    let text = match http.get(format!("{worker}/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let value = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    };
+    (
+        value(&format!("gatehouse_worker_bus_push_lag_seconds_sum{{kind=\"{kind}\"}}")),
+        value(&format!("gatehouse_worker_bus_push_lag_seconds_count{{kind=\"{kind}\"}}")),
+    )
+}
+
+/// Each worker's lag for one change, in milliseconds: every change is applied once per worker,
+/// so the histogram's sum grows by exactly that change's lag. `None` for a worker the change
+/// did not reach within five seconds.
+async fn lags_of(
+    http: &reqwest::Client,
+    workers: &[String],
+    kind: &str,
+    before: &[(f64, f64)],
+) -> Vec<Option<f64>> {
+    let started = Instant::now();
+    let mut out = vec![None; workers.len()];
+    while out.iter().any(Option::is_none) && started.elapsed() < Duration::from_secs(5) {
+        for (i, w) in workers.iter().enumerate() {
+            if out[i].is_none() {
+                let (sum, count) = push_lag(http, w, kind).await;
+                if count > before[i].1 {
+                    out[i] = Some((sum - before[i].0) * 1000.0);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Switch and revocation pushes on a three-node NATS cluster, one worker per server: the
+/// first third of the flips with every server up, the rest with one stopped. Returns
+/// (p50, p99, missed) per phase, over every worker's lag for every change.
+async fn cluster_propagation() -> Result<[(f64, f64, usize, usize); 2]> {
+    let mut opts = Options::for_test("bench_cluster", 3);
+    opts.log_level = "warn".into();
+    opts.nats_nodes = 3;
+    let mut stack = Stack::start(opts).await?;
+    let http = reqwest::Client::new();
+    let workers = stack.worker_urls.clone();
+    for w in &workers {
+        let started = Instant::now();
+        loop {
+            let body: Value = http.get(format!("{w}/readyz")).send().await?.json().await?;
+            if body["nats"] == "connected" {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("{w} has no NATS watch");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let ds = shared::Services::connect(&stack.database_url, 2)
+        .await?
+        .with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5), 3).await?);
+    let admin_email = stack.tenant(0)["admin"]["email"].as_str().context("email")?.to_owned();
+    let operator = operators::authenticate(&ds, &admin_email, Channel::Cli).await?;
+    let tenant =
+        admin::tenant_by_slug(&ds, stack.tenant(0)["slug"].as_str().context("slug")?).await?;
+    let ctx = shared::OpCtx::for_operator(&operator, admin::tenant_ref(&tenant)?);
+    let mut phases = [(Vec::new(), 0usize), (Vec::new(), 0usize)];
+    for (phase, flips) in [(0usize, 10), (1, 20)] {
+        if phase == 1 {
+            stack.stop_nats_node(0)?;
+            let survivors = stack.worker_nats_url(1) + "," + &stack.worker_nats_url(2);
+            let started = Instant::now();
+            loop {
+                let ready =
+                    match shared::bus::Bus::connect(&survivors, Duration::from_secs(2), 3).await {
+                        Ok(bus) => bus.probe().await.is_ok(),
+                        Err(_) => false,
+                    };
+                if ready {
+                    break;
+                }
+                if started.elapsed() > Duration::from_secs(30) {
+                    bail!("the cluster takes no write with one server stopped");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        for i in 0..flips {
+            for kind in ["global_kill", "tenant_access", "revoked"] {
+                let mut before = Vec::new();
+                for w in &workers {
+                    before.push(push_lag(&http, w, kind).await);
+                }
+                match kind {
+                    "global_kill" => {
+                        admin::kill_switch_set(
+                            &ds,
+                            admin::SwitchScope::Global(&operator),
+                            i % 2 == 0,
+                            "benchmark",
+                        )
+                        .await?;
+                    }
+                    "tenant_access" => {
+                        admin::kill_switch_set(
+                            &ds,
+                            admin::SwitchScope::Tenant(&ctx),
+                            i % 2 == 0,
+                            "benchmark",
+                        )
+                        .await?;
+                    }
+                    _ => {
+                        let c = admin::connection_create(
+                            &ds,
+                            &ctx,
+                            admin::NewConnection {
+                                creator_email: &admin_email,
+                                name: &format!("cluster bench {phase} {i}"),
+                                client_name: "bench",
+                                rights: shared::rights::read_only(),
+                                toolset: "full",
+                            },
+                        )
+                        .await?;
+                        admin::connection_revoke(&ds, &ctx, &c.connection, "benchmark").await?;
+                    }
+                }
+                for lag in lags_of(&http, &workers, kind, &before).await {
+                    match lag {
+                        Some(ms) => phases[phase].0.push(ms),
+                        None => phases[phase].1 += 1,
+                    }
+                }
+            }
+        }
+    }
+    // Leave the switches off for whoever reads this database next.
+    admin::kill_switch_set(&ds, admin::SwitchScope::Global(&operator), false, "benchmark").await?;
+    let figures = |(lags, missed): &(Vec<f64>, usize)| {
+        let (p50, p99) = summary(lags.clone());
+        (p50, p99, lags.len(), *missed)
+    };
+    Ok([figures(&phases[0]), figures(&phases[1])])
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = args();
+    if args.cluster_only {
+        let [up, down] = cluster_propagation().await?;
+        println!(
+            "all servers up: p50 {:.2} ms, p99 {:.2} ms, {} samples, {} missed",
+            up.0, up.1, up.2, up.3
+        );
+        println!(
+            "one server stopped: p50 {:.2} ms, p99 {:.2} ms, {} samples, {} missed",
+            down.0, down.1, down.2, down.3
+        );
+        return Ok(());
+    }
     let mut opts = Options::for_test("bench", 2);
     opts.log_level = "warn".into();
     opts.db_pool = 16;
@@ -612,6 +785,8 @@ async fn main() -> Result<()> {
         admin::connection_revoke(&ds, &ctx, &c.connection, "benchmark").await?;
         revoke_ms.push(until_all(&http, &workers, &c.token, 401, t0).await);
     }
+    eprintln!("cluster propagation: three NATS servers, one stopped half-way");
+    let [(c50, c99, cn, cmiss), (d50, d99, dn, dmiss)] = cluster_propagation().await?;
     let (on50, on99) = summary(on_ms);
     let (off50, off99) = summary(off_ms);
     let (rv50, rv99) = summary(revoke_ms);
@@ -700,6 +875,13 @@ async fn main() -> Result<()> {
          (20 flips each; measured from the service call, which commits to Postgres and then publishes to NATS, to the \
          moment a probe on each worker sees the new answer. The per-request context query alone guarantees the next \
          request; NATS makes it sooner for in-flight work.)\n\n\
+         On a three-node NATS cluster (one worker connected to each server, the bucket kept on all three), from the \
+         publisher's timestamp to the worker applying the change (each worker's `bus_push_lag_seconds`; every change \
+         applied once per worker, so its histogram sum grows by exactly that change's lag), for kill-switch flips, \
+         tenant-switch flips and revocations:\n\n\
+         | cluster | p50 ms | p99 ms | changes × workers | not applied within 5 s |\n|---|---|---|---|---|\n\
+         | all three servers up | {c50:.2} | {c99:.2} | {cn} | {cmiss} |\n\
+         | one server stopped (its worker moved to another) | {d50:.2} | {d99:.2} | {dn} | {dmiss} |\n\n\
          ## Worker memory (RSS)\n\n\
          | worker | idle MiB | peak under load MiB |\n|---|---|---|\n{mem}\n\
          ## Reading the figures\n\n\
