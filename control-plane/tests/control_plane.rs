@@ -1844,7 +1844,9 @@ async fn the_audit_log_is_searched_and_paged_in_sql_and_exported_as_csv_no_sprea
 
     // Hostile or mistaken filters: a 400 that says what to write, nothing else.
     for (query, says) in [
-        ("outcome=bogus", "ok, refused, failed"),
+        ("outcome=bogus", "ok, refused, failed, previewed"),
+        ("since=-5000-01-01", "2026-11-30"),
+        ("until=20000-01-01T00:00:00Z", "2026-11-30"),
         ("channel=email", "mcp, api"),
         ("since=yesterday", "2026-11-30"),
         ("cursor=AAAA", "previous page"),

@@ -2243,7 +2243,7 @@ fn emailed_customer(stack: &Stack, slug: &str) -> String {
 async fn traced_call(
     base: &str,
     token: &str,
-    id: i64,
+    id: Value,
     tool: &str,
     args: Value,
     meta_traceparent: Option<&str>,
@@ -2255,7 +2255,7 @@ async fn traced_call(
     });
     if let Some(tp) = meta_traceparent {
         meta["traceparent"] = json!(tp);
-        meta["tracestate"] = json!("vendor=1");
+        meta["tracestate"] = json!("vendor=DECOYSTATE");
     }
     let mut request = reqwest::Client::new()
         .post(format!("{base}/mcp"))
@@ -2321,7 +2321,7 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     let (status, found) = traced_call(
         &stack.lb_url,
         &token,
-        11,
+        json!(11),
         "find_customers",
         json!({"query": "Fischer"}),
         Some(&tp("00f067aa0ba90201")),
@@ -2333,7 +2333,7 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     let (_, preview) = traced_call(
         &stack.lb_url,
         &token,
-        12,
+        json!(12),
         "send_customer_message",
         json!({"customer": customer, "subject": subject, "body": body}),
         Some(&tp("00f067aa0ba90202")),
@@ -2344,7 +2344,7 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     let (_, done) = traced_call(
         &stack.lb_url,
         &token,
-        13,
+        json!(13),
         "confirm_action",
         json!({"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}),
         Some(&tp("00f067aa0ba90203")),
@@ -2357,7 +2357,7 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     let (_, bad) = traced_call(
         &stack.lb_url,
         &token,
-        14,
+        json!("Ann.Smith-DECOYID"),
         "get_booking",
         json!({"booking": "bkg_DECOY-handle"}),
         None,
@@ -2370,7 +2370,7 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     let (status, _) = traced_call(
         &stack.lb_url,
         "gh_mcp_DECOYTOKEN",
-        15,
+        json!(15),
         "find_customers",
         json!({}),
         None,
@@ -2429,6 +2429,10 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
         service["parent_span_id"], confirm["span_id"],
         "execution under the call's service span"
     );
+    assert_eq!(
+        confirm["attributes"]["gatehouse.effect_class"], "notify",
+        "the executed action's class"
+    );
     let delivery = named(&spans, "gatehouse.outbox.deliver", client_trace).expect("delivery");
     assert_eq!(
         delivery["parent_span_id"], execute["span_id"],
@@ -2444,15 +2448,25 @@ async fn an_agents_tool_calls_are_traced_under_the_clients_trace_with_no_argumen
     assert_eq!(failed["status"]["code"], "STATUS_CODE_ERROR");
     assert_eq!(failed["attributes"]["error.type"], "tool_error");
     assert_eq!(failed["attributes"]["gatehouse.outcome"], "invalid_argument");
+    let id = failed["attributes"]["jsonrpc.request.id"].as_str().unwrap_or_default();
+    assert!(id.starts_with("sha256:") && id.len() == 23, "a string id travels as its digest: {id}");
     let refused = named(&spans, "mcp.request", refused_trace).expect("refused span");
     assert_eq!(refused["attributes"]["error.type"], "unauthenticated");
 
     // No argument value, personal data or secret in anything the receiver got.
     let raw = std::fs::read(dir.join("raw.bin")).expect("raw bodies");
     let jsonl = std::fs::read(dir.join("spans.jsonl")).expect("spans");
-    for decoy in
-        [subject, body, "DECOY-handle", "DECOYTOKEN", "Fischer", "anna.fischer", token.as_str()]
-    {
+    for decoy in [
+        subject,
+        body,
+        "DECOY-handle",
+        "DECOYTOKEN",
+        "DECOYSTATE",
+        "DECOYID",
+        "Fischer",
+        "anna.fischer",
+        token.as_str(),
+    ] {
         for (what, bytes) in [("raw OTLP", &raw), ("decoded spans", &jsonl)] {
             let found = bytes.windows(decoy.len()).any(|w| w == decoy.as_bytes());
             assert!(!found, "{decoy:?} reached the {what}");

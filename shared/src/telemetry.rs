@@ -167,8 +167,9 @@ pub enum Attr<'a> {
     ProtocolVersion(&'static str),
     /// `jsonrpc.request.id` of a numeric id.
     RequestNumber(i64),
-    /// `jsonrpc.request.id` of a string id: kept only when it looks like an id (64
-    /// characters at most of `[A-Za-z0-9._:-]`), since a client chooses it.
+    /// `jsonrpc.request.id` of a string id: a client writes it, so the span carries its
+    /// SHA-256 (`sha256:` and 16 hex digits), which a client can compute to find its call
+    /// but which shows no text.
     RequestText(&'a str),
     /// `gatehouse.tenant`: the tenant's public handle.
     Tenant(&'a TenantHandle),
@@ -216,12 +217,6 @@ pub fn method_name(method: &str) -> &'static str {
     MCP_METHODS.iter().copied().find(|m| *m == method).unwrap_or("other")
 }
 
-fn is_id_like(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 64
-        && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
-}
-
 impl Attr<'_> {
     fn key_value(self) -> Option<KeyValue> {
         Some(match self {
@@ -230,10 +225,11 @@ impl Attr<'_> {
             Attr::Operation(o) => KeyValue::new("gen_ai.operation.name", o),
             Attr::ProtocolVersion(v) => KeyValue::new("mcp.protocol.version", v),
             Attr::RequestNumber(n) => KeyValue::new("jsonrpc.request.id", n.to_string()),
-            Attr::RequestText(t) if is_id_like(t) => {
-                KeyValue::new("jsonrpc.request.id", t.to_owned())
+            Attr::RequestText(t) => {
+                use sha2::Digest as _;
+                let digest = sha2::Sha256::digest(t.as_bytes());
+                KeyValue::new("jsonrpc.request.id", format!("sha256:{}", hex::encode(&digest[..8])))
             }
-            Attr::RequestText(_) => return None,
             Attr::Tenant(h) => KeyValue::new("gatehouse.tenant", h.as_str().to_owned()),
             Attr::Connection(h) => KeyValue::new("gatehouse.connection", h.as_str().to_owned()),
             Attr::Class(c) => KeyValue::new("gatehouse.effect_class", c.as_str()),
@@ -271,23 +267,37 @@ impl Name {
 
 /// Where a trace comes from: a W3C `traceparent`/`tracestate` pair, read from the request's
 /// `_meta` (MCP 2026-07-28) first and from its HTTP headers otherwise.
+///
+/// Only the trace and parent ids and the sampled flag are kept: `tracestate` is free text a
+/// client writes, which would otherwise be copied onto every span of the request.
 pub fn remote_parent(
     meta: Option<&serde_json::Map<String, serde_json::Value>>,
     headers: Option<&http::HeaderMap>,
 ) -> Context {
     let propagator = TraceContextPropagator::new();
+    let mut cx = Context::new();
     if let Some(meta) = meta
         && meta.get("traceparent").is_some_and(|v| v.is_string())
     {
-        let cx = propagator.extract(&MetaCarrier(meta));
-        if cx.span().span_context().is_valid() {
-            return cx;
-        }
+        cx = propagator.extract(&MetaCarrier(meta));
     }
-    match headers {
-        Some(headers) => propagator.extract(&HeaderCarrier(headers)),
-        None => Context::new(),
+    if !cx.span().span_context().is_valid()
+        && let Some(headers) = headers
+    {
+        cx = propagator.extract(&HeaderCarrier(headers));
     }
+    let sent = cx.span().span_context().clone();
+    if !sent.is_valid() {
+        return Context::new();
+    }
+    let ids_only = opentelemetry::trace::SpanContext::new(
+        sent.trace_id(),
+        sent.span_id(),
+        sent.trace_flags(),
+        true,
+        opentelemetry::trace::TraceState::NONE,
+    );
+    Context::new().with_remote_span_context(ids_only)
 }
 
 struct MetaCarrier<'a>(&'a serde_json::Map<String, serde_json::Value>);
@@ -519,11 +529,14 @@ mod tests {
     }
 
     #[test]
-    fn only_id_like_request_ids_are_recorded() {
-        assert!(Attr::RequestText("req-42:a.b_c").key_value().is_some());
-        assert!(Attr::RequestText("").key_value().is_none());
-        assert!(Attr::RequestText("ann@example.com").key_value().is_none());
-        assert!(Attr::RequestText(&"x".repeat(65)).key_value().is_none());
+    fn string_request_ids_are_recorded_as_a_digest_never_as_text() {
+        let recorded =
+            |id: &str| Attr::RequestText(id).key_value().expect("recorded").value.to_string();
+        let text = recorded("Ann.Smith-4915112345678");
+        assert!(text.starts_with("sha256:") && text.len() == 7 + 16, "{text}");
+        assert!(!text.contains("Ann") && !text.contains("4915"));
+        assert_eq!(recorded("Ann.Smith-4915112345678"), text, "the same id, the same digest");
+        assert_ne!(recorded("other"), text);
         assert_eq!(method_name("tools/call"), "tools/call");
         assert_eq!(method_name("tools/call secret"), "other");
     }
@@ -550,6 +563,13 @@ mod tests {
         );
         let cx = remote_parent(None, None);
         assert!(!cx.span().span_context().is_valid());
+        // A client's tracestate is free text: it never travels on.
+        let mut with_state = http::HeaderMap::new();
+        with_state.insert("traceparent", header_tp.parse().expect("header"));
+        with_state.insert("tracestate", "vendor=ann@example.com".parse().expect("header"));
+        let cx = remote_parent(None, Some(&with_state));
+        assert!(cx.span().span_context().is_valid());
+        assert_eq!(cx.span().span_context().trace_state().header(), "");
         let stored = stored_parent(Some(meta_tp));
         assert_eq!(stored.span().span_context().span_id().to_string(), "b7ad6b7169203331");
     }

@@ -92,16 +92,18 @@ pub async fn authenticate(
     // of the request is read, so no part of it (a slow body included) outlives a revocation.
     let inflight = state.live.register(connection_id);
     let work = async {
-        // The body is read here only when something needs it before rmcp does: a step-up
-        // check (an OAuth client calling a tool its token lacks but its person could grant is
-        // told so in HTTP, so it can ask for the right) or the request's span.
+        // Every body is read here, within a deadline and a size limit, so no request holds a
+        // worker longer than that whatever the client does, and a revocation cancels it while
+        // it arrives. What the body says is parsed only when something needs it before rmcp:
+        // a step-up check (an OAuth client calling a tool its token lacks but its person
+        // could grant is told so in HTTP, so it can ask for the right) or the request's span.
         let step_up = context.grantable != RightSet::EMPTY;
         let mut span = None;
+        let (parts, bytes) = match read_body(request).await {
+            Ok(read) => read,
+            Err(refusal) => return refusal,
+        };
         if step_up || looked_up.is_some() {
-            let (parts, bytes) = match read_body(request).await {
-                Ok(read) => read,
-                Err(refusal) => return refusal,
-            };
             let probe = serde_json::from_slice::<Probe>(&bytes).ok();
             if let Some((received, context_done)) = looked_up {
                 span = Some(request_span(
@@ -125,8 +127,8 @@ pub async fn authenticate(
                 }
                 return challenge;
             }
-            request = Request::from_parts(parts, axum::body::Body::from(bytes));
         }
+        request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
@@ -146,10 +148,10 @@ pub async fn authenticate(
     finish(&state, end_stream_on_revocation(response, inflight))
 }
 
-/// The largest request body read to look for a step-up: far above any tool call's arguments.
-const STEP_UP_BODY_LIMIT: usize = 4 * 1024 * 1024;
-/// How long the body of such a request may take to arrive.
-const STEP_UP_BODY_SECS: u64 = 10;
+/// The largest request body: far above any tool call's arguments.
+const BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// How long a request's body may take to arrive.
+const BODY_SECS: u64 = 10;
 
 /// What a step-up check reads of a JSON-RPC request; everything else is ignored.
 #[derive(serde::Deserialize)]
@@ -177,8 +179,8 @@ async fn read_body(
 ) -> Result<(http::request::Parts, axum::body::Bytes), Response> {
     let (parts, body) = request.into_parts();
     let read = tokio::time::timeout(
-        std::time::Duration::from_secs(STEP_UP_BODY_SECS),
-        axum::body::to_bytes(body, STEP_UP_BODY_LIMIT),
+        std::time::Duration::from_secs(BODY_SECS),
+        axum::body::to_bytes(body, BODY_LIMIT),
     )
     .await;
     match read {
@@ -237,7 +239,7 @@ fn request_span(
         .filter(|p| p.method == "tools/call")
         .and_then(|p| p.params.as_ref()?.name.as_deref())
         .and_then(|name| state.tools.get(name))
-        .map(|spec| (spec.name, spec.class));
+        .map(|spec| spec.name);
     let meta = probe.and_then(|p| p.params.as_ref()?.meta.as_ref());
     let parent = telemetry::remote_parent(meta, Some(&parts.headers));
     let version = parts
@@ -250,8 +252,9 @@ fn request_span(
         .map(|v| v.as_str());
     let mut attrs = vec![Attr::Method(method), Attr::NetworkProtocol("http")];
     let name = match tool {
-        Some((tool, class)) => {
-            attrs.extend([Attr::Tool(tool), Attr::Operation("execute_tool"), Attr::Class(class)]);
+        Some(tool) => {
+            // The effect class is set by the tool layer: a confirmation takes its action's.
+            attrs.extend([Attr::Tool(tool), Attr::Operation("execute_tool")]);
             Name::MethodTarget(method, tool)
         }
         None => Name::Static(method),

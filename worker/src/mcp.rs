@@ -222,7 +222,19 @@ impl ServerHandler for Server {
                 _ => outcome,
             }
         };
+        // What the call did, for counts and pictures: a two-step tool's first step is a
+        // preview, and a confirmation counts under the class of the action it executed.
+        let mut class = spec.class;
+        if let Ok(value) = &outcome
+            && spec.name == "confirm_action"
+            && let Some(executed) = value["tool"].as_str().and_then(|t| self.state.tools.get(t))
+        {
+            class = executed.class;
+        }
         let (result, label) = match outcome {
+            Ok(value) if spec.class.two_step() && value["status"] == "PREVIEW" => {
+                (results::success(value), "previewed")
+            }
             Ok(value) => (results::success(value), "ok"),
             Err(error) => {
                 if let Error::Internal(detail) = &error {
@@ -234,15 +246,15 @@ impl ServerHandler for Server {
         };
         let elapsed = started.elapsed();
         if let Some(trace) = traced(&context) {
-            trace.set(&[Attr::Outcome(label)]);
-            if label != "ok" {
+            trace.set(&[Attr::Outcome(label), Attr::Class(class)]);
+            if label != "ok" && label != "previewed" {
                 trace.fail(&[Attr::ErrorType("tool_error")]);
             }
         }
         let metrics = &self.state.metrics;
-        let class = spec.class.as_str();
-        metrics.tool_calls.with_label_values(&[name, class, label]).inc();
-        metrics.tool_duration.with_label_values(&[name, class]).observe(elapsed.as_secs_f64());
+        let class_name = class.as_str();
+        metrics.tool_calls.with_label_values(&[name, class_name, label]).inc();
+        metrics.tool_duration.with_label_values(&[name, class_name]).observe(elapsed.as_secs_f64());
         if let Some(reason) = crate::metrics::refusal_reason(label) {
             metrics.refusals.with_label_values(&[reason]).inc();
         }
@@ -253,10 +265,10 @@ impl ServerHandler for Server {
                 .observe(elapsed.as_secs_f64());
         }
         let ms = elapsed.as_secs_f32() * 1000.0;
-        self.state.activity.record(&ctx, spec.name, spec.class, label, jiff::Timestamp::now(), ms);
+        self.state.activity.record(&ctx, spec.name, class, label, jiff::Timestamp::now(), ms);
         tracing::info!(
             tool.name = name,
-            tool.class = spec.class.as_str(),
+            tool.class = class.as_str(),
             outcome = label,
             connection.id = %connection,
             request.id = %request_id,

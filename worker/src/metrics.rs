@@ -23,9 +23,10 @@ pub struct Metrics {
 /// for a call that was not refused (done, or failed on its own input or data).
 pub fn refusal_reason(outcome: &str) -> Option<&'static str> {
     Some(match outcome {
-        "permission_denied" | "not_in_toolset" | "insufficient_scope" | "unauthenticated" => {
-            "rights"
-        }
+        "permission_denied" | "not_in_toolset" | "insufficient_scope" => "rights",
+        // Anyone on the internet can send a bad token: counted apart from a known
+        // connection's missing rights, so it neither hides nor fakes a rights spike.
+        "unauthenticated" => "unauthenticated",
         "kill_switch" | "agent_access_off" | "turned_off_by_policy" => "switch",
         "rate_limited" => "rate_bucket",
         "token_used" | "unknown_token" | "foreign_token" | "token_expired" | "replayed" => "replay",
@@ -87,7 +88,7 @@ impl Metrics {
         let refusals = IntCounterVec::new(
             Opts::new(
                 "refusals_total",
-                "Requests and tool calls refused, by reason (rights, switch, rate_bucket, replay, conflict)",
+                "Requests and tool calls refused, by reason (rights, switch, rate_bucket, replay, conflict, unauthenticated)",
             ),
             &["reason"],
         )

@@ -3417,6 +3417,25 @@ async fn every_tool_call_is_counted_for_the_console_by_outcome_without_its_argum
         ))
         .await;
     assert_eq!(ok, 4);
+    // A two-step action: its first step is a preview, and the confirmation counts under the
+    // class of what it executed (a delete), not under confirm_action's own.
+    let created = stack
+        .ok(&token, "create_customer", json!({"name": "Counted", "email": "counted@example.net"}))
+        .await;
+    let preview = stack
+        .ok(&token, "delete_customer", json!({"customer": created["customer"]["customer"]}))
+        .await;
+    stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
+    stack.state.activity.flush(&stack.db.ds).await.expect("flush");
+    let deletes = stack
+        .db
+        .scalar_string(&format!(
+            "SELECT string_agg(a.outcome || '=' || a.calls, ' ' ORDER BY a.outcome)
+             FROM call_activity a JOIN connections c ON c.id = a.connection_id
+             WHERE c.handle = '{connection}' AND a.effect_class = 'delete'"
+        ))
+        .await;
+    assert_eq!(deletes, "ok=1 previewed=1");
     // The latest calls stay bounded per connection however many there were.
     for _ in 0..3 {
         for _ in 0..25 {

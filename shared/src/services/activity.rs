@@ -194,7 +194,6 @@ pub fn meaning(code: &str) -> &'static str {
         "action_denied" | "action_rejected" => "denied or rejected",
         "invalid_argument" | "unknown_field" => "invalid arguments",
         "not_found" => "not found",
-        "input_required" => "asked the person to confirm",
         "internal" => "server error",
         _ => "other",
     }
@@ -262,7 +261,8 @@ pub async fn activity(
         {
             hour.by_class[class] += n;
         }
-        if row.outcome != "ok" {
+        // Previews and questions to the person are steps of a call that went as meant.
+        if !matches!(row.outcome.as_str(), "ok" | "previewed" | "input_required") {
             *refusals.entry(row.outcome).or_default() += n;
         }
     }

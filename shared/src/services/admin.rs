@@ -714,7 +714,9 @@ pub struct AuditPage {
     pub next: Option<String>,
 }
 
-pub const AUDIT_OUTCOMES: [&str; 3] = ["ok", "refused", "failed"];
+/// Every outcome an audit row can have (the table's check constraint).
+pub const AUDIT_OUTCOMES: [&str; 7] =
+    ["ok", "refused", "failed", "previewed", "rejected", "awaiting_approval", "denied"];
 pub const AUDIT_CHANNELS: [&str; 5] = ["mcp", "api", "console", "cli", "system"];
 
 fn audit_instant(
@@ -730,11 +732,19 @@ fn audit_instant(
             ),
         )
     };
+    // Years Postgres stores and people mean: 1 to 9999 (chrono would take -5000 too).
+    use chrono::Datelike as _;
+    let in_range = |t: chrono::DateTime<chrono::Utc>| (1..=9999).contains(&t.year());
     if let Ok(day) = chrono::NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
         let day = if end_of_day { day.succ_opt().ok_or_else(bad)? } else { day };
-        return Ok(day.and_hms_opt(0, 0, 0).ok_or_else(bad)?.and_utc());
+        let at = day.and_hms_opt(0, 0, 0).ok_or_else(bad)?.and_utc();
+        return if in_range(at) { Ok(at) } else { Err(bad()) };
     }
-    chrono::DateTime::parse_from_rfc3339(raw).map(|t| t.to_utc()).map_err(|_| bad())
+    chrono::DateTime::parse_from_rfc3339(raw)
+        .map(|t| t.to_utc())
+        .ok()
+        .filter(|t| in_range(*t))
+        .ok_or_else(bad)
 }
 
 /// Searches the tenant's audit log for admins (R23): what was done, by which channel and
@@ -760,7 +770,10 @@ pub async fn audit_search(
     if let Some(o) = &outcome
         && !AUDIT_OUTCOMES.contains(&o.as_str())
     {
-        return Err(Error::invalid("outcome", "outcome is one of ok, refused, failed"));
+        return Err(Error::invalid(
+            "outcome",
+            format!("outcome is one of {}", AUDIT_OUTCOMES.join(", ")),
+        ));
     }
     let channel = given(&filter.channel);
     if let Some(c) = &channel
@@ -787,7 +800,12 @@ pub async fn audit_search(
         None => None,
         Some(c) => {
             let parts = super::decode_cursor(&c, 2)?;
-            let at = parts[0].parse::<i64>().ok().and_then(chrono::DateTime::from_timestamp_micros);
+            use chrono::Datelike as _;
+            let at = parts[0]
+                .parse::<i64>()
+                .ok()
+                .and_then(chrono::DateTime::from_timestamp_micros)
+                .filter(|t| (1..=9999).contains(&t.year()));
             let id = parts[1].parse::<i64>().ok();
             match (at, id) {
                 (Some(at), Some(id)) => Some((at, id)),
