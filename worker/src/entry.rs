@@ -33,6 +33,18 @@ pub async fn authenticate(
 ) -> Response {
     let started = Instant::now();
     let received = telemetry::enabled().then(std::time::SystemTime::now);
+    // Step 0: room to serve it. A full worker answers at once rather than queue: the client
+    // retries (on another worker behind the balancer) and latency stays bounded.
+    let Ok(_permit) = state.capacity.clone().try_acquire_owned() else {
+        refused(&state, received, &request, "overloaded");
+        let body = serde_json::json!({
+            "error": "overloaded",
+            "error_description": "This worker is at capacity; retry in a second.",
+        });
+        let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1u32));
+        return finish(&state, response);
+    };
     // Step 1: the kill switch as NATS last pushed it, before any database work.
     if state.live.killed() {
         refused(&state, received, &request, "kill_switch");

@@ -59,7 +59,13 @@ pub struct AppState {
     pub reads: shared::services::rates::LocalBuckets,
     /// Calls counted for the console's pictures, written in batches by [`record_activity`].
     pub activity: shared::services::activity::Recorder,
+    /// Requests this worker serves at once; past it, 503 with `Retry-After` at once, so
+    /// overload sheds instead of queueing without bound.
+    pub capacity: Arc<tokio::sync::Semaphore>,
 }
+
+/// Requests a worker serves at once unless told otherwise (`--max-inflight`).
+pub const DEFAULT_MAX_INFLIGHT: usize = 256;
 
 impl AppState {
     pub fn new(ds: Services, settings: Settings) -> Self {
@@ -71,7 +77,14 @@ impl AppState {
             live: Arc::new(live::Live::default()),
             reads: Default::default(),
             activity: Default::default(),
+            capacity: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_INFLIGHT)),
         }
+    }
+
+    /// With room for `n` requests at once (at least one).
+    pub fn with_max_inflight(mut self, n: usize) -> Self {
+        self.capacity = Arc::new(tokio::sync::Semaphore::new(n.max(1)));
+        self
     }
 }
 

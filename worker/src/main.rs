@@ -36,6 +36,10 @@ struct Args {
     /// A name for this worker in the `Gatehouse-Worker` response header and logs.
     #[arg(long, env = "GATEHOUSE_WORKER_ID")]
     worker_id: Option<String>,
+    /// Requests served at once; past it a request is answered 503 with Retry-After at once
+    /// (load shedding), so overload costs retries, not unbounded queues and latency.
+    #[arg(long, env = "GATEHOUSE_MAX_INFLIGHT", default_value_t = worker::DEFAULT_MAX_INFLIGHT)]
+    max_inflight: usize,
     /// Keys sealing multi round-trip confirmation state: `kid:base64url-32-bytes[,…]`, the
     /// first sealing; the same on every worker. Without them clients confirm with confirm_action.
     #[arg(long, env = "GATEHOUSE_MRTR_KEYS", hide_env_values = true)]
@@ -74,7 +78,7 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let bus = shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas);
-    let state = Arc::new(AppState::new(ds, settings));
+    let state = Arc::new(AppState::new(ds, settings).with_max_inflight(args.max_inflight));
     tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
     tokio::spawn(worker::record_activity(state.clone()));
     let last_flush = state.clone();

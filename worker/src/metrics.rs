@@ -29,6 +29,7 @@ pub fn refusal_reason(outcome: &str) -> Option<&'static str> {
         "unauthenticated" => "unauthenticated",
         "kill_switch" | "agent_access_off" | "turned_off_by_policy" => "switch",
         "rate_limited" => "rate_bucket",
+        "overloaded" => "overload",
         "token_used" | "unknown_token" | "foreign_token" | "token_expired" | "replayed" => "replay",
         "conflict"
         | "duplicate"
@@ -88,7 +89,7 @@ impl Metrics {
         let refusals = IntCounterVec::new(
             Opts::new(
                 "refusals_total",
-                "Requests and tool calls refused, by reason (rights, switch, rate_bucket, replay, conflict, unauthenticated)",
+                "Requests and tool calls refused, by reason (rights, switch, rate_bucket, replay, conflict, unauthenticated, overload)",
             ),
             &["reason"],
         )

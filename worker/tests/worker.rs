@@ -3451,3 +3451,53 @@ async fn every_tool_call_is_counted_for_the_console_by_outcome_without_its_argum
         .await;
     assert_eq!(kept, 50);
 }
+
+#[tokio::test]
+async fn a_full_worker_sheds_with_503_and_retry_after_and_serves_again_when_room_frees() {
+    use tokio::io::AsyncWriteExt as _;
+    let stack = Stack::start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let url = format!("http://{addr}");
+    let settings = Settings {
+        public_url: stack.url.clone(),
+        authorization_server: "http://127.0.0.1:1".into(),
+        allowed_hosts: vec!["127.0.0.1".into(), "localhost".into()],
+        allowed_origins: Vec::new(),
+        worker_id: "test-worker-small".into(),
+        mrtr_keys: None,
+    };
+    let state = Arc::new(AppState::new(stack.db.ds.clone(), settings).with_max_inflight(1));
+    tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
+    let token = stack.token(0, 0);
+    // One request holds the only place: its body is still arriving.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 500\r\n\r\n{{\"jsonrpc\""
+    );
+    slow.write_all(head.as_bytes()).await.expect("write");
+    let mut shed = None;
+    for _ in 0..100 {
+        let (status, headers, body) =
+            stack.raw_at(&url, Some(&token), "tools/list", None, json!({}), &[]).await;
+        if status == 503 {
+            shed = Some((headers, body));
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (headers, body) = shed.expect("a second request is shed while the first holds the place");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(body["error"], "overloaded", "{body}");
+    // The place frees when the first request ends; the next one is served.
+    drop(slow);
+    let mut served = 0;
+    for _ in 0..100 {
+        served = stack.raw_at(&url, Some(&token), "tools/list", None, json!({}), &[]).await.0;
+        if served == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(served, 200);
+}
