@@ -773,6 +773,26 @@ async fn main() -> Result<()> {
         )
         .await?,
     );
+    // Twice the load that saturates the machine: what does not fit is shed with 503 and
+    // Retry-After (counted by kind), the rest keeps a bounded p99.
+    let double = Args {
+        concurrency: args.concurrency * 2,
+        seconds: args.seconds,
+        out: String::new(),
+        cluster_only: false,
+    };
+    rows.push(
+        load(
+            &format!(
+                "get_booking at twice the load ({} clients), straight to one worker",
+                double.concurrency
+            ),
+            &get(&w1),
+            &double,
+            &pids[..1],
+        )
+        .await?,
+    );
     // What one connection sees past its read bucket: refusals naming the bucket, counted as
     // such, never as fast reads.
     // Back to the default read bucket for this one: the override arrives with each call's
