@@ -84,7 +84,7 @@ impl Options {
             database: format!("gh_e2e_{unique}"),
             ports: None,
             run_dir: std::env::temp_dir().join(format!("gatehouse-{unique}")),
-            log_level: "info,sqlx=warn".into(),
+            log_level: "info,sqlx=warn,rmcp=warn".into(),
             db_pool: 8,
             pg_server: pg_server(),
             smtp_url: None,

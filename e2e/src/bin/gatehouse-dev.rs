@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
             port("GATEHOUSE_WORKER_PORT", 8101),
         )),
         run_dir: run_dir.clone(),
-        log_level: "info,sqlx=warn".into(),
+        log_level: "info,sqlx=warn,rmcp=warn".into(),
         db_pool: 8,
         pg_server: e2e::pg_server(),
         smtp_url: std::env::var("GATEHOUSE_SMTP_URL").ok(),

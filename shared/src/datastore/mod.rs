@@ -87,6 +87,9 @@ impl Default for Policy {
     }
 }
 
+/// How long a pooled connection may sit idle before it is checked with a ping on its way out.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+
 impl Services {
     /// Connects a pool of at most `max_connections` to `url`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
@@ -97,6 +100,19 @@ impl Services {
             .max_connections(max_connections)
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(5))
+            // sqlx pings every connection it hands out by default: a round trip per statement
+            // (docs/profile-read-path.md measured it at a tenth of a read's CPU). Only a
+            // connection that sat idle is pinged, so one left broken by a database restart is
+            // still dropped before a request meets it, and a busy pool pays nothing.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < IDLE_BEFORE_PING {
+                        return Ok(true);
+                    }
+                    sqlx::Connection::ping(conn).await.map(|()| true)
+                })
+            })
             .connect_with(options)
             .await?;
         Ok(Services::with_pool(pool))
