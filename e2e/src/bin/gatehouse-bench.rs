@@ -756,23 +756,6 @@ async fn main() -> Result<()> {
     );
     let (sql_figures, plans) = pgbench(&stack, &token, &booking, &tenant_id, &args)?;
     rows.push(sql_figures);
-    let note = Target {
-        url: format!("{w1}/mcp"),
-        tool: Some("add_booking_note"),
-        tokens: Arc::new(vec![token.clone()]),
-        write: true,
-        body: mcp_body("add_booking_note", json!({"booking": booking, "text": "bench note {n}"})),
-        rotate: Default::default(),
-    };
-    rows.push(
-        load(
-            "add_booking_note (silent write: replay check, write, audit), one worker",
-            &note,
-            &args,
-            &pids[..1],
-        )
-        .await?,
-    );
     // Twice the load that saturates the machine: what does not fit is shed with 503 and
     // Retry-After (counted by kind), the rest keeps a bounded p99.
     let double = Args {
@@ -789,6 +772,24 @@ async fn main() -> Result<()> {
             ),
             &get(&w1),
             &double,
+            &pids[..1],
+        )
+        .await?,
+    );
+    // The silent write last among these: its notes land on the booking the reads fetch.
+    let note = Target {
+        url: format!("{w1}/mcp"),
+        tool: Some("add_booking_note"),
+        tokens: Arc::new(vec![token.clone()]),
+        write: true,
+        body: mcp_body("add_booking_note", json!({"booking": booking, "text": "bench note {n}"})),
+        rotate: Default::default(),
+    };
+    rows.push(
+        load(
+            "add_booking_note (silent write: replay check, write, audit), one worker",
+            &note,
+            &args,
             &pids[..1],
         )
         .await?,
