@@ -252,61 +252,7 @@ fn pgbench(
         explain(&stack.database_url, &context)?,
         explain(&stack.database_url, &lookup)?
     );
-    let logs = stack.run_dir.join("pgbench-logs");
-    let _ = std::fs::remove_dir_all(&logs);
-    std::fs::create_dir_all(&logs)?;
-    let out = Command::new("pgbench")
-        .current_dir(&logs)
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-l",
-            "-c",
-            &args.concurrency.to_string(),
-            "-j",
-            "2",
-            "-T",
-            &args.seconds.to_string(),
-            "-f",
-        ])
-        .arg(&script)
-        .arg(&stack.database_url)
-        .output()
-        .context("run pgbench")?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!("pgbench failed: {text}{}", String::from_utf8_lossy(&out.stderr));
-    }
-    let tps: f64 = text
-        .lines()
-        .find(|l| l.starts_with("tps ="))
-        .and_then(|l| l.split_whitespace().nth(2))
-        .and_then(|v| v.parse().ok())
-        .context("tps")?;
-    let mut latencies = Vec::new();
-    for entry in std::fs::read_dir(&logs)? {
-        for line in std::fs::read_to_string(entry?.path())?.lines() {
-            if let Some(us) = line.split_whitespace().nth(2).and_then(|v| v.parse::<u64>().ok()) {
-                latencies.push(us);
-            }
-        }
-    }
-    latencies.sort_unstable();
-    eprintln!("  pgbench: {tps:.0}/s");
-    Ok((
-        Figures {
-            name: "same SQL through pgbench (context + lookup)".into(),
-            requests: latencies.len(),
-            // pgbench stops at the first failed statement (exit status above), so none counted.
-            errors: BTreeMap::new(),
-            rate: tps,
-            p50_ms: percentile(&latencies, 0.5),
-            p99_ms: percentile(&latencies, 0.99),
-            cpu_ms_per_call: None,
-        },
-        plans,
-    ))
+    Ok((pgbench_run(stack, "same SQL through pgbench (context + lookup)", &script, args)?, plans))
 }
 
 async fn status_of(http: &reqwest::Client, base: &str, token: &str) -> u16 {
@@ -425,6 +371,167 @@ fn bulk_load(url: &str) -> Result<f64> {
 /// The plan Postgres runs for a statement, as it ran it.
 fn explain(url: &str, sql: &str) -> Result<String> {
     psql(url, &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"))
+}
+
+/// Runs a pgbench script with the scenarios' concurrency and duration (prepared statements).
+fn pgbench_run(
+    stack: &Stack,
+    name: &str,
+    script: &std::path::Path,
+    args: &Args,
+) -> Result<Figures> {
+    let logs = stack.run_dir.join("pgbench-logs");
+    let _ = std::fs::remove_dir_all(&logs);
+    std::fs::create_dir_all(&logs)?;
+    let out = Command::new("pgbench")
+        .current_dir(&logs)
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-l",
+            "-c",
+            &args.concurrency.to_string(),
+            "-j",
+            "2",
+            "-T",
+            &args.seconds.to_string(),
+            "-f",
+        ])
+        .arg(script)
+        .arg(&stack.database_url)
+        .output()
+        .context("run pgbench")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!("pgbench failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let tps: f64 = text
+        .lines()
+        .find(|l| l.starts_with("tps ="))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok())
+        .context("tps")?;
+    let mut latencies = Vec::new();
+    for entry in std::fs::read_dir(&logs)? {
+        for line in std::fs::read_to_string(entry?.path())?.lines() {
+            if let Some(us) = line.split_whitespace().nth(2).and_then(|v| v.parse::<u64>().ok()) {
+                latencies.push(us);
+            }
+        }
+    }
+    latencies.sort_unstable();
+    eprintln!("  pgbench: {tps:.0}/s");
+    Ok(Figures {
+        name: name.into(),
+        requests: latencies.len(),
+        // pgbench stops at the first failed statement (exit status above), so none counted.
+        errors: BTreeMap::new(),
+        rate: tps,
+        p50_ms: percentile(&latencies, 0.5),
+        p99_ms: percentile(&latencies, 0.99),
+        cpu_ms_per_call: None,
+    })
+}
+
+/// A literal for a pgbench script.
+fn quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// Replaces `$1`…`$n` of a statement with literals (highest first, so `$1` never eats `$12`).
+fn bind_all(sql: &str, values: &[String]) -> String {
+    let mut out = sql.to_owned();
+    for (i, v) in values.iter().enumerate().rev() {
+        out = out.replace(&format!("${}", i + 1), v);
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The statements of a silent write (`add_booking_note`) through pgbench, in one transaction
+/// after the context and the rate window, each note with its own handle and replay digest.
+fn pgbench_write(stack: &Stack, token: &str, booking: &str, args: &Args) -> Result<Figures> {
+    let hash = hex::encode(shared::secret::hash_token(token));
+    let row = psql(
+        &stack.database_url,
+        &format!(
+            "SELECT c.id || '|' || c.tenant_id || '|' || c.creator_id || '|' || c.name || '|' || c.client_name || '|' || b.id
+             FROM connection_tokens t JOIN connections c ON c.id = t.connection_id
+             JOIN bookings b ON b.tenant_id = c.tenant_id AND b.handle = {}
+             WHERE t.token_hash = '\\x{hash}'::bytea",
+            quoted(booking)
+        ),
+    )?;
+    let f: Vec<&str> = row.split('|').collect();
+    if f.len() != 6 {
+        bail!("the write peer's connection: {row}");
+    }
+    let (connection, tenant, person, name, client, booking_id) =
+        (f[0], f[1], f[2], f[3], f[4], f[5]);
+    let (context_sql, _) = shared::services::read_path_statements();
+    let [rate, lock, find, locked, note, replay, audit] = shared::services::write_path_statements();
+    // pgbench reads `:name` as a variable even inside a literal: the lock key's colons are
+    // spelled chr(58).
+    let digest = "'d' || CAST(:r AS text)";
+    let handle = "'bnt_' || substr(md5(random()::text || CAST(:r AS text)), 1, 16)";
+    let s = |v: &str| v.to_owned();
+    let script = [
+        "\\set r random(1, 2000000000)".to_owned(),
+        bind_all(context_sql, &[format!("'\\x{hash}'::bytea")]) + ";",
+        bind_all(rate, &[s(connection), s(tenant), quoted("silent_write"), s("60")]) + ";",
+        "BEGIN;".to_owned(),
+        bind_all(
+            lock,
+            &[
+                format!("'replay' || chr(58) || 'add_booking_note' || chr(58) || {digest}"),
+                s(connection),
+            ],
+        ) + ";",
+        bind_all(find, &[s(connection), quoted("add_booking_note"), s(digest), s("600")]) + ";",
+        bind_all(locked, &[s(tenant), quoted(booking)]) + ";",
+        bind_all(
+            note,
+            &[
+                s(tenant),
+                s(handle),
+                s(booking_id),
+                quoted("staff"),
+                s(person),
+                quoted("bench note"),
+            ],
+        ) + ";",
+        bind_all(
+            replay,
+            &[s(connection), quoted("add_booking_note"), s(digest), s("NULL"), s("'{}'")],
+        ) + ";",
+        bind_all(
+            audit,
+            &[
+                s(tenant),
+                quoted("mcp"),
+                s(person),
+                s(connection),
+                quoted(name),
+                quoted(client),
+                quoted("add_booking_note"),
+                quoted("ok"),
+                format!("ARRAY[{}]::text[]", quoted(booking)),
+                quoted("bench"),
+                s("NULL"),
+                s("NULL"),
+            ],
+        ) + ";",
+        "COMMIT;".to_owned(),
+    ]
+    .join("\n");
+    let path = stack.run_dir.join("pgbench-add-note.sql");
+    std::fs::write(&path, script + "\n")?;
+    pgbench_run(
+        stack,
+        "same write statements through pgbench (context, rate window, one transaction)",
+        &path,
+        args,
+    )
 }
 
 /// The push-lag histogram of one worker for one kind: (sum of seconds, count).
@@ -794,6 +901,7 @@ async fn main() -> Result<()> {
         )
         .await?,
     );
+    rows.push(pgbench_write(&stack, &token, &booking, &args)?);
     // What one connection sees past its read bucket: refusals naming the bucket, counted as
     // such, never as fast reads.
     // Back to the default read bucket for this one: the override arrives with each call's
@@ -985,7 +1093,10 @@ async fn main() -> Result<()> {
          - CPU per call in the serving process: Gatehouse worker {c0:.3} ms, bare rmcp peer {cb:.3} ms, plain axum + sqlx \
          {cp:.3} ms: the gates, the second query and the presenters cost {gate:.3} ms per call.\n\
          - Worker CPU per call, nginx over one worker vs two: {c1:.3} ms vs {c2:.3} ms ({cdiff:+.0} %; target within 10 %).\n\
-         - Two workers vs one through nginx: {two_one:.2}× the rate (two cores shared by everything: CPU per call is the measure).\n\n\
+         - Two workers vs one through nginx: {two_one:.2}× the rate (two cores shared by everything: CPU per call is the measure).\n\
+         - Silent writes (`add_booking_note`, {c} clients, one booking): Gatehouse {w_gh:.0}/s against pgbench running the same \
+         statements (context, rate window, then replay lock and lookup, row lock, note, replay entry and audit in one \
+         transaction) at {w_sql:.0}/s: **{w_ratio:.2}×** (target ≥ 1.0).\n\n\
          ## Propagation\n\n\
          | event | p50 ms | p99 ms |\n|---|---|---|\n\
          | kill switch on → 503 on every worker | {on50:.1} | {on99:.1} |\n\
@@ -1040,6 +1151,9 @@ async fn main() -> Result<()> {
         c2 = cpu(2),
         cdiff = if cpu(1) > 0.0 { 100.0 * (cpu(2) - cpu(1)) / cpu(1) } else { 0.0 },
         two_one = r(2) / r(1),
+        w_gh = r(9),
+        w_sql = r(10),
+        w_ratio = if r(10) > 0.0 { r(9) / r(10) } else { 0.0 },
         mem = idle_rss
             .iter()
             .zip(&loaded)

@@ -122,35 +122,35 @@ impl<'a> AuditEntry<'a> {
 /// the entry point (R19), never from the caller's arguments. A row about a pending action
 /// written outside a connection (a person approving it in the console) names the connection
 /// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
+pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
+                                client_name, action, outcome, targets, request_id, pending_action_id, reason)
+         SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
+                $7, $8, $9, $10, $11, $12
+         FROM (SELECT 1) one
+         LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
+         LEFT JOIN connections c ON c.id = p.connection_id";
+
 pub(crate) async fn audit_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     entry: AuditEntry<'_>,
 ) -> Result<()> {
     let connection = ctx.connection();
-    sqlx::query(
-        "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
-                                client_name, action, outcome, targets, request_id, pending_action_id, reason)
-         SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
-                $7, $8, $9, $10, $11, $12
-         FROM (SELECT 1) one
-         LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
-         LEFT JOIN connections c ON c.id = p.connection_id",
-    )
-    .bind(ctx.tenant_id())
-    .bind(ctx.channel().as_str())
-    .bind(ctx.actor_person_id())
-    .bind(connection.map(|c| c.id))
-    .bind(connection.map(|c| c.name.as_str()))
-    .bind(connection.map(|c| c.client_name.as_str()))
-    .bind(entry.action)
-    .bind(entry.outcome)
-    .bind(&entry.targets)
-    .bind(ctx.request_id())
-    .bind(entry.pending_action)
-    .bind(entry.reason)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(AUDIT_INSERT_SQL)
+        .bind(ctx.tenant_id())
+        .bind(ctx.channel().as_str())
+        .bind(ctx.actor_person_id())
+        .bind(connection.map(|c| c.id))
+        .bind(connection.map(|c| c.name.as_str()))
+        .bind(connection.map(|c| c.client_name.as_str()))
+        .bind(entry.action)
+        .bind(entry.outcome)
+        .bind(&entry.targets)
+        .bind(ctx.request_id())
+        .bind(entry.pending_action)
+        .bind(entry.reason)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }
 

@@ -124,7 +124,7 @@ static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-static BOOKING_LOCK_SQL: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static BOOKING_LOCK_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "{SELECT}, '[]'::json AS notes, 0::bigint AS notes_total {FROM} WHERE b.tenant_id = $1 AND b.handle = $2 FOR UPDATE OF b"
     )
@@ -387,6 +387,10 @@ pub(crate) async fn booking_insert(tx: &mut Tx<'_>, ctx: &OpCtx, b: NewBooking<'
     .await?)
 }
 
+pub(crate) const NOTE_INSERT_SQL: &str =
+    "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, author_id, body)
+         VALUES ($1, $2, $3, $4, $5, $6)";
+
 pub(crate) async fn booking_note_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
@@ -395,17 +399,14 @@ pub(crate) async fn booking_note_insert(
     source: &str,
     body: &str,
 ) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, author_id, body)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(ctx.tenant_id())
-    .bind(handle)
-    .bind(booking_id)
-    .bind(source)
-    .bind(ctx.actor_person_id())
-    .bind(body)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(NOTE_INSERT_SQL)
+        .bind(ctx.tenant_id())
+        .bind(handle)
+        .bind(booking_id)
+        .bind(source)
+        .bind(ctx.actor_person_id())
+        .bind(body)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }

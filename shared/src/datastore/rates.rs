@@ -4,6 +4,17 @@ use crate::ctx::OpCtx;
 use crate::datastore::*;
 use crate::error::Result;
 
+/// Counts one call of a connection's class in the current minute's window.
+pub(crate) const RATE_TAKE_SQL: &str = "WITH up AS (
+                 INSERT INTO rate_windows (connection_id, class, window_start, count)
+                 VALUES ($1, $3, date_trunc('minute', now()), 1)
+                 ON CONFLICT (connection_id, class, window_start) DO UPDATE SET count = rate_windows.count + 1
+                 RETURNING count, window_start)
+             SELECT up.count,
+                    coalesce((SELECT per_minute FROM tenant_rate_limits WHERE tenant_id = $2 AND class = $3), $4),
+                    extract(epoch FROM up.window_start + interval '1 minute' - now())::float8
+             FROM up";
+
 impl Services {
     /// Counts one call in the current minute's window; returns the count, the limit (the
     /// tenant's override or `default_limit`) and the seconds until the window ends.
@@ -14,23 +25,13 @@ impl Services {
         class: &str,
         default_limit: i32,
     ) -> Result<(i32, i32, f64)> {
-        Ok(sqlx::query_as::<_, (i32, i32, f64)>(
-            "WITH up AS (
-                 INSERT INTO rate_windows (connection_id, class, window_start, count)
-                 VALUES ($1, $3, date_trunc('minute', now()), 1)
-                 ON CONFLICT (connection_id, class, window_start) DO UPDATE SET count = rate_windows.count + 1
-                 RETURNING count, window_start)
-             SELECT up.count,
-                    coalesce((SELECT per_minute FROM tenant_rate_limits WHERE tenant_id = $2 AND class = $3), $4),
-                    extract(epoch FROM up.window_start + interval '1 minute' - now())::float8
-             FROM up",
-        )
-        .bind(connection_id)
-        .bind(tenant_id)
-        .bind(class)
-        .bind(default_limit)
-        .fetch_one(self.pool())
-        .await?)
+        Ok(sqlx::query_as::<_, (i32, i32, f64)>(RATE_TAKE_SQL)
+            .bind(connection_id)
+            .bind(tenant_id)
+            .bind(class)
+            .bind(default_limit)
+            .fetch_one(self.pool())
+            .await?)
     }
 }
 

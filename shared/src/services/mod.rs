@@ -41,6 +41,23 @@ pub fn read_path_statements() -> (&'static str, &'static str) {
     (crate::datastore::CONNECTION_CONTEXT_SQL, crate::datastore::booking_get_sql())
 }
 
+/// The statements of a silent write (`add_booking_note`) after its connection context, in the
+/// order they run, as text for the benchmark to run through pgbench: the rate window, then in
+/// one transaction the replay lock and lookup, the booking's row lock, the note, the replay
+/// entry and the audit row. Text only, as [`read_path_statements`].
+pub fn write_path_statements() -> [&'static str; 7] {
+    use crate::datastore as db;
+    [
+        db::RATE_TAKE_SQL,
+        db::REPLAY_LOCK_SQL,
+        db::REPLAY_FIND_SQL,
+        db::BOOKING_LOCK_SQL.as_str(),
+        db::NOTE_INSERT_SQL,
+        db::REPLAY_INSERT_SQL,
+        db::AUDIT_INSERT_SQL,
+    ]
+}
+
 pub const DEFAULT_LIMIT: u32 = 25;
 pub const MAX_LIMIT: u32 = 100;
 
