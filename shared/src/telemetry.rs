@@ -21,7 +21,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{
     FutureExt as _, Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _,
 };
@@ -337,19 +337,11 @@ pub fn current_traceparent() -> Option<String> {
     carrier.remove("traceparent")
 }
 
-struct MapInjector<'a>(&'a mut HashMap<String, String>);
-
-impl Injector for MapInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        self.0.insert(key.to_owned(), value);
-    }
-}
-
 /// A parent context from a stored `traceparent`.
 pub fn stored_parent(traceparent: Option<&str>) -> Context {
     let mut carrier = HashMap::new();
     if let Some(tp) = traceparent {
-        MapInjector(&mut carrier).set("traceparent", tp.to_owned());
+        carrier.insert("traceparent".to_owned(), tp.to_owned());
     }
     TraceContextPropagator::new().extract(&carrier)
 }
@@ -421,9 +413,6 @@ impl Active {
             .start_with_context(tracer, cx);
         span.end_with_timestamp(ended);
     }
-
-    /// Ends the span at this instant.
-    pub fn end(self) {}
 }
 
 impl Drop for Active {

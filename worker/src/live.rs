@@ -88,7 +88,7 @@ impl Live {
         true
     }
 
-    pub fn apply(&self, event: &Event) {
+    fn apply(&self, event: &Event) {
         match *event {
             Event::GlobalKill(on) => self.global_kill.store(on, Ordering::Release),
             Event::TenantAccess { tenant_id, on } => {

@@ -736,7 +736,7 @@ async fn execute(
 /// executed with what it returned (and who approved it, if a person did), one audit row that
 /// keeps tool, outcome and public ids (R19, R23; a person's reason stays on the action).
 async fn run_once(
-    tx: Tx<'static>,
+    mut tx: Tx<'static>,
     ctx: &OpCtx,
     op: Op,
     p: &db::PendingRow,
@@ -746,40 +746,30 @@ async fn run_once(
 ) -> Result<Value> {
     use crate::telemetry::{self, Attr, Name};
     let attrs = [Attr::Tool(op.name()), Attr::Class(op.class())];
-    let work = execute_once(tx, ctx, op, p, plan, approved, now);
+    let work = async move {
+        let result = apply(&mut tx, ctx, plan, (p.id, &p.handle), now).await?;
+        let mut out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary, "result": result});
+        if let Some((person, reason)) = approved {
+            out["approved"] = json!({"by": ctx.actor_handle(), "reason": reason});
+            db::pending_decided_by(&mut tx, p.id, Some(person), reason).await?;
+        }
+        db::pending_decide(&mut tx, p.id, "executed", Some(&out)).await?;
+        db::audit_insert(
+            &mut tx,
+            ctx,
+            AuditEntry {
+                action: op.name(),
+                outcome: "ok",
+                targets: plan.targets.clone(),
+                pending_action: Some(p.id),
+                reason: None,
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(out)
+    };
     telemetry::child(Name::MethodTarget("gatehouse.confirm.execute", op.name()), &attrs, work).await
-}
-
-async fn execute_once(
-    mut tx: Tx<'static>,
-    ctx: &OpCtx,
-    op: Op,
-    p: &db::PendingRow,
-    plan: &Plan,
-    approved: Option<(i64, &str)>,
-    now: Timestamp,
-) -> Result<Value> {
-    let result = apply(&mut tx, ctx, plan, (p.id, &p.handle), now).await?;
-    let mut out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary, "result": result});
-    if let Some((person, reason)) = approved {
-        out["approved"] = json!({"by": ctx.actor_handle(), "reason": reason});
-        db::pending_decided_by(&mut tx, p.id, Some(person), reason).await?;
-    }
-    db::pending_decide(&mut tx, p.id, "executed", Some(&out)).await?;
-    db::audit_insert(
-        &mut tx,
-        ctx,
-        AuditEntry {
-            action: op.name(),
-            outcome: "ok",
-            targets: plan.targets.clone(),
-            pending_action: Some(p.id),
-            reason: None,
-        },
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(out)
 }
 
 pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Result<Value> {
