@@ -52,6 +52,37 @@ impl AuthFailure {
     }
 }
 
+/// A tool's read that may travel in the same statement as the connection context, so a read
+/// call costs one round trip (issue: the gate almost free). The worker's entry point asks for
+/// one when the call's arguments, read before authentication, say what the tool will read; the
+/// service that consumes the row builds the same key from the same parsed input
+/// ([`crate::services::bookings::read_ahead`]) and uses the row only when the keys are equal,
+/// after its own rights check. The row is read only in the token's tenant (R3), and nothing of
+/// it leaves the worker unless that service returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadAhead {
+    /// `get_booking`: one booking of the tenant and its notes before the cursor.
+    Booking { handle: String, notes_before: Option<crate::datastore::NotesBefore> },
+}
+
+/// What was read ahead, taken at most once.
+#[derive(Debug)]
+pub struct ReadAheadRow {
+    pub(crate) key: ReadAhead,
+    row: std::sync::Mutex<Option<Option<crate::datastore::BookingRow>>>,
+}
+
+impl ReadAheadRow {
+    pub(crate) fn take(&self) -> Option<Option<crate::datastore::BookingRow>> {
+        self.row.lock().ok()?.take()
+    }
+
+    /// Whether the service took the row.
+    pub fn used(&self) -> bool {
+        self.row.lock().map(|row| row.is_none()).unwrap_or(false)
+    }
+}
+
 /// The result of authenticating one MCP request.
 #[derive(Debug, Clone)]
 pub struct McpContext {
@@ -79,18 +110,34 @@ pub fn bearer(authorization: Option<&str>) -> Option<&str> {
 /// Authenticates one MCP request from its `Authorization` header value: the kind is checked
 /// before any database work, then one statement reads the connection context (R4, R20).
 /// The outer error is the database's; the inner one says why the credential was refused.
+/// With `ahead`, the same statement also reads what the call's tool will read.
 pub async fn authenticate_mcp(
     svc: &Services,
     authorization: Option<&str>,
     audience: &str,
     now: jiff::Timestamp,
+    ahead: Option<ReadAhead>,
 ) -> crate::Result<Result<McpContext, AuthFailure>> {
     let token = match expect_kind(bearer(authorization), CredentialKind::Mcp) {
         Ok(token) => token,
         Err(failure) => return Ok(Err(failure)),
     };
-    let row = svc.connection_context(&crate::secret::hash_token(token)).await?;
-    Ok(mcp_context(row, audience, now))
+    let hash = crate::secret::hash_token(token);
+    let Some(key) = ahead else {
+        let row = svc.connection_context(&hash).await?;
+        return Ok(mcp_context(row, audience, now));
+    };
+    let ReadAhead::Booking { handle, notes_before } = &key;
+    let Some(read) =
+        svc.connection_context_with_booking(&hash, handle, notes_before.clone()).await?
+    else {
+        return Ok(mcp_context(None, audience, now));
+    };
+    Ok(mcp_context(Some(read.context), audience, now).map(|mut context| {
+        let row = ReadAheadRow { key, row: std::sync::Mutex::new(Some(read.booking)) };
+        context.ctx = context.ctx.with_read_ahead(row);
+        context
+    }))
 }
 
 /// Authenticates one REST API request by its API token, with the person's current rights.

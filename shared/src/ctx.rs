@@ -105,6 +105,9 @@ pub struct OpCtx {
     channel: Channel,
     connection: Option<ConnectionRef>,
     request_id: String,
+    /// A tool's read that came in the same statement as an MCP call's context, for the service
+    /// that asked for it to take once (see [`crate::auth::ReadAhead`]).
+    read_ahead: Option<std::sync::Arc<crate::auth::ReadAheadRow>>,
 }
 
 impl OpCtx {
@@ -115,7 +118,34 @@ impl OpCtx {
         channel: Channel,
         connection: Option<ConnectionRef>,
     ) -> Self {
-        OpCtx { actor, tenant, rights, channel, connection, request_id: new_request_id() }
+        OpCtx {
+            actor,
+            tenant,
+            rights,
+            channel,
+            connection,
+            request_id: new_request_id(),
+            read_ahead: None,
+        }
+    }
+
+    /// Whether a read came with this context (`None`), and whether its service used it.
+    pub fn read_ahead_used(&self) -> Option<bool> {
+        self.read_ahead.as_ref().map(|r| r.used())
+    }
+
+    pub(crate) fn with_read_ahead(mut self, row: crate::auth::ReadAheadRow) -> Self {
+        self.read_ahead = Some(std::sync::Arc::new(row));
+        self
+    }
+
+    /// The row read ahead for `key`, once: `None` when nothing was read ahead for this very
+    /// read (another key, another call, or already taken), so the service reads it itself.
+    pub(crate) fn take_read_ahead(
+        &self,
+        key: &crate::auth::ReadAhead,
+    ) -> Option<Option<crate::datastore::BookingRow>> {
+        self.read_ahead.as_ref().filter(|r| r.key == *key)?.take()
     }
 
     /// An MCP call through a connection: its creator acts, with the token's rights cut to the

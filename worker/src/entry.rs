@@ -28,7 +28,7 @@ pub const RETRY_AFTER_SECS: u32 = 30;
 
 pub async fn authenticate(
     State(state): State<Arc<AppState>>,
-    mut request: Request,
+    request: Request,
     next: Next,
 ) -> Response {
     let started = Instant::now();
@@ -36,7 +36,7 @@ pub async fn authenticate(
     // Step 0: room to serve it. A full worker answers at once rather than queue: the client
     // retries (on another worker behind the balancer) and latency stays bounded.
     let Ok(_permit) = state.capacity.clone().try_acquire_owned() else {
-        refused(&state, received, &request, "overloaded");
+        refused(&state, received, request.headers(), "overloaded");
         let body = serde_json::json!({
             "error": "overloaded",
             "error_description": "This worker is at capacity; retry in a second.",
@@ -47,25 +47,38 @@ pub async fn authenticate(
     };
     // Step 1: the kill switch as NATS last pushed it, before any database work.
     if state.live.killed() {
-        refused(&state, received, &request, "kill_switch");
+        refused(&state, received, request.headers(), "kill_switch");
         return finish(
             &state,
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
         );
     }
-    let authorization = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    // What of the body has already arrived (all of it, for a client that sends a call with its
+    // headers) is taken now, without waiting: when it is a call of a tool that reads ahead, the
+    // statement that reads the connection context also reads what the tool will read, so the
+    // call costs one round trip. A body still arriving is read after authentication, as any
+    // body is, so an unauthenticated client can never make the worker wait for one.
+    let (parts, body) = request.into_parts();
+    let early = EarlyBody::take(body);
+    let probe = match &early {
+        EarlyBody::Complete(bytes) => serde_json::from_slice::<Probe>(bytes).ok(),
+        _ => None,
+    };
+    let ahead = probe.as_ref().and_then(|p| read_ahead(&state, p));
+    let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let outcome = match auth::authenticate_mcp(
         &state.ds,
         authorization,
         &state.settings.mcp_url(),
         jiff::Timestamp::now(),
+        ahead,
     )
     .await
     {
         Ok(outcome) => outcome,
         Err(e) => {
             tracing::error!(error = %e, "connection context lookup failed");
-            refused(&state, received, &request, "database_unavailable");
+            refused(&state, received, &parts.headers, "database_unavailable");
             return finish(&state, unavailable("The database is unreachable; retry shortly."));
         }
     };
@@ -79,12 +92,12 @@ pub async fn authenticate(
     let context = match outcome {
         Ok(context) => context,
         Err(failure) => {
-            refused(&state, received, &request, "unauthenticated");
+            refused(&state, received, &parts.headers, "unauthenticated");
             return finish(&state, unauthorized(&state, &failure));
         }
     };
     if context.global_kill {
-        refused(&state, received, &request, "kill_switch");
+        refused(&state, received, &parts.headers, "kill_switch");
         return finish(
             &state,
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
@@ -95,7 +108,7 @@ pub async fn authenticate(
             "error": "agent_access_off",
             "error_description": "Agent access for this tenant was turned off by the tenant's admin; ask them to turn it back on in the console.",
         });
-        refused(&state, received, &request, "agent_access_off");
+        refused(&state, received, &parts.headers, "agent_access_off");
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
     let connection_id = context.ctx.connection().map(|c| c.id).unwrap_or_default();
@@ -111,36 +124,42 @@ pub async fn authenticate(
         // could grant is told so in HTTP, so it can ask for the right) or the request's span.
         let step_up = context.grantable != RightSet::EMPTY;
         let mut span = None;
-        let (parts, bytes) = match read_body(request).await {
-            Ok(read) => read,
-            Err(refusal) => return refusal,
-        };
-        if step_up || looked_up.is_some() {
-            let probe = serde_json::from_slice::<Probe>(&bytes).ok();
-            if let Some((received, context_done)) = looked_up {
-                span = Some(request_span(
-                    &state,
-                    &context,
-                    &parts,
-                    probe.as_ref(),
-                    received,
-                    context_done,
-                ));
-            }
-            if step_up
-                && let Some(challenge) = step_up_challenge(&state, &context, &parts, probe.as_ref())
-            {
-                state.metrics.refusals.with_label_values(&["rights"]).inc();
-                if let Some(span) = &span {
-                    span.fail(&[
-                        Attr::Outcome("insufficient_scope"),
-                        Attr::ErrorType("insufficient_scope"),
-                    ]);
+        let (bytes, probe) = match early {
+            EarlyBody::Complete(bytes) => (bytes, probe),
+            EarlyBody::Refused(refusal) => return refusal,
+            EarlyBody::Arriving(head, rest) => match read_rest(head, rest).await {
+                Ok(bytes) => {
+                    let probe = (step_up || looked_up.is_some())
+                        .then(|| serde_json::from_slice::<Probe>(&bytes).ok())
+                        .flatten();
+                    (bytes, probe)
                 }
-                return challenge;
-            }
+                Err(refusal) => return refusal,
+            },
+        };
+        if let Some((received, context_done)) = looked_up {
+            span = Some(request_span(
+                &state,
+                &context,
+                &parts,
+                probe.as_ref(),
+                received,
+                context_done,
+            ));
         }
-        request = Request::from_parts(parts, axum::body::Body::from(bytes));
+        if step_up
+            && let Some(challenge) = step_up_challenge(&state, &context, &parts, probe.as_ref())
+        {
+            state.metrics.refusals.with_label_values(&["rights"]).inc();
+            if let Some(span) = &span {
+                span.fail(&[
+                    Attr::Outcome("insufficient_scope"),
+                    Attr::ErrorType("insufficient_scope"),
+                ]);
+            }
+            return challenge;
+        }
+        let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
@@ -165,7 +184,8 @@ const BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// How long a request's body may take to arrive.
 const BODY_SECS: u64 = 10;
 
-/// What a step-up check reads of a JSON-RPC request; everything else is ignored.
+/// What the entry point reads of a JSON-RPC request (read-ahead, step-up, the span);
+/// everything else is ignored, and arguments and `_meta` stay unparsed until needed.
 #[derive(serde::Deserialize)]
 struct Probe {
     /// A request, not a notification: only a request has an answer to refuse (and an id).
@@ -180,32 +200,86 @@ struct Probe {
 struct ProbeParams {
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    arguments: Option<Box<serde_json::value::RawValue>>,
     /// Where a 2026-07-28 client puts its `traceparent`.
     #[serde(default, rename = "_meta")]
-    meta: Option<serde_json::Map<String, serde_json::Value>>,
+    meta: Option<Box<serde_json::value::RawValue>>,
 }
 
-/// Reads a request's body (what rmcp would read next), bounded in size and time.
-async fn read_body(
-    request: Request,
-) -> Result<(http::request::Parts, axum::body::Bytes), Response> {
-    let (parts, body) = request.into_parts();
+/// The read a call's tool declared it does, for these arguments (see `ToolSpec::reads_ahead`).
+fn read_ahead(state: &AppState, probe: &Probe) -> Option<shared::auth::ReadAhead> {
+    if probe.method != "tools/call" || probe.id.is_none() {
+        return None;
+    }
+    let params = probe.params.as_ref()?;
+    let spec = state.tools.get(params.name.as_deref()?)?;
+    let args = match &params.arguments {
+        Some(raw) => serde_json::from_str(raw.get()).ok()?,
+        None => serde_json::Value::Object(Default::default()),
+    };
+    spec.read_ahead(args)
+}
+
+/// A request body as far as it had arrived when the request reached the entry point.
+enum EarlyBody {
+    /// All of it.
+    Complete(axum::body::Bytes),
+    /// Part of it (possibly nothing), and the rest still to read.
+    Arriving(Vec<u8>, axum::body::Body),
+    /// Too large, or broken: the answer to give once the caller is authenticated.
+    Refused(Response),
+}
+
+impl EarlyBody {
+    /// Takes the frames that are ready, never waiting for one.
+    fn take(mut body: axum::body::Body) -> EarlyBody {
+        use axum::body::HttpBody as _;
+        let mut head = Vec::new();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            match std::pin::Pin::new(&mut body).poll_frame(&mut cx) {
+                std::task::Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        if head.len() + data.len() > BODY_LIMIT {
+                            return EarlyBody::Refused(too_large());
+                        }
+                        head.extend_from_slice(&data);
+                    }
+                }
+                std::task::Poll::Ready(Some(Err(_))) => return EarlyBody::Refused(too_large()),
+                std::task::Poll::Ready(None) => return EarlyBody::Complete(head.into()),
+                std::task::Poll::Pending => return EarlyBody::Arriving(head, body),
+            }
+        }
+    }
+}
+
+/// Reads the rest of a body (what rmcp would read next), bounded in size and time.
+async fn read_rest(head: Vec<u8>, rest: axum::body::Body) -> Result<axum::body::Bytes, Response> {
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(BODY_SECS),
-        axum::body::to_bytes(body, BODY_LIMIT),
+        axum::body::to_bytes(rest, BODY_LIMIT.saturating_sub(head.len())),
     )
     .await;
     match read {
-        Ok(Ok(bytes)) => Ok((parts, bytes)),
+        Ok(Ok(bytes)) if head.is_empty() => Ok(bytes),
+        Ok(Ok(bytes)) => {
+            let mut whole = head;
+            whole.extend_from_slice(&bytes);
+            Ok(whole.into())
+        }
         Err(_) => {
             let body = serde_json::json!({"error": "request_timeout", "error_description": "The request body did not arrive in time; send it again."});
             Err((StatusCode::REQUEST_TIMEOUT, Json(body)).into_response())
         }
-        Ok(Err(_)) => {
-            let body = serde_json::json!({"error": "request_too_large", "error_description": "The request body is larger than 4 MiB."});
-            Err((StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response())
-        }
+        Ok(Err(_)) => Err(too_large()),
     }
+}
+
+fn too_large() -> Response {
+    let body = serde_json::json!({"error": "request_too_large", "error_description": "The request body is larger than 4 MiB."});
+    (StatusCode::PAYLOAD_TOO_LARGE, Json(body)).into_response()
 }
 
 /// HTTP 403 `insufficient_scope` when the request calls a tool that a right the person can
@@ -252,8 +326,10 @@ fn request_span(
         .and_then(|p| p.params.as_ref()?.name.as_deref())
         .and_then(|name| state.tools.get(name))
         .map(|spec| spec.name);
-    let meta = probe.and_then(|p| p.params.as_ref()?.meta.as_ref());
-    let parent = telemetry::remote_parent(meta, Some(&parts.headers));
+    let meta: Option<serde_json::Map<String, serde_json::Value>> = probe
+        .and_then(|p| p.params.as_ref()?.meta.as_ref())
+        .and_then(|raw| serde_json::from_str(raw.get()).ok());
+    let parent = telemetry::remote_parent(meta.as_ref(), Some(&parts.headers));
     let version = parts
         .headers
         .get("mcp-protocol-version")
@@ -294,14 +370,14 @@ fn request_span(
 fn refused(
     state: &AppState,
     received: Option<std::time::SystemTime>,
-    request: &Request,
+    headers: &http::HeaderMap,
     outcome: &'static str,
 ) {
     if let Some(reason) = crate::metrics::refusal_reason(outcome) {
         state.metrics.refusals.with_label_values(&[reason]).inc();
     }
     if let Some(received) = received {
-        let parent = telemetry::remote_parent(None, Some(request.headers()));
+        let parent = telemetry::remote_parent(None, Some(headers));
         let span = telemetry::server(Name::Static("mcp.request"), &parent, received, &[]);
         span.fail(&[Attr::Outcome(outcome), Attr::ErrorType(outcome)]);
     }

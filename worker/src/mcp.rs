@@ -258,6 +258,9 @@ impl ServerHandler for Server {
         if let Some(reason) = crate::metrics::refusal_reason(label) {
             metrics.refusals.with_label_values(&[reason]).inc();
         }
+        if let Some(used) = ctx.read_ahead_used() {
+            metrics.read_ahead.with_label_values(&[if used { "used" } else { "unused" }]).inc();
+        }
         if let Some(path) = confirm_path {
             metrics
                 .confirm_duration

@@ -17,6 +17,7 @@ pub struct Metrics {
     pub refusals: IntCounterVec,
     pub confirm_duration: HistogramVec,
     pub activity_flush_failures: prometheus::IntCounter,
+    pub read_ahead: IntCounterVec,
 }
 
 /// The refusal family an outcome belongs to (the `reason` of `refusals_total`), or `None`
@@ -108,9 +109,17 @@ impl Metrics {
             "Failed writes of the console's call counts (retried with the next batch)",
         )
         .expect("valid metric");
+        let read_ahead = IntCounterVec::new(
+            Opts::new(
+                "read_ahead_total",
+                "Tool reads done in the statement that read the call's context (one round trip), by whether the tool used them (used) or refused the call first (unused)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
         registry.register(Box::new(nats_connected.clone())).expect("register once");
         registry.register(Box::new(activity_flush_failures.clone())).expect("register once");
-        for c in [&http_requests, &tool_calls, &bus_events, &refusals] {
+        for c in [&http_requests, &tool_calls, &bus_events, &refusals, &read_ahead] {
             registry.register(Box::new(c.clone())).expect("register once");
         }
         for h in [&tool_duration, &auth_duration, &bus_push_lag, &confirm_duration] {
@@ -128,6 +137,7 @@ impl Metrics {
             refusals,
             confirm_duration,
             activity_flush_failures,
+            read_ahead,
         }
     }
 

@@ -3501,3 +3501,109 @@ async fn a_full_worker_sheds_with_503_and_retry_after_and_serves_again_when_room
     }
     assert_eq!(served, 200);
 }
+
+#[tokio::test]
+async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let stack = Stack::start().await;
+    let counted =
+        |outcome: &str| stack.state.metrics.read_ahead.with_label_values(&[outcome]).get();
+    let token = stack.token(0, 0);
+    let booking: String = stack
+        .db
+        .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
+        .await;
+    // A call whose body came with its headers reads the booking with its context, and the
+    // tool answers from that row.
+    let (used, unused) = (counted("used"), counted("unused"));
+    let fast = stack.ok(&token, "get_booking", json!({"booking": booking})).await;
+    assert_eq!(fast["booking"], booking.as_str(), "{fast}");
+    assert_eq!((counted("used"), counted("unused")), (used + 1, unused));
+    // A body still arriving after the headers is read after authentication, as any body, and
+    // the tool reads the booking itself: the same answer either way.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "get_booking", "arguments": {"booking": booking},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}}})
+    .to_string()
+    .into_bytes();
+    let (head, tail) = body.split_at(20);
+    let addr = stack.url.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let headers = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {PROTOCOL}\r\nMcp-Method: tools/call\r\nMcp-Name: get_booking\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(headers.as_bytes()).await.expect("write");
+    socket.write_all(head).await.expect("write");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    socket.write_all(tail).await.expect("write");
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).await.expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let json_text = &answer[answer.find("\r\n\r\n").expect("head") + 4..];
+    let json_text =
+        &json_text[json_text.find('{').expect("json")..=json_text.rfind('}').expect("json")];
+    let slow: Value = serde_json::from_str(json_text).expect("json answer");
+    let slow = &slow["result"]["structuredContent"];
+    assert_eq!(slow["booking"], booking.as_str(), "{slow}");
+    assert_eq!(slow["version"], fast["version"], "the same row either way");
+    assert_eq!((counted("used"), counted("unused")), (used + 1, unused), "no read-ahead");
+    // A connection without bookings:read is refused naming the right; the row read with its
+    // context is dropped unused and nothing of it reaches the answer.
+    let ctx = stack.operator_in(0).await;
+    let narrow = admin::connection_create(
+        &stack.db.ds,
+        &ctx,
+        admin::NewConnection {
+            creator_email: &stack.seed.tenants[0].admin.email,
+            name: "customers only",
+            client_name: "test",
+            rights: shared::rights::RightSet::of(&[shared::rights::Right::CustomersRead]),
+            toolset: "full",
+        },
+    )
+    .await
+    .expect("connection");
+    let (status, _, answer) = stack
+        .raw(
+            Some(&narrow.token),
+            "tools/call",
+            Some("get_booking"),
+            json!({"name": "get_booking", "arguments": {"booking": booking}}),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    assert!(answer.to_string().contains("bookings:read"), "{answer}");
+    let customer = fast["customer"]["name"].as_str().expect("customer name");
+    assert!(!answer.to_string().contains(customer), "no booking data: {answer}");
+    assert_eq!(counted("unused"), unused + 1);
+    // Another tenant's booking is not found through the read-ahead either (R3).
+    let foreign = stack.token(1, 0);
+    let err = stack
+        .call(&foreign, "get_booking", json!({"booking": booking}))
+        .await
+        .expect_err("foreign");
+    assert_eq!(err["code"], "not_found", "{err}");
+    // A revoked connection is refused before any tool runs, read-ahead or not.
+    admin::connection_revoke(
+        &stack.db.ds,
+        &ctx,
+        &stack.seed.tenants[0].connections[0].connection,
+        "test",
+    )
+    .await
+    .expect("revoke");
+    let (status, _, answer) = stack
+        .raw(
+            Some(&token),
+            "tools/call",
+            Some("get_booking"),
+            json!({"name": "get_booking", "arguments": {"booking": booking}}),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 401, "{answer}");
+    assert!(!answer.to_string().contains(customer), "{answer}");
+}

@@ -37,6 +37,9 @@ struct Args {
     seconds: u64,
     out: String,
     cluster_only: bool,
+    /// Only the read ratio: get_booking straight to one worker against the bare rmcp peer,
+    /// alternated three times, on the demo data; prints, writes nothing.
+    reads_only: bool,
 }
 
 fn args() -> Args {
@@ -45,6 +48,7 @@ fn args() -> Args {
         seconds: 8,
         out: e2e::repo_root().join("docs/benchmarks.md").to_string_lossy().into_owned(),
         cluster_only: false,
+        reads_only: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -58,10 +62,16 @@ fn args() -> Args {
                 i += 1;
                 continue;
             }
+            "--reads-only" => {
+                a.reads_only = true;
+                i += 1;
+                continue;
+            }
             "--help" | "-h" => {
                 println!(
                     "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]\n\
-                     gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)"
+                     gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)\n\
+                     gatehouse-bench --reads-only     (get_booking against the bare rmcp peer, alternated; prints, writes nothing)"
                 );
                 std::process::exit(0);
             }
@@ -227,32 +237,31 @@ fn psql(url: &str, sql: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// The two statements of a `get_booking` call, through pgbench.
-fn pgbench(
-    stack: &Stack,
-    token: &str,
-    booking: &str,
-    tenant_id: &str,
-    args: &Args,
-) -> Result<(Figures, String)> {
+/// The statement of a `get_booking` call (its context and the booking), through pgbench.
+fn pgbench(stack: &Stack, token: &str, booking: &str, args: &Args) -> Result<(Figures, String)> {
     let hash = hex::encode(shared::secret::hash_token(token));
-    let (context_sql, lookup_sql) = shared::services::read_path_statements();
-    let context = context_sql.replace("$1", &format!("'\\x{hash}'::bytea"));
     // The first page of notes: no cursor.
-    let lookup = lookup_sql
-        .replace("$1", tenant_id)
+    let sql = shared::services::read_path_statement()
+        .replace("$1", &format!("'\\x{hash}'::bytea"))
         .replace("$2", &format!("'{booking}'"))
         .replace("$3", "NULL")
         .replace("$4", "NULL");
     let one_line = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
     let script = stack.run_dir.join("pgbench-get-booking.sql");
-    std::fs::write(&script, format!("{};\n{};\n", one_line(&context), one_line(&lookup)))?;
+    std::fs::write(&script, format!("{};\n", one_line(&sql)))?;
     let plans = format!(
-        "-- the connection context\n{}\n\n-- the booking with its latest notes\n{}",
-        explain(&stack.database_url, &context)?,
-        explain(&stack.database_url, &lookup)?
+        "-- the connection context and the booking with its latest notes, one statement\n{}",
+        explain(&stack.database_url, &sql)?,
     );
-    Ok((pgbench_run(stack, "same SQL through pgbench (context + lookup)", &script, args)?, plans))
+    Ok((
+        pgbench_run(
+            stack,
+            "same SQL through pgbench (context and lookup, one statement)",
+            &script,
+            args,
+        )?,
+        plans,
+    ))
 }
 
 async fn status_of(http: &reqwest::Client, base: &str, token: &str) -> u16 {
@@ -708,7 +717,7 @@ async fn main() -> Result<()> {
     eprintln!(
         "loading the large tables (100 tenants of 10,000 bookings, 100,000 connections, 1,000,000 tokens)"
     );
-    let bulk_secs = bulk_load(&stack.database_url)?;
+    let bulk_secs = if args.reads_only { 0.0 } else { bulk_load(&stack.database_url)? };
     let sizes = psql(
         &stack.database_url,
         "SELECT (SELECT count(*) FROM tenants) || ' tenants, ' || (SELECT count(*) FROM bookings) || ' bookings, '
@@ -814,6 +823,36 @@ async fn main() -> Result<()> {
         body: mcp_body("find_bookings", json!({"limit": 10})),
         rotate: Default::default(),
     };
+    if args.reads_only {
+        let bare =
+            Target { url: format!("{peer_rmcp}/mcp"), tokens: Default::default(), ..get(&w1) };
+        let rmcp_pid: Vec<u32> = stack.pid("bench-peer-rmcp").into_iter().collect();
+        let (mut ours, mut peer) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            ours.push(
+                load("get_booking, straight to one worker", &get(&w1), &args, &pids[..1]).await?,
+            );
+            peer.push(load("peer: bare rmcp server", &bare, &args, &rmcp_pid).await?);
+        }
+        let median = |v: &[Figures], f: fn(&Figures) -> f64| {
+            let mut x: Vec<f64> = v.iter().map(f).collect();
+            x.sort_by(f64::total_cmp);
+            x[x.len() / 2]
+        };
+        let cpu = |f: &Figures| f.cpu_ms_per_call.unwrap_or(0.0);
+        let rate = |f: &Figures| f.rate;
+        let failed: usize =
+            ours.iter().chain(&peer).map(|f| f.errors.values().sum::<usize>()).sum();
+        println!(
+            "get_booking {:.0}/s at {:.3} ms worker CPU; peer {:.0}/s at {:.3} ms; ratio {:.2} (medians of 3); {failed} not ok",
+            median(&ours, rate),
+            median(&ours, cpu),
+            median(&peer, rate),
+            median(&peer, cpu),
+            median(&ours, rate) / median(&peer, rate),
+        );
+        return Ok(());
+    }
     eprintln!("measuring…");
     let mut rows = Vec::new();
     rows.push(load("get_booking, straight to one worker", &get(&w1), &args, &pids[..1]).await?);
@@ -861,7 +900,7 @@ async fn main() -> Result<()> {
     rows.push(
         load("peer: plain JSON over axum + sqlx, same lookup", &plain, &args, &plain_pid).await?,
     );
-    let (sql_figures, plans) = pgbench(&stack, &token, &booking, &tenant_id, &args)?;
+    let (sql_figures, plans) = pgbench(&stack, &token, &booking, &args)?;
     rows.push(sql_figures);
     // Twice the load that saturates the machine: what does not fit is shed with 503 and
     // Retry-After (counted by kind), the rest keeps a bounded p99.
@@ -870,6 +909,7 @@ async fn main() -> Result<()> {
         seconds: args.seconds,
         out: String::new(),
         cluster_only: false,
+        reads_only: false,
     };
     rows.push(
         load(

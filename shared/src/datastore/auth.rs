@@ -50,20 +50,10 @@ pub struct ApiContextRow {
     pub expired: bool,
 }
 
-/// The hot-path query: the token, its connection, tenant, switches and the creator's current
-/// membership in one round trip. Public so the benchmark can run the same SQL through pgbench.
-pub(crate) const CONNECTION_CONTEXT_SQL: &str = r#"
-            WITH tok AS (
-                SELECT connection_id, kind, expires_at, audience
-                FROM connection_tokens
-                WHERE token_hash = $1 AND kind IN ('static', 'access')
-            ), touch AS (
-                UPDATE connections c SET last_used_at = now()
-                FROM tok
-                WHERE c.id = tok.connection_id
-                  AND (c.last_used_at IS NULL OR c.last_used_at < now() - interval '1 minute')
-                RETURNING c.id
-            )
+/// The token and everything its call is decided on: the connection, tenant, switches and the
+/// creator's current membership. A plain select (no CTE, no write), so it can stand alone or
+/// be the first part of a statement that also carries a tool's read.
+const CONTEXT_SELECT: &str = r#"
             SELECT tok.kind AS token_kind, tok.expires_at AS token_expires_at,
                    tok.audience AS token_audience,
                    c.id AS connection_id, c.handle AS connection_handle,
@@ -77,16 +67,45 @@ pub(crate) const CONNECTION_CONTEXT_SQL: &str = r#"
                    (SELECT global_kill FROM platform_state) AS global_kill,
                    (SELECT r.per_minute FROM tenant_rate_limits r
                      WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute
-            FROM tok
+            FROM connection_tokens tok
             JOIN connections c ON c.id = tok.connection_id
             JOIN tenants t ON t.id = c.tenant_id
             JOIN people p ON p.id = c.creator_id
             LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
+            WHERE tok.token_hash = $1 AND tok.kind IN ('static', 'access')
             "#;
 
+/// The hot-path query: the token, its connection, tenant, switches and the creator's current
+/// membership in one round trip. Public so the benchmark can run the same SQL through pgbench.
+/// `last_used_at` is not stamped here: the workers' activity flush writes it with the counts,
+/// off the request path.
+pub(crate) const CONNECTION_CONTEXT_SQL: &str = CONTEXT_SELECT;
+
+/// The connection context and one booking of the context's tenant in one statement, so a
+/// `get_booking` call costs one round trip ($1 token hash, $2 booking handle, $3–$4 the
+/// notes cursor). The booking is looked up only in the token's tenant and only for an active
+/// connection; whether the caller may see it is still decided in Rust from the context, before
+/// the row is used (see [`crate::auth::ReadAhead`]).
+pub(crate) static CONTEXT_AND_BOOKING_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| {
+        format!(
+            "WITH ctx AS ({CONTEXT_SELECT})
+             SELECT ctx.*, bk.* FROM ctx
+             LEFT JOIN LATERAL ({booking}) bk ON ctx.connection_status = 'active'",
+            booking = crate::datastore::booking_get_sql_with("ctx.tenant_id", "$2", "$3", "$4"),
+        )
+    });
+
+/// A connection context read together with a tool's read.
+#[derive(Debug)]
+pub struct ContextWithBooking {
+    pub context: ConnectionContextRow,
+    /// The booking, when the context's tenant has one of that handle.
+    pub booking: Option<crate::datastore::BookingRow>,
+}
+
 impl Services {
-    /// Looks up an MCP token by hash. Also stamps `last_used_at`, at most once a minute, in
-    /// the same statement so the hot path stays one round trip.
+    /// Looks up an MCP token by hash: one round trip.
     pub(crate) async fn connection_context(
         &self,
         token_hash: &[u8],
@@ -96,6 +115,34 @@ impl Services {
             .fetch_optional(self.pool())
             .await?;
         Ok(row)
+    }
+
+    /// Looks up an MCP token by hash and a booking of its tenant, in one round trip.
+    pub(crate) async fn connection_context_with_booking(
+        &self,
+        token_hash: &[u8],
+        booking: &str,
+        notes_before: Option<crate::datastore::NotesBefore>,
+    ) -> Result<Option<ContextWithBooking>> {
+        use sqlx::{FromRow, Row};
+        let (at, note) = notes_before.unzip();
+        let Some(row) = sqlx::query(CONTEXT_AND_BOOKING_SQL.as_str())
+            .bind(token_hash)
+            .bind(booking)
+            .bind(at)
+            .bind(note)
+            .fetch_optional(self.pool())
+            .await?
+        else {
+            return Ok(None);
+        };
+        let context = ConnectionContextRow::from_row(&row)?;
+        let found: Option<i64> = row.try_get("id")?;
+        let booking = match found {
+            Some(_) => Some(crate::datastore::BookingRow::from_row(&row)?),
+            None => None,
+        };
+        Ok(Some(ContextWithBooking { context, booking }))
     }
 
     /// Looks up an API token by hash, with its person's current membership.

@@ -43,6 +43,9 @@ pub struct BookingRow {
     pub notes_total: i64,
 }
 
+/// Where a page of notes starts: before this note (written at, handle).
+pub type NotesBefore = (DateTime<Utc>, String);
+
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct NoteRow {
     pub handle: String,
@@ -103,9 +106,11 @@ static BOOKING_COUNT_SQL: LazyLock<String> =
 /// How many notes a single-booking result shows; earlier ones are paged with a cursor (R21).
 pub const NOTES_PAGE: i64 = 20;
 
-static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
-    // The latest notes before the cursor ($3 written at, $4 handle), one more than a page;
-    // a booking with thousands of notes answers with a page, never all of them.
+/// The single-booking query with the given expressions for the tenant, the handle and the
+/// notes cursor (written at, handle): the latest notes before the cursor, one more than a page,
+/// and the count kept on the booking, so a booking with thousands of notes answers with a
+/// page and costs the same to read as one with two.
+pub(crate) fn booking_get_sql_with(tenant: &str, handle: &str, at: &str, note: &str) -> String {
     format!(
         "{SELECT},
                (SELECT coalesce(json_agg(json_build_object(
@@ -114,15 +119,17 @@ static BOOKING_GET_SQL: LazyLock<String> = LazyLock::new(|| {
                     ORDER BY n.created_at DESC, n.handle DESC), '[]'::json)
                 FROM (SELECT n.handle, n.source, n.body, n.created_at FROM booking_notes n
                       WHERE n.tenant_id = b.tenant_id AND n.booking_id = b.id
-                        AND ($3::timestamptz IS NULL OR (n.created_at, n.handle) < ($3, $4::text))
+                        AND ({at}::timestamptz IS NULL OR (n.created_at, n.handle) < ({at}, {note}::text))
                       ORDER BY n.created_at DESC, n.handle DESC LIMIT {page}) n) AS notes,
-               (SELECT count(*) FROM booking_notes n
-                WHERE n.tenant_id = b.tenant_id AND n.booking_id = b.id) AS notes_total
+               b.notes_count AS notes_total
              {FROM}
-             WHERE b.tenant_id = $1 AND b.handle = $2",
+             WHERE b.tenant_id = {tenant} AND b.handle = {handle}",
         page = NOTES_PAGE + 1
     )
-});
+}
+
+static BOOKING_GET_SQL: LazyLock<String> =
+    LazyLock::new(|| booking_get_sql_with("$1", "$2", "$3", "$4"));
 
 pub(crate) static BOOKING_LOCK_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -198,7 +205,7 @@ impl Services {
         &self,
         ctx: &OpCtx,
         handle: &BookingHandle,
-        notes_before: Option<(DateTime<Utc>, String)>,
+        notes_before: Option<NotesBefore>,
     ) -> Result<Option<BookingRow>> {
         let (at, note) = notes_before.unzip();
         let row = sqlx::query_as::<_, BookingRow>(booking_get_sql())

@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::auth::ReadAhead;
 use crate::ctx::OpCtx;
 use crate::datastore::{
     self as db, BookingChange, BookingFilter, BookingRow, NewBooking, Services, Tx, from_ts, to_ts,
@@ -148,6 +149,31 @@ pub async fn find(
 
 pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<BookingRow> {
     ctx.require(Right::BookingsRead)?;
+    let (handle, before) = get_key(input)?;
+    let key = ReadAhead::Booking { handle: handle.as_str().to_owned(), notes_before: before };
+    let row = match ctx.take_read_ahead(&key) {
+        Some(row) => row,
+        None => {
+            let ReadAhead::Booking { notes_before, .. } = key;
+            ds.booking_get(ctx, &handle, notes_before).await?
+        }
+    };
+    row.ok_or_else(|| Error::not_found(Resource::Booking, handle.as_str()))
+}
+
+/// What a `get_booking` call will read, when its input says it clearly: the worker reads it
+/// in the statement that reads the call's context ([`crate::auth::ReadAhead`]). `None` for an
+/// input [`get`] would refuse, which then answers as always.
+pub fn read_ahead(input: &GetBookingInput) -> Option<ReadAhead> {
+    let (handle, before) = get_key(input).ok()?;
+    Some(ReadAhead::Booking { handle: handle.as_str().to_owned(), notes_before: before })
+}
+
+/// The booking and notes cursor a `get_booking` input names: one parse for the read and its
+/// read-ahead, so both name the same row.
+fn get_key(
+    input: &GetBookingInput,
+) -> Result<(BookingHandle, Option<crate::datastore::NotesBefore>)> {
     let handle = BookingHandle::parse("booking", &input.booking)?;
     let before = match nonempty(&input.notes_cursor) {
         Some(c) => {
@@ -166,9 +192,7 @@ pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<
         }
         None => None,
     };
-    ds.booking_get(ctx, &handle, before)
-        .await?
-        .ok_or_else(|| Error::not_found(Resource::Booking, handle.as_str()))
+    Ok((handle, before))
 }
 
 // ---------------------------------------------------------------- export (a long read, R22)

@@ -34,9 +34,17 @@ pub async fn housekeeping(svc: &crate::Services) -> Result<u64> {
     svc.housekeeping().await
 }
 
-/// The statements of the read hot path (the connection context, then `get_booking`), as text
-/// for the benchmark to run through pgbench; `$1`/`$2` are their parameters. Text only: the
-/// pool stays private to the library.
+/// The statement of the read hot path, as text for the benchmark to run through pgbench: a
+/// `get_booking` call's connection context and its booking in one statement ($1 token hash,
+/// $2 booking handle, $3–$4 the notes cursor). Text only: the pool stays private to the
+/// library.
+pub fn read_path_statement() -> &'static str {
+    crate::datastore::CONTEXT_AND_BOOKING_SQL.as_str()
+}
+
+/// The connection context alone (every MCP request that reads nothing ahead) and the booking
+/// lookup alone ($1 tenant, $2 handle, $3–$4 the notes cursor), as text: the bare peer runs the
+/// lookup, and the write benchmark starts with the context.
 pub fn read_path_statements() -> (&'static str, &'static str) {
     (crate::datastore::CONNECTION_CONTEXT_SQL, crate::datastore::booking_get_sql())
 }

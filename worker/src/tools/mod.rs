@@ -22,6 +22,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use shared::auth::ReadAhead;
 use shared::rights::Right;
 use shared::{OpCtx, Services};
 
@@ -85,6 +86,7 @@ impl Progress {
 
 type BoxFuture = Pin<Box<dyn Future<Output = shared::Result<Value>> + Send>>;
 type Handler = Arc<dyn Fn(Env, Value) -> BoxFuture + Send + Sync>;
+type AheadFn = Arc<dyn Fn(Value) -> Option<ReadAhead> + Send + Sync>;
 
 pub struct ToolSpec {
     pub name: &'static str,
@@ -97,11 +99,30 @@ pub struct ToolSpec {
     pub toolsets: Vec<&'static str>,
     pub tool: Tool,
     handler: Handler,
+    /// What the tool will read, from its arguments, when the entry point may read it in the
+    /// statement that reads the call's context (one round trip for the call).
+    read_ahead: Option<AheadFn>,
 }
 
 impl ToolSpec {
     pub async fn call(&self, env: Env, args: Value) -> shared::Result<Value> {
         (self.handler)(env, args).await
+    }
+
+    /// Declares the tool's read-ahead: `f` is the consuming service's own key function, given
+    /// the input parsed exactly as the tool parses it, so both name the same row.
+    pub fn reads_ahead<I>(mut self, f: fn(&I) -> Option<ReadAhead>) -> Self
+    where
+        I: DeserializeOwned + JsonSchema + 'static,
+    {
+        self.read_ahead =
+            Some(Arc::new(move |args| f(&shared::input::parse_input::<I>(args).ok()?)));
+        self
+    }
+
+    /// The read to do with the context for a call with these arguments, if any.
+    pub fn read_ahead(&self, args: Value) -> Option<ReadAhead> {
+        self.read_ahead.as_ref()?(args)
     }
 }
 
@@ -251,6 +272,7 @@ where
         toolsets: Vec::new(),
         tool,
         handler,
+        read_ahead: None,
     }
 }
 

@@ -158,7 +158,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 untrusted: &[ThirdPartyText::CustomerNote, ThirdPartyText::BookingNotes],
             },
             get_booking,
-        ),
+        )
+        .reads_ahead(bookings::read_ahead),
         tool(
             Def {
                 name: "find_technicians",
