@@ -100,8 +100,14 @@ async fn main() -> anyhow::Result<()> {
     let mode = arg("--mode").unwrap_or_else(|| "rmcp".into());
     let listen = arg("--listen").unwrap_or_else(|| "127.0.0.1:9300".into());
     let tenant: i64 = arg("--tenant").and_then(|t| t.parse().ok()).unwrap_or(1);
-    let pool =
-        PgPoolOptions::new().max_connections(16).connect(&std::env::var("DATABASE_URL")?).await?;
+    // `--pool sqlx` keeps sqlx's defaults (a ping before each statement and after it, as most
+    // servers run); `--pool tuned` skips the ping before, as Gatehouse's pool does when busy.
+    let tuned = arg("--pool").as_deref() == Some("tuned");
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .test_before_acquire(!tuned)
+        .connect(&std::env::var("DATABASE_URL")?)
+        .await?;
     let peer = Bare { pool, tenant };
     let router = if mode == "plain" {
         axum::Router::new().route("/booking", axum::routing::post(plain)).with_state(peer)

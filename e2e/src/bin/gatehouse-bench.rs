@@ -775,10 +775,27 @@ async fn main() -> Result<()> {
             &tenant_id,
         ],
     )?;
+    let tuned_port = free_port()?;
+    stack.spawn_helper(
+        "bench-peer-tuned",
+        "bench-peer",
+        &[
+            "--mode",
+            "rmcp",
+            "--pool",
+            "tuned",
+            "--listen",
+            &format!("127.0.0.1:{tuned_port}"),
+            "--tenant",
+            &tenant_id,
+        ],
+    )?;
     let peer_rmcp = format!("http://127.0.0.1:{rmcp_port}");
+    let peer_tuned = format!("http://127.0.0.1:{tuned_port}");
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", rmcp_port)).is_ok()
             && std::net::TcpStream::connect(("127.0.0.1", plain_port)).is_ok()
+            && std::net::TcpStream::connect(("127.0.0.1", tuned_port)).is_ok()
         {
             break;
         }
@@ -826,13 +843,17 @@ async fn main() -> Result<()> {
     if args.reads_only {
         let bare =
             Target { url: format!("{peer_rmcp}/mcp"), tokens: Default::default(), ..get(&w1) };
+        let tuned = Target { url: format!("{peer_tuned}/mcp"), ..bare.clone() };
         let rmcp_pid: Vec<u32> = stack.pid("bench-peer-rmcp").into_iter().collect();
-        let (mut ours, mut peer) = (Vec::new(), Vec::new());
+        let tuned_pid: Vec<u32> = stack.pid("bench-peer-tuned").into_iter().collect();
+        let (mut ours, mut peer, mut peer_tuned) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..3 {
             ours.push(
                 load("get_booking, straight to one worker", &get(&w1), &args, &pids[..1]).await?,
             );
             peer.push(load("peer: bare rmcp server", &bare, &args, &rmcp_pid).await?);
+            peer_tuned
+                .push(load("peer: bare rmcp server, tuned pool", &tuned, &args, &tuned_pid).await?);
         }
         let median = |v: &[Figures], f: fn(&Figures) -> f64| {
             let mut x: Vec<f64> = v.iter().map(f).collect();
@@ -841,15 +862,22 @@ async fn main() -> Result<()> {
         };
         let cpu = |f: &Figures| f.cpu_ms_per_call.unwrap_or(0.0);
         let rate = |f: &Figures| f.rate;
-        let failed: usize =
-            ours.iter().chain(&peer).map(|f| f.errors.values().sum::<usize>()).sum();
+        let failed: usize = ours
+            .iter()
+            .chain(&peer)
+            .chain(&peer_tuned)
+            .map(|f| f.errors.values().sum::<usize>())
+            .sum();
         println!(
-            "get_booking {:.0}/s at {:.3} ms worker CPU; peer {:.0}/s at {:.3} ms; ratio {:.2} (medians of 3); {failed} not ok",
+            "get_booking {:.0}/s at {:.3} ms worker CPU; peer {:.0}/s at {:.3} ms (ratio {:.2}); tuned peer {:.0}/s at {:.3} ms (ratio {:.2}); medians of 3; {failed} not ok",
             median(&ours, rate),
             median(&ours, cpu),
             median(&peer, rate),
             median(&peer, cpu),
             median(&ours, rate) / median(&peer, rate),
+            median(&peer_tuned, rate),
+            median(&peer_tuned, cpu),
+            median(&ours, rate) / median(&peer_tuned, rate),
         );
         return Ok(());
     }

@@ -110,10 +110,12 @@ impl Services {
         &self,
         token_hash: &[u8],
     ) -> Result<Option<ConnectionContextRow>> {
+        let mut lane = self.lane().checkout().await?;
         let row = sqlx::query_as::<_, ConnectionContextRow>(CONNECTION_CONTEXT_SQL)
             .bind(token_hash)
-            .fetch_optional(self.pool())
+            .fetch_optional(lane.conn())
             .await?;
+        lane.done();
         Ok(row)
     }
 
@@ -126,14 +128,16 @@ impl Services {
     ) -> Result<Option<ContextWithBooking>> {
         use sqlx::{FromRow, Row};
         let (at, note) = notes_before.unzip();
-        let Some(row) = sqlx::query(CONTEXT_AND_BOOKING_SQL.as_str())
+        let mut lane = self.lane().checkout().await?;
+        let row = sqlx::query(CONTEXT_AND_BOOKING_SQL.as_str())
             .bind(token_hash)
             .bind(booking)
             .bind(at)
             .bind(note)
-            .fetch_optional(self.pool())
-            .await?
-        else {
+            .fetch_optional(lane.conn())
+            .await?;
+        lane.done();
+        let Some(row) = row else {
             return Ok(None);
         };
         let context = ConnectionContextRow::from_row(&row)?;

@@ -13,6 +13,7 @@ mod bookings;
 mod connections;
 mod customers;
 mod housekeeping;
+mod lane;
 mod oauth;
 mod outbox;
 mod pending;
@@ -64,6 +65,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[derive(Clone, Debug)]
 pub struct Services {
     pool: PgPool,
+    /// The connections of the one statement every MCP request runs first (see `lane`).
+    lane: std::sync::Arc<lane::Lane>,
     /// Password hashing runs on blocking threads, at most this many at once, so a flood of
     /// sign-ins can neither stall the async workers nor take every core.
     hashing: std::sync::Arc<tokio::sync::Semaphore>,
@@ -88,7 +91,7 @@ impl Default for Policy {
 }
 
 /// How long a pooled connection may sit idle before it is checked with a ping on its way out.
-const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
+pub(crate) const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
 impl Services {
     /// Connects a pool of at most `max_connections` to `url`.
@@ -118,9 +121,25 @@ impl Services {
         Ok(Services::with_pool(pool))
     }
 
+    /// A worker opens up to twice the pool's size: the pool for the tools' work, and as many
+    /// lane connections for the context statement (opened as needed).
     fn with_pool(pool: PgPool) -> Self {
         let hashing = std::sync::Arc::new(tokio::sync::Semaphore::new(HASHING_AT_ONCE));
-        Services { pool, hashing, policy: Policy::default(), bus: None }
+        let lane = lane::Lane::new(
+            (*pool.connect_options()).clone(),
+            pool.options().get_max_connections(),
+        );
+        Services {
+            pool,
+            lane: std::sync::Arc::new(lane),
+            hashing,
+            policy: Policy::default(),
+            bus: None,
+        }
+    }
+
+    pub(crate) fn lane(&self) -> &lane::Lane {
+        &self.lane
     }
 
     #[cfg(feature = "testing")]
