@@ -25,13 +25,17 @@ impl Services {
         class: &str,
         default_limit: i32,
     ) -> Result<(i32, i32, f64)> {
-        Ok(sqlx::query_as::<_, (i32, i32, f64)>(RATE_TAKE_SQL)
+        // One statement on its own: on the hot path's lane (no release round trip).
+        let mut lane = self.lane().checkout().await?;
+        let row = sqlx::query_as::<_, (i32, i32, f64)>(RATE_TAKE_SQL)
             .bind(connection_id)
             .bind(tenant_id)
             .bind(class)
             .bind(default_limit)
-            .fetch_one(self.pool())
-            .await?)
+            .fetch_one(lane.conn())
+            .await?;
+        lane.done();
+        Ok(row)
     }
 }
 
