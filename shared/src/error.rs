@@ -170,6 +170,19 @@ impl Error {
 
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
+        // SQLSTATE class 08 (connection exception) and 57P (the server shutting down or
+        // terminating the session) end a connection as surely as a broken socket.
+        let ended = match &e {
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
+            sqlx::Error::Database(db) => {
+                db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+            }
+            _ => false,
+        };
+        if ended {
+            // The connection broke: every other idle connection may have too (a restart).
+            crate::datastore::note_broken();
+        }
         Error::Internal(format!("database: {e}"))
     }
 }

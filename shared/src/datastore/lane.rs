@@ -8,7 +8,8 @@
 //! [`LaneConn::done`], called after a statement ran to its end, when the connection is known to
 //! be idle and ready; any other way out (an error, a cancelled request, a panic) drops it, and
 //! it is closed in the background. A connection idle for over a second is pinged before use, as
-//! the pool does, so one broken by a database restart is replaced before a request meets it.
+//! the pool does, and so is every connection handed back before any connection last broke, so
+//! those broken by a database restart are replaced before a request meets them.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -19,7 +20,9 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::{Error, Result};
 
+#[cfg(test)]
 use super::IDLE_BEFORE_PING;
+use super::check_before_use;
 /// How long a request waits for a lane connection before it is told the database is busy.
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -51,10 +54,11 @@ impl Lane {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let popped = self.idle.lock().ok().and_then(|mut idle| idle.pop());
         let conn = match popped {
-            Some((conn, since)) if since.elapsed() < IDLE_BEFORE_PING => conn,
+            Some((conn, since)) if !check_before_use(since.elapsed()) => conn,
             Some((mut conn, _)) => match conn.ping().await {
                 Ok(()) => conn,
                 Err(_) => {
+                    super::note_broken();
                     close_later(conn);
                     self.options.connect().await?
                 }
@@ -169,6 +173,37 @@ mod tests {
         tokio::time::sleep(IDLE_BEFORE_PING + Duration::from_millis(100)).await;
         let next = backend(&lane).await;
         assert_ne!(next, first, "pinged, found closed, replaced");
+    }
+
+    #[tokio::test]
+    async fn after_one_connection_breaks_the_others_are_checked_however_briefly_idle() {
+        let lane = lane(2);
+        let (mut a, mut b) = (lane.checkout().await.expect("a"), lane.checkout().await.expect("b"));
+        let sql = "SELECT pg_backend_pid()";
+        let pids = [
+            sqlx::query_scalar::<_, i32>(sql).fetch_one(a.conn()).await.expect("pid"),
+            sqlx::query_scalar::<_, i32>(sql).fetch_one(b.conn()).await.expect("pid"),
+        ];
+        a.done();
+        b.done();
+        // A restart breaks both while they sit idle for well under a second.
+        let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
+        for p in pids {
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(p)
+                .execute(&mut admin)
+                .await
+                .expect("terminate");
+        }
+        // The first request meets a broken one: its statement fails, and that is noted.
+        let mut first = lane.checkout().await.expect("checkout");
+        let failed: Result<i32> =
+            sqlx::query_scalar(sql).fetch_one(first.conn()).await.map_err(Error::from);
+        assert!(failed.is_err(), "the connection was broken");
+        drop(first);
+        // The next is checked before use and replaced, so no second request fails.
+        let next = backend(&lane).await;
+        assert!(!pids.contains(&next), "a new connection");
     }
 
     #[tokio::test]

@@ -93,6 +93,30 @@ impl Default for Policy {
 /// How long a pooled connection may sit idle before it is checked with a ping on its way out.
 pub(crate) const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
+static EPOCH: std::sync::LazyLock<std::time::Instant> =
+    std::sync::LazyLock::new(std::time::Instant::now);
+/// When (ms after `EPOCH`, plus one; 0 = never) a statement last failed because its connection
+/// broke.
+static LAST_BROKEN_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Records that a connection broke: a database restart breaks every connection at once, and
+/// those that sat idle for less than [`IDLE_BEFORE_PING`] would otherwise each fail a request.
+pub(crate) fn note_broken() {
+    let now = EPOCH.elapsed().as_millis() as u64 + 1;
+    LAST_BROKEN_MS.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether a connection idle for `idle` is checked with a ping before use: it sat for over a
+/// second, or it was handed back no later than a connection last broke.
+pub(crate) fn check_before_use(idle: Duration) -> bool {
+    if idle >= IDLE_BEFORE_PING {
+        return true;
+    }
+    let broken = LAST_BROKEN_MS.load(std::sync::atomic::Ordering::Relaxed);
+    let released = EPOCH.elapsed().saturating_sub(idle).as_millis() as u64 + 1;
+    broken != 0 && released <= broken
+}
+
 impl Services {
     /// Connects a pool of at most `max_connections` to `url`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
@@ -110,7 +134,7 @@ impl Services {
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
-                    if meta.idle_for < IDLE_BEFORE_PING {
+                    if !check_before_use(meta.idle_for) {
                         return Ok(true);
                     }
                     sqlx::Connection::ping(conn).await.map(|()| true)
