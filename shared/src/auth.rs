@@ -65,14 +65,24 @@ pub enum ReadAhead {
     Booking { handle: String, notes_before: Option<crate::datastore::NotesBefore> },
 }
 
-/// What was read ahead, taken at most once.
-#[derive(Debug)]
+/// What was read ahead, taken at most once. Its `Debug` shows the key only: the row holds a
+/// customer's data (R14).
 pub struct ReadAheadRow {
     pub(crate) key: ReadAhead,
     row: std::sync::Mutex<Option<Option<crate::datastore::BookingRow>>>,
 }
 
+impl std::fmt::Debug for ReadAheadRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadAheadRow").field("key", &self.key).field("used", &self.used()).finish()
+    }
+}
+
 impl ReadAheadRow {
+    pub(crate) fn new(key: ReadAhead, row: Option<crate::datastore::BookingRow>) -> Self {
+        ReadAheadRow { key, row: std::sync::Mutex::new(Some(row)) }
+    }
+
     pub(crate) fn take(&self) -> Option<Option<crate::datastore::BookingRow>> {
         self.row.lock().ok()?.take()
     }
@@ -134,8 +144,9 @@ pub async fn authenticate_mcp(
         return Ok(mcp_context(None, audience, now));
     };
     Ok(mcp_context(Some(read.context), audience, now).map(|mut context| {
-        let row = ReadAheadRow { key, row: std::sync::Mutex::new(Some(read.booking)) };
-        context.ctx = context.ctx.with_read_ahead(row);
+        if let Some(booking) = read.booking {
+            context.ctx = context.ctx.with_read_ahead(ReadAheadRow::new(key, booking));
+        }
         context
     }))
 }

@@ -59,7 +59,18 @@ pub async fn authenticate(
     // call costs one round trip. A body still arriving is read after authentication, as any
     // body is, so an unauthenticated client can never make the worker wait for one.
     let (parts, body) = request.into_parts();
-    let early = EarlyBody::take(body);
+    // Not for a client that waits for `100 Continue` (taking its body would invite it to send
+    // before it is authenticated), nor for a request whose bearer is not an MCP token.
+    let mcp_bearer = auth::expect_kind(
+        auth::bearer(parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())),
+        CredentialKind::Mcp,
+    )
+    .is_ok();
+    let early = if mcp_bearer && !parts.headers.contains_key(header::EXPECT) {
+        EarlyBody::take(body)
+    } else {
+        EarlyBody::Arriving(Vec::new(), body)
+    };
     let probe = match &early {
         EarlyBody::Complete(bytes) => serde_json::from_slice::<Probe>(bytes).ok(),
         _ => None,
@@ -213,7 +224,7 @@ fn read_ahead(state: &AppState, probe: &Probe) -> Option<shared::auth::ReadAhead
         return None;
     }
     let params = probe.params.as_ref()?;
-    let spec = state.tools.get(params.name.as_deref()?)?;
+    let spec = state.tools.get(params.name.as_deref()?).filter(|spec| spec.reads_ahead_any())?;
     let args = match &params.arguments {
         Some(raw) => serde_json::from_str(raw.get()).ok()?,
         None => serde_json::Value::Object(Default::default()),

@@ -3579,13 +3579,35 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     let customer = fast["customer"]["name"].as_str().expect("customer name");
     assert!(!answer.to_string().contains(customer), "no booking data: {answer}");
     assert_eq!(counted("unused"), unused + 1);
-    // Another tenant's booking is not found through the read-ahead either (R3).
+    // Another tenant's booking is not found through the read-ahead either (R3): the statement
+    // looked in the token's tenant only, and the tool used that answer.
     let foreign = stack.token(1, 0);
+    let used = counted("used");
     let err = stack
         .call(&foreign, "get_booking", json!({"booking": booking}))
         .await
         .expect_err("foreign");
     assert_eq!(err["code"], "not_found", "{err}");
+    assert_eq!(counted("used"), used + 1, "answered from the read-ahead");
+    // A cursor Postgres would refuse (a NUL byte, an instant before year 1) is the caller's
+    // error naming the field, never a database error or a 503 before authentication.
+    use base64::Engine as _;
+    for parts in [json!(["1800000000000000", "bnt_\u{0}x"]), json!(["-99999999999999999", "bnt_x"])]
+    {
+        let cursor = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(parts.to_string());
+        let (status, _, answer) = stack
+            .raw(
+                Some(&token),
+                "tools/call",
+                Some("get_booking"),
+                json!({"name": "get_booking", "arguments": {"booking": booking, "notes_cursor": cursor}}),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        let error = &answer["result"]["structuredContent"]["error"];
+        assert_eq!(error["field"], "notes_cursor", "{answer}");
+    }
     // A revoked connection is refused before any tool runs, read-ahead or not.
     admin::connection_revoke(
         &stack.db.ds,

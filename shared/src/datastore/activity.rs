@@ -91,18 +91,19 @@ impl Services {
             .bind(RECENT_KEPT)
             .execute(&mut *tx)
             .await?;
-            // Each connection's last use, at most once a minute: stamped here rather than by
-            // the context statement, so a call's read stays a plain select. A row another
-            // flush or a revocation holds is skipped, never waited for (no deadlock between
-            // workers flushing overlapping connections).
+            // Each connection's last tool call, at most once a minute: stamped here rather
+            // than by the context statement, so a call's read stays a plain select. A row
+            // another flush or a revocation holds is skipped, never waited for (no deadlock
+            // between workers flushing overlapping connections), and the lock taken does not
+            // block the inserts that reference the connection (rate windows, audit rows).
             sqlx::query(
-                "UPDATE connections c SET last_used_at = u.at
+                "UPDATE connections c SET last_used_at = greatest(c.last_used_at, u.at)
                  FROM (SELECT x.c, to_timestamp(max(x.a) / 1000.0) AS at
                        FROM UNNEST($1::bigint[], $2::bigint[]) AS x(c, a) GROUP BY x.c) u
                  WHERE c.id = u.c AND c.id IN (
                      SELECT id FROM connections WHERE id = ANY($3)
                        AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
-                     ORDER BY id FOR UPDATE SKIP LOCKED)",
+                     ORDER BY id FOR NO KEY UPDATE SKIP LOCKED)",
             )
             .bind(calls.iter().map(|c| c.connection_id).collect::<Vec<_>>())
             .bind(calls.iter().map(|c| c.at_ms).collect::<Vec<_>>())

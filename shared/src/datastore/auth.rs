@@ -31,6 +31,9 @@ pub struct ConnectionContextRow {
     pub global_kill: bool,
     /// The tenant's override of the per-worker read bucket, if it set one.
     pub read_per_minute: Option<i32>,
+    /// The server is a read-only standby: its data may lag a revocation, so nothing is decided
+    /// on it.
+    pub on_standby: bool,
 }
 
 /// What an API token resolves to: the person's current role in the token's tenant.
@@ -66,7 +69,8 @@ const CONTEXT_SELECT: &str = r#"
                    m.role AS creator_role, m.active AS membership_active,
                    (SELECT global_kill FROM platform_state) AS global_kill,
                    (SELECT r.per_minute FROM tenant_rate_limits r
-                     WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute
+                     WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute,
+                   pg_is_in_recovery() AS on_standby
             FROM connection_tokens tok
             JOIN connections c ON c.id = tok.connection_id
             JOIN tenants t ON t.id = c.tenant_id
@@ -91,17 +95,43 @@ pub(crate) static CONTEXT_AND_BOOKING_SQL: std::sync::LazyLock<String> =
         format!(
             "WITH ctx AS ({CONTEXT_SELECT})
              SELECT ctx.*, bk.* FROM ctx
-             LEFT JOIN LATERAL ({booking}) bk ON ctx.connection_status = 'active'",
+             LEFT JOIN LATERAL ({booking}) bk
+               ON ctx.connection_status = 'active' AND ctx.tenant_agent_access
+                  AND NOT ctx.global_kill AND NOT ctx.on_standby",
             booking = crate::datastore::booking_get_sql_with("ctx.tenant_id", "$2", "$3", "$4"),
         )
     });
 
 /// A connection context read together with a tool's read.
-#[derive(Debug)]
 pub struct ContextWithBooking {
     pub context: ConnectionContextRow,
-    /// The booking, when the context's tenant has one of that handle.
-    pub booking: Option<crate::datastore::BookingRow>,
+    /// `None` when the booking was not read (the statement failed on the tool's part and the
+    /// context was read alone); else the booking, when the context's tenant has one of that
+    /// handle.
+    pub booking: Option<Option<crate::datastore::BookingRow>>,
+}
+
+/// Names each column at most once: sqlx finds columns by name and would silently take the last
+/// of two equal ones, so a booking column named like a context column could stand in for it.
+fn columns_distinct(row: &sqlx::postgres::PgRow) -> bool {
+    use sqlx::{Column, Row};
+    static DISTINCT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DISTINCT.get_or_init(|| {
+        let mut names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
+        names.sort_unstable();
+        let total = names.len();
+        names.dedup();
+        names.len() == total
+    })
+}
+
+fn refuse_standby(on_standby: bool) -> Result<()> {
+    if on_standby {
+        return Err(crate::error::Error::Internal(
+            "connected to a read-only standby; the connection context needs the primary".into(),
+        ));
+    }
+    Ok(())
 }
 
 impl Services {
@@ -116,6 +146,9 @@ impl Services {
             .fetch_optional(lane.conn())
             .await?;
         lane.done();
+        if let Some(row) = &row {
+            refuse_standby(row.on_standby)?;
+        }
         Ok(row)
     }
 
@@ -129,24 +162,46 @@ impl Services {
         use sqlx::{FromRow, Row};
         let (at, note) = notes_before.unzip();
         let mut lane = self.lane().checkout().await?;
-        let row = sqlx::query(CONTEXT_AND_BOOKING_SQL.as_str())
+        let read = sqlx::query(CONTEXT_AND_BOOKING_SQL.as_str())
             .bind(token_hash)
             .bind(booking)
             .bind(at)
             .bind(note)
             .fetch_optional(lane.conn())
-            .await?;
-        lane.done();
+            .await;
+        let row = match read {
+            Ok(row) => {
+                lane.done();
+                row
+            }
+            // The tool's part failed (a value Postgres refuses): the context alone decides,
+            // and the tool reads for itself and reports its own error.
+            Err(sqlx::Error::Database(e))
+                if !e.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P")) =>
+            {
+                drop(lane);
+                tracing::warn!(error = %e, "the read-ahead failed; the context is read alone");
+                let context = self.connection_context(token_hash).await?;
+                return Ok(context.map(|context| ContextWithBooking { context, booking: None }));
+            }
+            Err(e) => return Err(e.into()),
+        };
         let Some(row) = row else {
             return Ok(None);
         };
+        if !columns_distinct(&row) {
+            return Err(crate::error::Error::Internal(
+                "the read-ahead statement names a column twice".into(),
+            ));
+        }
         let context = ConnectionContextRow::from_row(&row)?;
+        refuse_standby(context.on_standby)?;
         let found: Option<i64> = row.try_get("id")?;
         let booking = match found {
             Some(_) => Some(crate::datastore::BookingRow::from_row(&row)?),
             None => None,
         };
-        Ok(Some(ContextWithBooking { context, booking }))
+        Ok(Some(ContextWithBooking { context, booking: Some(booking) }))
     }
 
     /// Looks up an API token by hash, with its person's current membership.

@@ -4,34 +4,48 @@
 //!
 //! sqlx's pool pings every connection it takes back (a `Sync` and its answer) and offers no
 //! option to skip it; for a request whose work is one statement that ping is half its round
-//! trips (docs/profile-read-path.md). A lane connection is handed back only by
+//! trips (docs/profile-read-path.md). A lane connection is handed back at once only by
 //! [`LaneConn::done`], called after a statement ran to its end, when the connection is known to
-//! be idle and ready; any other way out (an error, a cancelled request, a panic) drops it, and
-//! it is closed in the background. A connection idle for over a second is pinged before use, as
+//! be idle and ready; any other way out (an error, a cancelled request, a panic) sends it to be
+//! checked with a ping in the background first, as the pool checks every connection, and closed
+//! if it does not answer. A connection idle for over a second is pinged before use, as
 //! the pool does, and so is every connection handed back before any connection last broke, so
 //! those broken by a database restart are replaced before a request meets them.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 
 #[cfg(test)]
 use super::IDLE_BEFORE_PING;
 use super::check_before_use;
-/// How long a request waits for a lane connection before it is told the database is busy.
+
+/// How long a request may wait for a lane connection, connecting or checking it included,
+/// before it is told the database is unavailable.
 const WAIT: Duration = Duration::from_secs(5);
+/// A connection older than this is replaced when it is next taken (as the pool's
+/// `max_lifetime`), so the lane follows a failover or a changed DNS name.
+const LIFETIME: Duration = Duration::from_secs(30 * 60);
+/// How long recovering a connection whose statement was cut short may take.
+const RECOVER: Duration = Duration::from_secs(5);
+
+/// A connection with when it was opened.
+struct Held {
+    conn: PgConnection,
+    born: Instant,
+}
 
 pub(crate) struct Lane {
     options: PgConnectOptions,
     /// Connections ready for a statement, with when each was handed back.
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
-    /// At most this many connections are out or idle at once.
-    room: Semaphore,
+    idle: Mutex<Vec<(Held, Instant)>>,
+    /// At most this many connections are out, idle or being recovered at once.
+    room: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Lane {
@@ -42,30 +56,52 @@ impl std::fmt::Debug for Lane {
 
 impl Lane {
     pub(crate) fn new(options: PgConnectOptions, size: u32) -> Self {
-        Lane { options, idle: Mutex::new(Vec::new()), room: Semaphore::new(size.max(1) as usize) }
+        Lane {
+            options,
+            idle: Mutex::new(Vec::new()),
+            room: Arc::new(Semaphore::new(size.max(1) as usize)),
+        }
     }
 
-    /// A connection for one statement: an idle one (pinged if it sat for over a second) or a
-    /// new one.
-    pub(crate) async fn checkout(&self) -> Result<LaneConn<'_>> {
-        let permit = tokio::time::timeout(WAIT, self.room.acquire())
+    /// A connection for one statement: an idle one (checked first if it sat for over a second
+    /// or predates a broken connection, replaced if it is old) or a new one; within [`WAIT`].
+    pub(crate) async fn checkout(self: &Arc<Self>) -> Result<LaneConn> {
+        tokio::time::timeout(WAIT, self.take())
             .await
-            .map_err(|_| Error::Internal("no database connection free within 5 s".into()))?
-            .map_err(|e| Error::Internal(e.to_string()))?;
+            .map_err(|_| Error::Internal("no database connection within 5 s".into()))?
+    }
+
+    async fn take(self: &Arc<Self>) -> Result<LaneConn> {
+        let permit =
+            self.room.clone().acquire_owned().await.map_err(|e| Error::Internal(e.to_string()))?;
         let popped = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        let conn = match popped {
-            Some((conn, since)) if !check_before_use(since.elapsed()) => conn,
-            Some((mut conn, _)) => match conn.ping().await {
-                Ok(()) => conn,
+        let held = match popped {
+            Some((held, _)) if held.born.elapsed() > LIFETIME => {
+                close_later(held.conn);
+                self.connect().await?
+            }
+            Some((held, since)) if !check_before_use(since.elapsed()) => held,
+            Some((mut held, _)) => match held.conn.ping().await {
+                Ok(()) => held,
                 Err(_) => {
                     super::note_broken();
-                    close_later(conn);
-                    self.options.connect().await?
+                    close_later(held.conn);
+                    self.connect().await?
                 }
             },
-            None => self.options.connect().await?,
+            None => self.connect().await?,
         };
-        Ok(LaneConn { lane: self, conn: Some(conn), _permit: permit })
+        Ok(LaneConn { lane: self.clone(), held: Some(held), permit: Some(permit) })
+    }
+
+    async fn connect(&self) -> Result<Held> {
+        Ok(Held { conn: self.options.connect().await?, born: Instant::now() })
+    }
+
+    fn hand_back(&self, held: Held) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push((held, Instant::now()));
+        }
     }
 
     #[cfg(test)]
@@ -75,39 +111,55 @@ impl Lane {
 }
 
 /// One checked-out connection; see the module's doc for how it goes back.
-pub(crate) struct LaneConn<'a> {
-    lane: &'a Lane,
-    conn: Option<PgConnection>,
-    _permit: SemaphorePermit<'a>,
+pub(crate) struct LaneConn {
+    lane: Arc<Lane>,
+    held: Option<Held>,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
-impl LaneConn<'_> {
+impl LaneConn {
     pub(crate) fn conn(&mut self) -> &mut PgConnection {
-        self.conn.as_mut().expect("a checked-out connection until done or dropped")
+        &mut self.held.as_mut().expect("a checked-out connection until done or dropped").conn
     }
 
     /// Hands the connection back: call only after a statement ran to its end.
     pub(crate) fn done(mut self) {
-        if let (Some(conn), Ok(mut idle)) = (self.conn.take(), self.lane.idle.lock()) {
-            idle.push((conn, Instant::now()));
+        if let Some(held) = self.held.take() {
+            self.lane.hand_back(held);
         }
     }
 }
 
-impl Drop for LaneConn<'_> {
+impl Drop for LaneConn {
+    /// A statement that failed or was cut short (a cancelled request) leaves the connection in
+    /// a state only a round trip can settle: it is checked in the background, still counting
+    /// against the lane's size, and handed back if it answers, closed if not. So a client that
+    /// hangs up mid-request costs a ping, not a new connection.
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            close_later(conn);
-        }
+        let (Some(mut held), Ok(runtime)) =
+            (self.held.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let (lane, permit) = (self.lane.clone(), self.permit.take());
+        runtime.spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(RECOVER, held.conn.ping()).await {
+                Ok(Ok(())) => lane.hand_back(held),
+                _ => {
+                    super::note_broken();
+                    let _ = tokio::time::timeout(RECOVER, held.conn.close_hard()).await;
+                }
+            }
+        });
     }
 }
 
-/// Closes a connection whose state is unknown (a statement cut short) without making anyone
-/// wait for it.
+/// Closes a connection without making anyone wait for it.
 fn close_later(conn: PgConnection) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn.close_hard()).await;
+            let _ = tokio::time::timeout(RECOVER, conn.close_hard()).await;
         });
     }
 }
@@ -118,14 +170,25 @@ mod tests {
 
     use super::*;
 
-    fn lane(size: u32) -> Lane {
+    fn lane(size: u32) -> Arc<Lane> {
         let server = std::env::var("GATEHOUSE_TEST_PG")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
         let options = PgConnectOptions::from_str(&format!("{server}/postgres")).expect("url");
-        Lane::new(options, size)
+        Arc::new(Lane::new(options, size))
     }
 
-    async fn backend(lane: &Lane) -> i32 {
+    /// Waits until `n` connections are idle (a background check finished).
+    async fn until_idle(lane: &Lane, n: usize) {
+        for _ in 0..100 {
+            if lane.idle_count() == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{} idle, expected {n}", lane.idle_count());
+    }
+
+    async fn backend(lane: &Arc<Lane>) -> i32 {
         let mut c = lane.checkout().await.expect("checkout");
         let pid: i32 =
             sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(c.conn()).await.expect("pid");
@@ -134,30 +197,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_finished_statement_hands_its_connection_back_and_anything_else_drops_it() {
+    async fn a_finished_statement_goes_back_at_once_and_any_other_only_after_a_check() {
         let lane = lane(2);
         let first = backend(&lane).await;
         assert_eq!(backend(&lane).await, first, "handed back, reused without reconnecting");
         assert_eq!(lane.idle_count(), 1);
-        // A statement cut short (a cancelled request) leaves the connection in an unknown
-        // state: it is dropped, never handed to the next request.
+        // A statement cut short (a client hung up) is not handed to the next request as is: it
+        // is checked in the background (the check waits for the cut statement to end) and
+        // then reused, so hanging up costs no new connection.
         let mut c = lane.checkout().await.expect("checkout");
         let cut = tokio::time::timeout(
-            Duration::from_millis(200),
-            sqlx::query("SELECT pg_sleep(5)").execute(c.conn()),
+            Duration::from_millis(100),
+            sqlx::query("SELECT pg_sleep(0.5)").execute(c.conn()),
         )
         .await;
         assert!(cut.is_err(), "cut short");
         drop(c);
-        assert_eq!(lane.idle_count(), 0);
-        let after_cut = backend(&lane).await;
-        assert_ne!(after_cut, first, "a new connection");
-        // A statement that failed is not handed back either; the next one is served.
+        assert_eq!(lane.idle_count(), 0, "not handed back before the check");
+        until_idle(&lane, 1).await;
+        assert_eq!(backend(&lane).await, first, "checked and reused");
+        // A statement that failed: the same.
         let mut c = lane.checkout().await.expect("checkout");
         assert!(sqlx::query("SELECT 1/0").execute(c.conn()).await.is_err());
         drop(c);
+        until_idle(&lane, 1).await;
+        assert_eq!(backend(&lane).await, first);
+        // A connection that does not answer the check is closed, never handed back.
+        let mut c = lane.checkout().await.expect("checkout");
+        let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(first)
+            .execute(&mut admin)
+            .await
+            .expect("terminate");
+        assert!(sqlx::query("SELECT 1").execute(c.conn()).await.is_err());
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(lane.idle_count(), 0);
-        assert_ne!(backend(&lane).await, after_cut);
+        assert_ne!(backend(&lane).await, first, "a new connection");
     }
 
     #[tokio::test]

@@ -147,7 +147,7 @@ impl Services {
 
     /// A worker opens up to twice the pool's size: the pool for the tools' work, and as many
     /// lane connections for the context statement (opened as needed).
-    fn with_pool(pool: PgPool) -> Self {
+    pub(crate) fn with_pool(pool: PgPool) -> Self {
         let hashing = std::sync::Arc::new(tokio::sync::Semaphore::new(HASHING_AT_ONCE));
         let lane = lane::Lane::new(
             (*pool.connect_options()).clone(),
@@ -162,7 +162,7 @@ impl Services {
         }
     }
 
-    pub(crate) fn lane(&self) -> &lane::Lane {
+    pub(crate) fn lane(&self) -> &std::sync::Arc<lane::Lane> {
         &self.lane
     }
 

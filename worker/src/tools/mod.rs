@@ -120,6 +120,11 @@ impl ToolSpec {
         self
     }
 
+    /// Whether the tool declared a read-ahead at all.
+    pub fn reads_ahead_any(&self) -> bool {
+        self.read_ahead.is_some()
+    }
+
     /// The read to do with the context for a call with these arguments, if any.
     pub fn read_ahead(&self, args: Value) -> Option<ReadAhead> {
         self.read_ahead.as_ref()?(args)
