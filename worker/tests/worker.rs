@@ -3502,6 +3502,18 @@ async fn a_full_worker_sheds_with_503_and_retry_after_and_serves_again_when_room
     assert_eq!(served, 200);
 }
 
+/// Drops every `from_now` (a distance from the moment the result was made).
+fn strip_from_now(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.remove("from_now");
+            map.values_mut().for_each(strip_from_now);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_from_now),
+        _ => {}
+    }
+}
+
 #[tokio::test]
 async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -3513,43 +3525,60 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
         .db
         .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
         .await;
-    // A call whose body came with its headers reads the booking with its context, and the
-    // tool answers from that row.
-    let (used, unused) = (counted("used"), counted("unused"));
-    let fast = stack.ok(&token, "get_booking", json!({"booking": booking})).await;
-    assert_eq!(fast["booking"], booking.as_str(), "{fast}");
-    assert_eq!((counted("used"), counted("unused")), (used + 1, unused));
-    // A body still arriving after the headers is read after authentication, as any body, and
-    // the tool reads the booking itself: the same answer either way.
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "get_booking", "arguments": {"booking": booking},
-        "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}}})
-    .to_string()
-    .into_bytes();
-    let (head, tail) = body.split_at(20);
-    let addr = stack.url.trim_start_matches("http://").to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
-    let headers = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {PROTOCOL}\r\nMcp-Method: tools/call\r\nMcp-Name: get_booking\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    socket.write_all(headers.as_bytes()).await.expect("write");
-    socket.write_all(head).await.expect("write");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    socket.write_all(tail).await.expect("write");
-    let mut answer = Vec::new();
-    socket.read_to_end(&mut answer).await.expect("read");
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let json_text = &answer[answer.find("\r\n\r\n").expect("head") + 4..];
-    let json_text =
-        &json_text[json_text.find('{').expect("json")..=json_text.rfind('}').expect("json")];
-    let slow: Value = serde_json::from_str(json_text).expect("json answer");
-    let slow = &slow["result"]["structuredContent"];
-    assert_eq!(slow["booking"], booking.as_str(), "{slow}");
-    assert_eq!(slow["version"], fast["version"], "the same row either way");
-    assert_eq!((counted("used"), counted("unused")), (used + 1, unused), "no read-ahead");
+    // Every tool that declares a read-ahead: a call whose body came with its headers is
+    // answered from the row read with its context; a body still arriving after the headers is
+    // read after authentication, as any body, and the tool reads for itself. Same answer.
+    let registry = Registry::new();
+    let ahead: Vec<&ToolSpec> = registry.all().iter().filter(|t| t.reads_ahead_any()).collect();
+    assert!(ahead.len() >= 2, "get_booking and booking_brief at least");
+    let small = stack.connection_with("small").await;
+    let mut fast = Value::Null;
+    for spec in ahead {
+        assert!(spec.refs.iter().any(|r| r.field == "booking"), "{}: reads a booking", spec.name);
+        let caller = if spec.toolsets.contains(&"full") { token.clone() } else { small.clone() };
+        let (used, unused) = (counted("used"), counted("unused"));
+        let quick = stack.ok(&caller, spec.name, json!({"booking": booking})).await;
+        assert_eq!((counted("used"), counted("unused")), (used + 1, unused), "{}", spec.name);
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": spec.name, "arguments": {"booking": booking},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}}})
+        .to_string()
+        .into_bytes();
+        let (head, tail) = body.split_at(20);
+        let addr = stack.url.trim_start_matches("http://").to_owned();
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let headers = format!(
+            "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {caller}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {PROTOCOL}\r\nMcp-Method: tools/call\r\nMcp-Name: {}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            spec.name,
+            body.len()
+        );
+        socket.write_all(headers.as_bytes()).await.expect("write");
+        socket.write_all(head).await.expect("write");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        socket.write_all(tail).await.expect("write");
+        let mut answer = Vec::new();
+        socket.read_to_end(&mut answer).await.expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let json_text = &answer[answer.find("\r\n\r\n").expect("head") + 4..];
+        let json_text =
+            &json_text[json_text.find('{').expect("json")..=json_text.rfind('}').expect("json")];
+        let slow: Value = serde_json::from_str(json_text).expect("json answer");
+        let mut slow = slow["result"]["structuredContent"].clone();
+        assert_eq!(slow["booking"], booking.as_str(), "{}: {slow}", spec.name);
+        // Relative times ("in 3 days") may tick between the two calls; the rest is equal.
+        let mut quick_cmp = quick.clone();
+        for v in [&mut slow, &mut quick_cmp] {
+            strip_from_now(v);
+        }
+        assert_eq!(slow, quick_cmp, "{}: the same answer either way", spec.name);
+        assert_eq!((counted("used"), counted("unused")), (used + 1, unused), "no read-ahead");
+        if spec.name == "get_booking" {
+            fast = quick;
+        }
+    }
     // A connection without bookings:read is refused naming the right; the row read with its
     // context is dropped unused and nothing of it reaches the answer.
+    let unused = counted("unused");
     let ctx = stack.operator_in(0).await;
     let narrow = admin::connection_create(
         &stack.db.ds,

@@ -212,6 +212,12 @@ pub fn tools() -> Vec<ToolSpec> {
                     total: v.price.total.display,
                 })
             },
-        ),
+        )
+        .reads_ahead(|input: &BookingBriefInput| {
+            bookings::read_ahead(&GetBookingInput {
+                booking: input.booking.clone(),
+                notes_cursor: None,
+            })
+        }),
     ]
 }
