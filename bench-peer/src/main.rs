@@ -106,6 +106,9 @@ async fn main() -> anyhow::Result<()> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .test_before_acquire(!tuned)
+        // The benchmark runs several peers one after another on one Postgres: an idle peer
+        // gives its connections back within seconds.
+        .idle_timeout(std::time::Duration::from_secs(2))
         .connect(&std::env::var("DATABASE_URL")?)
         .await?;
     let peer = Bare { pool, tenant };

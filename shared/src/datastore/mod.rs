@@ -118,13 +118,16 @@ pub(crate) fn check_before_use(idle: Duration) -> bool {
 }
 
 impl Services {
-    /// Connects a pool of at most `max_connections` to `url`.
+    /// Connects to `url` with at most `max_connections` in all: half for the hot path's lane
+    /// (rounded up), the rest for the pool.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let lane_size = max_connections.div_ceil(2).max(1);
+        let pool_size = max_connections.saturating_sub(lane_size).max(1);
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?
             .application_name("gatehouse");
         let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
+            .max_connections(pool_size)
             .min_connections(1)
             .acquire_timeout(Duration::from_secs(5))
             // sqlx pings every connection it hands out by default: a round trip per statement
@@ -142,17 +145,21 @@ impl Services {
             })
             .connect_with(options)
             .await?;
-        Ok(Services::with_pool(pool))
+        Ok(Services::with_lane(pool, lane_size))
     }
 
-    /// A worker opens up to twice the pool's size: the pool for the tools' work, and as many
-    /// lane connections for the context statement (opened as needed).
+    /// Services on `pool`, with a lane as large as the pool (tests).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn with_pool(pool: PgPool) -> Self {
+        let size = pool.options().get_max_connections();
+        Services::with_lane(pool, size)
+    }
+
+    /// The pool for the tools' work and transactions, and a lane of `lane_size` connections
+    /// (opened as needed) for the statement every request runs first.
+    fn with_lane(pool: PgPool, lane_size: u32) -> Self {
         let hashing = std::sync::Arc::new(tokio::sync::Semaphore::new(HASHING_AT_ONCE));
-        let lane = lane::Lane::new(
-            (*pool.connect_options()).clone(),
-            pool.options().get_max_connections(),
-        );
+        let lane = lane::Lane::new((*pool.connect_options()).clone(), lane_size);
         Services {
             pool,
             lane: std::sync::Arc::new(lane),
