@@ -31,8 +31,10 @@ pub struct ConnectionContextRow {
     pub global_kill: bool,
     /// The tenant's override of the per-worker read bucket, if it set one.
     pub read_per_minute: Option<i32>,
-    /// The server is a read-only standby: its data may lag a revocation, so nothing is decided
-    /// on it.
+    /// The session is read-only (a hot standby, whose data may lag a revocation, or a primary
+    /// set read-only): nothing is decided on it. `transaction_read_only` rather than
+    /// `pg_is_in_recovery()`, which is volatile and would keep the planner from folding the
+    /// context into the booking's lookup.
     pub on_standby: bool,
 }
 
@@ -70,7 +72,7 @@ const CONTEXT_SELECT: &str = r#"
                    (SELECT global_kill FROM platform_state) AS global_kill,
                    (SELECT r.per_minute FROM tenant_rate_limits r
                      WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute,
-                   pg_is_in_recovery() AS on_standby
+                   current_setting('transaction_read_only') = 'on' AS on_standby
             FROM connection_tokens tok
             JOIN connections c ON c.id = tok.connection_id
             JOIN tenants t ON t.id = c.tenant_id
