@@ -92,7 +92,6 @@ async fn plain(State(peer): State<Bare>, Json(body): Json<Value>) -> Json<Value>
     Json(lookup(&peer.pool, peer.tenant, body["booking"].as_str().unwrap_or_default()).await)
 }
 
-
 /// The same allocator as the worker, so the ratio measures the gates, not the allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -1165,7 +1165,8 @@ async fn main() -> Result<()> {
          customer, technician, service and its latest notes, in the token's tenant → the gates decided in the worker from \
          that context (kill switch, tenant switch, live rights, read bucket) → presenter → JSON. The bare rmcp peer runs \
          the same booking lookup with no gates at all, once with sqlx's pool defaults (a ping before and after each \
-         statement) and once without the ping before (as Gatehouse's busy pool runs); Gatehouse and both peers alternate \
+         statement) and once without the ping before (as Gatehouse's busy pool runs), on the worker's allocator \
+         (mimalloc); Gatehouse and both peers alternate \
          three times and each row is the run with the median rate. The plain peer is the same lookup as JSON over axum + \
          sqlx; pgbench runs Gatehouse's statement alone.\n\n\
          Only answers a user wanted count as calls/s and in the latencies: HTTP 200, a JSON-RPC result, `isError` \
