@@ -31,8 +31,8 @@ pub struct ConnectionContextRow {
     pub global_kill: bool,
     /// The tenant's override of the per-worker read bucket, if it set one.
     pub read_per_minute: Option<i32>,
-    /// The session is read-only (a hot standby, whose data may lag a revocation, or a primary
-    /// set read-only): nothing is decided on it. `transaction_read_only` rather than
+    /// The server is a hot standby, whose data may lag a revocation: nothing is decided on it.
+    /// Read through `current_setting('in_hot_standby')` (stable) rather than
     /// `pg_is_in_recovery()`, which is volatile and would keep the planner from folding the
     /// context into the booking's lookup.
     pub on_standby: bool,
@@ -72,7 +72,7 @@ const CONTEXT_SELECT: &str = r#"
                    (SELECT global_kill FROM platform_state) AS global_kill,
                    (SELECT r.per_minute FROM tenant_rate_limits r
                      WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute,
-                   current_setting('transaction_read_only') = 'on' AS on_standby
+                   coalesce(current_setting('in_hot_standby', true), 'off') = 'on' AS on_standby
             FROM connection_tokens tok
             JOIN connections c ON c.id = tok.connection_id
             JOIN tenants t ON t.id = c.tenant_id
@@ -99,7 +99,9 @@ pub(crate) static CONTEXT_AND_BOOKING_SQL: std::sync::LazyLock<String> =
              SELECT ctx.*, bk.* FROM ctx
              LEFT JOIN LATERAL ({booking}) bk
                ON ctx.connection_status = 'active' AND ctx.tenant_agent_access
-                  AND NOT ctx.global_kill AND NOT ctx.on_standby",
+                  AND NOT ctx.global_kill AND NOT ctx.on_standby
+                  AND (ctx.token_expires_at IS NULL OR ctx.token_expires_at > now())
+                  AND ctx.creator_active AND ctx.membership_active IS TRUE",
             booking = crate::datastore::booking_get_sql_with("ctx.tenant_id", "$2", "$3", "$4"),
         )
     });
@@ -130,7 +132,7 @@ fn columns_distinct(row: &sqlx::postgres::PgRow) -> bool {
 fn refuse_standby(on_standby: bool) -> Result<()> {
     if on_standby {
         return Err(crate::error::Error::Internal(
-            "connected to a read-only standby; the connection context needs the primary".into(),
+            "connected to a hot standby; the connection context needs the primary".into(),
         ));
     }
     Ok(())
@@ -176,11 +178,11 @@ impl Services {
                 lane.done();
                 row
             }
-            // The tool's part failed (a value Postgres refuses): the context alone decides,
-            // and the tool reads for itself and reports its own error.
-            Err(sqlx::Error::Database(e))
-                if !e.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P")) =>
-            {
+            // A value Postgres refuses in the tool's part (SQLSTATE class 22, data exception):
+            // the context alone decides, and the tool reads for itself and reports its own
+            // error. Anything else (overload, timeouts, a broken connection) is the database's
+            // and is not retried here.
+            Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c.starts_with("22")) => {
                 drop(lane);
                 tracing::warn!(error = %e, "the read-ahead failed; the context is read alone");
                 let context = self.connection_context(token_hash).await?;

@@ -56,6 +56,10 @@ impl std::fmt::Debug for Lane {
 
 impl Lane {
     pub(crate) fn new(options: PgConnectOptions, size: u32) -> Self {
+        // A lane statement takes milliseconds: one stuck behind a lock (a migration's, say)
+        // gives up instead of holding a lane connection, and a backend whose client left
+        // does not wait on.
+        let options = options.options([("lock_timeout", "2s"), ("statement_timeout", "5s")]);
         Lane {
             options,
             idle: Mutex::new(Vec::new()),
@@ -146,8 +150,12 @@ impl Drop for LaneConn {
             let _permit = permit;
             match tokio::time::timeout(RECOVER, held.conn.ping()).await {
                 Ok(Ok(())) => lane.hand_back(held),
-                _ => {
+                Ok(Err(_)) => {
                     super::note_broken();
+                    let _ = tokio::time::timeout(RECOVER, held.conn.close_hard()).await;
+                }
+                // Slow, not broken (a statement still running): closed, nothing else noted.
+                Err(_) => {
                     let _ = tokio::time::timeout(RECOVER, held.conn.close_hard()).await;
                 }
             }
@@ -169,6 +177,9 @@ mod tests {
     use std::str::FromStr;
 
     use super::*;
+
+    /// The lane tests share the process-wide "a connection broke" mark: one at a time.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
     fn lane(size: u32) -> Arc<Lane> {
         let server = std::env::var("GATEHOUSE_TEST_PG")
@@ -198,6 +209,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_finished_statement_goes_back_at_once_and_any_other_only_after_a_check() {
+        let _serial = SERIAL.lock().await;
         let lane = lane(2);
         let first = backend(&lane).await;
         assert_eq!(backend(&lane).await, first, "handed back, reused without reconnecting");
@@ -239,6 +251,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_server_closed_while_idle_is_replaced_before_use() {
+        let _serial = SERIAL.lock().await;
         let lane = lane(1);
         let first = backend(&lane).await;
         let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
@@ -254,6 +267,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_one_connection_breaks_the_others_are_checked_however_briefly_idle() {
+        let _serial = SERIAL.lock().await;
         let lane = lane(2);
         let (mut a, mut b) = (lane.checkout().await.expect("a"), lane.checkout().await.expect("b"));
         let sql = "SELECT pg_backend_pid()";
@@ -278,6 +292,7 @@ mod tests {
             sqlx::query_scalar(sql).fetch_one(first.conn()).await.map_err(Error::from);
         assert!(failed.is_err(), "the connection was broken");
         drop(first);
+        tokio::time::sleep(Duration::from_millis(100)).await;
         // The next is checked before use and replaced, so no second request fails.
         let next = backend(&lane).await;
         assert!(!pids.contains(&next), "a new connection");
@@ -285,6 +300,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_lane_never_opens_more_than_its_size() {
+        let _serial = SERIAL.lock().await;
         let lane = lane(1);
         let held = lane.checkout().await.expect("checkout");
         let waiting = tokio::time::timeout(Duration::from_millis(200), lane.checkout()).await;

@@ -118,11 +118,21 @@ pub(crate) fn check_before_use(idle: Duration) -> bool {
 }
 
 impl Services {
-    /// Connects to `url` with at most `max_connections` in all: half for the hot path's lane
-    /// (rounded up), the rest for the pool.
+    /// Connects a pool of at most `max_connections` to `url` (the control plane, the CLI: the
+    /// hot path's lane is never used there and opens nothing).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let lane_size = max_connections.div_ceil(2).max(1);
-        let pool_size = max_connections.saturating_sub(lane_size).max(1);
+        Services::connect_split(url, max_connections, max_connections.max(1)).await
+    }
+
+    /// Connects a worker with at most `max_connections` (2 at least) in all: half for the hot
+    /// path's lane (rounded up), the rest for the pool.
+    pub async fn connect_worker(url: &str, max_connections: u32) -> Result<Self> {
+        let total = max_connections.max(2);
+        let lane_size = total.div_ceil(2);
+        Services::connect_split(url, total - lane_size, lane_size).await
+    }
+
+    async fn connect_split(url: &str, pool_size: u32, lane_size: u32) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?
             .application_name("gatehouse");
