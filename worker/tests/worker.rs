@@ -3305,9 +3305,16 @@ async fn a_tenants_read_override_holds_on_every_worker_and_names_its_limit() {
     // Back to the default: the next call passes again; every change is audited.
     shared::services::rates::set_limit(ds, &ctx, "read", None).await.expect("default");
     stack.call(&token, "find_technicians", json!({})).await.expect("default again");
+    // Another class's override never becomes the read limit (the tenant row carries only the
+    // read class's).
+    shared::services::rates::set_limit(ds, &ctx, "silent_write", Some(1)).await.expect("writes");
+    for _ in 0..4 {
+        stack.call(&token, "find_technicians", json!({})).await.expect("reads unaffected");
+    }
+    shared::services::rates::set_limit(ds, &ctx, "silent_write", None).await.expect("writes");
     assert_eq!(
         stack.db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'rate_limit.set'").await,
-        2
+        4
     );
 }
 

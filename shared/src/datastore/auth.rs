@@ -70,8 +70,7 @@ const CONTEXT_SELECT: &str = r#"
                    p.id AS creator_id, p.handle AS creator_handle, p.active AS creator_active,
                    m.role AS creator_role, m.active AS membership_active,
                    (SELECT global_kill FROM platform_state) AS global_kill,
-                   (SELECT r.per_minute FROM tenant_rate_limits r
-                     WHERE r.tenant_id = t.id AND r.class = 'read') AS read_per_minute,
+                   t.read_per_minute,
                    coalesce(current_setting('in_hot_standby', true), 'off') = 'on' AS on_standby
             FROM connection_tokens tok
             JOIN connections c ON c.id = tok.connection_id

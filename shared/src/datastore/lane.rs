@@ -31,6 +31,8 @@ const WAIT: Duration = Duration::from_secs(5);
 /// A connection older than this is replaced when it is next taken (as the pool's
 /// `max_lifetime`), so the lane follows a failover or a changed DNS name.
 const LIFETIME: Duration = Duration::from_secs(30 * 60);
+/// An idle connection unused for this long is closed (as the pool's `idle_timeout`).
+const IDLE_CLOSE: Duration = Duration::from_secs(10 * 60);
 /// How long recovering a connection whose statement was cut short may take.
 const RECOVER: Duration = Duration::from_secs(5);
 
@@ -78,7 +80,16 @@ impl Lane {
     async fn take(self: &Arc<Self>) -> Result<LaneConn> {
         let permit =
             self.room.clone().acquire_owned().await.map_err(|e| Error::Internal(e.to_string()))?;
-        let popped = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let popped = self.idle.lock().ok().and_then(|mut idle| {
+            // The longest idle sit at the bottom: after a burst, those idle for long or past
+            // their lifetime are closed, so the lane shrinks back as the pool would.
+            while idle.first().is_some_and(|(held, since)| {
+                held.born.elapsed() > LIFETIME || since.elapsed() > IDLE_CLOSE
+            }) {
+                close_later(idle.remove(0).0.conn);
+            }
+            idle.pop()
+        });
         let held = match popped {
             Some((held, _)) if held.born.elapsed() > LIFETIME => {
                 close_later(held.conn);
