@@ -71,8 +71,12 @@ pub async fn authenticate(
     } else {
         EarlyBody::Arriving(Vec::new(), body)
     };
+    // Only a small body is parsed before authentication (a call's arguments are small; a
+    // forged token's megabytes are not worth the CPU).
     let probe = match &early {
-        EarlyBody::Complete(bytes) => serde_json::from_slice::<Probe>(bytes).ok(),
+        EarlyBody::Complete(bytes) if bytes.len() <= PROBE_BEFORE_AUTH => {
+            serde_json::from_slice::<Probe>(bytes).ok()
+        }
         _ => None,
     };
     let ahead = probe.as_ref().and_then(|p| read_ahead(&state, p));
@@ -136,7 +140,13 @@ pub async fn authenticate(
         let step_up = context.grantable != RightSet::EMPTY;
         let mut span = None;
         let (bytes, probe) = match early {
-            EarlyBody::Complete(bytes) => (bytes, probe),
+            EarlyBody::Complete(bytes) if probe.is_some() || !(step_up || looked_up.is_some()) => {
+                (bytes, probe)
+            }
+            EarlyBody::Complete(bytes) => {
+                let probe = serde_json::from_slice::<Probe>(&bytes).ok();
+                (bytes, probe)
+            }
             EarlyBody::Refused(refusal) => return refusal,
             EarlyBody::Arriving(head, rest) => match read_rest(head, rest).await {
                 Ok(bytes) => {
@@ -192,6 +202,8 @@ pub async fn authenticate(
 
 /// The largest request body: far above any tool call's arguments.
 const BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// The largest body read for a read-ahead before the caller is authenticated.
+const PROBE_BEFORE_AUTH: usize = 64 * 1024;
 /// How long a request's body may take to arrive.
 const BODY_SECS: u64 = 10;
 

@@ -3583,6 +3583,16 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
             fast = quick;
         }
     }
+    // A body over 64 KiB is not parsed before authentication: served as any call, the tool
+    // reading for itself.
+    let (used, unused) = (counted("used"), counted("unused"));
+    let padded = json!({"name": "get_booking", "arguments": {"booking": booking},
+        "_meta": {"io.modelcontextprotocol/clientCapabilities": {"experimental": {"dev.example/pad": {"pad": "x".repeat(70_000)}}}}});
+    let (status, _, answer) =
+        stack.raw(Some(&token), "tools/call", Some("get_booking"), padded, &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["structuredContent"]["booking"], booking.as_str());
+    assert_eq!((counted("used"), counted("unused")), (used, unused), "no read-ahead");
     // A connection without bookings:read is refused naming the right; the row read with its
     // context is dropped unused and nothing of it reaches the answer.
     let unused = counted("unused");
