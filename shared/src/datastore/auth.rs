@@ -199,12 +199,23 @@ impl Services {
         }
         let context = ConnectionContextRow::from_row(&row)?;
         refuse_standby(context.on_standby)?;
-        let found: Option<i64> = row.try_get("id")?;
-        let booking = match found {
-            Some(_) => Some(crate::datastore::BookingRow::from_row(&row)?),
-            None => None,
+        // The booking's part never decides authentication: should it not decode, the context
+        // stands and the tool reads the booking for itself (and reports what it finds).
+        let booking = match row.try_get::<Option<i64>, _>("id") {
+            Ok(Some(_)) => match crate::datastore::BookingRow::from_row(&row) {
+                Ok(booking) => Some(Some(booking)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
+                    None
+                }
+            },
+            Ok(None) => Some(None),
+            Err(e) => {
+                tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
+                None
+            }
         };
-        Ok(Some(ContextWithBooking { context, booking: Some(booking) }))
+        Ok(Some(ContextWithBooking { context, booking }))
     }
 
     /// Looks up an API token by hash, with its person's current membership.
