@@ -139,25 +139,20 @@ pub async fn authenticate(
         // could grant is told so in HTTP, so it can ask for the right) or the request's span.
         let step_up = context.grantable != RightSet::EMPTY;
         let mut span = None;
-        let (bytes, probe) = match early {
-            EarlyBody::Complete(bytes) if probe.is_some() || !(step_up || looked_up.is_some()) => {
-                (bytes, probe)
-            }
-            EarlyBody::Complete(bytes) => {
-                let probe = serde_json::from_slice::<Probe>(&bytes).ok();
-                (bytes, probe)
-            }
+        let bytes = match early {
+            EarlyBody::Complete(bytes) => bytes,
             EarlyBody::Refused(refusal) => return refusal,
             EarlyBody::Arriving(head, rest) => match read_rest(head, rest).await {
-                Ok(bytes) => {
-                    let probe = (step_up || looked_up.is_some())
-                        .then(|| serde_json::from_slice::<Probe>(&bytes).ok())
-                        .flatten();
-                    (bytes, probe)
-                }
+                Ok(bytes) => bytes,
                 Err(refusal) => return refusal,
             },
         };
+        // Parsed before authentication when it could read ahead; else only when needed.
+        let probe = probe.or_else(|| {
+            (step_up || looked_up.is_some())
+                .then(|| serde_json::from_slice::<Probe>(&bytes).ok())
+                .flatten()
+        });
         if let Some((received, context_done)) = looked_up {
             span = Some(request_span(
                 &state,

@@ -407,22 +407,15 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
     let names: Vec<&str> = read_only.iter().map(|t| t["name"].as_str().expect("name")).collect();
     assert_eq!(names, READ_ONLY_TOOLS);
     // A connection granted bookings:read only sees the booking tools.
-    let ctx = stack.operator_in(0).await;
-    let narrow = admin::connection_create(
-        &stack.db.ds,
-        &ctx,
-        admin::NewConnection {
-            creator_email: &stack.seed.tenants[0].admin.email,
-            name: "narrow",
-            client_name: "test",
-            rights: shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]),
-            toolset: "full",
-        },
-    )
-    .await
-    .expect("connection");
+    let narrow = stack
+        .admin_connection(
+            "narrow",
+            shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]),
+            "full",
+        )
+        .await;
     let names: Vec<String> = stack
-        .list(&narrow.token)
+        .list(&narrow)
         .await
         .iter()
         .map(|t| t["name"].as_str().expect("name").to_owned())
@@ -432,13 +425,13 @@ async fn tools_list_is_deterministic_and_follows_live_rights() {
         ["export_bookings", "find_bookings", "find_services", "get_booking", "list_recent_changes"]
     );
     // R15: a hidden tool called by name says which right is missing.
-    let err = stack.call(&narrow.token, "find_customers", json!({})).await.expect_err("hidden");
+    let err = stack.call(&narrow, "find_customers", json!({})).await.expect_err("hidden");
     assert_eq!(err["code"], "permission_denied");
     assert_eq!(err["right"], "customers:read");
     // An unknown tool is a protocol error, not a tool result.
     let (_, _, body) = stack
         .raw(
-            Some(&narrow.token),
+            Some(&narrow),
             "tools/call",
             Some("drop_tables"),
             json!({"name": "drop_tables", "arguments": {}}),
@@ -1034,21 +1027,25 @@ impl Stack {
 
     /// A second connection of tenant 0's admin with every right.
     async fn second_connection(&self) -> String {
+        self.admin_connection("second", shared::rights::Role::Admin.rights(), "full").await
+    }
+
+    /// A new connection of tenant 0's admin with these rights and toolset; its token.
+    async fn admin_connection(
+        &self,
+        name: &str,
+        rights: shared::rights::RightSet,
+        toolset: &str,
+    ) -> String {
         let ctx = self.operator_in(0).await;
-        admin::connection_create(
-            &self.db.ds,
-            &ctx,
-            admin::NewConnection {
-                creator_email: &self.seed.tenants[0].admin.email,
-                name: "second",
-                client_name: "test",
-                rights: shared::rights::Role::Admin.rights(),
-                toolset: "full",
-            },
-        )
-        .await
-        .expect("connection")
-        .token
+        let new = admin::NewConnection {
+            creator_email: &self.seed.tenants[0].admin.email,
+            name,
+            client_name: "test",
+            rights,
+            toolset,
+        };
+        admin::connection_create(&self.db.ds, &ctx, new).await.expect("connection").token
     }
 
     /// A future draft booking of tenant `t`.
@@ -1527,15 +1524,7 @@ async fn alerts_mute_for_a_bounded_time_and_deletes_check_what_depends_on_them()
 
 impl Stack {
     async fn connection_with(&self, toolset: &str) -> String {
-        let ctx = self.operator_in(0).await;
-        let new = admin::NewConnection {
-            creator_email: &self.seed.tenants[0].admin.email,
-            name: toolset,
-            client_name: "test",
-            rights: shared::rights::Role::Admin.rights(),
-            toolset,
-        };
-        admin::connection_create(&self.db.ds, &ctx, new).await.expect("connection").token
+        self.admin_connection(toolset, shared::rights::Role::Admin.rights(), toolset).await
     }
 }
 
@@ -3596,23 +3585,16 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     // A connection without bookings:read is refused naming the right; the row read with its
     // context is dropped unused and nothing of it reaches the answer.
     let unused = counted("unused");
-    let ctx = stack.operator_in(0).await;
-    let narrow = admin::connection_create(
-        &stack.db.ds,
-        &ctx,
-        admin::NewConnection {
-            creator_email: &stack.seed.tenants[0].admin.email,
-            name: "customers only",
-            client_name: "test",
-            rights: shared::rights::RightSet::of(&[shared::rights::Right::CustomersRead]),
-            toolset: "full",
-        },
-    )
-    .await
-    .expect("connection");
+    let narrow = stack
+        .admin_connection(
+            "customers only",
+            shared::rights::RightSet::of(&[shared::rights::Right::CustomersRead]),
+            "full",
+        )
+        .await;
     let (status, _, answer) = stack
         .raw(
-            Some(&narrow.token),
+            Some(&narrow),
             "tools/call",
             Some("get_booking"),
             json!({"name": "get_booking", "arguments": {"booking": booking}}),
@@ -3654,7 +3636,40 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
         let error = &answer["result"]["structuredContent"]["error"];
         assert_eq!(error["field"], "notes_cursor", "{answer}");
     }
+    // With the kill switch or the tenant's switch off, the call is refused before any tool
+    // runs and nothing of the booking reaches the answer.
+    let call_booking = || {
+        stack.raw(
+            Some(&token),
+            "tools/call",
+            Some("get_booking"),
+            json!({"name": "get_booking", "arguments": {"booking": booking}}),
+            &[],
+        )
+    };
+    let slug = &stack.seed.tenants[0].slug;
+    for (on, off, status) in [
+        (
+            "UPDATE platform_state SET global_kill = true",
+            "UPDATE platform_state SET global_kill = false",
+            503,
+        ),
+        (
+            &*format!("UPDATE tenants SET agent_access = false WHERE slug = '{slug}'"),
+            &*format!("UPDATE tenants SET agent_access = true WHERE slug = '{slug}'"),
+            403,
+        ),
+    ] {
+        let used = counted("used");
+        stack.db.exec(on).await;
+        let (got, _, answer) = call_booking().await;
+        stack.db.exec(off).await;
+        assert_eq!(got, status, "{answer}");
+        assert!(!answer.to_string().contains(customer), "{answer}");
+        assert_eq!(counted("used"), used, "no tool ran");
+    }
     // A revoked connection is refused before any tool runs, read-ahead or not.
+    let ctx = stack.operator_in(0).await;
     admin::connection_revoke(
         &stack.db.ds,
         &ctx,
@@ -3663,15 +3678,7 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     )
     .await
     .expect("revoke");
-    let (status, _, answer) = stack
-        .raw(
-            Some(&token),
-            "tools/call",
-            Some("get_booking"),
-            json!({"name": "get_booking", "arguments": {"booking": booking}}),
-            &[],
-        )
-        .await;
+    let (status, _, answer) = call_booking().await;
     assert_eq!(status, 401, "{answer}");
     assert!(!answer.to_string().contains(customer), "{answer}");
 }

@@ -201,15 +201,11 @@ impl Services {
         refuse_standby(context.on_standby)?;
         // The booking's part never decides authentication: should it not decode, the context
         // stands and the tool reads the booking for itself (and reports what it finds).
-        let booking = match row.try_get::<Option<i64>, _>("id") {
-            Ok(Some(_)) => match crate::datastore::BookingRow::from_row(&row) {
-                Ok(booking) => Some(Some(booking)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
-                    None
-                }
-            },
-            Ok(None) => Some(None),
+        let decoded = row.try_get::<Option<i64>, _>("id").and_then(|found| {
+            found.map(|_| crate::datastore::BookingRow::from_row(&row)).transpose()
+        });
+        let booking = match decoded {
+            Ok(booking) => Some(booking),
             Err(e) => {
                 tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
                 None

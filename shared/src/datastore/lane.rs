@@ -210,6 +210,18 @@ mod tests {
         panic!("{} idle, expected {n}", lane.idle_count());
     }
 
+    /// Ends a lane connection's backend from outside, as a database restart would.
+    async fn terminate(lane: &Lane, pids: &[i32]) {
+        let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
+        for pid in pids {
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&mut admin)
+                .await
+                .expect("terminate");
+        }
+    }
+
     async fn backend(lane: &Arc<Lane>) -> i32 {
         let mut c = lane.checkout().await.expect("checkout");
         let pid: i32 =
@@ -247,12 +259,7 @@ mod tests {
         assert_eq!(backend(&lane).await, first);
         // A connection that does not answer the check is closed, never handed back.
         let mut c = lane.checkout().await.expect("checkout");
-        let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
-        sqlx::query("SELECT pg_terminate_backend($1)")
-            .bind(first)
-            .execute(&mut admin)
-            .await
-            .expect("terminate");
+        terminate(&lane, &[first]).await;
         assert!(sqlx::query("SELECT 1").execute(c.conn()).await.is_err());
         drop(c);
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -265,12 +272,7 @@ mod tests {
         let _serial = SERIAL.lock().await;
         let lane = lane(1);
         let first = backend(&lane).await;
-        let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
-        sqlx::query("SELECT pg_terminate_backend($1)")
-            .bind(first)
-            .execute(&mut admin)
-            .await
-            .expect("terminate");
+        terminate(&lane, &[first]).await;
         tokio::time::sleep(IDLE_BEFORE_PING + Duration::from_millis(100)).await;
         let next = backend(&lane).await;
         assert_ne!(next, first, "pinged, found closed, replaced");
@@ -289,14 +291,7 @@ mod tests {
         a.done();
         b.done();
         // A restart breaks both while they sit idle for well under a second.
-        let mut admin = PgConnection::connect_with(&lane.options).await.expect("admin");
-        for p in pids {
-            sqlx::query("SELECT pg_terminate_backend($1)")
-                .bind(p)
-                .execute(&mut admin)
-                .await
-                .expect("terminate");
-        }
+        terminate(&lane, &pids).await;
         // The first request meets a broken one: its statement fails, and that is noted.
         let mut first = lane.checkout().await.expect("checkout");
         let failed: Result<i32> =

@@ -1117,8 +1117,10 @@ mod read_ahead_tests {
     #[tokio::test]
     async fn the_row_read_ahead_serves_only_its_own_read_and_only_after_the_rights_check() {
         let ds = unreachable();
-        // Served from the row, no database needed.
+        // Served from the row, no database needed; a log of the context never shows the row's
+        // customer data (R14).
         let ctx = context(&[Right::BookingsRead]);
+        assert!(!format!("{ctx:?}").contains("Read Ahead Canary"), "{ctx:?}");
         let got = get(&ds, &ctx, &input(HANDLE, None)).await.expect("served from the read-ahead");
         assert_eq!(got.customer_name, "Read Ahead Canary");
         assert_eq!(ctx.read_ahead_used(), Some(true));
