@@ -700,16 +700,47 @@ pub mod bench {
         }
     }
 
+    /// The parts of a JSON-RPC answer the judge looks at. The whole body is still parsed (a
+    /// body that is not JSON, or whose `result` is not an object, does not deserialize); the
+    /// rest of the answer is skipped without building a tree of it, so the load generator's
+    /// own cost does not grow with the size of the answer it checks.
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        result: Option<AnswerResult>,
+        error: Option<RpcError>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct RpcError {
+        code: Option<i64>,
+    }
+
+    #[derive(serde::Deserialize)]
+    struct AnswerResult {
+        #[serde(rename = "isError")]
+        is_error: Option<bool>,
+        #[serde(rename = "structuredContent")]
+        structured: Option<Structured>,
+    }
+
+    /// A result's structured content: only the error and the replay flag are read, each kept
+    /// as a `Value` so a result whose own fields happen to carry these names still parses.
+    #[derive(serde::Deserialize)]
+    struct Structured {
+        error: Option<Value>,
+        replayed: Option<Value>,
+    }
+
     /// The JSON-RPC response in a body: plain JSON, or the last SSE `data:` event carrying one.
-    fn response(body: &[u8]) -> Option<Value> {
-        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+    fn response(body: &[u8]) -> Option<Answer> {
+        if let Ok(v) = serde_json::from_slice::<Answer>(body) {
             return Some(v);
         }
         let text = std::str::from_utf8(body).ok()?;
         text.lines()
             .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .rfind(|v| v.get("result").is_some() || v.get("error").is_some())
+            .filter_map(|d| serde_json::from_str::<Answer>(d.trim()).ok())
+            .rfind(|v| v.result.is_some() || v.error.is_some())
     }
 
     /// Judges an MCP `tools/call` answer.
@@ -717,25 +748,24 @@ pub mod bench {
         if status != 200 {
             return Outcome::Http(status);
         }
-        let Some(v) = response(body) else { return Outcome::Unreadable };
-        if let Some(e) = v.get("error") {
-            return Outcome::Rpc(e["code"].as_i64().unwrap_or_default());
+        let Some(answer) = response(body) else { return Outcome::Unreadable };
+        if let Some(e) = answer.error {
+            return Outcome::Rpc(e.code.unwrap_or_default());
         }
-        let Some(result) = v.get("result").filter(|r| r.is_object()) else {
+        let Some(result) = answer.result else {
             return Outcome::Unreadable;
         };
-        match result.get("isError") {
-            Some(Value::Bool(false)) | None => {}
-            Some(Value::Bool(true)) => {
-                let code = result["structuredContent"]["error"]["code"]
-                    .as_str()
-                    .unwrap_or("tool_error")
-                    .to_owned();
-                return Outcome::Tool(code);
-            }
-            Some(_) => return Outcome::Unreadable,
+        let structured = result.structured;
+        if result.is_error == Some(true) {
+            let code = structured
+                .as_ref()
+                .and_then(|s| s.error.as_ref())
+                .and_then(|e| e["code"].as_str())
+                .unwrap_or("tool_error")
+                .to_owned();
+            return Outcome::Tool(code);
         }
-        if write && result["structuredContent"]["replayed"] == Value::Bool(true) {
+        if write && structured.and_then(|s| s.replayed) == Some(Value::Bool(true)) {
             return Outcome::Replayed;
         }
         Outcome::Ok

@@ -1644,6 +1644,15 @@ fn the_benchmark_checker_counts_only_what_a_user_wanted() {
     assert_eq!(judge_mcp(200, rpc.to_string().as_bytes(), false), Outcome::Rpc(-32602));
     assert_eq!(judge_mcp(200, b"<html>bad gateway</html>", false), Outcome::Unreadable);
     assert_eq!(judge_mcp(200, result(json!("x")).as_bytes(), false), Outcome::Unreadable);
+    assert_eq!(judge_mcp(200, result(json!(null)).as_bytes(), false), Outcome::Unreadable);
+    let odd_flag = result(json!({"isError": "yes", "content": []}));
+    assert_eq!(judge_mcp(200, odd_flag.as_bytes(), false), Outcome::Unreadable);
+    // A success whose own data has fields named like the judge's is still a success.
+    let data_named_error = result(json!({"isError": false, "content": [],
+        "structuredContent": {"error": "a field of the data", "replayed": "no"}}));
+    assert_eq!(judge_mcp(200, data_named_error.as_bytes(), true), Outcome::Ok);
+    // Truncated JSON is not an answer, however much of it arrived.
+    assert_eq!(judge_mcp(200, &ok.as_bytes()[..ok.len() - 2], false), Outcome::Unreadable);
     // A write answered from the replay cache executed nothing: not a success of a write.
     let replayed =
         result(json!({"isError": false, "content": [], "structuredContent": {"replayed": true}}));

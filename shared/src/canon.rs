@@ -9,39 +9,46 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::with_capacity(128);
     write_canonical(value, &mut out);
-    out
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
+                write_scalar(key, out);
+                out.push(b':');
+                write_canonical(item, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        scalar => write_scalar(scalar, out),
     }
+}
+
+/// A string, number, boolean or null exactly as serde_json writes it.
+fn write_scalar<T: Serialize + ?Sized>(scalar: &T, out: &mut Vec<u8>) {
+    // Writing into a Vec fails only for values serde_json cannot show (none reach here).
+    let _ = serde_json::to_writer(&mut *out, scalar);
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -51,7 +58,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// The version of an object: a short hash of its canonical content.
 pub fn version_of<T: Serialize>(content: &T) -> String {
     let value = serde_json::to_value(content).unwrap_or(Value::Null);
-    format!("v_{}", &sha256_hex(canonical_json(&value).as_bytes())[..16])
+    let digest = Sha256::digest(canonical_json(&value).as_bytes());
+    format!("v_{}", hex::encode(&digest[..8]))
 }
 
 #[cfg(test)]
@@ -66,5 +74,21 @@ mod tests {
         assert_eq!(canonical_json(&a), canonical_json(&b));
         assert_eq!(canonical_json(&a), r#"{"a":{"c":null,"d":[1,{"y":2,"z":1}]},"b":1}"#);
         assert_ne!(version_of(&a), version_of(&json!({"b": 2})));
+    }
+
+    #[test]
+    fn canonical_text_and_versions_stay_what_clients_hold() {
+        // Versions are compared with what a client read earlier, maybe from an older build:
+        // the canonical text and its hash must not change with the code that writes them.
+        let value = json!({"é\"\\\n": [1.5, -2, "x\u{1}", true, null, 18446744073709551615u64],
+            "a": {"k": "ü"}});
+        let text = canonical_json(&value);
+        assert_eq!(
+            text,
+            r#"{"a":{"k":"ü"},"é\"\\\n":[1.5,-2,"x\u0001",true,null,18446744073709551615]}"#
+        );
+        assert_eq!(version_of(&value), format!("v_{}", &sha256_hex(text.as_bytes())[..16]));
+        // sha256 of `["bkg_1",42,null]`, computed outside this code.
+        assert_eq!(version_of(&("bkg_1", 42, None::<String>)), "v_411a354bd9696b4c");
     }
 }

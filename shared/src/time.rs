@@ -6,7 +6,7 @@
 //! with weekday, local time and zone, UTC, and distance from now.
 
 use jiff::civil::{Date, DateTime};
-use jiff::tz::{AmbiguousOffset, TimeZone};
+use jiff::tz::{AmbiguousOffset, Offset, TimeZone};
 use jiff::{Timestamp, ZonedDateTime};
 use serde::Serialize;
 
@@ -152,10 +152,73 @@ pub struct TimeView {
 }
 
 pub fn present(ts: Timestamp, tz: &TimeZone, zone_name: &str, now: Timestamp) -> TimeView {
+    let info = tz.to_offset_info(ts);
+    let local = info.offset().to_datetime(ts);
+    let utc = Offset::UTC.to_datetime(ts);
+    // Every result shows several times: written field by field rather than through
+    // `strftime`, which parses its format on each call. Years outside 0..=9999 (which the
+    // fixed widths below cannot show) and abbreviations that are not plain letters take the
+    // `strftime` path; a test holds both paths to the same text in every zone.
+    let abbreviation = info.abbreviation();
+    let plain = (0..=9999).contains(&local.year())
+        && (0..=9999).contains(&utc.year())
+        && !abbreviation.is_empty()
+        && abbreviation.bytes().all(|b| b.is_ascii_alphabetic());
+    if !plain {
+        return present_strftime(ts, tz, zone_name, now);
+    }
+    let weekday = WEEKDAYS[local.weekday().to_monday_zero_offset() as usize];
+    let month = MONTHS[local.month() as usize - 1];
+    let offset = info.offset().seconds();
+    let (sign, offset) = if offset < 0 { ('-', -offset) } else { ('+', offset) };
+    let (oh, om) = (offset / 3600, offset / 60 % 60);
+    let (y, mo, d, h, mi, se) =
+        (local.year(), local.month(), local.day(), local.hour(), local.minute(), local.second());
+    TimeView {
+        weekday: weekday.to_owned(),
+        local: if offset % 60 == 0 {
+            format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{se:02}{sign}{oh:02}:{om:02}")
+        } else {
+            // An offset with seconds (some historical zones): `%:z` shows it as `strftime` does.
+            local_of(ts, tz)
+        },
+        zone: zone_name.to_owned(),
+        // `%Z` shows abbreviations in capitals (Guam's `ChST` as `CHST`).
+        display: if abbreviation.bytes().all(|b| b.is_ascii_uppercase()) {
+            format!("{} {d} {month} {y:04}, {h:02}:{mi:02} {abbreviation}", &weekday[..3])
+        } else {
+            let abbreviation = abbreviation.to_ascii_uppercase();
+            format!("{} {d} {month} {y:04}, {h:02}:{mi:02} {abbreviation}", &weekday[..3])
+        },
+        utc: format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            utc.year(),
+            utc.month(),
+            utc.day(),
+            utc.hour(),
+            utc.minute(),
+            utc.second()
+        ),
+        from_now: distance(ts, now),
+    }
+}
+
+const WEEKDAYS: [&str; 7] =
+    ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const MONTHS: [&str; 12] =
+    ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+
+fn local_of(ts: Timestamp, tz: &TimeZone) -> String {
+    ts.to_zoned_datetime(tz.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
+}
+
+/// The same view through `strftime`: the reference the field-by-field path is tested against,
+/// and the path for what that one does not show.
+fn present_strftime(ts: Timestamp, tz: &TimeZone, zone_name: &str, now: Timestamp) -> TimeView {
     let local: ZonedDateTime = ts.to_zoned_datetime(tz.clone());
     TimeView {
         weekday: local.strftime("%A").to_string(),
-        local: local.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string(),
+        local: local_of(ts, tz),
         zone: zone_name.to_owned(),
         display: local.strftime("%a %-d %b %Y, %H:%M %Z").to_string(),
         utc: ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
@@ -188,6 +251,56 @@ mod tests {
             Error::Invalid { options, .. } => options,
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn times_are_shown_the_same_as_strftime_shows_them_in_every_zone() {
+        // Instants around every transition a zone has had or will have, and plain ones, in
+        // every zone the database knows: the field-by-field path and `strftime` agree.
+        let now = Timestamp::from_second(1_790_000_000).expect("now");
+        let mut instants: Vec<Timestamp> = [
+            -62_135_596_800, // 0001-01-01
+            -2_208_988_800,  // 1900-01-01
+            0,
+            951_782_400, // 2000-02-29
+            1_774_746_000,
+            1_792_890_000,
+            253_402_207_200, // the last second jiff shows
+        ]
+        .iter()
+        .map(|s| Timestamp::from_second(*s).expect("instant"))
+        .collect();
+        instants.push(Timestamp::MIN);
+        instants.push(Timestamp::MAX);
+        let mut checked = 0;
+        for name in jiff::tz::db().available() {
+            let name = name.as_str().to_owned();
+            let tz = TimeZone::get(&name).expect("zone");
+            let mut times = instants.clone();
+            let mut at = Timestamp::from_second(-2_208_988_800).expect("1900");
+            for _ in 0..400 {
+                let Some(t) = tz.following(at).next() else { break };
+                let ts = t.timestamp();
+                for delta in [-1, 0, 1, 1800] {
+                    if let Ok(x) = ts.checked_add(jiff::SignedDuration::from_secs(delta)) {
+                        times.push(x);
+                    }
+                }
+                at = ts;
+                if ts.as_second() > 2_200_000_000 {
+                    break;
+                }
+            }
+            for ts in times {
+                assert_eq!(
+                    present(ts, &tz, &name, now),
+                    present_strftime(ts, &tz, &name, now),
+                    "{name} at {ts}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 100_000, "only {checked} instants were compared");
     }
 
     #[test]
