@@ -172,6 +172,29 @@ fn send_back(state: &AppState, redirect_uri: &str, st: Option<&str>, e: &OAuthEr
     redirect_with(redirect_uri, &params)
 }
 
+/// A request refused before the person decided anything. Anyone can register a client with
+/// any https redirect URI, so sending such a refusal back at once would make this server an
+/// open redirector that lends its name to wherever the registrant points (RFC 9700 §4.11.2):
+/// the person sees the error here instead. A loopback redirect URI goes back to the native app
+/// on the person's own machine, which is waiting for the answer.
+fn refuse_before_consent(
+    state: &AppState,
+    redirect_uri: &str,
+    st: Option<&str>,
+    error: OAuthError,
+) -> Response {
+    let loopback = url::Url::parse(redirect_uri).is_ok_and(|u| {
+        u.scheme() == "http"
+            && match u.host() {
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                Some(url::Host::Domain(d)) => d == "localhost",
+                None => false,
+            }
+    });
+    if loopback { send_back(state, redirect_uri, st, &error) } else { show_error(error) }
+}
+
 async fn authorize(
     State(state): State<Arc<AppState>>,
     session: Session,
@@ -181,7 +204,7 @@ async fn authorize(
         Checked::Valid(client, req) => (client, req),
         Checked::ShowError(e) => return show_error(e),
         Checked::SendBack { redirect_uri, state: st, error } => {
-            return send_back(&state, &redirect_uri, st.as_deref(), &error);
+            return refuse_before_consent(&state, &redirect_uri, st.as_deref(), error);
         }
     };
     let Some(ctx) = shared::services::console::session_ctx(&session.row) else {

@@ -293,9 +293,50 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     assert!(!ok, "{err}");
     assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
+    let (ok, api_token) = ctl(
+        &db,
+        &[
+            "api-token",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--person",
+            "lee@acme.example",
+            "--name",
+            "lee's export",
+            "--expires-in-days",
+            "30",
+        ],
+    );
+    assert!(ok, "{api_token}");
     let (ok, d) =
         ctl(&db, &["person", "deactivate", "--tenant", "acme-air", "--email", "lee@acme.example"]);
     assert!(ok);
+    // Their API tokens end with the membership, so coming back later does not revive them.
+    let live_api_tokens = db
+        .scalar_i64("SELECT count(*) FROM api_tokens a JOIN people p ON p.id = a.person_id WHERE p.email = 'lee@acme.example' AND a.revoked_at IS NULL")
+        .await;
+    assert_eq!(live_api_tokens, 0, "{api_token}");
+    // A role change never brings a deactivated person back.
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "person",
+            "set-role",
+            "--tenant",
+            "acme-air",
+            "--email",
+            "lee@acme.example",
+            "--role",
+            "admin",
+        ],
+    );
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "wrong_state", "{err}");
+    let active = db
+        .scalar_string("SELECT m.active::text FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'lee@acme.example'")
+        .await;
+    assert_eq!(active, "false");
     let mut revoked: Vec<String> =
         serde_json::from_value(d["revoked_connections"].clone()).expect("list");
     revoked.sort();
@@ -743,6 +784,88 @@ async fn a_client_that_names_no_scope_gets_read_rights_ticked_and_a_new_consent_
     };
     assert_eq!(api._db.scalar_i64(&alive(&tokens[0])).await, 0, "the earlier grant's token ended");
     assert_eq!(api._db.scalar_i64(&alive(&tokens[1])).await, 1);
+}
+
+#[tokio::test]
+async fn a_code_never_outlives_the_consent_or_the_connection_it_came_from() {
+    let api = Api::start().await;
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let client_id = register_client(&api).await;
+    let consent = |right: &'static str| {
+        let browser = &browser;
+        let client_id = client_id.clone();
+        async move {
+            let html =
+                browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
+            let mut form = form_fields(&html, "/oauth/authorize");
+            form.push(("right".into(), right.into()));
+            form.push(("decision".into(), "approve".into()));
+            let approved = browser.post("/oauth/authorize", &form).await;
+            let location = url::Url::parse(approved.headers()["location"].to_str().expect("ascii"))
+                .expect("url");
+            location.query_pairs().find(|(k, _)| k == "code").expect("code").1.into_owned()
+        }
+    };
+    let exchange = |code: String| {
+        let (http, url, client_id) =
+            (api.http.clone(), format!("{}/oauth/token", api.url), client_id.clone());
+        async move {
+            let response = http
+                .post(url)
+                .form(&[
+                    ("grant_type", "authorization_code"),
+                    ("code", code.as_str()),
+                    ("client_id", client_id.as_str()),
+                    ("redirect_uri", "http://127.0.0.1:47615/callback"),
+                    ("code_verifier", "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
+                ])
+                .send()
+                .await
+                .expect("token");
+            (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // A wider consent's code, not yet exchanged, ends when the person consents again narrower.
+    let wide = consent("bookings:write").await;
+    let narrow = consent("bookings:read").await;
+    let (status, body) = exchange(wide).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_grant")), "{body}");
+    let (status, body) = exchange(narrow).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["scope"], "bookings:read");
+    // A code approved before the connection was revoked issues nothing.
+    let late = consent("bookings:read").await;
+    let connection = api
+        ._db
+        .scalar_string(&format!(
+            "SELECT handle FROM connections WHERE oauth_client_id = '{client_id}'"
+        ))
+        .await;
+    let slug = api.seed.tenants[0].slug.clone();
+    let (ok, revoked) = ctl_as(
+        &api._db,
+        Some(&admin.email),
+        &[
+            "connection",
+            "revoke",
+            "--tenant",
+            &slug,
+            "--connection",
+            &connection,
+            "--reason",
+            "lost laptop",
+        ],
+    );
+    assert!(ok, "{revoked}");
+    let (status, body) = exchange(late).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("invalid_grant")), "{body}");
+    assert!(body["error_description"].as_str().is_some_and(|d| d.contains("revoked")), "{body}");
+    let live = api
+        ._db
+        .scalar_i64(&format!("SELECT count(*) FROM connection_tokens t JOIN connections c ON c.id = t.connection_id WHERE c.handle = '{connection}'"))
+        .await;
+    assert_eq!(live, 0, "no token exists for the revoked connection");
 }
 
 #[tokio::test]

@@ -837,8 +837,8 @@ async fn hostile_oauth_requests_are_refused() {
     fn with<'a>(base: &[(&'a str, &'a str)], k: &str, v: &'a str) -> Vec<(&'a str, &'a str)> {
         base.iter().map(|(a, b)| if *a == k { (*a, v) } else { (*a, *b) }).collect()
     }
-    // Once the client and its redirect URI are known, errors go back to the client with
-    // `state` and `iss` (RFC 6749 §4.1.2.1, RFC 9207).
+    // Once the client and its loopback redirect URI are known, errors go back to the native
+    // app with `state` and `iss` (RFC 6749 §4.1.2.1, RFC 9207).
     for (case, params, error) in [
         ("plain PKCE", with(&base, "code_challenge_method", "plain"), "invalid_request"),
         (
@@ -882,6 +882,30 @@ async fn hostile_oauth_requests_are_refused() {
             response.headers().get("location").is_none(),
             "{case}: errors are shown, never redirected"
         );
+    }
+    // A client anyone registered with an https redirect URI is not sent its errors before the
+    // person decided anything: that would make this server an open redirector for whoever
+    // registered it (RFC 9700 §4.11.2). The person sees the error here.
+    let remote: Value = http
+        .post(format!("{}/oauth/register", stack.control_url))
+        .json(&json!({"client_name": "Remote", "redirect_uris": ["https://evil.example/landing"]}))
+        .send()
+        .await
+        .expect("register")
+        .json()
+        .await
+        .expect("json");
+    let remote_id = remote["client_id"].as_str().expect("id");
+    let remote_base =
+        with(&with(&base, "client_id", remote_id), "redirect_uri", "https://evil.example/landing");
+    for (case, params) in [
+        ("an unknown response type", with(&remote_base, "response_type", "x")),
+        ("plain PKCE", with(&remote_base, "code_challenge_method", "plain")),
+        ("an unknown scope", [remote_base.as_slice(), &[("scope", "admin:all")]].concat()),
+    ] {
+        let response = browser.get(&authorize(&params)).await;
+        assert_eq!(response.status(), 400, "{case}");
+        assert!(response.headers().get("location").is_none(), "{case}: not redirected");
     }
     let private = browser
         .get(&authorize(&with(&base, "client_id", "https://127.0.0.1/client.json")))

@@ -224,6 +224,24 @@ pub(crate) async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result
     .await?)
 }
 
+/// Drops a connection's codes not yet exchanged (a new consent replaces them).
+pub(crate) async fn oauth_codes_drop_unused(tx: &mut Tx<'_>, connection_id: i64) -> Result<()> {
+    sqlx::query("DELETE FROM oauth_codes WHERE connection_id = $1 AND used_at IS NULL")
+        .bind(connection_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Whether a connection is active, read in `tx`.
+pub(crate) async fn connection_is_active(tx: &mut Tx<'_>, connection_id: i64) -> Result<bool> {
+    let status: Option<String> = sqlx::query_scalar("SELECT status FROM connections WHERE id = $1")
+        .bind(connection_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(status.as_deref() == Some("active"))
+}
+
 pub(crate) async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     sqlx::query("UPDATE oauth_codes SET used_at = now() WHERE id = $1")
         .bind(id)

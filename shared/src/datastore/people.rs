@@ -83,6 +83,30 @@ pub(crate) async fn membership_upsert(
     Ok(())
 }
 
+/// Ends what a person signed in with in the context's tenant: their API tokens there (revoked,
+/// returning the handles) and their console sessions working in it. A membership made active
+/// again later starts without them.
+pub(crate) async fn person_credentials_end(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+) -> Result<Vec<String>> {
+    let revoked: Vec<String> = sqlx::query_scalar(
+        "UPDATE api_tokens SET revoked_at = now()
+         WHERE tenant_id = $1 AND person_id = $2 AND revoked_at IS NULL RETURNING handle",
+    )
+    .bind(ctx.tenant_id())
+    .bind(person_id)
+    .fetch_all(&mut **tx)
+    .await?;
+    sqlx::query("DELETE FROM console_sessions WHERE tenant_id = $1 AND person_id = $2")
+        .bind(ctx.tenant_id())
+        .bind(person_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(revoked)
+}
+
 /// Ends a person's membership in the context's tenant; returns whether there was one.
 pub(crate) async fn membership_deactivate(
     tx: &mut Tx<'_>,

@@ -192,6 +192,16 @@ pub async fn person_set_role(
 ) -> Result<PersonCreated> {
     ctx.require(Right::PeopleManage)?;
     let person = member(ds, ctx, email).await?;
+    // A role change never brings a deactivated person back: that is adding them again, which
+    // is its own audited act with fresh credentials.
+    if ds.membership_get(ctx, person.id).await?.is_some_and(|m| !m.active) {
+        return Err(Error::WrongState {
+            message: format!(
+                "{email} is deactivated in this tenant; add them again (person create) to give them a role"
+            ),
+            use_instead: None,
+        });
+    }
     let mut tx = ds.begin().await?;
     ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
     ds_fns::audit_insert(
@@ -228,8 +238,10 @@ pub async fn person_deactivate(
     let revoked =
         ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated")
             .await?;
+    let api_tokens = ds_fns::person_credentials_end(&mut tx, ctx, person.id).await?;
     let mut targets = vec![person.handle.clone()];
     targets.extend(revoked.iter().map(|(_, h)| h.clone()));
+    targets.extend(api_tokens);
     ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.deactivate", targets)).await?;
     tx.commit().await?;
     for (id, _) in &revoked {

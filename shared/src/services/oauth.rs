@@ -515,6 +515,9 @@ pub async fn approve(
     // A new consent replaces the grant: tokens of an earlier one end, so none of them gains the
     // rights approved now.
     db::connection_tokens_end(&mut tx, connection_id).await?;
+    // And so do its codes not yet exchanged: a code from an earlier consent would mint tokens
+    // beside the new grant's.
+    db::oauth_codes_drop_unused(&mut tx, connection_id).await?;
     db::connection_set_oauth(&mut tx, connection_id, &client.client_id, &granted.names()).await?;
     let code = secret::generate(CredentialKind::Mcp);
     db::oauth_code_insert(
@@ -629,6 +632,13 @@ pub async fn exchange_code(
     }
     if resource.is_some_and(|r| r.trim_end_matches('/') != c.resource.trim_end_matches('/')) {
         return Err(oauth("invalid_target", "resource differs from the authorization request"));
+    }
+    // A connection revoked after the person approved issues nothing.
+    if !db::connection_is_active(&mut tx, c.connection_id).await? {
+        return Err(oauth(
+            "invalid_grant",
+            "the connection this code was issued for was revoked; authorize again",
+        ));
     }
     db::oauth_code_use(&mut tx, c.id).await?;
     let grant_ends = jiff::Timestamp::now()
