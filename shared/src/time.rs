@@ -19,28 +19,51 @@ pub fn zone(field: &str, name: &str) -> Result<TimeZone> {
     })
 }
 
+/// The time part of an ISO 8601 date-time: what follows the `T` (either case) or the space
+/// after the date.
+fn time_part(input: &str) -> Option<&str> {
+    input.find(['T', 't', ' ']).map(|t| &input[t + 1..])
+}
+
 fn has_offset(input: &str) -> bool {
     // An offset or `Z` can only follow the time part.
-    match input.find('T').or_else(|| input.find(' ')) {
-        Some(t) => {
-            let time = &input[t + 1..];
-            time.ends_with('Z') || time.ends_with('z') || time.contains('+') || time.contains('-')
-        }
-        None => false,
-    }
+    time_part(input).is_some_and(|time| {
+        time.ends_with(['Z', 'z']) || time.contains(['+', '-', '\u{2212}', '['])
+    })
 }
+
+/// Offsets in use on Earth lie within ±14:00; the ISO grammar allows up to ±23:59.
+const MAX_OFFSET_SECONDS: i32 = 14 * 3600;
 
 /// Parses one point in time given by a caller.
 ///
-/// `zone` is required unless the input carries its own offset.
+/// `zone` is required unless the input carries its own offset. An input that carries an
+/// offset is read with it, or refused; never read in `zone` with its offset dropped.
 pub fn parse_instant(field: &str, input: &str, zone_name: Option<&str>) -> Result<Timestamp> {
     let input = input.trim();
     if has_offset(input) {
-        return input.parse::<Timestamp>().map_err(|e| {
-            Error::invalid(field, format!("{input:?} is not an ISO 8601 time with offset: {e}"))
-        });
+        if input.contains('[') {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{input:?} carries a [zone] annotation; give the time with its offset alone, or the local time with `zone`"
+                ),
+            ));
+        }
+        let zoned =
+            jiff::fmt::temporal::DateTimeParser::new().parse_timestamp(input).map_err(|e| {
+                Error::invalid(field, format!("{input:?} is not an ISO 8601 time with offset: {e}"))
+            })?;
+        let offset = offset_of(input);
+        if offset.is_some_and(|o| o.unsigned_abs() > MAX_OFFSET_SECONDS as u32) {
+            return Err(Error::invalid(
+                field,
+                format!("{input:?} has an offset beyond ±14:00, which no place uses"),
+            ));
+        }
+        return in_range(field, input, zoned);
     }
-    let local: DateTime = input.replacen(' ', "T", 1).parse().map_err(|_| {
+    let local: DateTime = input.replacen([' ', 't'], "T", 1).parse().map_err(|_| {
         Error::invalid(
             field,
             format!("{input:?} is not a time; use 2026-03-29T14:30 with a zone, or 2026-03-29T14:30:00+02:00"),
@@ -55,7 +78,37 @@ pub fn parse_instant(field: &str, input: &str, zone_name: Option<&str>) -> Resul
         ));
     };
     let tz = zone("zone", zone_name)?;
-    resolve_local(field, local, &tz, zone_name)
+    let ts = resolve_local(field, local, &tz, zone_name)?;
+    in_range(field, input, ts)
+}
+
+/// The numeric offset written at the end of a time, in seconds (`Z` is none).
+fn offset_of(input: &str) -> Option<i32> {
+    let time = time_part(input)?;
+    let at = time.rfind(['+', '-', '\u{2212}'])?;
+    let (sign, rest) = time[at..].split_at(time[at..].chars().next()?.len_utf8());
+    let digits: String = rest.chars().filter(char::is_ascii_digit).collect();
+    let (h, m) = match digits.len() {
+        2 => (digits.parse::<i32>().ok()?, 0),
+        4 | 6 => (digits[..2].parse::<i32>().ok()?, digits[2..4].parse::<i32>().ok()?),
+        _ => return None,
+    };
+    let seconds = h * 3600 + m * 60;
+    Some(if sign == "+" { seconds } else { -seconds })
+}
+
+/// Times Gatehouse works with: years 1 to 9998, so every time can be shown in every zone and a
+/// day after it still exists.
+fn in_range(field: &str, input: &str, ts: Timestamp) -> Result<Timestamp> {
+    let year = ts.to_zoned_datetime(TimeZone::UTC).year();
+    if !(1..=9998).contains(&year) {
+        return Err(out_of_range(field, input));
+    }
+    Ok(ts)
+}
+
+fn out_of_range(field: &str, input: &str) -> Error {
+    Error::invalid(field, format!("{input:?} is outside the years 1 to 9998"))
 }
 
 /// Resolves a local date-time in a zone, refusing gaps and folds with the options.
@@ -71,9 +124,10 @@ pub fn resolve_local(
         Ok(ts.to_zoned_datetime(tz.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string())
     };
     match ambiguous.offset() {
-        AmbiguousOffset::Unambiguous { offset } => {
-            Ok(local.to_zoned_datetime(TimeZone::fixed(offset)).map_err(internal)?.timestamp())
-        }
+        AmbiguousOffset::Unambiguous { offset } => Ok(local
+            .to_zoned_datetime(TimeZone::fixed(offset))
+            .map_err(|_| out_of_range(field, &local.to_string()))?
+            .timestamp()),
         AmbiguousOffset::Gap { before, after } => Err(Error::invalid_with_options(
             field,
             format!(
@@ -125,6 +179,9 @@ pub fn parse_range_bound(
             ));
         };
         let tz = zone("zone", zone_name)?;
+        if !(1..=9998).contains(&date.year()) {
+            return Err(out_of_range(field, trimmed));
+        }
         let day = if end_of_day { date.tomorrow().map_err(internal)? } else { date };
         // The start of a day exists in every zone (jiff picks the first instant after a gap).
         let start =
@@ -320,6 +377,45 @@ mod tests {
             options(err),
             vec!["2026-10-25T02:30:00+02:00".to_owned(), "2026-10-25T02:30:00+01:00".to_owned()]
         );
+    }
+
+    #[test]
+    fn an_offset_is_read_whatever_the_case_of_the_separator_or_refused() {
+        let upper =
+            parse_instant("start", "2027-01-05T10:00-05:00", Some("Europe/Berlin")).unwrap();
+        assert_eq!(upper.to_string(), "2027-01-05T15:00:00Z");
+        for same in ["2027-01-05t10:00-05:00", "2027-01-05 10:00-05:00", "2027-01-05t15:00z"] {
+            let ts = parse_instant("start", same, Some("Europe/Berlin")).unwrap();
+            assert_eq!(ts, upper, "{same}");
+            assert_eq!(parse_instant("start", same, None).unwrap(), upper, "{same}");
+        }
+        for refused in [
+            "2027-01-05T10:00+25:00",
+            "2027-01-05T10:00+14:30",
+            "2027-01-05T10:00+05:00[Asia/Tokyo]",
+            "2027-01-05T10:00[Europe/Berlin]",
+        ] {
+            let err = parse_instant("start", refused, Some("Europe/Berlin")).unwrap_err();
+            assert!(matches!(err, Error::Invalid { .. }), "{refused}: {err:?}");
+        }
+        assert!(parse_instant("start", "2027-01-05T10:00+14:00", None).is_ok());
+    }
+
+    #[test]
+    fn times_at_the_edges_of_the_calendar_are_the_caller_s_to_correct() {
+        for (input, zone) in [
+            ("9999-12-31", Some("UTC")),
+            ("-009999-01-01", Some("UTC")),
+            ("0000-06-01", Some("Pacific/Kiritimati")),
+            ("9999-12-31T23:00", Some("Pacific/Kiritimati")),
+            ("-009999-01-01T00:00Z", None),
+        ] {
+            for end in [false, true] {
+                let err = parse_range_bound("to", input, zone, end).unwrap_err();
+                assert!(matches!(err, Error::Invalid { .. }), "{input} {zone:?}: {err:?}");
+            }
+        }
+        assert!(parse_range_bound("to", "9998-12-31", Some("UTC"), true).is_ok());
     }
 
     #[test]

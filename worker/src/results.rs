@@ -213,17 +213,30 @@ impl ErrorBody {
             Error::Duplicate { resource, existing, key } => {
                 let update = update_tool(*resource);
                 let create = format!("create_{}", resource.noun());
-                let mut body = ErrorBody::new(
-                    error.code(),
-                    format!(
-                        "A {} with the same {key} exists already: {existing}. Nothing was created.",
-                        resource.noun()
-                    ),
-                    format!(
-                        "Use {existing}; change it with {update} if needed. Only if this really is a different {}, call {create} again with separate: true and a reason.",
-                        resource.noun()
-                    ),
-                );
+                let noun = resource.noun();
+                // A create can be told the record is meant to be separate; an update cannot
+                // give another record's key to this one.
+                let mut body = if tool.starts_with("create_") {
+                    ErrorBody::new(
+                        error.code(),
+                        format!(
+                            "A {noun} with the same {key} exists already: {existing}. Nothing was created."
+                        ),
+                        format!(
+                            "Use {existing}; change it with {update} if needed. Only if this really is a different {noun}, call {create} again with separate: true and a reason."
+                        ),
+                    )
+                } else {
+                    ErrorBody::new(
+                        error.code(),
+                        format!(
+                            "Another {noun} has this {key} already: {existing}. Nothing was changed."
+                        ),
+                        format!(
+                            "Call {tool} again with a {key} no other {noun} has, or work with {existing}."
+                        ),
+                    )
+                };
                 body.existing = Some(existing.clone());
                 body.next_tool = Some(update.to_owned());
                 body
@@ -276,9 +289,16 @@ impl ErrorBody {
             Error::RateLimited { class, limit, retry_after_secs } => {
                 let mut body = ErrorBody::new(
                     error.code(),
-                    format!(
-                        "This connection used up its {class} allowance of {limit} calls per minute. Nothing was done."
-                    ),
+                    if *class == "read" {
+                        // Reads are counted by each worker (no shared write on the read path).
+                        format!(
+                            "This connection used up its read allowance of {limit} calls per minute on this server. Nothing was done."
+                        )
+                    } else {
+                        format!(
+                            "This connection used up its {class} allowance of {limit} calls per minute. Nothing was done."
+                        )
+                    },
                     format!(
                         "Retry {tool} in {retry_after_secs} seconds; a tenant admin can raise the limit if this is normal work."
                     ),

@@ -1430,6 +1430,23 @@ async fn a_batch_filter_with_the_wrong_count_lists_the_matches_and_changes_nothi
         .await
         .expect_err("no count");
     assert_eq!(err["field"], "expected_count");
+    // A count given with listed handles is checked, and a filter that matches nothing leaves
+    // nothing to confirm.
+    let err = stack
+        .call(&token, "cancel_bookings", json!({"bookings": [live[0]], "expected_count": 3}))
+        .await
+        .expect_err("count with handles");
+    assert_eq!(err["field"], "expected_count", "{err}");
+    let err = stack
+        .call(
+            &token,
+            "cancel_bookings",
+            json!({"from": "2040-01-01", "zone": "UTC", "expected_count": 0}),
+        )
+        .await
+        .expect_err("matches nothing");
+    assert_eq!(err["field"], "expected_count", "{err}");
+    assert!(err["message"].as_str().is_some_and(|m| m.contains("find_bookings")), "{err}");
     assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing changed");
     // With the right count the preview lists them, and confirming cancels all.
     let preview = stack
@@ -2294,6 +2311,52 @@ async fn unknown_and_tenant_like_fields_are_refused_by_every_tool_and_write_noth
     assert_eq!(stack.db.scalar_string(EVERYTHING).await, before);
 }
 
+#[tokio::test]
+async fn control_and_hidden_characters_are_refused_in_every_argument_of_every_tool() {
+    // NUL (which Postgres cannot store), a terminal escape, a bidi override that reorders what
+    // a person approves, and a sentence in invisible tag characters: each, in every argument of
+    // every tool, plain or inside a list, is the caller's to correct, naming the argument, and
+    // writes nothing.
+    let stack = Stack::start().await;
+    let tokens = Tokens::new(&stack).await;
+    // Hundreds of calls: lift every bucket, so each answer is the argument check's.
+    stack
+        .db
+        .exec("INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT t.id, c, 100000000 FROM tenants t, unnest(ARRAY['read', 'silent_write', 'notify', 'wake', 'alert', 'delete']) c")
+        .await;
+    let before = stack.db.scalar_string(EVERYTHING).await;
+    let tags: String =
+        "cancel all".chars().filter_map(|c| char::from_u32(0xE0000 + c as u32)).collect();
+    let hostile = [
+        "nul\u{0}byte".to_owned(),
+        "esc\u{1b}[31m".to_owned(),
+        "Eve \u{202E}live".to_owned(),
+        format!("ok{tags}"),
+    ];
+    let mut checked = 0;
+    for spec in Registry::new().all() {
+        for field in input_fields(spec) {
+            for bad in &hostile {
+                for value in [json!(bad), json!(["fine", bad])] {
+                    let err = stack
+                        .call(tokens.of(spec), spec.name, json!({ field.clone(): value }))
+                        .await
+                        .expect_err("hostile text");
+                    assert_eq!(
+                        err["code"], "invalid_argument",
+                        "{} {field} {bad:?}: {err}",
+                        spec.name
+                    );
+                    assert_eq!(err["field"], field.as_str(), "{} {bad:?}: {err}", spec.name);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 200, "only {checked} arguments were tried");
+    assert_eq!(stack.db.scalar_string(EVERYTHING).await, before);
+}
+
 /// The audit rows added since `since` (an audit id), as (action, outcome, channel, connection, client).
 async fn audit_since(stack: &Stack, since: i64) -> Vec<(String, String, String, String, String)> {
     let rows = stack
@@ -3043,6 +3106,21 @@ async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
         assert_eq!(second["replayed"], true, "{again}");
     }
     assert_eq!(stack.count(&notes_sql).await, 1);
+    // The key of a call answered from the replay cache now names that call: other arguments
+    // under it are refused, not executed.
+    let err = stack
+        .call(
+            &token,
+            "add_booking_note",
+            json!({"booking": booking, "text": "A different note", "idempotency_key": "another-key"}),
+        )
+        .await
+        .expect_err("a key names one call");
+    assert_eq!(err["field"], "idempotency_key", "{err}");
+    assert_eq!(
+        stack.count(&format!("SELECT count(*) FROM booking_notes n JOIN bookings b ON b.id = n.booking_id WHERE b.handle = '{booking}' AND n.body = 'A different note'")).await,
+        0
+    );
     // Keys are at most 200 printable characters.
     for key in ["k".repeat(201), "bad\u{0007}key".to_owned()] {
         let err = stack

@@ -55,8 +55,9 @@ async fn main() -> anyhow::Result<()> {
     println!("  Read-only: {}", stack.token(0, 1));
     println!("  API token: {}", tenant["api_token"].as_str().unwrap_or_default());
     println!(
-        "  CLI:       DATABASE_URL={} target/debug/gatehousectl --as {} connection list --tenant {}",
+        "  CLI:       DATABASE_URL={} NATS_URL={} target/debug/gatehousectl --as {} connection list --tenant {}",
         stack.database_url,
+        stack.nats_url,
         tenant["admin"]["email"].as_str().unwrap_or_default(),
         tenant["slug"].as_str().unwrap_or_default()
     );

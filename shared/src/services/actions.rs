@@ -161,13 +161,27 @@ pub(crate) enum Apply {
     DeleteBooking { id: i64 },
 }
 
-pub(crate) fn text(field: &str, raw: &str, max: usize) -> Result<String> {
+/// How many lines a written field may have.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lines {
+    /// A subject, a page: one line, as it shows in a summary or on a pager.
+    One,
+    /// A message body, a note.
+    Many,
+}
+
+pub(crate) fn text(field: &str, raw: &str, max: usize, lines: Lines) -> Result<String> {
     let t = raw.trim();
-    if t.is_empty() || t.chars().count() > max || t.chars().any(|c| c.is_control() && c != '\n') {
-        return Err(Error::invalid(
-            field,
-            format!("write 1 to {max} characters without control characters"),
-        ));
+    let allowed = |c: char| !c.is_control() || (lines == Lines::Many && matches!(c, '\n' | '\t'));
+    if t.is_empty() || t.chars().count() > max || !t.chars().all(allowed) {
+        let what = match lines {
+            Lines::One => "on one line without control characters",
+            Lines::Many => "without control characters other than line breaks and tabs",
+        };
+        return Err(Error::invalid(field, format!("write 1 to {max} characters {what}")));
+    }
+    if let Some(why) = crate::text::refusal(t) {
+        return Err(Error::invalid(field, format!("the text {why}")));
     }
     Ok(t.to_owned())
 }
@@ -385,6 +399,9 @@ async fn store_preview(
     let handle = format!("pac_{}", &crate::handle::NoteHandle::generate().as_str()[4..]);
     let content_hash = sha256_hex(canonical_json(&plan.content).as_bytes());
     let person = completes.mode == Completion::PersonApproves;
+    // The line a person approves shows all it says: record text written before names were
+    // checked (or by another channel) cannot reorder it, hide part of it or start a new line.
+    let summary = crate::text::one_line(&plan.summary);
     let (id, expires_at) = db::pending_insert(
         tx,
         ctx,
@@ -395,7 +412,7 @@ async fn store_preview(
             args,
             args_digest: &args_digest(args),
             content_hash: &content_hash,
-            summary: &plan.summary,
+            summary: &summary,
             token_hash: &secret::hash_token(&token),
             ttl_seconds: ds.policy().action_ttl_secs,
             previewed_at: from_ts(previewed),
@@ -428,7 +445,7 @@ async fn store_preview(
         "action": handle,
         "tool": op.name(),
         "confirm_token": token,
-        "confirm_summary": plan.summary,
+        "confirm_summary": summary,
         "expires": expires,
         "effect": plan.preview,
         "next": if person {

@@ -17,7 +17,8 @@ use crate::handle::{BookingHandle, CustomerHandle, NoteHandle, ServiceHandle, Te
 use crate::input::lenient_u32;
 use crate::rights::Right;
 use crate::services::actions::{
-    Apply, At, Message, Plan, Planned, TwoStep, booking, booking_line, customer_email, when,
+    Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, booking_line, customer_email,
+    text as written_text, when,
 };
 use crate::services::fields::separate_reason;
 use crate::services::rails::{self, Written};
@@ -570,6 +571,12 @@ pub async fn update_booking(
     let zone_name = input.zone.as_deref().map(str::trim).filter(|z| !z.is_empty());
     let start =
         input.start.as_deref().map(|s| time::parse_instant("start", s, zone_name)).transpose()?;
+    if start.is_some_and(|s| s <= now) {
+        return Err(Error::invalid(
+            "start",
+            "the start is in the past; bookings are made for the future",
+        ));
+    }
     rails::silent_write(
         ds,
         ctx,
@@ -661,10 +668,7 @@ pub async fn add_booking_note(
     now: Timestamp,
 ) -> Result<Value> {
     ctx.require(Right::BookingsWrite)?;
-    let text = input.text.trim();
-    if text.is_empty() || text.chars().count() > 2000 {
-        return Err(Error::invalid("text", "write 1 to 2000 characters"));
-    }
+    let text = &written_text("text", &input.text, 2000, Lines::Many)?;
     rails::silent_write(
         ds,
         ctx,
@@ -714,6 +718,15 @@ impl Planned for ConfirmBookingInput {
             return Err(Error::WrongState {
                 message: format!("booking {} is {}, not a draft", b.handle, b.status),
                 use_instead: None,
+            });
+        }
+        if to_ts(b.starts_at) <= now {
+            return Err(Error::WrongState {
+                message: format!(
+                    "booking {} starts in the past; move it to a future time before confirming it",
+                    b.handle
+                ),
+                use_instead: Some("update_booking"),
             });
         }
         let to = customer_email(&b)?;
@@ -882,6 +895,19 @@ impl Planned for CancelBookingsInput {
                         format!("give 1 to {MAX_BATCH} booking handles"),
                     ));
                 }
+                // A count the caller expects is checked, never ignored: listed handles are
+                // counted by listing them.
+                if let Some(expected) = input.expected_count
+                    && expected as usize != handles.len()
+                {
+                    return Err(Error::invalid(
+                        "expected_count",
+                        format!(
+                            "{} booking handles are listed but expected_count is {expected}; leave expected_count out when listing handles",
+                            handles.len()
+                        ),
+                    ));
+                }
                 let mut rows: Vec<BookingRow> = Vec::with_capacity(handles.len());
                 for raw in handles {
                     let row = booking(tx, ctx, raw).await?;
@@ -942,6 +968,12 @@ impl Planned for CancelBookingsInput {
                             .map(|b| b.handle.clone())
                             .collect(),
                     });
+                }
+                if count == 0 {
+                    return Err(Error::invalid(
+                        "expected_count",
+                        "the filter matches no booking that can be cancelled, so there is nothing to confirm; check it with find_bookings",
+                    ));
                 }
                 if count > MAX_FILTER_BATCH {
                     return Err(Error::invalid(

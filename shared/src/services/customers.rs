@@ -12,7 +12,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Message, Plan, Planned, TwoStep, text};
+use crate::services::actions::{Apply, At, Lines, Message, Plan, Planned, TwoStep, text};
 use crate::services::fields::{email, name, phone, separate_reason};
 use crate::services::rails::{self, Written};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
@@ -296,8 +296,8 @@ impl Planned for SendCustomerMessageInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, _now) = (self, at.now);
         let h = CustomerHandle::parse("customer", &input.customer)?;
-        let subject = text("subject", &input.subject, 120)?;
-        let body = text("body", &input.body, 2000)?;
+        let subject = text("subject", &input.subject, 120, Lines::One)?;
+        let body = text("body", &input.body, 2000, Lines::Many)?;
         let c = db::customer_lock(tx, ctx, h.as_str())
             .await?
             .ok_or_else(|| Error::not_found(Resource::Customer, h.as_str()))?;

@@ -5,7 +5,13 @@ use crate::error::{Error, Result};
 pub(crate) fn name(field: &str, raw: &str) -> Result<String> {
     let n = raw.trim();
     if n.is_empty() || n.chars().count() > 120 || n.chars().any(char::is_control) {
-        return Err(Error::invalid(field, "use 1 to 120 characters without control characters"));
+        return Err(Error::invalid(
+            field,
+            "use 1 to 120 characters on one line without control characters",
+        ));
+    }
+    if let Some(why) = crate::text::refusal(n) {
+        return Err(Error::invalid(field, format!("the name {why}")));
     }
     Ok(n.to_owned())
 }
@@ -13,11 +19,29 @@ pub(crate) fn name(field: &str, raw: &str) -> Result<String> {
 /// An email, normalized to lower case; empty means "none".
 pub(crate) fn email(raw: Option<&str>) -> Result<Option<String>> {
     let Some(e) = raw.map(str::trim).filter(|e| !e.is_empty()) else { return Ok(None) };
+    // One plain address (addr-spec without quoting or comments): a list, a display name or
+    // angle brackets would make a message go elsewhere, or to more people, than the preview
+    // showed.
+    let local_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 64
+            && !l.starts_with('.')
+            && !l.ends_with('.')
+            && !l.contains("..")
+            && l.chars().all(|c| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~.".contains(c))
+    };
+    let domain_ok = |d: &str| {
+        d.contains('.')
+            && d.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+                    && label.chars().all(|c| c.is_alphanumeric() || c == '-')
+            })
+    };
     let valid = e.len() <= 254
-        && e.split_once('@').is_some_and(|(local, domain)| {
-            !local.is_empty() && domain.contains('.') && !domain.starts_with('.')
-        })
-        && !e.chars().any(|c| c.is_whitespace() || c.is_control());
+        && e.split_once('@').is_some_and(|(local, domain)| local_ok(local) && domain_ok(domain));
     if !valid {
         return Err(Error::invalid("email", format!("{e:?} is not an email address")));
     }
@@ -41,11 +65,45 @@ pub(crate) fn phone(raw: Option<&str>) -> Result<Option<(String, String)>> {
 pub(crate) fn separate_reason(separate: bool, reason: Option<&str>) -> Result<Option<String>> {
     match (separate, reason.map(str::trim).filter(|r| !r.is_empty())) {
         (false, _) => Ok(None),
+        (true, Some(r)) if let Some(why) = crate::text::refusal(r) => {
+            Err(Error::invalid("reason", format!("the reason {why}")))
+        }
         (true, Some(r)) if r.chars().count() <= 300 => Ok(Some(r.to_owned())),
         (true, Some(_)) => Err(Error::invalid("reason", "use at most 300 characters")),
         (true, None) => Err(Error::invalid(
             "reason",
             "`separate: true` needs a `reason` saying why a second record is right",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_email_is_one_plain_address() {
+        for good in ["anna.fischer@example.net", "a+tag@mail.example.co.uk", "Ü.ser@bücher.example"]
+        {
+            assert!(email(Some(good)).is_ok_and(|e| e.is_some()), "{good}");
+        }
+        for bad in [
+            "eve1@evil.example,victim@corp.example",
+            "eve@evil.example;victim@corp.example",
+            "Eve <eve@evil.example>",
+            "<eve@evil.example>",
+            "\"eve\"@evil.example",
+            "eve@evil.example (comment)",
+            "eve@@evil.example",
+            "eve@evil",
+            "eve@.evil.example",
+            "eve@evil..example",
+            ".eve@evil.example",
+            "eve@-evil.example",
+            "eve@evil.example\r\nBcc: x@y.example",
+        ] {
+            assert!(email(Some(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(email(Some("  ")).ok(), Some(None));
     }
 }

@@ -120,6 +120,12 @@ async fn begin(
             db::replay_find(&mut tx, connection, tool, &digest, ds.policy().replay_window_secs)
                 .await?
         {
+            if let Some(k) = key {
+                // The key now names this call too: a later call under it with other arguments
+                // is refused, and a retry under it after the window is still a replay.
+                db::replay_insert(&mut tx, connection, tool, &digest, Some(k), &result).await?;
+                tx.commit().await?;
+            }
             return Ok(Begun::Replayed(replayed(result)));
         }
     }

@@ -10,7 +10,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::TechnicianHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Message, Plan, Planned, TwoStep, booking, text};
+use crate::services::actions::{Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, text};
 use crate::services::{limit, nonempty};
 
 /// Find technicians by name or skill.
@@ -74,7 +74,7 @@ impl Planned for PageTechnicianInput {
     async fn plan(self, tx: &mut Tx<'static>, ctx: &OpCtx, at: At) -> Result<Plan> {
         let (input, _now) = (self, at.now);
         let h = TechnicianHandle::parse("technician", &input.technician)?;
-        let message = text("message", &input.message, 300)?;
+        let message = text("message", &input.message, 300, Lines::One)?;
         let t = db::technician_lock(tx, ctx, h.as_str())
             .await?
             .ok_or_else(|| Error::not_found(Resource::Technician, h.as_str()))?;
