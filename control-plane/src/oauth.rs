@@ -258,7 +258,7 @@ async fn authorize(
          <form method=\"post\" action=\"/oauth/authorize\" class=\"card\">{csrf}<input type=\"hidden\" name=\"request\" value=\"{request}\">\
          <p><strong>{client}</strong> asks to act for you in <strong>{tenant}</strong>. It will be able to:</p>{step_up}\
          <fieldset><legend>What it may do (never more than you can; untick to narrow)</legend>{boxes}</fieldset>\
-         <p>It connects to <code>{resource}</code> and returns to <code>{redirect}</code> (client id <code>{client_id}</code>).</p>\
+         <p>It connects to <code>{resource}</code> and returns to <code>{redirect}</code> (client id <code>{client_id}</code>).</p>{provenance}\
          <p><button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" value=\"deny\" class=\"plain\">Deny</button></p></form>",
         person = esc(session.row.name()),
         email = esc(session.row.email()),
@@ -270,8 +270,24 @@ async fn authorize(
         resource = esc(&req.resource),
         redirect = esc(&req.redirect_uri),
         client_id = esc(&client.client_id),
+        provenance = provenance(&client),
     );
     Html(page("Connect an agent", None, &body)).into_response()
+}
+
+/// What the consent screen can say of who the client is. A registered client chose its own
+/// name, so the name proves nothing; a metadata-document client is named by a page on its own
+/// domain.
+fn provenance(client: &ClientRow) -> String {
+    let host = |uri: &str| url::Url::parse(uri).ok().and_then(|u| u.host_str().map(str::to_owned));
+    if client.kind == "metadata_document" {
+        format!(
+            "<p role=\"note\">Its name comes from <code>{}</code>, a page on its own domain.</p>",
+            esc(&host(&client.client_id).unwrap_or_default())
+        )
+    } else {
+        "<p role=\"note\"><strong>This application registered itself.</strong> Gatehouse has not checked that it is what its name says: approve only if you started this connection from the application you expect, and the address it returns to is that application's.</p>".to_owned()
+    }
 }
 
 /// A redirect to the client; a URI that does not parse shows an error instead (never panics).

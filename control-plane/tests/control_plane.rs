@@ -663,6 +663,10 @@ async fn consent_grants_exactly_what_the_person_approved() {
     let html = consent.text().await.expect("html");
     assert!(html.contains(&admin.email), "the consent screen names who is signed in");
     assert!(html.contains("Sign out"), "with a way to switch account");
+    assert!(
+        html.contains("This application registered itself"),
+        "a self-registered client's name is not vouched for"
+    );
     let fields = form_fields(&html, "/oauth/authorize");
     let names: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
@@ -1566,6 +1570,8 @@ async fn a_private_key_jwt_client_authenticates_with_a_fresh_signed_assertion() 
     let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
     let html = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("consent");
     assert!(html.contains("Signed client"), "the document was fetched");
+    assert!(html.contains("a page on its own domain"), "named by its own domain");
+    assert!(!html.contains("registered itself"));
     let mut form = form_fields(&html, "/oauth/authorize");
     form.extend([("right".into(), "bookings:read".into()), ("decision".into(), "approve".into())]);
     let approved = browser.post("/oauth/authorize", &form).await;

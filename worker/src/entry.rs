@@ -121,7 +121,7 @@ pub async fn authenticate(
     if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant().id) {
         let body = serde_json::json!({
             "error": "agent_access_off",
-            "error_description": "Agent access for this tenant was turned off by the tenant's admin; ask them to turn it back on in the console.",
+            "error_description": "Agent access for this tenant is turned off (by a tenant admin or a platform operator); a tenant admin can turn it back on in the console under Agent access, and the audit log names who turned it off.",
         });
         refused(&state, received, &parts.headers, "agent_access_off");
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
@@ -175,12 +175,13 @@ pub async fn authenticate(
             }
             return challenge;
         }
+        let body = bytes.clone();
         let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
-        let response = next.run(request).await;
+        let response = malformed_as_json_rpc(next.run(request).await, &body);
         if let Some(span) = &span
             && !response.status().is_success()
         {
@@ -193,6 +194,50 @@ pub async fn authenticate(
         _ = inflight.token.cancelled() => unauthorized(&state, &AuthFailure::Revoked),
     };
     finish(&state, end_stream_on_revocation(response, inflight))
+}
+
+/// rmcp answers a body it cannot read as a JSON-RPC message with 415 and plain text, and a
+/// `tools/call` whose params do not match the method with 404 "method not found". A client is
+/// told what JSON-RPC says instead: 400 with -32700 (not JSON) or -32600 (not one valid
+/// request: a batch, another `jsonrpc`, an id that is neither string nor integer), and
+/// -32602 for a `tools/call` whose params are not what the method takes. Only failures pass
+/// through here; a served call is untouched.
+fn malformed_as_json_rpc(response: Response, body: &[u8]) -> Response {
+    let status = response.status();
+    if status != StatusCode::UNSUPPORTED_MEDIA_TYPE && status != StatusCode::NOT_FOUND {
+        return response;
+    }
+    let parsed = serde_json::from_slice::<serde_json::Value>(body);
+    let id = parsed
+        .as_ref()
+        .ok()
+        .and_then(|v| v.get("id"))
+        .filter(|id| id.is_string() || id.is_i64() || id.is_u64())
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let (code, message) = match (status, &parsed) {
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Err(_)) => {
+            (-32700, "Parse error: the body is not JSON.".to_owned())
+        }
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Ok(serde_json::Value::Array(_))) => (
+            -32600,
+            "Invalid Request: JSON-RPC batches are not taken; send one request per POST.".to_owned(),
+        ),
+        (StatusCode::UNSUPPORTED_MEDIA_TYPE, Ok(_)) => (
+            -32600,
+            "Invalid Request: send one JSON-RPC 2.0 message with \"jsonrpc\": \"2.0\", a string or integer id, a method and its params.".to_owned(),
+        ),
+        (_, Ok(v)) if v.get("method").and_then(|m| m.as_str()) == Some("tools/call") => (
+            -32602,
+            "Invalid params: tools/call takes {\"name\": a tool name, \"arguments\": an object}; call tools/list for the tools and their input schemas.".to_owned(),
+        ),
+        _ => return response,
+    };
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})),
+    )
+        .into_response()
 }
 
 /// The largest request body: far above any tool call's arguments.

@@ -590,7 +590,7 @@ async fn switches_refuse_before_any_tool_runs() {
         body["error_description"]
             .as_str()
             .expect("text")
-            .contains("turned off by the tenant's admin")
+            .contains("a tenant admin can turn it back on")
     );
     // The other tenant is unaffected.
     assert_eq!(stack.list(&stack.token(1, 0)).await.len(), ALL_TOOLS.len());
@@ -2355,6 +2355,50 @@ async fn control_and_hidden_characters_are_refused_in_every_argument_of_every_to
     }
     assert!(checked > 200, "only {checked} arguments were tried");
     assert_eq!(stack.db.scalar_string(EVERYTHING).await, before);
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_one_valid_request_gets_the_json_rpc_error_for_it() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}});
+    let call = |id: Value, arguments: Value| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "find_services", "arguments": arguments, "_meta": meta}})
+        .to_string()
+    };
+    for (case, body, code, id) in [
+        ("not JSON", "not json".to_owned(), -32700, Value::Null),
+        ("a batch", format!("[{}]", call(json!(1), json!({}))), -32600, Value::Null),
+        (
+            "another jsonrpc",
+            call(json!(7), json!({})).replace("\"2.0\"", "\"1.0\""),
+            -32600,
+            json!(7),
+        ),
+        ("a fractional id", call(json!(1.5), json!({})), -32600, Value::Null),
+        ("arguments as a list", call(json!("x-1"), json!([1])), -32602, json!("x-1")),
+    ] {
+        let response = stack
+            .http
+            .post(format!("{}/mcp", stack.url))
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", PROTOCOL)
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", "find_services")
+            .bearer_auth(&token)
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status().as_u16(), 400, "{case}");
+        let answer: Value = response.json().await.expect("a JSON-RPC answer");
+        assert_eq!(answer["jsonrpc"], "2.0", "{case}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{case}: {answer}");
+        assert_eq!(answer["id"], id, "{case}: {answer}");
+    }
+    // A served call is untouched.
+    assert!(stack.call(&token, "find_services", json!({})).await.is_ok());
 }
 
 /// The audit rows added since `since` (an audit id), as (action, outcome, channel, connection, client).
