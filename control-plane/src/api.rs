@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use shared::OpCtx;
 use shared::auth::{self, AuthFailure};
-use shared::error::Error;
+use shared::error::{Error, Resource};
 use shared::input::parse_input;
 use shared::secret::CredentialKind;
 use shared::services::bookings::{self as booking_svc, FindBookingsInput, GetBookingInput};
@@ -100,8 +100,15 @@ impl IntoResponse for ApiError {
             }
             Error::Duplicate { existing, .. } => body["existing"] = json!(existing),
             Error::NotFound { resource, .. } => {
-                body["fix"] =
-                    json!(format!("list {}s at /api/v1/{}s", resource.noun(), resource.noun()));
+                // Only routes the API has: the others are looked up in the console or by tools.
+                body["fix"] = json!(match resource {
+                    Resource::Customer => "find it with GET /api/v1/customers?query=…".to_owned(),
+                    Resource::Booking => "find it with GET /api/v1/bookings".to_owned(),
+                    other => format!(
+                        "check the {} handle; the console lists them, and the REST API has no route for them",
+                        other.noun()
+                    ),
+                });
             }
             _ => {}
         }
@@ -200,6 +207,18 @@ fn body_input<T: serde::de::DeserializeOwned + schemars::JsonSchema>(
     path: Option<(&str, String)>,
 ) -> Result<T, Error> {
     if let (Some((field, handle)), Value::Object(map)) = (path, &mut body) {
+        // The path names the record; a body naming another one is a mistake to report, not
+        // to override silently.
+        if let Some(given) = map.get(field)
+            && given.as_str() != Some(handle.as_str())
+        {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "the body names {given} but the path names {handle:?}; leave `{field}` out of the body"
+                ),
+            ));
+        }
         map.insert(field.to_owned(), Value::String(handle));
     }
     parse_input(body)

@@ -337,6 +337,46 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
         .scalar_string("SELECT m.active::text FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'lee@acme.example'")
         .await;
     assert_eq!(active, "false");
+    // No new credential for them either: it would wake if they were added again.
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "api-token",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--person",
+            "lee@acme.example",
+            "--name",
+            "dormant",
+        ],
+    );
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "wrong_state", "{err}");
+    // Adding them again keeps their account's password; giving one is refused, not ignored.
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "person",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--email",
+            "lee@acme.example",
+            "--name",
+            "Lee",
+            "--role",
+            "dispatcher",
+            "--password",
+            "a-brand-new-password",
+        ],
+    );
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
+    assert!(
+        err["error"]["message"].as_str().is_some_and(|m| m.contains("keeps its password")),
+        "{err}"
+    );
     let mut revoked: Vec<String> =
         serde_json::from_value(d["revoked_connections"].clone()).expect("list");
     revoked.sort();
@@ -431,6 +471,58 @@ async fn demo_seed_prints_the_documented_shape() {
         .output()
         .expect("help");
     assert!(String::from_utf8_lossy(&help.stdout).contains("--rights"));
+}
+
+#[tokio::test]
+async fn a_rest_retry_with_its_key_executes_once() {
+    let api = Api::start().await;
+    let token = api.seed.tenants[0].api_token.clone();
+    let found = api.get("/api/v1/bookings?limit=1", Some(&token)).await.1;
+    let booking = found["bookings"][0]["booking"].as_str().expect("booking").to_owned();
+    let post = |body: Value| {
+        let (http, url, token) = (
+            api.http.clone(),
+            format!("{}/api/v1/bookings/{booking}/notes", api.url),
+            token.clone(),
+        );
+        async move {
+            let response =
+                http.post(url).bearer_auth(token).json(&body).send().await.expect("post");
+            (response.status().as_u16(), response.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let count = |text: &'static str| {
+        let db = &api._db;
+        async move {
+            db.scalar_i64(&format!("SELECT count(*) FROM booking_notes WHERE body = '{text}'"))
+                .await
+        }
+    };
+    let (status, first) =
+        post(json!({"text": "Gate code 4711", "idempotency_key": "rest-1"})).await;
+    assert_eq!(status, 201, "{first}");
+    assert_eq!(first["replayed"], false, "{first}");
+    // The integration's retry, and the same call without the key: answered, not executed.
+    for again in [
+        json!({"text": "Gate code 4711", "idempotency_key": "rest-1"}),
+        json!({"text": "Gate code 4711"}),
+    ] {
+        let (status, body) = post(again.clone()).await;
+        assert!(status == 200 || status == 201, "{again}: {status} {body}");
+        assert_eq!(body["replayed"], true, "{again}: {body}");
+    }
+    assert_eq!(count("Gate code 4711").await, 1);
+    // Another call under the same key is refused, not executed.
+    let (status, body) = post(json!({"text": "Another note", "idempotency_key": "rest-1"})).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["field"], "idempotency_key", "{body}");
+    assert_eq!(count("Another note").await, 0);
+    // The path names the record: a body naming another one is refused, not overridden.
+    let (status, body) =
+        post(json!({"booking": "bkg_aaaaaaaaaaaaaaaa", "text": "Elsewhere"})).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["field"], "booking", "{body}");
+    assert_eq!(count("Elsewhere").await, 0);
 }
 
 #[tokio::test]

@@ -47,6 +47,7 @@ impl AuthFailure {
             AuthFailure::Expired => "The access token has expired; refresh it or sign in again.".into(),
             AuthFailure::WrongAudience => "The token was issued for another resource; request one for this MCP URL.".into(),
             AuthFailure::Revoked => "This connection was revoked by a tenant admin; ask them for a new one.".into(),
+            AuthFailure::CreatorGone if wants == CredentialKind::Api => "The person this API token acts for is no longer an active member of the tenant; the token does not work. A current member creates their own token.".into(),
             AuthFailure::CreatorGone => "The person who created this connection is no longer active in the tenant; the connection has ended.".into(),
         }
     }
@@ -275,6 +276,7 @@ pub(crate) fn api_context(row: Option<ApiContextRow>) -> Result<OpCtx, AuthFailu
         (row.person_id, PersonHandle::from_db(row.person_handle)),
         tenant,
         role,
+        row.api_token_id,
     ))
 }
 

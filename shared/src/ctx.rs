@@ -104,6 +104,8 @@ pub struct OpCtx {
     rights: RightSet,
     channel: Channel,
     connection: Option<ConnectionRef>,
+    /// The API token of a REST call (its replay cache is the token's, as a connection's is).
+    api_token: Option<i64>,
     request_id: String,
     /// A tool's read that came in the same statement as an MCP call's context, for the service
     /// that asked for it to take once (see [`crate::auth::ReadAhead`]).
@@ -124,6 +126,7 @@ impl OpCtx {
             rights,
             channel,
             connection,
+            api_token: None,
             request_id: new_request_id(),
             read_ahead: None,
         }
@@ -173,9 +176,12 @@ impl OpCtx {
         person: (i64, PersonHandle),
         tenant: TenantRef,
         role: Role,
+        api_token: i64,
     ) -> Self {
         let actor = Actor::Person { id: person.0, handle: person.1 };
-        OpCtx::new(actor, tenant, role.rights(), Channel::Api, None)
+        let mut ctx = OpCtx::new(actor, tenant, role.rights(), Channel::Api, None);
+        ctx.api_token = Some(api_token);
+        ctx
     }
 
     /// An operator working in a tenant (through the CLI or the console): they act as the
@@ -246,6 +252,11 @@ impl OpCtx {
     /// The connection of an MCP call; `None` for every other channel.
     pub fn connection(&self) -> Option<&ConnectionRef> {
         self.connection.as_ref()
+    }
+
+    /// The API token of a REST call; `None` for every other channel.
+    pub(crate) fn api_token(&self) -> Option<i64> {
+        self.api_token
     }
 
     pub fn request_id(&self) -> &str {

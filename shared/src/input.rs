@@ -91,6 +91,8 @@ fn shown_names(mut unknown: Vec<String>) -> Vec<String> {
         if name.chars().count() > LONGEST {
             *name = format!("{}…", name.chars().take(LONGEST).collect::<String>());
         }
+        // A name with control or hidden characters is echoed with them written out.
+        *name = crate::text::visible(name);
     }
     if more > 0 {
         unknown.push(format!("…and {more} more"));
@@ -209,6 +211,7 @@ mod tests {
     fn unknown_names_are_echoed_bounded() {
         let mut args = serde_json::Map::new();
         args.insert("x".repeat(1_000_000), json!(1));
+        args.insert("\u{1b}[31mred\u{202E}".to_owned(), json!(1));
         for i in 0..20_000 {
             args.insert(format!("f{i:05}"), json!(1));
         }
@@ -216,7 +219,8 @@ mod tests {
             Error::UnknownFields { unknown, .. } => {
                 assert_eq!(unknown.len(), 11);
                 assert!(unknown.iter().all(|u| u.chars().count() <= 65), "{unknown:?}");
-                assert_eq!(unknown.last().map(String::as_str), Some("…and 19991 more"));
+                assert!(!unknown.iter().any(|u| u.contains('\u{202E}')), "{unknown:?}");
+                assert_eq!(unknown.last().map(String::as_str), Some("…and 19992 more"));
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -55,31 +55,98 @@ pub fn is_hidden(c: char) -> bool {
 }
 
 /// Hidden characters that ordinary writing needs: the joiners of Persian, Indic scripts and
-/// emoji sequences, and the emoji/text presentation selectors. Input may carry these; output
-/// of third-party text still drops them.
+/// emoji sequences, the left-to-right and right-to-left marks of Hebrew and Arabic text (marks,
+/// unlike overrides and isolates, cannot reorder what follows), and the soft hyphen. Input may
+/// carry these; third-party text and summaries still drop them.
 fn needed_in_writing(c: char) -> bool {
-    matches!(c, '\u{200C}' | '\u{200D}' | '\u{FE0E}' | '\u{FE0F}')
+    matches!(c, '\u{200C}' | '\u{200D}' | '\u{200E}' | '\u{200F}' | '\u{00AD}')
+}
+
+fn is_variation_selector(c: char) -> bool {
+    matches!(c, '\u{180B}'..='\u{180D}' | '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}')
 }
 
 /// Why a caller's string cannot be stored or shown as given: a NUL or other control character
-/// (line breaks and tabs aside, which fields that must be one line refuse themselves), or a
-/// hidden character that could make a person approve or a model read something else than what
-/// is shown. `None` when the text is fine.
+/// (line breaks and tabs aside, which fields that must be one line refuse themselves), a line
+/// or paragraph separator, or a hidden character that could make a person approve or a model
+/// read something else than what is shown. Writing keeps what it needs: one variation selector
+/// after a visible character (emoji presentation, Japanese and Mongolian variants), the tag
+/// characters of a subdivision flag (🏴 plus two to six letters or digits and the cancel tag),
+/// and the characters of [`needed_in_writing`]. A run of selectors or tags, which can spell a
+/// whole sentence no person sees, is refused. `None` when the text is fine.
 pub fn refusal(text: &str) -> Option<String> {
-    let bad = text.chars().find(|c| {
-        (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
-            || (is_hidden(*c) && !needed_in_writing(*c))
-    })?;
-    Some(match bad {
+    const BLACK_FLAG: char = '\u{1F3F4}';
+    const CANCEL_TAG: char = '\u{E007F}';
+    let mut prev: Option<char> = None;
+    // Tag letters or digits since the flag, while a subdivision flag is being spelled.
+    let mut flag: Option<usize> = None;
+    let mut bad = None;
+    for c in text.chars() {
+        let tag_spec = matches!(c, '\u{E0030}'..='\u{E0039}' | '\u{E0061}'..='\u{E007A}');
+        let ok = match flag {
+            Some(n) if tag_spec && n < 6 => {
+                flag = Some(n + 1);
+                true
+            }
+            Some(n) if c == CANCEL_TAG && n >= 2 => {
+                flag = None;
+                true
+            }
+            Some(_) => false,
+            None if tag_spec && prev == Some(BLACK_FLAG) => {
+                flag = Some(1);
+                true
+            }
+            None if c.is_control() => matches!(c, '\n' | '\r' | '\t'),
+            None if matches!(c, '\u{2028}' | '\u{2029}') => false,
+            None if is_variation_selector(c) => {
+                prev.is_some_and(|p| !p.is_control() && !is_hidden(p) && !is_variation_selector(p))
+            }
+            None => !is_hidden(c) || needed_in_writing(c),
+        };
+        if !ok {
+            bad = Some(c);
+            break;
+        }
+        prev = Some(c);
+    }
+    if bad.is_none() && flag.is_some() {
+        return Some("ends inside a flag's tag sequence; remove the tag characters".to_owned());
+    }
+    Some(match bad? {
         '\0' => "contains a NUL character (U+0000); remove it".to_owned(),
         c if c.is_control() => {
             format!("contains the control character U+{:04X}; remove it", c as u32)
+        }
+        c @ ('\u{2028}' | '\u{2029}') => {
+            format!("contains the separator U+{:04X}; use a plain line break", c as u32)
         }
         c => format!(
             "contains the invisible character U+{:04X}, which can hide or reorder text; remove it",
             c as u32
         ),
     })
+}
+
+/// A caller's text as an answer may echo it: control and hidden characters written out as
+/// `\u{…}`, so an echo shows what was sent and hides nothing.
+pub fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() || is_hidden(c) || matches!(c, '\u{2028}' | '\u{2029}') {
+            out.push_str(&format!("\\u{{{:04X}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Record text inside a line a person approves: in double quotes, with quotes, backslashes
+/// and control characters escaped, so a name cannot pose as the line's own structure (a
+/// customer named `Anna <anna@…>: "Reminder" -- copy to` shows as the quoted name it is).
+pub fn quoted(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_default()
 }
 
 /// A line a person reads before approving (a confirm summary): what it shows is all it says.
@@ -131,7 +198,31 @@ mod tests {
 
     #[test]
     fn input_with_control_or_hidden_characters_is_refused_naming_the_character() {
-        assert!(refusal("Anna Fischer, Straße 5\nline two\ttab").is_none());
+        assert!(refusal("Anna Fischer, Straße 5\nline two\ttab\r\n").is_none());
+        // What writing needs: a subdivision flag, one variation selector after a character
+        // (emoji, a Japanese name variant, Mongolian), marks in Hebrew, the soft hyphen.
+        let england = "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}";
+        for fine in [
+            england.to_owned(),
+            format!("Flags {england}{england} ok"),
+            "\u{845B}\u{E0100}\u{57CE}".to_owned(),
+            "\u{1820}\u{180B}".to_owned(),
+            "\u{5E9}\u{5DC}\u{5D5}\u{5DD} (\u{200F}ABC\u{200E})".to_owned(),
+            "Donau\u{00AD}dampf\u{00AD}schiff".to_owned(),
+        ] {
+            assert!(refusal(&fine).is_none(), "{fine:?}: {:?}", refusal(&fine));
+        }
+        // What hides text: runs of selectors, tags without a flag or never cancelled.
+        for hidden in [
+            "a\u{E0100}\u{E0101}\u{E0102}".to_owned(),
+            "\u{FE0F}start".to_owned(),
+            "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}".to_owned(),
+            "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E0061}\u{E0062}\u{E007F}"
+                .to_owned(),
+            "line\u{2028}separator".to_owned(),
+        ] {
+            assert!(refusal(&hidden).is_some(), "{hidden:?}");
+        }
         // Persian with a zero-width non-joiner, and an emoji family joined by ZWJ.
         assert!(refusal("می\u{200C}خواهم").is_none());
         assert!(refusal("\u{1F468}\u{200D}\u{1F469}\u{200D}\u{1F467} \u{2764}\u{FE0F}").is_none());
@@ -142,6 +233,26 @@ mod tests {
             refusal(&format!("ok{}", tag_smuggled("x"))).is_some_and(|r| r.contains("U+E0078"))
         );
         assert!(refusal("c1\u{85}").is_some());
+    }
+
+    #[test]
+    fn record_text_in_a_summary_stays_one_quoted_value() {
+        let name = "Anna Fischer <anna.fischer@example.net>: \"Reminder\" -- copy to";
+        let line = format!(
+            "Email eve@evil.example (customer {}) with the subject {}",
+            quoted(name),
+            quoted("Hi")
+        );
+        assert_eq!(
+            line,
+            r#"Email eve@evil.example (customer "Anna Fischer <anna.fischer@example.net>: \"Reminder\" -- copy to") with the subject "Hi""#
+        );
+        assert_eq!(one_line(&line), line, "nothing in it is hidden or broken");
+    }
+
+    #[test]
+    fn an_echo_shows_what_was_sent() {
+        assert_eq!(visible("red\u{1b}[31m\u{202E}x"), "red\\u{001B}[31m\\u{202E}x");
     }
 
     #[test]

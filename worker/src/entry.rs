@@ -176,12 +176,18 @@ pub async fn authenticate(
             return challenge;
         }
         let body = bytes.clone();
+        // rmcp's 415 means "not JSON-RPC" only when the body was sent as JSON.
+        let sent_as_json =
+            parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(
+                |v| v.trim_start().to_ascii_lowercase().starts_with("application/json"),
+            );
         let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
-        let response = malformed_as_json_rpc(next.run(request).await, &body);
+        let response = next.run(request).await;
+        let response = if sent_as_json { malformed_as_json_rpc(response, &body) } else { response };
         if let Some(span) = &span
             && !response.status().is_success()
         {

@@ -1564,6 +1564,9 @@ async fn toolsets_decide_what_a_connection_sees_and_name_where_a_tool_lives() {
     assert!(found["customers"].as_array().expect("c").len() <= 5);
     let day = stack.ok(&small, "day_schedule", json!({"date": "2026-03-29"})).await;
     assert_eq!(day["bookings"].as_array().expect("b").len(), 1, "{day}");
+    let err =
+        stack.call(&small, "day_schedule", json!({"date": "2026-13-45"})).await.expect_err("date");
+    assert_eq!(err["field"], "date", "the error names this tool's argument: {err}");
     let brief =
         stack.ok(&small, "booking_brief", json!({"booking": day["bookings"][0]["booking"]})).await;
     assert!(brief["total"].as_str().expect("total").ends_with("EUR"));
@@ -2397,6 +2400,21 @@ async fn a_body_that_is_not_one_valid_request_gets_the_json_rpc_error_for_it() {
         assert_eq!(answer["error"]["code"], code, "{case}: {answer}");
         assert_eq!(answer["id"], id, "{case}: {answer}");
     }
+    // A body sent as something else than JSON keeps rmcp's 415: the content type is the fault.
+    let as_text = stack
+        .http
+        .post(format!("{}/mcp", stack.url))
+        .header("Content-Type", "text/plain")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", PROTOCOL)
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", "find_services")
+        .bearer_auth(&token)
+        .body(call(json!(1), json!({})))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(as_text.status().as_u16(), 415);
     // A served call is untouched.
     assert!(stack.call(&token, "find_services", json!({})).await.is_ok());
 }

@@ -41,6 +41,7 @@ pub struct ConnectionContextRow {
 /// What an API token resolves to: the person's current role in the token's tenant.
 #[derive(Debug, sqlx::FromRow)]
 pub struct ApiContextRow {
+    pub api_token_id: i64,
     pub person_id: i64,
     pub person_handle: String,
     pub person_active: bool,
@@ -221,7 +222,8 @@ impl Services {
     ) -> Result<Option<ApiContextRow>> {
         let row = sqlx::query_as::<_, ApiContextRow>(
             r#"
-            SELECT p.id AS person_id, p.handle AS person_handle, p.active AS person_active,
+            SELECT a.id AS api_token_id, p.id AS person_id, p.handle AS person_handle,
+                   p.active AS person_active,
                    m.role, m.active AS membership_active,
                    t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug,
                    t.zone AS tenant_zone, t.currency::text AS tenant_currency,

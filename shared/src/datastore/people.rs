@@ -83,9 +83,9 @@ pub(crate) async fn membership_upsert(
     Ok(())
 }
 
-/// Ends what a person signed in with in the context's tenant: their API tokens there (revoked,
-/// returning the handles) and their console sessions working in it. A membership made active
-/// again later starts without them.
+/// Ends what a person signed in with for the context's tenant: their API tokens there (revoked,
+/// returning the handles) and all their console sessions. A membership made active again later
+/// starts without them.
 pub(crate) async fn person_credentials_end(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
@@ -99,12 +99,31 @@ pub(crate) async fn person_credentials_end(
     .bind(person_id)
     .fetch_all(&mut **tx)
     .await?;
-    sqlx::query("DELETE FROM console_sessions WHERE tenant_id = $1 AND person_id = $2")
-        .bind(ctx.tenant_id())
+    // Every session of theirs, not only those working in this tenant: one parked at the tenant
+    // picker or in another tenant could switch back in here once they are added again.
+    sqlx::query("DELETE FROM console_sessions WHERE person_id = $1")
         .bind(person_id)
         .execute(&mut **tx)
         .await?;
     Ok(revoked)
+}
+
+/// Changes the role of an active membership; `false` when there is none active.
+pub(crate) async fn membership_set_role(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+    role: &str,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE memberships SET role = $3 WHERE tenant_id = $1 AND person_id = $2 AND active",
+    )
+    .bind(ctx.tenant_id())
+    .bind(person_id)
+    .bind(role)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Ends a person's membership in the context's tenant; returns whether there was one.

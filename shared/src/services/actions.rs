@@ -171,7 +171,9 @@ pub(crate) enum Lines {
 }
 
 pub(crate) fn text(field: &str, raw: &str, max: usize, lines: Lines) -> Result<String> {
-    let t = raw.trim();
+    // Windows line breaks are line breaks.
+    let normalized = raw.replace("\r\n", "\n");
+    let t = normalized.trim();
     let allowed = |c: char| !c.is_control() || (lines == Lines::Many && matches!(c, '\n' | '\t'));
     if t.is_empty() || t.chars().count() > max || !t.chars().all(allowed) {
         let what = match lines {
@@ -209,7 +211,12 @@ pub(crate) fn customer_email(row: &BookingRow) -> Result<String> {
 }
 
 pub(crate) fn booking_line(row: &BookingRow, now: Timestamp) -> String {
-    format!("{} ({}, {})", row.handle, row.service_name, when(row, now).display)
+    format!(
+        "{} ({}, {})",
+        row.handle,
+        crate::text::quoted(&row.service_name),
+        when(row, now).display
+    )
 }
 
 /// The instants a plan is made at: `now` for what is shown and checked, `previewed` for what

@@ -112,13 +112,11 @@ pub struct PersonCreated {
 /// What a new person must give: an email address, a name, and a password of 12 or more
 /// characters if any.
 pub(crate) fn check_person(email: &str, name: &str, password: Option<&str>) -> Result<()> {
-    if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_whitespace) {
-        return Err(Error::invalid("email", format!("{email:?} is not an email address")));
+    // The same rules as a customer's address: approvals are emailed here.
+    if crate::services::fields::email(Some(email))?.is_none() {
+        return Err(Error::invalid("email", "give the person's email address"));
     }
-    let name = name.trim();
-    if name.is_empty() || name.chars().count() > 120 || name.chars().any(char::is_control) {
-        return Err(Error::invalid("name", "use 1 to 120 characters without control characters"));
-    }
+    crate::services::fields::name("name", name)?;
     if let Some(p) = password
         && p.chars().count() < 12
     {
@@ -141,6 +139,17 @@ pub async fn person_create(
     check_person(email, name, password)?;
     let hash = password.map(secret::hash_password).transpose()?;
     let existing = ds.person_by_email(email).await?;
+    // A person who has an account keeps their password and name: a tenant admin cannot reset
+    // the sign-in of someone who may be a member elsewhere, and saying nothing would leave the
+    // person holding a password that does not work.
+    if existing.is_some() && password.is_some() {
+        return Err(Error::invalid(
+            "password",
+            format!(
+                "{email} has an account already and keeps its password; add them without a password (they sign in as before)"
+            ),
+        ));
+    }
     let mut tx = ds.begin().await?;
     let person = match existing {
         Some(p) => p,
@@ -194,7 +203,10 @@ pub async fn person_set_role(
     let person = member(ds, ctx, email).await?;
     // A role change never brings a deactivated person back: that is adding them again, which
     // is its own audited act with fresh credentials.
-    if ds.membership_get(ctx, person.id).await?.is_some_and(|m| !m.active) {
+    let mut tx = ds.begin().await?;
+    // Only an active membership changes role, decided in the statement itself, so a
+    // deactivation committed meanwhile is never undone.
+    if !ds_fns::membership_set_role(&mut tx, ctx, person.id, role.as_str()).await? {
         return Err(Error::WrongState {
             message: format!(
                 "{email} is deactivated in this tenant; add them again (person create) to give them a role"
@@ -202,8 +214,6 @@ pub async fn person_set_role(
             use_instead: None,
         });
     }
-    let mut tx = ds.begin().await?;
-    ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
     ds_fns::audit_insert(
         &mut tx,
         ctx,
@@ -289,10 +299,8 @@ pub async fn connection_create(
         ));
     }
     ctx.require(Right::ConnectionsManage)?;
-    let name = name.trim();
-    if name.is_empty() || name.chars().count() > 80 {
-        return Err(Error::invalid("name", "give the connection a name of 1 to 80 characters"));
-    }
+    let name = crate::services::fields::label("name", name, 80)?;
+    let name = name.as_str();
     if rights == RightSet::EMPTY {
         return Err(Error::invalid_with_options(
             "rights",
@@ -439,18 +447,8 @@ pub async fn api_token_create(
     expires_in_days: Option<i64>,
 ) -> Result<ApiTokenCreated> {
     ctx.require(Right::ConnectionsManage)?;
-    let name = name.trim();
-    if name.is_empty()
-        || name.chars().count() > API_TOKEN_NAME_CHARS
-        || name.chars().any(char::is_control)
-    {
-        return Err(Error::invalid(
-            "name",
-            format!(
-                "give a name of 1 to {API_TOKEN_NAME_CHARS} characters, without control characters"
-            ),
-        ));
-    }
+    let name = crate::services::fields::label("name", name, API_TOKEN_NAME_CHARS)?;
+    let name = name.as_str();
     let days = expires_in_days.unwrap_or(API_TOKEN_DEFAULT_DAYS);
     if !(1..=API_TOKEN_MAX_DAYS).contains(&days) {
         return Err(Error::invalid(
@@ -459,6 +457,14 @@ pub async fn api_token_create(
         ));
     }
     let person = member(ds, ctx, person_email).await?;
+    // A deactivated member gets no credential: it would lie dormant and wake if they were
+    // added again.
+    if !person.active || ds.membership_get(ctx, person.id).await?.is_none_or(|m| !m.active) {
+        return Err(Error::WrongState {
+            message: format!("{person_email} is not an active member of this tenant"),
+            use_instead: None,
+        });
+    }
     // A token acts for the person who creates it: a tenant admin cannot mint a credential that
     // speaks as someone else and outlives the admin's own membership. Operators (the CLI, a
     // platform trust root, audited) and the library's jobs may name any member.

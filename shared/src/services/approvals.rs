@@ -304,6 +304,9 @@ pub(crate) fn decision_reason(raw: &str) -> Result<String> {
             "give a reason of 1 to 500 characters; the agent and the audit see it",
         ));
     }
+    if let Some(why) = crate::text::refusal(t) {
+        return Err(Error::invalid("reason", format!("the reason {why}")));
+    }
     Ok(t.to_owned())
 }
 

@@ -745,9 +745,9 @@ impl Planned for ConfirmBookingInput {
         };
         Ok(Plan {
             summary: format!(
-                "Confirm booking {} and email the confirmation to {} <{to}>",
+                "Confirm booking {} and email the confirmation to {to} (customer {})",
                 booking_line(&b, now),
-                b.customer_name
+                crate::text::quoted(&b.customer_name)
             ),
             preview: json!({"booking": views::booking(&b, false, now), "email": {"to": to, "subject": msg.subject, "body": msg.body}}),
             content: json!({"booking": b.handle, "version": views::booking_version(&b), "message": msg}),
@@ -1046,9 +1046,9 @@ impl Planned for DeleteBookingInput {
         let b = booking(tx, ctx, &input.booking).await?;
         Ok(Plan {
             summary: format!(
-                "Delete booking {} of {} with its notes",
+                "Delete booking {} of customer {} with its notes",
                 booking_line(&b, now),
-                b.customer_name
+                crate::text::quoted(&b.customer_name)
             ),
             preview: json!({"booking": views::booking(&b, false, now)}),
             content: json!({"booking": b.handle, "version": views::booking_version(&b)}),

@@ -189,8 +189,10 @@ impl Planned for MuteAlertsInput {
         let until_view = time::present(until, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
         Ok(Plan {
             summary: format!(
-                "Mute alert rule \"{}\" for {minutes} minutes, until {}",
-                r.name, until_view.display
+                "Mute alert rule {} {} for {minutes} minutes, until {}",
+                r.handle,
+                crate::text::quoted(&r.name),
+                until_view.display
             ),
             preview: json!({"rule": r.handle, "name": r.name, "until": until_view}),
             content: json!({"rule": r.handle, "minutes": minutes, "until": until.to_string(), "muted_until": r.muted_until.map(|m| m.timestamp())}),

@@ -308,7 +308,13 @@ impl Planned for SendCustomerMessageInput {
         let msg =
             Message { channel: "email", recipient: to.clone(), subject: subject.clone(), body };
         Ok(Plan {
-            summary: format!("Email {} <{to}>: \"{subject}\"", c.name),
+            // The address first, record text quoted: what the person approves is where it goes.
+            summary: format!(
+                "Email {to} (customer {}, {}) with the subject {}",
+                crate::text::quoted(&c.name),
+                c.handle,
+                crate::text::quoted(&subject)
+            ),
             preview: json!({"customer": c.handle, "to": to, "subject": subject, "body": msg.body}),
             content: json!({"customer": c.handle, "version": views::customer_version(&c), "message": msg}),
             targets: vec![c.handle.clone()],
@@ -352,7 +358,7 @@ impl Planned for DeleteCustomerInput {
             });
         }
         Ok(Plan {
-            summary: format!("Delete customer {} ({})", c.name, c.handle),
+            summary: format!("Delete customer {} named {}", c.handle, crate::text::quoted(&c.name)),
             preview: json!({"customer": views::customer(&c, &ctx.tenant().zone, &ctx.tenant().zone_name, now)}),
             content: json!({"customer": c.handle, "version": views::customer_version(&c)}),
             targets: vec![c.handle.clone()],

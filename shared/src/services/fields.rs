@@ -3,11 +3,21 @@
 use crate::error::{Error, Result};
 
 pub(crate) fn name(field: &str, raw: &str) -> Result<String> {
+    label(field, raw, 120)
+}
+
+/// A name shown to people (a customer, a person, a connection, a token): one line of 1 to `max`
+/// characters, nothing hidden. Every adapter's names pass here, so none reaches a summary, an
+/// approver's email or an operator's terminal with a control or hidden character.
+pub(crate) fn label(field: &str, raw: &str, max: usize) -> Result<String> {
     let n = raw.trim();
-    if n.is_empty() || n.chars().count() > 120 || n.chars().any(char::is_control) {
+    if n.is_empty()
+        || n.chars().count() > max
+        || n.chars().any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+    {
         return Err(Error::invalid(
             field,
-            "use 1 to 120 characters on one line without control characters",
+            format!("use 1 to {max} characters on one line without control characters"),
         ));
     }
     if let Some(why) = crate::text::refusal(n) {

@@ -114,7 +114,9 @@ fn display_name(raw: Option<&str>, fallback: &str) -> String {
     let name: String = raw
         .unwrap_or_default()
         .chars()
-        .filter(|c| !c.is_control() && !matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'))
+        .filter(|c| {
+            !c.is_control() && !crate::text::is_hidden(*c) && !matches!(c, '\u{2028}' | '\u{2029}')
+        })
         .collect::<String>()
         .trim()
         .chars()
@@ -1161,6 +1163,15 @@ mod tests {
     fn client_names_are_display_text() {
         assert_eq!(display_name(Some("  Claude\u{202E}  \u{0007}Code "), "x"), "Claude  Code");
         assert_eq!(display_name(Some("\u{0000}"), "fallback"), "fallback");
+        let tags: String =
+            "x".chars().map(|c| char::from_u32(0xE0000 + c as u32).unwrap_or(c)).collect();
+        assert_eq!(
+            display_name(
+                Some(&format!("Claude\u{FEFF}\u{2060}\u{00AD}{tags}\u{180E}\u{FE00} Desktop")),
+                "x"
+            ),
+            "Claude Desktop"
+        );
         assert_eq!(
             display_name(Some(&"n".repeat(500)), "x").chars().count(),
             MAX_CLIENT_NAME_CHARS

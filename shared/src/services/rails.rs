@@ -35,9 +35,9 @@ where
         Begun::Replayed(value) => return Ok(value),
         Begun::Fresh(w) => w,
     };
-    let SilentWrite { tx, tool, digest, key, connection } = w;
+    let SilentWrite { tx, tool, digest, key, scope } = w;
     let (tx, written) = write(tx).await;
-    SilentWrite { tx, tool, digest, key, connection }.finish(ctx, written).await
+    SilentWrite { tx, tool, digest, key, scope }.finish(ctx, written).await
 }
 
 /// Trims every string so that `" Anna "` and `"Anna"` are the same call.
@@ -74,7 +74,7 @@ struct SilentWrite {
     tool: &'static str,
     digest: String,
     key: Option<String>,
-    connection: Option<i64>,
+    scope: Option<db::ReplayScope>,
 }
 
 /// Starts one silent write: the replay check (R8).
@@ -96,14 +96,19 @@ async fn begin(
         return Err(Error::invalid("idempotency_key", "use at most 200 printable characters"));
     }
     let mut tx = ds.begin().await?;
-    let connection = ctx.connection().map(|c| c.id);
-    if let Some(connection) = connection {
-        db::replay_lock(&mut tx, connection, tool, &digest).await?;
+    // An MCP call replays within its connection, a REST call within its API token; a console
+    // or CLI write has a person at the keyboard and no retrying client.
+    let scope = ctx
+        .connection()
+        .map(|c| db::ReplayScope::Connection(c.id))
+        .or_else(|| ctx.api_token().map(db::ReplayScope::ApiToken));
+    if let Some(scope) = scope {
+        db::replay_lock(&mut tx, scope, tool, &digest).await?;
         if let Some(k) = key {
             // Different arguments under the same key serialize on the key too.
-            db::replay_lock(&mut tx, connection, "idempotency_key", k).await?;
+            db::replay_lock(&mut tx, scope, "idempotency_key", k).await?;
             if let Some((seen_tool, seen_digest, result)) =
-                db::replay_find_key(&mut tx, connection, k).await?
+                db::replay_find_key(&mut tx, scope, k).await?
             {
                 if seen_tool != tool || seen_digest != digest {
                     return Err(Error::invalid(
@@ -117,19 +122,18 @@ async fn begin(
             }
         }
         if let Some(result) =
-            db::replay_find(&mut tx, connection, tool, &digest, ds.policy().replay_window_secs)
-                .await?
+            db::replay_find(&mut tx, scope, tool, &digest, ds.policy().replay_window_secs).await?
         {
             if let Some(k) = key {
                 // The key now names this call too: a later call under it with other arguments
                 // is refused, and a retry under it after the window is still a replay.
-                db::replay_insert(&mut tx, connection, tool, &digest, Some(k), &result).await?;
+                db::replay_insert(&mut tx, scope, tool, &digest, Some(k), &result).await?;
                 tx.commit().await?;
             }
             return Ok(Begun::Replayed(replayed(result)));
         }
     }
-    Ok(Begun::Fresh(SilentWrite { tx, tool, digest, key: key.map(str::to_owned), connection }))
+    Ok(Begun::Fresh(SilentWrite { tx, tool, digest, key: key.map(str::to_owned), scope }))
 }
 
 impl SilentWrite {
@@ -137,10 +141,10 @@ impl SilentWrite {
     async fn finish(mut self, ctx: &OpCtx, written: Result<Written>) -> Result<Value> {
         let (mut value, targets) = written?;
         value["replayed"] = json!(false);
-        if let Some(connection) = self.connection {
+        if let Some(scope) = self.scope {
             db::replay_insert(
                 &mut self.tx,
-                connection,
+                scope,
                 self.tool,
                 &self.digest,
                 self.key.as_deref(),

@@ -93,7 +93,12 @@ impl Planned for PageTechnicianInput {
             body: message.clone(),
         };
         Ok(Plan {
-            summary: format!("Page {} on {phone}: \"{message}\"", t.name),
+            summary: format!(
+                "Page {phone} (technician {}, {}) with the message {}",
+                crate::text::quoted(&t.name),
+                t.handle,
+                crate::text::quoted(&message)
+            ),
             preview: json!({"technician": t.handle, "phone": phone, "message": message, "booking": about}),
             content: json!({"technician": t.handle, "message": msg, "booking": about}),
             targets: std::iter::once(t.handle.clone()).chain(about).collect(),

@@ -160,7 +160,16 @@ pub fn tools() -> Vec<ToolSpec> {
                         ..Default::default()
                     },
                 )
-                .await?;
+                .await
+                // The day is this tool's `date`, whatever the search calls its bounds.
+                .map_err(|e| match e {
+                    shared::Error::Invalid { field, problem, options }
+                        if field == "from" || field == "to" =>
+                    {
+                        shared::Error::Invalid { field: "date".into(), problem, options }
+                    }
+                    other => other,
+                })?;
                 let lines = found
                     .items
                     .iter()
