@@ -1371,6 +1371,29 @@ async fn an_edit_between_preview_and_confirm_yields_a_new_preview() {
     assert_eq!(stack.count(&starts).await, 1);
 }
 
+#[tokio::test]
+async fn a_record_named_like_a_summary_cannot_change_what_a_person_approves() {
+    // A customer whose name reads like the recipient part of a summary: the summary names the
+    // real address first and shows the name as one quoted value.
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let name = "Anna Fischer <anna.fischer@example.net>: \"Reminder\" (approved) -- copy to";
+    let created = stack
+        .ok(&token, "create_customer", json!({"name": name, "email": "eve@evil.example"}))
+        .await;
+    let preview = stack
+        .ok(
+            &token,
+            "send_customer_message",
+            json!({"customer": created["customer"]["customer"], "subject": "Hi \"there\"", "body": "See you."}),
+        )
+        .await;
+    let summary = preview["confirm_summary"].as_str().expect("summary");
+    assert!(summary.starts_with("Email eve@evil.example "), "{summary}");
+    assert!(summary.contains(&serde_json::to_string(name).expect("quoted")), "{summary}");
+    assert!(summary.ends_with(r#"with the subject "Hi \"there\"""#), "{summary}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_concurrent_confirmations_execute_once() {
     let stack = Arc::new(Stack::start().await);
