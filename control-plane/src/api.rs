@@ -35,7 +35,61 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/bookings", get(find_bookings).post(create_booking))
         .route("/bookings/{booking}", get(get_booking).patch(update_booking))
         .route("/bookings/{booking}/notes", post(add_booking_note))
+        .fallback(no_such_route)
+        .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn_with_state(state, count))
+}
+
+async fn no_such_route() -> Response {
+    let body = json!({"error": {"code": "not_found", "message": "No such route in the REST API.",
+        "fix": "The routes are /api/v1/customers, /api/v1/customers/{customer}, /api/v1/bookings, /api/v1/bookings/{booking} and /api/v1/bookings/{booking}/notes (README: REST API)."}});
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
+}
+
+/// Every API answer is JSON: the framework's own refusals (a body that is not JSON, a wrong
+/// content type, a wrong method) arrive as plain text or empty, and are given the API's error
+/// shape with what to change.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let detail = String::from_utf8_lossy(&text).trim().to_owned();
+    let (code, fix) = match status {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            ("unsupported_media_type", "send the body as JSON with Content-Type: application/json")
+        }
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ("method_not_allowed", "use a method the route takes (the Allow header lists them)")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => ("too_large", "send a smaller body"),
+        s if s.is_server_error() => ("internal", "retry in a moment"),
+        _ => (
+            "invalid_request",
+            "send a JSON object as the body, as the README's REST section shows",
+        ),
+    };
+    let message = if detail.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_owned()
+    } else {
+        detail
+    };
+    let mut out = (status, Json(json!({"error": {"code": code, "message": message, "fix": fix}})))
+        .into_response();
+    for (name, value) in parts.headers.iter() {
+        if name == header::ALLOW || name == header::WWW_AUTHENTICATE || name == header::RETRY_AFTER
+        {
+            out.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    out
 }
 
 async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {

@@ -474,6 +474,40 @@ async fn demo_seed_prints_the_documented_shape() {
 }
 
 #[tokio::test]
+async fn every_rest_refusal_is_a_json_error_saying_what_to_change() {
+    let api = Api::start().await;
+    let token = api.seed.tenants[0].api_token.clone();
+    let url = |p: &str| format!("{}/api/v1{p}", api.url);
+    let cases = [
+        (
+            "not JSON",
+            api.http
+                .post(url("/customers"))
+                .header("content-type", "application/json")
+                .body("{not json"),
+            400,
+        ),
+        (
+            "not sent as JSON",
+            api.http.post(url("/customers")).header("content-type", "text/plain").body("{}"),
+            415,
+        ),
+        ("a wrong method", api.http.delete(url("/customers")), 405),
+        ("no such route", api.http.get(url("/technicians")), 404),
+    ];
+    for (case, request, status) in cases {
+        let response = request.bearer_auth(&token).send().await.expect("request");
+        assert_eq!(response.status().as_u16(), status, "{case}");
+        if status == 405 {
+            assert!(response.headers().contains_key("allow"), "{case}: the Allow header stays");
+        }
+        let body: Value = response.json().await.unwrap_or_else(|e| panic!("{case}: not JSON: {e}"));
+        assert!(body["error"]["code"].is_string(), "{case}: {body}");
+        assert!(body["error"]["fix"].as_str().is_some_and(|f| !f.is_empty()), "{case}: {body}");
+    }
+}
+
+#[tokio::test]
 async fn a_rest_retry_with_its_key_executes_once() {
     let api = Api::start().await;
     let token = api.seed.tenants[0].api_token.clone();
