@@ -14,7 +14,7 @@ pub const NOTE: &str =
 pub struct UntrustedText {
     /// The text, cleaned and truncated.
     pub untrusted_text: String,
-    /// Who could write it: customer or external.
+    /// Who could write it: customer, external or agent.
     pub source: String,
     /// True when the text was cut to the limit.
     pub truncated: bool,

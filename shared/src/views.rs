@@ -70,13 +70,13 @@ pub struct PriceView {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct NoteView {
     pub note: String,
-    /// staff, customer or external.
+    /// staff, customer, external (another system, the REST API) or agent (written over MCP).
     pub source: String,
     pub written: TimeView,
     /// Staff-written text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
-    /// Customer- or system-written text, wrapped (R13).
+    /// Text written by a customer, another system or an agent, wrapped (R13).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub untrusted: Option<UntrustedText>,
 }

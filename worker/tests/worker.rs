@@ -1084,6 +1084,18 @@ async fn a_repeated_silent_write_executes_once_and_reaches_nobody() {
     // An idempotency key is bound to its arguments.
     let keyed = json!({"booking": stack.draft(0).await["booking"], "text": "Gate code 4711", "idempotency_key": "note-1"});
     stack.ok(&token, "add_booking_note", keyed.clone()).await;
+    // What an agent wrote may relay what a third party planted: the next reader gets it
+    // wrapped, with its source, never as plain staff text (R13).
+    let read = stack.ok(&token, "get_booking", json!({"booking": keyed["booking"]})).await;
+    let note = read["notes"]
+        .as_array()
+        .expect("notes")
+        .iter()
+        .find(|n| n["untrusted"]["untrusted_text"] == "Gate code 4711")
+        .unwrap_or_else(|| panic!("the agent's note, wrapped: {read}"))
+        .clone();
+    assert_eq!(note["source"], "agent", "{note}");
+    assert!(note.get("text").is_none(), "not shown as staff text: {note}");
     let mut other = keyed.clone();
     other["text"] = json!("Gate code 0000");
     let err = stack.call(&token, "add_booking_note", other).await.expect_err("key reuse");

@@ -661,6 +661,19 @@ pub async fn update_booking(
     .await
 }
 
+/// Who a note's text comes from, as readers are shown it: an agent's (MCP) may relay what a
+/// third party planted in what it read, an integration's (REST) is another system's; both are
+/// wrapped as untrusted text. A person at the console writes staff notes.
+fn note_source(ctx: &OpCtx) -> &'static str {
+    match ctx.channel() {
+        crate::ctx::Channel::Mcp => "agent",
+        crate::ctx::Channel::Api => "external",
+        crate::ctx::Channel::Console | crate::ctx::Channel::Cli | crate::ctx::Channel::System => {
+            "staff"
+        }
+    }
+}
+
 pub async fn add_booking_note(
     ds: &Services,
     ctx: &OpCtx,
@@ -680,7 +693,8 @@ pub async fn add_booking_note(
                 let tx = &mut tx;
                 let row = locked_booking(tx, ctx, &input.booking).await?;
                 let note = NoteHandle::generate();
-                db::booking_note_insert(tx, ctx, note.as_str(), row.id, "staff", text).await?;
+                db::booking_note_insert(tx, ctx, note.as_str(), row.id, note_source(ctx), text)
+                    .await?;
                 let written = time::present(now, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
                 Ok((
                     json!({ "note": note.as_str(), "booking": row.handle, "written": written }),
