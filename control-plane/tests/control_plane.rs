@@ -508,6 +508,111 @@ async fn every_rest_refusal_is_a_json_error_saying_what_to_change() {
 }
 
 #[tokio::test]
+async fn names_and_reasons_from_the_cli_and_console_refuse_hidden_characters() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let cli = |args: &[&str]| ctl_as(&api._db, Some(&t0.admin.email), args);
+    let slug = t0.slug.as_str();
+    for (case, args) in [
+        (
+            "a connection name with a terminal escape",
+            vec![
+                "connection",
+                "create",
+                "--tenant",
+                slug,
+                "--creator",
+                &t0.admin.email,
+                "--name",
+                "bot\u{1b}[31m",
+                "--rights",
+                "bookings:read",
+            ],
+        ),
+        (
+            "a person's name with a bidi override",
+            vec![
+                "person",
+                "create",
+                "--tenant",
+                slug,
+                "--email",
+                "new.person@example.net",
+                "--name",
+                "Eve \u{202E}live",
+                "--role",
+                "viewer",
+            ],
+        ),
+        (
+            "an API token name with a tag character",
+            vec![
+                "api-token",
+                "create",
+                "--tenant",
+                slug,
+                "--person",
+                &t0.admin.email,
+                "--name",
+                "export\u{E0041}",
+            ],
+        ),
+        (
+            "a kill-switch reason with a bidi override",
+            vec!["kill-switch", "on", "--tenant", slug, "--reason", "drill \u{202E}"],
+        ),
+    ] {
+        let (ok, err) = cli(&args);
+        assert!(!ok, "{case}: {err}");
+        assert_eq!(err["error"]["code"], "invalid_argument", "{case}: {err}");
+    }
+    let connection = t0.connections[1].connection.clone();
+    let (ok, err) = cli(&[
+        "connection",
+        "revoke",
+        "--tenant",
+        slug,
+        "--connection",
+        &connection,
+        "--reason",
+        "lost \u{1b}[2J laptop",
+    ]);
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
+    let status = api
+        ._db
+        .scalar_string(&format!("SELECT status FROM connections WHERE handle = '{connection}'"))
+        .await;
+    assert_eq!(status, "active", "nothing was revoked");
+    let agent_access = api
+        ._db
+        .scalar_string(&format!("SELECT agent_access::text FROM tenants WHERE slug = '{slug}'"))
+        .await;
+    assert_eq!(agent_access, "true", "the switch did not flip");
+}
+
+#[tokio::test]
+async fn deactivation_ends_every_console_session_of_the_person() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let dispatcher = Browser::sign_in(&api, &t0.dispatcher.email, &t0.dispatcher.password).await;
+    assert_eq!(dispatcher.get("/tenants").await.status(), 200);
+    let sessions = format!(
+        "SELECT count(*) FROM console_sessions s JOIN people p ON p.id = s.person_id WHERE p.email = '{}'",
+        t0.dispatcher.email
+    );
+    assert!(api._db.scalar_i64(&sessions).await >= 1);
+    let (ok, out) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &["person", "deactivate", "--tenant", &t0.slug, "--email", &t0.dispatcher.email],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(api._db.scalar_i64(&sessions).await, 0);
+    assert_ne!(dispatcher.get("/tenants").await.status(), 200, "the cookie is dead");
+}
+
+#[tokio::test]
 async fn a_rest_retry_with_its_key_executes_once() {
     let api = Api::start().await;
     let token = api.seed.tenants[0].api_token.clone();

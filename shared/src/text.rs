@@ -54,64 +54,97 @@ pub fn is_hidden(c: char) -> bool {
         | '\u{E0000}'..='\u{E0FFF}')
 }
 
-/// Hidden characters that ordinary writing needs: the joiners of Persian, Indic scripts and
-/// emoji sequences, the left-to-right and right-to-left marks of Hebrew and Arabic text (marks,
-/// unlike overrides and isolates, cannot reorder what follows), and the soft hyphen. Input may
-/// carry these; third-party text and summaries still drop them.
+/// Hidden characters that ordinary writing needs, each only where writing puts it: the joiners
+/// of Persian, Indic scripts and emoji sequences between two visible characters, the
+/// left-to-right and right-to-left marks of Hebrew and Arabic text (marks, unlike overrides and
+/// isolates, cannot reorder what follows), and the soft hyphen inside a word. Third-party text
+/// and summaries still drop them.
 fn needed_in_writing(c: char) -> bool {
     matches!(c, '\u{200C}' | '\u{200D}' | '\u{200E}' | '\u{200F}' | '\u{00AD}')
 }
 
-fn is_variation_selector(c: char) -> bool {
-    matches!(c, '\u{180B}'..='\u{180D}' | '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}')
+/// A character a person sees (not a control, not hidden, not white space).
+fn shows(c: char) -> bool {
+    !c.is_control() && !c.is_whitespace() && !is_hidden(c) && !matches!(c, '\u{2028}' | '\u{2029}')
 }
+
+/// Whether a variation selector belongs after `base`: the emoji/text presentation selectors
+/// after a symbol, an emoji or a keycap character, the ideographic variation selectors after a
+/// CJK ideograph, the Mongolian ones after a Mongolian letter. Anywhere else it shows nothing
+/// and could only carry hidden data.
+fn selects(base: char, selector: char) -> bool {
+    match selector {
+        '\u{FE0E}' | '\u{FE0F}' => matches!(base,
+            '#' | '*' | '0'..='9' | '\u{00A9}' | '\u{00AE}' | '\u{2000}'..='\u{2BFF}'
+            | '\u{3030}' | '\u{303D}' | '\u{3297}' | '\u{3299}' | '\u{1F000}'..='\u{1FAFF}'),
+        '\u{E0100}'..='\u{E01EF}' => matches!(base,
+            '\u{3400}'..='\u{4DBF}' | '\u{4E00}'..='\u{9FFF}' | '\u{F900}'..='\u{FAFF}'
+            | '\u{20000}'..='\u{3FFFF}'),
+        '\u{180B}'..='\u{180D}' | '\u{180F}' => matches!(base, '\u{1820}'..='\u{18AF}'),
+        _ => false,
+    }
+}
+
+/// The subdivision flags Unicode recommends (England, Scotland, Wales): 🏴 and tag letters
+/// ending with the cancel tag. No other tag sequence is accepted: tag characters are invisible
+/// and any other run of them could spell text no person sees.
+const FLAGS: [&str; 3] = [
+    "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}",
+    "\u{1F3F4}\u{E0067}\u{E0062}\u{E0073}\u{E0063}\u{E0074}\u{E007F}",
+    "\u{1F3F4}\u{E0067}\u{E0062}\u{E0077}\u{E006C}\u{E0073}\u{E007F}",
+];
 
 /// Why a caller's string cannot be stored or shown as given: a NUL or other control character
 /// (line breaks and tabs aside, which fields that must be one line refuse themselves), a line
 /// or paragraph separator, or a hidden character that could make a person approve or a model
-/// read something else than what is shown. Writing keeps what it needs: one variation selector
-/// after a visible character (emoji presentation, Japanese and Mongolian variants), the tag
-/// characters of a subdivision flag (🏴 plus two to six letters or digits and the cancel tag),
-/// and the characters of [`needed_in_writing`]. A run of selectors or tags, which can spell a
-/// whole sentence no person sees, is refused. `None` when the text is fine.
+/// read something else than what is shown. Writing keeps what it needs, each hidden character
+/// only where writing puts it and never two in a row (so nothing can be spelled in them): a
+/// variation selector after the kind of character it selects for ([`selects`]), one of the
+/// three subdivision flags ([`FLAGS`]), a joiner between two visible characters (an emoji's
+/// presentation selector may stand between), a bidi mark or a soft hyphen. `None` when the
+/// text is fine.
 pub fn refusal(text: &str) -> Option<String> {
-    const BLACK_FLAG: char = '\u{1F3F4}';
-    const CANCEL_TAG: char = '\u{E007F}';
+    let mut rest = text;
     let mut prev: Option<char> = None;
-    // Tag letters or digits since the flag, while a subdivision flag is being spelled.
-    let mut flag: Option<usize> = None;
+    // The character before `prev`, for a joiner after an emoji's presentation selector.
+    let mut before_prev: Option<char> = None;
     let mut bad = None;
-    for c in text.chars() {
-        let tag_spec = matches!(c, '\u{E0030}'..='\u{E0039}' | '\u{E0061}'..='\u{E007A}');
-        let ok = match flag {
-            Some(n) if tag_spec && n < 6 => {
-                flag = Some(n + 1);
-                true
-            }
-            Some(n) if c == CANCEL_TAG && n >= 2 => {
-                flag = None;
-                true
-            }
-            Some(_) => false,
-            None if tag_spec && prev == Some(BLACK_FLAG) => {
-                flag = Some(1);
-                true
-            }
-            None if c.is_control() => matches!(c, '\n' | '\r' | '\t'),
-            None if matches!(c, '\u{2028}' | '\u{2029}') => false,
-            None if is_variation_selector(c) => {
-                prev.is_some_and(|p| !p.is_control() && !is_hidden(p) && !is_variation_selector(p))
-            }
-            None => !is_hidden(c) || needed_in_writing(c),
+    while let Some(c) = rest.chars().next() {
+        if c == '\u{1F3F4}'
+            && let Some(flag) = FLAGS.iter().find(|f| rest.starts_with(**f))
+        {
+            rest = &rest[flag.len()..];
+            (before_prev, prev) = (prev, Some('\u{1F3F4}'));
+            continue;
+        }
+        let after_shown = prev.is_some_and(shows);
+        // A joiner must be followed by what it joins.
+        let ok = if matches!(prev, Some('\u{200C}' | '\u{200D}')) && !shows(c) {
+            false
+        } else if c.is_control() {
+            matches!(c, '\n' | '\r' | '\t')
+        } else if matches!(c, '\u{2028}' | '\u{2029}') {
+            false
+        } else if matches!(c, '\u{FE0E}' | '\u{FE0F}' | '\u{E0100}'..='\u{E01EF}' | '\u{180B}'..='\u{180D}' | '\u{180F}')
+        {
+            prev.is_some_and(|p| shows(p) && selects(p, c))
+        } else if matches!(c, '\u{200C}' | '\u{200D}') {
+            // Between two visible characters; checked on both sides (see below for the next).
+            after_shown || (prev == Some('\u{FE0F}') && before_prev.is_some_and(shows))
+        } else if is_hidden(c) {
+            needed_in_writing(c) && (prev.is_none() || after_shown)
+        } else {
+            true
         };
         if !ok {
             bad = Some(c);
             break;
         }
-        prev = Some(c);
+        rest = &rest[c.len_utf8()..];
+        (before_prev, prev) = (prev, Some(c));
     }
-    if bad.is_none() && flag.is_some() {
-        return Some("ends inside a flag's tag sequence; remove the tag characters".to_owned());
+    if bad.is_none() && matches!(prev, Some('\u{200C}' | '\u{200D}')) {
+        bad = prev;
     }
     Some(match bad? {
         '\0' => "contains a NUL character (U+0000); remove it".to_owned(),
@@ -122,7 +155,7 @@ pub fn refusal(text: &str) -> Option<String> {
             format!("contains the separator U+{:04X}; use a plain line break", c as u32)
         }
         c => format!(
-            "contains the invisible character U+{:04X}, which can hide or reorder text; remove it",
+            "contains the invisible character U+{:04X} where writing does not put it, which can hide or reorder text; remove it",
             c as u32
         ),
     })
@@ -199,26 +232,40 @@ mod tests {
     #[test]
     fn input_with_control_or_hidden_characters_is_refused_naming_the_character() {
         assert!(refusal("Anna Fischer, Straße 5\nline two\ttab\r\n").is_none());
-        // What writing needs: a subdivision flag, one variation selector after a character
-        // (emoji, a Japanese name variant, Mongolian), marks in Hebrew, the soft hyphen.
+        // What writing needs: a subdivision flag, one variation selector after what it selects
+        // for (emoji, a Japanese name variant, Mongolian), marks in Hebrew, the soft hyphen,
+        // joiners in Persian and in emoji sequences.
         let england = "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E007F}";
         for fine in [
             england.to_owned(),
             format!("Flags {england}{england} ok"),
             "\u{845B}\u{E0100}\u{57CE}".to_owned(),
             "\u{1820}\u{180B}".to_owned(),
-            "\u{5E9}\u{5DC}\u{5D5}\u{5DD} (\u{200F}ABC\u{200E})".to_owned(),
+            "\u{200F}\u{5E9}\u{5DC}\u{5D5}\u{5DD} (\u{200F}ABC\u{200E})".to_owned(),
             "Donau\u{00AD}dampf\u{00AD}schiff".to_owned(),
+            "\u{2764}\u{FE0F}\u{200D}\u{1F525} 1\u{FE0F}\u{20E3}".to_owned(),
         ] {
             assert!(refusal(&fine).is_none(), "{fine:?}: {:?}", refusal(&fine));
         }
-        // What hides text: runs of selectors, tags without a flag or never cancelled.
+        // What hides text: selectors where nothing is selected (one after every letter spells
+        // a hidden byte per letter), runs, tags outside the three flags, joiners at an edge.
+        let tags = |t: &str| -> String {
+            t.chars().filter_map(|c| char::from_u32(0xE0000 + c as u32)).collect()
+        };
         for hidden in [
-            "a\u{E0100}\u{E0101}\u{E0102}".to_owned(),
+            "a\u{E0100}b\u{E0101}c".to_owned(),
+            "IGNORE\u{FE01}".to_owned(),
+            "a\u{FE0F}".to_owned(),
+            "\u{845B}\u{E0100}\u{E0101}".to_owned(),
             "\u{FE0F}start".to_owned(),
-            "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}".to_owned(),
-            "\u{1F3F4}\u{E0067}\u{E0062}\u{E0065}\u{E006E}\u{E0067}\u{E0061}\u{E0062}\u{E007F}"
-                .to_owned(),
+            format!("{}{}{}", '\u{1F3F4}', tags("cancel"), '\u{E007F}'),
+            format!("{}{}", '\u{1F3F4}', tags("gbeng")),
+            "a\u{200D}\u{200D}b".to_owned(),
+            "a\u{200B}b".to_owned(),
+            "end\u{200D}".to_owned(),
+            "a\u{200D}\nb".to_owned(),
+            "a \u{200C}b".to_owned(),
+            "\u{200E}\u{200E}\u{200E}".to_owned(),
             "line\u{2028}separator".to_owned(),
         ] {
             assert!(refusal(&hidden).is_some(), "{hidden:?}");

@@ -42,13 +42,27 @@ const MAX_OFFSET_SECONDS: i32 = 14 * 3600;
 pub fn parse_instant(field: &str, input: &str, zone_name: Option<&str>) -> Result<Timestamp> {
     let input = input.trim();
     if has_offset(input) {
-        if input.contains('[') {
-            return Err(Error::invalid(
-                field,
-                format!(
-                    "{input:?} carries a [zone] annotation; give the time with its offset alone, or the local time with `zone`"
-                ),
-            ));
+        if let Some(bracket) = input.find('[') {
+            // An instant with its offset and the zone it was written in (RFC 9557, as Java's
+            // ZonedDateTime and Temporal write it): read when the two agree, refused when they
+            // do not. Without an offset the zone alone would have to guess in a gap or a fold.
+            if offset_of(&input[..bracket]).is_none() && !input[..bracket].ends_with(['Z', 'z']) {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "{input:?} has a [zone] but no offset; give the offset too, or the local time with `zone`"
+                    ),
+                ));
+            }
+            let zoned = input.parse::<ZonedDateTime>().map_err(|e| {
+                Error::invalid(
+                    field,
+                    format!(
+                        "{input:?} is not a time whose offset agrees with its [zone]: {e}; give the time with its offset alone, or the local time with `zone`"
+                    ),
+                )
+            })?;
+            return in_range(field, input, zoned.timestamp());
         }
         let zoned =
             jiff::fmt::temporal::DateTimeParser::new().parse_timestamp(input).map_err(|e| {
@@ -389,11 +403,17 @@ mod tests {
             assert_eq!(ts, upper, "{same}");
             assert_eq!(parse_instant("start", same, None).unwrap(), upper, "{same}");
         }
+        // With the zone it was written in (RFC 9557), when offset and zone agree.
+        let annotated =
+            parse_instant("start", "2027-01-05T16:00+01:00[Europe/Berlin]", None).unwrap();
+        assert_eq!(annotated, upper);
         for refused in [
             "2027-01-05T10:00+25:00",
             "2027-01-05T10:00+14:30",
             "2027-01-05T10:00+05:00[Asia/Tokyo]",
             "2027-01-05T10:00[Europe/Berlin]",
+            "2026-03-29T02:30[Europe/Berlin]",
+            "2027-01-05T10:00+01:00[Not/AZone]",
         ] {
             let err = parse_instant("start", refused, Some("Europe/Berlin")).unwrap_err();
             assert!(matches!(err, Error::Invalid { .. }), "{refused}: {err:?}");

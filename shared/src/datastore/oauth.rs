@@ -233,12 +233,14 @@ pub(crate) async fn oauth_codes_drop_unused(tx: &mut Tx<'_>, connection_id: i64)
     Ok(())
 }
 
-/// Whether a connection is active, read in `tx`.
+/// Whether a connection is active, read in `tx` and held so (a revocation or a new consent
+/// waits for this transaction, and this one sees theirs if they came first).
 pub(crate) async fn connection_is_active(tx: &mut Tx<'_>, connection_id: i64) -> Result<bool> {
-    let status: Option<String> = sqlx::query_scalar("SELECT status FROM connections WHERE id = $1")
-        .bind(connection_id)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM connections WHERE id = $1 FOR SHARE")
+            .bind(connection_id)
+            .fetch_optional(&mut **tx)
+            .await?;
     Ok(status.as_deref() == Some("active"))
 }
 

@@ -108,6 +108,24 @@ pub(crate) async fn person_credentials_end(
     Ok(revoked)
 }
 
+/// Whether the person is an active member of the context's tenant, read in `tx` and held so
+/// (a deactivation waits for this transaction, and this one sees it if it came first).
+pub(crate) async fn membership_active_held(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    person_id: i64,
+) -> Result<bool> {
+    let active: Option<bool> = sqlx::query_scalar(
+        "SELECT m.active AND p.active FROM memberships m JOIN people p ON p.id = m.person_id
+         WHERE m.tenant_id = $1 AND m.person_id = $2 FOR SHARE OF m",
+    )
+    .bind(ctx.tenant_id())
+    .bind(person_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(active == Some(true))
+}
+
 /// Changes the role of an active membership; `false` when there is none active.
 pub(crate) async fn membership_set_role(
     tx: &mut Tx<'_>,

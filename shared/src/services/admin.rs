@@ -146,7 +146,7 @@ pub async fn person_create(
         return Err(Error::invalid(
             "password",
             format!(
-                "{email} has an account already and keeps its password; add them without a password (they sign in as before)"
+                "{email} has an account already and keeps its password; add them without one (for gatehousectl: no --password, and GATEHOUSE_PASSWORD unset); they sign in as before"
             ),
         ));
     }
@@ -389,6 +389,8 @@ pub async fn connection_revoke(
 ) -> Result<ConnectionRevoked> {
     ctx.require(Right::ConnectionsManage)?;
     let handle = ConnectionHandle::parse("connection", handle)?;
+    let reason = crate::services::fields::reason(reason, 500)?;
+    let reason = reason.as_str();
     let mut tx = ds.begin().await?;
     if ds_fns::connection_status(&mut tx, ctx, handle.as_str()).await?.is_none() {
         return Err(Error::not_found(Resource::Connection, handle.as_str()));
@@ -457,14 +459,6 @@ pub async fn api_token_create(
         ));
     }
     let person = member(ds, ctx, person_email).await?;
-    // A deactivated member gets no credential: it would lie dormant and wake if they were
-    // added again.
-    if !person.active || ds.membership_get(ctx, person.id).await?.is_none_or(|m| !m.active) {
-        return Err(Error::WrongState {
-            message: format!("{person_email} is not an active member of this tenant"),
-            use_instead: None,
-        });
-    }
     // A token acts for the person who creates it: a tenant admin cannot mint a credential that
     // speaks as someone else and outlives the admin's own membership. Operators (the CLI, a
     // platform trust root, audited) and the library's jobs may name any member.
@@ -478,6 +472,15 @@ pub async fn api_token_create(
     let token = secret::generate(CredentialKind::Api);
     let handle = ApiTokenHandle::generate();
     let mut tx = ds.begin().await?;
+    // A deactivated member gets no credential: it would lie dormant and wake if they were
+    // added again. Decided under the membership's row lock, so a deactivation running now
+    // either ends this token too or is seen here.
+    if !ds_fns::membership_active_held(&mut tx, ctx, person.id).await? {
+        return Err(Error::WrongState {
+            message: format!("{person_email} is not an active member of this tenant"),
+            use_instead: None,
+        });
+    }
     let expires_at = ds_fns::api_token_insert(
         &mut tx,
         ctx,
@@ -556,13 +559,8 @@ pub async fn api_token_revoke(
     let not_found =
         || Error::not_found(Resource::ApiToken, raw.chars().take(40).collect::<String>());
     let handle = ApiTokenHandle::parse("api_token", raw).map_err(|_| not_found())?;
-    let reason = reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        return Err(Error::invalid(
-            "reason",
-            "say why in 1 to 500 characters; it is kept in the audit log",
-        ));
-    }
+    let reason = crate::services::fields::reason(reason, 500)?;
+    let reason = reason.as_str();
     let mut tx = ds.begin().await?;
     let revoked = ds_fns::api_token_revoke(&mut tx, ctx, handle.as_str(), reason)
         .await?
@@ -652,13 +650,8 @@ pub async fn kill_switch_set(
     kill: bool,
     reason: &str,
 ) -> Result<SwitchFlipped> {
-    let reason = reason.trim();
-    if reason.is_empty() || reason.chars().count() > 300 {
-        return Err(Error::invalid(
-            "reason",
-            "say why, in 1 to 300 characters; the audit keeps it",
-        ));
-    }
+    let reason = crate::services::fields::reason(reason, 300)?;
+    let reason = reason.as_str();
     let mut tx = ds.begin().await?;
     let (label, changed, event) = match scope {
         SwitchScope::Global(operator) => {

@@ -759,8 +759,9 @@ impl Planned for ConfirmBookingInput {
         };
         Ok(Plan {
             summary: format!(
-                "Confirm booking {} and email the confirmation to {to} (customer {})",
+                "Confirm booking {} and email the confirmation to {} (customer {})",
                 booking_line(&b, now),
+                crate::services::fields::shown_address(&to),
                 crate::text::quoted(&b.customer_name)
             ),
             preview: json!({"booking": views::booking(&b, false, now), "email": {"to": to, "subject": msg.subject, "body": msg.body}}),

@@ -310,7 +310,8 @@ impl Planned for SendCustomerMessageInput {
         Ok(Plan {
             // The address first, record text quoted: what the person approves is where it goes.
             summary: format!(
-                "Email {to} (customer {}, {}) with the subject {}",
+                "Email {} (customer {}, {}) with the subject {}",
+                crate::services::fields::shown_address(&to),
                 crate::text::quoted(&c.name),
                 c.handle,
                 crate::text::quoted(&subject)

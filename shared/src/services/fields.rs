@@ -26,6 +26,22 @@ pub(crate) fn label(field: &str, raw: &str, max: usize) -> Result<String> {
     Ok(n.to_owned())
 }
 
+/// Why someone did something (a revocation, a switch), as the audit keeps it: 1 to `max`
+/// characters, nothing hidden.
+pub(crate) fn reason(raw: &str, max: usize) -> Result<String> {
+    let r = raw.trim();
+    if r.is_empty() || r.chars().count() > max {
+        return Err(Error::invalid(
+            "reason",
+            format!("say why in 1 to {max} characters; it is kept in the audit log"),
+        ));
+    }
+    if let Some(why) = crate::text::refusal(r) {
+        return Err(Error::invalid("reason", format!("the reason {why}")));
+    }
+    Ok(r.to_owned())
+}
+
 /// An email, normalized to lower case; empty means "none".
 pub(crate) fn email(raw: Option<&str>) -> Result<Option<String>> {
     let Some(e) = raw.map(str::trim).filter(|e| !e.is_empty()) else { return Ok(None) };
@@ -33,7 +49,10 @@ pub(crate) fn email(raw: Option<&str>) -> Result<Option<String>> {
     // angle brackets would make a message go elsewhere, or to more people, than the preview
     // showed.
     let local_ok = |l: &str| {
-        !l.is_empty()
+        // ASCII only: a local part in other scripts is rare in practice and can look like
+        // another address letter for letter.
+        l.is_ascii()
+            && !l.is_empty()
             && l.len() <= 64
             && !l.starts_with('.')
             && !l.ends_with('.')
@@ -56,6 +75,19 @@ pub(crate) fn email(raw: Option<&str>) -> Result<Option<String>> {
         return Err(Error::invalid("email", format!("{e:?} is not an email address")));
     }
     Ok(Some(e.to_lowercase()))
+}
+
+/// An address as a person approving a message should read it: a domain in another script than
+/// ASCII is shown in its ASCII (punycode) form, so `exаmple.net` with a Cyrillic `а` cannot pass
+/// for `example.net`.
+pub(crate) fn shown_address(email: &str) -> String {
+    match email.rsplit_once('@') {
+        Some((local, domain)) if !domain.is_ascii() => match url::Host::parse(domain) {
+            Ok(url::Host::Domain(ascii)) => format!("{local}@{ascii}"),
+            _ => email.to_owned(),
+        },
+        _ => email.to_owned(),
+    }
 }
 
 /// A phone number as given, and its digits (with a leading +) for the duplicate guard.
@@ -93,7 +125,7 @@ mod tests {
 
     #[test]
     fn an_email_is_one_plain_address() {
-        for good in ["anna.fischer@example.net", "a+tag@mail.example.co.uk", "Ü.ser@bücher.example"]
+        for good in ["anna.fischer@example.net", "a+tag@mail.example.co.uk", "user@bücher.example"]
         {
             assert!(email(Some(good)).is_ok_and(|e| e.is_some()), "{good}");
         }
@@ -115,5 +147,14 @@ mod tests {
             assert!(email(Some(bad)).is_err(), "{bad}");
         }
         assert_eq!(email(Some("  ")).ok(), Some(None));
+        assert!(email(Some("ａnna@example.net")).is_err(), "a local part in another script");
+        // A look-alike domain shows as the different name it is.
+        let lookalike = email(Some("anna@ex\u{0430}mple.net")).expect("an IDN").expect("some");
+        assert!(
+            shown_address(&lookalike).starts_with("anna@xn--"),
+            "{}",
+            shown_address(&lookalike)
+        );
+        assert_eq!(shown_address("anna@example.net"), "anna@example.net");
     }
 }
