@@ -592,6 +592,59 @@ async fn names_and_reasons_from_the_cli_and_console_refuse_hidden_characters() {
 }
 
 #[tokio::test]
+async fn an_operator_resets_a_password_and_every_session_of_it_ends() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let dispatcher = Browser::sign_in(&api, &t0.dispatcher.email, &t0.dispatcher.password).await;
+    // Only an operator: a caller who names none is refused.
+    let (ok, err) = ctl_as(
+        &api._db,
+        None,
+        &["password-reset", "--email", &t0.dispatcher.email, "--password", "a-new-long-password"],
+    );
+    assert!(!ok, "{err}");
+    let (ok, err) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &["password-reset", "--email", &t0.dispatcher.email, "--password", "short"],
+    );
+    assert!(!ok, "{err}");
+    let (ok, out) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &["password-reset", "--email", &t0.dispatcher.email, "--password", "a-new-long-password"],
+    );
+    assert!(ok, "{out}");
+    assert_ne!(dispatcher.get("/tenants").await.status(), 200, "the old session ended");
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = |password: &'static str| {
+        let (http, url, email) = (http.clone(), api.url.clone(), t0.dispatcher.email.clone());
+        async move {
+            post_login(
+                &http,
+                &url,
+                "192.0.2.7",
+                &[("email", &email), ("password", password), ("next", "/")],
+            )
+            .await
+            .status()
+            .as_u16()
+        }
+    };
+    let old: &'static str = Box::leak(t0.dispatcher.password.clone().into_boxed_str());
+    assert_ne!(login(old).await, 303, "the old password no longer signs in");
+    assert_eq!(login("a-new-long-password").await, 303, "the new one does");
+    let audited = api
+        ._db
+        .scalar_i64("SELECT count(*) FROM audit_log WHERE tenant_id IS NULL AND action = 'person.password_reset'")
+        .await;
+    assert_eq!(audited, 1);
+}
+
+#[tokio::test]
 async fn deactivation_ends_every_console_session_of_the_person() {
     let api = Api::start().await;
     let t0 = &api.seed.tenants[0];

@@ -83,6 +83,15 @@ enum Command {
         #[arg(long)]
         revoke: bool,
     },
+    /// Set a new console password for a person (operators only), ending every console session
+    /// they have: for an account whose password may be known to someone else.
+    PasswordReset {
+        #[arg(long)]
+        email: String,
+        /// The new password (at least 12 characters); read from GATEHOUSE_PASSWORD if unset.
+        #[arg(long, env = "GATEHOUSE_PASSWORD", hide_env_values = true)]
+        password: String,
+    },
     /// Read the audit log of a tenant: tool, outcome, public ids, channel, connection, client.
     Audit {
         #[command(flatten)]
@@ -401,6 +410,11 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let text =
                 format!("{} is {}an operator", p.email, if revoke { "no longer " } else { "" });
             Ok((json!({"person": p.handle, "email": p.email, "operator": !revoke}), text))
+        }
+        Command::PasswordReset { email, password } => {
+            let p = operators::reset_password(&ds, operator.as_ref(), &email, &password).await?;
+            let text = format!("{} has a new password; their console sessions ended", p.email);
+            Ok((json!({"person": p.handle, "email": p.email, "password_reset": true}), text))
         }
         Command::Person(cmd) => {
             let slug = match &cmd {

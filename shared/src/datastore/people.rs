@@ -126,6 +126,20 @@ pub(crate) async fn membership_active_held(
     Ok(active == Some(true))
 }
 
+/// Sets a person's password and ends every console session they have.
+pub(crate) async fn person_password_set(tx: &mut Tx<'_>, person_id: i64, hash: &str) -> Result<()> {
+    sqlx::query("UPDATE people SET password_hash = $2 WHERE id = $1")
+        .bind(person_id)
+        .bind(hash)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query("DELETE FROM console_sessions WHERE person_id = $1")
+        .bind(person_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// Changes the role of an active membership; `false` when there is none active.
 pub(crate) async fn membership_set_role(
     tx: &mut Tx<'_>,

@@ -91,6 +91,42 @@ pub async fn set_role(
     Ok(person)
 }
 
+/// Sets a person's console password and ends all their console sessions: what an operator does
+/// for an account whose password someone else may know (adding a person to a tenant again keeps
+/// their password). Operators only, audited on the platform.
+pub async fn reset_password(
+    svc: &Services,
+    by: Option<&Operator>,
+    email: &str,
+    password: &str,
+) -> Result<crate::datastore::PersonRow> {
+    let Some(op) = by else {
+        return Err(Error::Unauthenticated(
+            "say which operator you are with --as EMAIL (or GATEHOUSE_OPERATOR); only an operator resets a password".into(),
+        ));
+    };
+    if password.chars().count() < 12 {
+        return Err(Error::invalid("password", "use at least 12 characters"));
+    }
+    let person = svc
+        .person_by_email(email.trim())
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Person, email.trim()))?;
+    let hash = crate::secret::hash_password(password)?;
+    let mut tx = svc.begin().await?;
+    db::person_password_set(&mut tx, person.id, &hash).await?;
+    db::platform_audit_insert(
+        &mut tx,
+        op.channel().as_str(),
+        Some(op.id()),
+        "person.password_reset",
+        &person.handle,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(person)
+}
+
 /// Whether the platform has any active operator yet.
 pub(crate) async fn any(svc: &Services) -> Result<bool> {
     let mut tx = svc.begin().await?;
