@@ -49,7 +49,7 @@ pub fn is_hidden(c: char) -> bool {
         | '\u{0890}'..='\u{0891}' | '\u{08E2}' | '\u{115F}'..='\u{1160}' | '\u{17B4}'..='\u{17B5}'
         | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
         | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
-        | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{110BD}' | '\u{110CD}'
+        | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{110BD}' | '\u{110CD}' | '\u{2800}'
         | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
         | '\u{E0000}'..='\u{E0FFF}')
 }
@@ -60,7 +60,14 @@ pub fn is_hidden(c: char) -> bool {
 /// isolates, cannot reorder what follows), and the soft hyphen inside a word. Third-party text
 /// and summaries still drop them.
 fn needed_in_writing(c: char) -> bool {
-    matches!(c, '\u{200C}' | '\u{200D}' | '\u{200E}' | '\u{200F}' | '\u{00AD}')
+    matches!(c, '\u{200C}' | '\u{200D}' | '\u{00AD}') || is_bidi_mark(c)
+}
+
+/// The bidi marks (left-to-right, right-to-left, Arabic letter mark): number and currency
+/// formats in Hebrew, Arabic, Persian and Urdu put them anywhere, after spaces and in pairs.
+/// Unlike overrides and isolates they cannot reorder what follows.
+fn is_bidi_mark(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}')
 }
 
 /// A character a person sees (not a control, not hidden, not white space).
@@ -118,8 +125,10 @@ pub fn refusal(text: &str) -> Option<String> {
             continue;
         }
         let after_shown = prev.is_some_and(shows);
-        // A joiner must be followed by what it joins.
-        let ok = if matches!(prev, Some('\u{200C}' | '\u{200D}')) && !shows(c) {
+        // Joiners never come in runs.
+        let ok = if matches!(prev, Some('\u{200C}' | '\u{200D}'))
+            && matches!(c, '\u{200C}' | '\u{200D}')
+        {
             false
         } else if c.is_control() {
             matches!(c, '\n' | '\r' | '\t')
@@ -129,8 +138,10 @@ pub fn refusal(text: &str) -> Option<String> {
         {
             prev.is_some_and(|p| shows(p) && selects(p, c))
         } else if matches!(c, '\u{200C}' | '\u{200D}') {
-            // Between two visible characters; checked on both sides (see below for the next).
+            // After a visible character (Persian and Urdu put one before a space or at the end).
             after_shown || (prev == Some('\u{FE0F}') && before_prev.is_some_and(shows))
+        } else if is_bidi_mark(c) {
+            true
         } else if is_hidden(c) {
             needed_in_writing(c) && (prev.is_none() || after_shown)
         } else {
@@ -142,9 +153,6 @@ pub fn refusal(text: &str) -> Option<String> {
         }
         rest = &rest[c.len_utf8()..];
         (before_prev, prev) = (prev, Some(c));
-    }
-    if bad.is_none() && matches!(prev, Some('\u{200C}' | '\u{200D}')) {
-        bad = prev;
     }
     Some(match bad? {
         '\0' => "contains a NUL character (U+0000); remove it".to_owned(),
@@ -243,6 +251,13 @@ mod tests {
             "\u{1820}\u{180B}".to_owned(),
             "\u{200F}\u{5E9}\u{5DC}\u{5D5}\u{5DD} (\u{200F}ABC\u{200E})".to_owned(),
             "Donau\u{00AD}dampf\u{00AD}schiff".to_owned(),
+            // Number and currency formats of he, ar, fa, ur; Persian ZWNJ before a space, Urdu
+            // ZWJ at the end.
+            "Total: \u{200E}-5".to_owned(),
+            "\u{200F}\u{200E}-12.50 \u{20AC}".to_owned(),
+            "line one\n\u{200F}line two \u{061C}-3".to_owned(),
+            "\u{645}\u{6CC}\u{200C} \u{62E}".to_owned(),
+            "\u{645}\u{200D}".to_owned(),
             "\u{2764}\u{FE0F}\u{200D}\u{1F525} 1\u{FE0F}\u{20E3}".to_owned(),
         ] {
             assert!(refusal(&fine).is_none(), "{fine:?}: {:?}", refusal(&fine));
@@ -262,10 +277,9 @@ mod tests {
             format!("{}{}", '\u{1F3F4}', tags("gbeng")),
             "a\u{200D}\u{200D}b".to_owned(),
             "a\u{200B}b".to_owned(),
-            "end\u{200D}".to_owned(),
-            "a\u{200D}\nb".to_owned(),
             "a \u{200C}b".to_owned(),
-            "\u{200E}\u{200E}\u{200E}".to_owned(),
+            "\u{200C}start".to_owned(),
+            "Anna\u{2800}\u{FE0F}".to_owned(),
             "line\u{2028}separator".to_owned(),
         ] {
             assert!(refusal(&hidden).is_some(), "{hidden:?}");

@@ -224,6 +224,17 @@ pub(crate) async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result
     .await?)
 }
 
+/// The connection a code was issued for (it never changes), read without a lock.
+pub(crate) async fn oauth_code_connection(
+    tx: &mut Tx<'_>,
+    code_hash: &[u8],
+) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT connection_id FROM oauth_codes WHERE code_hash = $1")
+        .bind(code_hash)
+        .fetch_optional(&mut **tx)
+        .await?)
+}
+
 /// Drops a connection's codes not yet exchanged (a new consent replaces them).
 pub(crate) async fn oauth_codes_drop_unused(tx: &mut Tx<'_>, connection_id: i64) -> Result<()> {
     sqlx::query("DELETE FROM oauth_codes WHERE connection_id = $1 AND used_at IS NULL")

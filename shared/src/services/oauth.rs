@@ -609,7 +609,14 @@ pub async fn exchange_code(
     resource: Option<&str>,
 ) -> std::result::Result<TokenResponse, OAuthError> {
     let mut tx = ds.begin().await.map_err(OAuthError::from)?;
-    let Some(c) = db::oauth_code_lock(&mut tx, &secret::hash_token(code)).await? else {
+    let code_hash = secret::hash_token(code);
+    // The connection first, then the code: the order a consent takes them in, so the two never
+    // wait on each other. A consent or a revocation running now finishes first and is seen.
+    let active = match db::oauth_code_connection(&mut tx, &code_hash).await? {
+        Some(connection_id) => db::connection_is_active(&mut tx, connection_id).await?,
+        None => false,
+    };
+    let Some(c) = db::oauth_code_lock(&mut tx, &code_hash).await? else {
         return Err(oauth("invalid_grant", "unknown authorization code"));
     };
     if c.used {
@@ -636,7 +643,7 @@ pub async fn exchange_code(
         return Err(oauth("invalid_target", "resource differs from the authorization request"));
     }
     // A connection revoked after the person approved issues nothing.
-    if !db::connection_is_active(&mut tx, c.connection_id).await? {
+    if !active {
         return Err(oauth(
             "invalid_grant",
             "the connection this code was issued for was revoked; authorize again",
