@@ -338,6 +338,14 @@ pub async fn connection_create(
     let token = secret::generate(CredentialKind::Mcp);
     let handle = ConnectionHandle::generate();
     let mut tx = ds.begin().await?;
+    // Decided again under the membership's row lock: a deactivation running now either revokes
+    // this connection too or is seen here, so none is left to wake if the person came back.
+    if !ds_fns::membership_active_held(&mut tx, ctx, creator.id).await? {
+        return Err(Error::invalid(
+            "creator",
+            format!("{creator_email} is not an active member of this tenant"),
+        ));
+    }
     let id = ds_fns::connection_insert_toolset(
         &mut tx,
         ctx,

@@ -496,6 +496,13 @@ pub async fn approve(
         return Err(Error::invalid("rights", "grant at least one right"));
     }
     let mut tx = ds.begin().await?;
+    // The person approving is still an active member, under the membership's row lock, so a
+    // deactivation running now either revokes what this creates or is seen here.
+    if !db::membership_active_held(&mut tx, ctx, person_id).await? {
+        return Err(Error::Unauthenticated(
+            "you are no longer an active member of this tenant".into(),
+        ));
+    }
     let (connection_id, handle) =
         match db::oauth_connection_find(&mut tx, ctx, person_id, &client.client_id).await? {
             Some(found) => found,
