@@ -467,6 +467,71 @@ async fn creators_lost_rights_end_their_connections_on_the_next_call() {
 }
 
 #[tokio::test]
+async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wake() {
+    // The deactivation holds the membership's row while the connection is created: the create
+    // waits for it and then sees it, instead of reading the membership before and inserting after.
+    let stack = Stack::start().await;
+    let ctx = stack.operator_in(0).await;
+    let dispatcher = stack.seed.tenants[0].dispatcher.email.clone();
+    // A second session (psql) deactivates in a transaction it keeps open.
+    let mut holder = tokio::process::Command::new("psql")
+        .args([stack.db.url.as_str(), "-q", "-v", "ON_ERROR_STOP=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("psql");
+    let mut sql = holder.stdin.take().expect("stdin");
+    use tokio::io::AsyncWriteExt;
+    sql.write_all(format!(
+        "BEGIN; UPDATE memberships SET active = false WHERE person_id = (SELECT id FROM people WHERE email = '{dispatcher}');\n"
+    ).as_bytes())
+    .await
+    .expect("deactivate, not yet committed");
+    sql.flush().await.expect("flush");
+    // Until the row is held, the create could pass before the deactivation began.
+    for _ in 0..100 {
+        let held = stack.count("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.application_name = 'psql' AND l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'").await;
+        if held > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let create = {
+        let (ds, ctx, dispatcher) = (stack.db.ds.clone(), ctx.clone(), dispatcher.clone());
+        tokio::spawn(async move {
+            admin::connection_create(
+                &ds,
+                &ctx,
+                admin::NewConnection {
+                    creator_email: &dispatcher,
+                    name: "made during a deactivation",
+                    client_name: "test",
+                    rights: shared::rights::read_only(),
+                    toolset: "full",
+                },
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    sql.write_all(b"COMMIT;\n").await.expect("commit");
+    drop(sql);
+    holder.wait().await.expect("psql ends");
+    let created = create.await.expect("join");
+    assert!(
+        created.is_err(),
+        "created for a deactivated person: {:?}",
+        created.map(|c| c.connection)
+    );
+    assert_eq!(
+        stack
+            .count("SELECT count(*) FROM connections WHERE name = 'made during a deactivation'")
+            .await,
+        0
+    );
+}
+
+#[tokio::test]
 async fn a_revoked_connection_is_refused_on_the_next_call() {
     let stack = Stack::start().await;
     let token = stack.token(1, 1);
