@@ -136,6 +136,35 @@ impl IntoResponse for ApiError {
             }
         };
         let mut body = json!({"code": error.code(), "message": error.to_string()});
+        // Every refusal says what to change (R15), as the tools' errors do.
+        body["fix"] = json!(match error {
+            Error::Invalid { field, .. } => format!("correct `{field}` and send the request again"),
+            Error::UnknownFields { .. } => {
+                "remove the fields `unknown` lists; `allowed` lists what this route takes".to_owned()
+            }
+            Error::Forbidden { right } => format!(
+                "this token's person lacks {}; a tenant admin can change their role",
+                right.as_str()
+            ),
+            Error::Conflict { .. } => {
+                "read `current`, then send the change again with `current_version` as `version`".to_owned()
+            }
+            Error::Duplicate { existing, resource, .. } => format!(
+                "use {existing} (PATCH /api/v1/{}s/{existing} changes it); only if this really is another one, send the create again with \"separate\": true and a \"reason\"",
+                resource.noun()
+            ),
+            Error::RateLimited { retry_after_secs, .. } => {
+                format!("retry in {retry_after_secs} seconds")
+            }
+            Error::Unauthenticated(_) => {
+                "send `Authorization: Bearer gh_api_…` with a live API token (console: API tokens)".to_owned()
+            }
+            Error::WrongState { .. } | Error::ActionRefused { .. } => {
+                "read the record again and decide from its current state".to_owned()
+            }
+            Error::Internal(_) => "retry in a moment; if it persists, an operator can look up the request id in the logs".to_owned(),
+            _ => "read the message, change the request and send it again".to_owned(),
+        });
         match error {
             Error::Invalid { field, options, .. } => {
                 body["field"] = json!(field);

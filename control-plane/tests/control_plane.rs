@@ -205,6 +205,23 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
         ],
     );
     assert!(ok);
+    // Adding someone already active would change their role unseen: refused, naming set-role.
+    let (ok, err) = ctl(
+        &db,
+        &[
+            "person",
+            "create",
+            "--tenant",
+            "acme-air",
+            "--email",
+            "lee@acme.example",
+            "--name",
+            "Lee",
+        ],
+    );
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "wrong_state", "{err}");
+    assert!(err["error"]["message"].as_str().is_some_and(|m| m.contains("set-role")), "{err}");
     // A connection may not exceed its creator's rights.
     let (ok, err) = ctl(
         &db,
@@ -312,6 +329,7 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     let (ok, d) =
         ctl(&db, &["person", "deactivate", "--tenant", "acme-air", "--email", "lee@acme.example"]);
     assert!(ok);
+    assert_eq!(d["revoked_api_tokens"], json!([api_token["api_token"]]), "{d}");
     // Their API tokens end with the membership, so coming back later does not revive them.
     let live_api_tokens = db
         .scalar_i64("SELECT count(*) FROM api_tokens a JOIN people p ON p.id = a.person_id WHERE p.email = 'lee@acme.example' AND a.revoked_at IS NULL")
@@ -505,6 +523,34 @@ async fn every_rest_refusal_is_a_json_error_saying_what_to_change() {
         assert!(body["error"]["code"].is_string(), "{case}: {body}");
         assert!(body["error"]["fix"].as_str().is_some_and(|f| !f.is_empty()), "{case}: {body}");
     }
+    // The services' refusals say what to change too.
+    let create = |body: Value| {
+        let (http, url, token) = (api.http.clone(), url("/customers"), token.clone());
+        async move {
+            let r = http.post(url).bearer_auth(token).json(&body).send().await.expect("post");
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, _) = create(json!({"name": "Fix Test", "email": "fix.test@example.net"})).await;
+    assert_eq!(status, 201);
+    for (case, body, status, says) in [
+        (
+            "a duplicate",
+            json!({"name": "Fix Tester", "email": "fix.test@example.net"}),
+            409,
+            "separate",
+        ),
+        ("an unknown field", json!({"name": "Fix Test", "tenant_id": 1}), 422, "allowed"),
+        ("a field in error", json!({"name": ""}), 422, "name"),
+    ] {
+        let (got, body) = create(body).await;
+        assert_eq!(got, status, "{case}: {body}");
+        assert!(body["error"]["fix"].as_str().is_some_and(|f| f.contains(says)), "{case}: {body}");
+    }
+    let anonymous = api.http.get(url("/customers")).send().await.expect("get");
+    assert_eq!(anonymous.status().as_u16(), 401);
+    let body: Value = anonymous.json().await.expect("json");
+    assert!(body["error"]["fix"].as_str().is_some_and(|f| f.contains("Bearer")), "{body}");
 }
 
 #[tokio::test]

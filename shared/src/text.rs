@@ -105,14 +105,16 @@ const FLAGS: [&str; 3] = [
 /// (line breaks and tabs aside, which fields that must be one line refuse themselves), a line
 /// or paragraph separator, or a hidden character that could make a person approve or a model
 /// read something else than what is shown. Writing keeps what it needs, each hidden character
-/// only where writing puts it and never two in a row (so nothing can be spelled in them): a
-/// variation selector after the kind of character it selects for ([`selects`]), one of the
-/// three subdivision flags ([`FLAGS`]), a joiner between two visible characters (an emoji's
-/// presentation selector may stand between), a bidi mark or a soft hyphen. `None` when the
-/// text is fine.
+/// only where writing puts it, so nothing readable can be spelled in them: a variation selector
+/// after the kind of character it selects for ([`selects`]), one of the three subdivision flags
+/// ([`FLAGS`]), a joiner after a visible character and never two in a row (an emoji's
+/// presentation selector may stand before it), at most two bidi marks in a row, a soft hyphen
+/// after a visible character. `None` when the text is fine.
 pub fn refusal(text: &str) -> Option<String> {
     let mut rest = text;
     let mut prev: Option<char> = None;
+    // Bidi marks in a row: number formats put at most two together.
+    let mut marks = 0usize;
     // The character before `prev`, for a joiner after an emoji's presentation selector.
     let mut before_prev: Option<char> = None;
     let mut bad = None;
@@ -141,7 +143,8 @@ pub fn refusal(text: &str) -> Option<String> {
             // After a visible character (Persian and Urdu put one before a space or at the end).
             after_shown || (prev == Some('\u{FE0F}') && before_prev.is_some_and(shows))
         } else if is_bidi_mark(c) {
-            true
+            marks += 1;
+            marks <= 2
         } else if is_hidden(c) {
             needed_in_writing(c) && (prev.is_none() || after_shown)
         } else {
@@ -150,6 +153,9 @@ pub fn refusal(text: &str) -> Option<String> {
         if !ok {
             bad = Some(c);
             break;
+        }
+        if !is_bidi_mark(c) {
+            marks = 0;
         }
         rest = &rest[c.len_utf8()..];
         (before_prev, prev) = (prev, Some(c));
@@ -279,6 +285,7 @@ mod tests {
             "a\u{200B}b".to_owned(),
             "a \u{200C}b".to_owned(),
             "\u{200C}start".to_owned(),
+            "Anna\u{200E}\u{200F}\u{200E} Fischer".to_owned(),
             "Anna\u{2800}\u{FE0F}".to_owned(),
             "line\u{2028}separator".to_owned(),
         ] {

@@ -158,7 +158,8 @@ enum PersonCmd {
         #[arg(long)]
         role: String,
     },
-    /// End a person's membership and every connection they created in the tenant.
+    /// End a person's membership, every connection they created and their API tokens in the
+    /// tenant, and all their console sessions.
     Deactivate {
         #[command(flatten)]
         t: InTenant,
@@ -446,13 +447,13 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 }
                 PersonCmd::Deactivate { email, .. } => {
                     let d = admin::person_deactivate(&ds, &ctx, &email).await?;
+                    let list = |items: &[String]| {
+                        if items.is_empty() { "none".to_owned() } else { items.join(", ") }
+                    };
                     let text = format!(
-                        "deactivated {email}; connections ended: {}",
-                        if d.revoked_connections.is_empty() {
-                            "none".into()
-                        } else {
-                            d.revoked_connections.join(", ")
-                        }
+                        "deactivated {email}; connections ended: {}; API tokens revoked: {}; console sessions ended",
+                        list(&d.revoked_connections),
+                        list(&d.revoked_api_tokens)
                     );
                     Ok((to_json(&d), text))
                 }

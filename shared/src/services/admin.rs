@@ -146,9 +146,23 @@ pub async fn person_create(
         return Err(Error::invalid(
             "password",
             format!(
-                "{email} has an account already and keeps its password; add them without one (for gatehousectl: no --password, and GATEHOUSE_PASSWORD unset); they sign in as before"
+                "{email} has an account already and keeps its password; add them without one (for gatehousectl: no --password, and GATEHOUSE_PASSWORD unset), and an operator sets a new one with gatehousectl password-reset if it must change"
             ),
         ));
+    }
+    // Adding someone who is already an active member would change their role unseen (and
+    // `viewer` is the default): a role change is `set-role`, audited as one.
+    if let Some(p) = &existing
+        && let Some(m) = ds.membership_get(ctx, p.id).await?
+        && m.active
+    {
+        return Err(Error::WrongState {
+            message: format!(
+                "{email} is already a member of this tenant as {}; change a role with person set-role",
+                m.role
+            ),
+            use_instead: None,
+        });
     }
     let mut tx = ds.begin().await?;
     let person = match existing {
@@ -233,6 +247,7 @@ pub async fn person_set_role(
 pub struct PersonDeactivated {
     pub person: String,
     pub revoked_connections: Vec<String>,
+    pub revoked_api_tokens: Vec<String>,
 }
 
 /// Ends a person's membership in the tenant and every connection they created there (R4).
@@ -251,14 +266,18 @@ pub async fn person_deactivate(
     let api_tokens = ds_fns::person_credentials_end(&mut tx, ctx, person.id).await?;
     let mut targets = vec![person.handle.clone()];
     targets.extend(revoked.iter().map(|(_, h)| h.clone()));
-    targets.extend(api_tokens);
+    targets.extend(api_tokens.iter().cloned());
     ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.deactivate", targets)).await?;
     tx.commit().await?;
     for (id, _) in &revoked {
         bus::publish(ds.bus(), Event::Revoked { connection_id: *id }).await;
     }
     let revoked_connections = revoked.into_iter().map(|(_, h)| h).collect();
-    Ok(PersonDeactivated { person: person.handle, revoked_connections })
+    Ok(PersonDeactivated {
+        person: person.handle,
+        revoked_connections,
+        revoked_api_tokens: api_tokens,
+    })
 }
 
 #[derive(Debug, Serialize)]

@@ -108,10 +108,9 @@ pub async fn reset_password(
     if password.chars().count() < 12 {
         return Err(Error::invalid("password", "use at least 12 characters"));
     }
-    let person = svc
-        .person_by_email(email.trim())
-        .await?
-        .ok_or_else(|| Error::not_found(Resource::Person, email.trim()))?;
+    let person = svc.person_by_email(email.trim()).await?.ok_or_else(|| {
+        Error::invalid("email", format!("no account has the email {:?}", email.trim()))
+    })?;
     let hash = crate::secret::hash_password(password)?;
     let mut tx = svc.begin().await?;
     db::person_password_set(&mut tx, person.id, &hash).await?;
