@@ -825,6 +825,17 @@ async fn home(s: Session) -> Response {
         "/approvals"
     } else if rights.contains(Right::AuditRead) {
         "/audit"
+    } else if let Some(tenant) = s.row.tenant_name() {
+        // A role with no console pages in this tenant (a viewer): say so, instead of sending
+        // the person back to the tenant picker with no word.
+        let body = format!(
+            "<div class=\"card\"><p>Signed in as <strong>{}</strong> in <strong>{}</strong>. Your role here has no console pages: connections, approvals and the audit log are for tenant admins and dispatchers.</p>\
+             <p>You can still connect an agent from your MCP client; it signs you in here and acts with your rights. For more, ask a tenant admin for another role.</p>\
+             <p><a href=\"/tenants\">Work in another tenant</a></p></div>",
+            esc(s.row.name()),
+            esc(tenant)
+        );
+        return Html(page("Nothing to manage here", Some(&s.nav("/")), &body)).into_response();
     } else {
         "/tenants"
     };

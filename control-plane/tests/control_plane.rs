@@ -691,6 +691,36 @@ async fn an_operator_resets_a_password_and_every_session_of_it_ends() {
 }
 
 #[tokio::test]
+async fn a_viewer_is_told_their_role_has_no_console_pages() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let (ok, out) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &[
+            "person",
+            "create",
+            "--tenant",
+            &t0.slug,
+            "--email",
+            "viewer@example.net",
+            "--name",
+            "Vera Viewer",
+            "--role",
+            "viewer",
+            "--password",
+            "a-viewer-password",
+        ],
+    );
+    assert!(ok, "{out}");
+    let viewer = Browser::sign_in(&api, "viewer@example.net", "a-viewer-password").await;
+    let home = viewer.get("/").await;
+    assert_eq!(home.status(), 200, "a page, not a bounce to the tenant picker");
+    let html = home.text().await.expect("html");
+    assert!(html.contains("no console pages") && html.contains("Vera Viewer"), "{html}");
+}
+
+#[tokio::test]
 async fn deactivation_ends_every_console_session_of_the_person() {
     let api = Api::start().await;
     let t0 = &api.seed.tenants[0];
