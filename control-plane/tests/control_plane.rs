@@ -655,6 +655,13 @@ async fn an_operator_resets_a_password_and_every_session_of_it_ends() {
         &["password-reset", "--email", &t0.dispatcher.email, "--password", "short"],
     );
     assert!(!ok, "{err}");
+    let (ok, err) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &["password-reset", "--email", "nobody@example.net", "--password", "a-new-long-password"],
+    );
+    assert!(!ok, "{err}");
+    assert_eq!(err["error"]["code"], "invalid_argument", "an unknown email: {err}");
     let (ok, out) = ctl_as(
         &api._db,
         Some(&t0.admin.email),

@@ -177,9 +177,14 @@ pub async fn authenticate(
         }
         let body = bytes.clone();
         // rmcp's 415 means "not JSON-RPC" only when the body was sent as JSON.
+        // (Compared in place: this runs on every call, and a lowercase copy would allocate.)
         let sent_as_json =
             parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(
-                |v| v.trim_start().to_ascii_lowercase().starts_with("application/json"),
+                |v| {
+                    v.trim_start()
+                        .get(.."application/json".len())
+                        .is_some_and(|p| p.eq_ignore_ascii_case("application/json"))
+                },
             );
         let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
