@@ -1340,7 +1340,7 @@ async fn with_postgres_down_workers_answer_503_and_a_retry_after_recovery_execut
     }
     assert_eq!(first["structuredContent"]["replayed"], false, "{first}");
     let again = tool_call(&stack.lb_url, &token, "add_booking_note", args).await;
-    assert_eq!(again["structuredContent"]["replayed"], true);
+    assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
     assert_eq!(
         psql_count(
             &stack,

@@ -22,7 +22,7 @@ pub mod text;
 pub mod time;
 pub mod views;
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use ctx::OpCtx;

@@ -1,6 +1,7 @@
 //! The connection context: one query per MCP request (DESIGN step 3, R4).
 
 use crate::datastore::Services;
+use crate::datastore::pipe::{PipeRow, Sql};
 use crate::error::Result;
 
 /// Everything a worker needs to decide about one MCP request, read in one round trip:
@@ -115,18 +116,36 @@ pub struct ContextWithBooking {
     pub booking: Option<Option<crate::datastore::BookingRow>>,
 }
 
-/// Names each column at most once: sqlx finds columns by name and would silently take the last
-/// of two equal ones, so a booking column named like a context column could stand in for it.
-fn columns_distinct(row: &sqlx::postgres::PgRow) -> bool {
-    use sqlx::{Column, Row};
-    static DISTINCT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *DISTINCT.get_or_init(|| {
-        let mut names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
-        names.sort_unstable();
-        let total = names.len();
-        names.dedup();
-        names.len() == total
-    })
+impl ConnectionContextRow {
+    /// Reads the context from a row of the pipe (`sqlx::FromRow` reads the same columns from a
+    /// pool row; a test holds the two to the same answer).
+    fn from_pipe(row: &PipeRow) -> Result<Self> {
+        Ok(ConnectionContextRow {
+            token_expires_at: row.get("token_expires_at")?,
+            token_audience: row.get("token_audience")?,
+            connection_id: row.get("connection_id")?,
+            connection_handle: row.get("connection_handle")?,
+            connection_name: row.get("connection_name")?,
+            client_name: row.get("client_name")?,
+            connection_rights: row.get("connection_rights")?,
+            connection_status: row.get("connection_status")?,
+            connection_toolset: row.get("connection_toolset")?,
+            tenant_id: row.get("tenant_id")?,
+            tenant_handle: row.get("tenant_handle")?,
+            tenant_slug: row.get("tenant_slug")?,
+            tenant_zone: row.get("tenant_zone")?,
+            tenant_currency: row.get("tenant_currency")?,
+            tenant_agent_access: row.get("tenant_agent_access")?,
+            creator_id: row.get("creator_id")?,
+            creator_handle: row.get("creator_handle")?,
+            creator_active: row.get("creator_active")?,
+            creator_role: row.get("creator_role")?,
+            membership_active: row.get("membership_active")?,
+            global_kill: row.get("global_kill")?,
+            read_per_minute: row.get("read_per_minute")?,
+            on_standby: row.get("on_standby")?,
+        })
+    }
 }
 
 fn refuse_standby(on_standby: bool) -> Result<()> {
@@ -139,21 +158,17 @@ fn refuse_standby(on_standby: bool) -> Result<()> {
 }
 
 impl Services {
-    /// Looks up an MCP token by hash: one round trip.
+    /// Looks up an MCP token by hash: one round trip, on the pipe.
     pub(crate) async fn connection_context(
         &self,
         token_hash: &[u8],
     ) -> Result<Option<ConnectionContextRow>> {
-        let mut lane = self.lane().checkout().await?;
-        let row = sqlx::query_as::<_, ConnectionContextRow>(CONNECTION_CONTEXT_SQL)
-            .bind(token_hash)
-            .fetch_optional(lane.conn())
-            .await?;
-        lane.done();
-        if let Some(row) = &row {
-            refuse_standby(row.on_standby)?;
-        }
-        Ok(row)
+        let Some(row) = self.pipe().query_opt(Sql::Context, &[&token_hash]).await? else {
+            return Ok(None);
+        };
+        let context = ConnectionContextRow::from_pipe(&row)?;
+        refuse_standby(context.on_standby)?;
+        Ok(Some(context))
     }
 
     /// Looks up an MCP token by hash and a booking of its tenant, in one round trip.
@@ -163,47 +178,38 @@ impl Services {
         booking: &str,
         notes_before: Option<crate::datastore::NotesBefore>,
     ) -> Result<Option<ContextWithBooking>> {
-        use sqlx::{FromRow, Row};
         let (at, note) = notes_before.unzip();
-        let mut lane = self.lane().checkout().await?;
-        let read = sqlx::query(CONTEXT_AND_BOOKING_SQL.as_str())
-            .bind(token_hash)
-            .bind(booking)
-            .bind(at)
-            .bind(note)
-            .fetch_optional(lane.conn())
+        let read = self
+            .pipe()
+            .query_opt(Sql::ContextAndBooking, &[&token_hash, &booking, &at, &note])
             .await;
         let row = match read {
-            Ok(row) => {
-                lane.done();
-                row
-            }
+            Ok(row) => row,
             // A value Postgres refuses in the tool's part (SQLSTATE class 22, data exception):
             // the context alone decides, and the tool reads for itself and reports its own
             // error. Anything else (overload, timeouts, a broken connection) is the database's
             // and is not retried here.
-            Err(sqlx::Error::Database(e)) if e.code().is_some_and(|c| c.starts_with("22")) => {
-                drop(lane);
-                tracing::warn!(error = %e, "the read-ahead failed; the context is read alone");
+            Err(failure) if failure.sqlstate().is_some_and(|code| code.starts_with("22")) => {
+                tracing::warn!(error = ?failure, "the read-ahead failed; the context is read alone");
                 let context = self.connection_context(token_hash).await?;
                 return Ok(context.map(|context| ContextWithBooking { context, booking: None }));
             }
-            Err(e) => return Err(e.into()),
+            Err(failure) => return Err(failure.into()),
         };
         let Some(row) = row else {
             return Ok(None);
         };
-        if !columns_distinct(&row) {
+        if !row.columns_distinct() {
             return Err(crate::error::Error::Internal(
                 "the read-ahead statement names a column twice".into(),
             ));
         }
-        let context = ConnectionContextRow::from_row(&row)?;
+        let context = ConnectionContextRow::from_pipe(&row)?;
         refuse_standby(context.on_standby)?;
         // The booking's part never decides authentication: should it not decode, the context
         // stands and the tool reads the booking for itself (and reports what it finds).
-        let decoded = row.try_get::<Option<i64>, _>("id").and_then(|found| {
-            found.map(|_| crate::datastore::BookingRow::from_row(&row)).transpose()
+        let decoded = row.get::<Option<i64>>("id").and_then(|found| {
+            found.map(|_| crate::datastore::BookingRow::from_pipe(&row)).transpose()
         });
         let booking = match decoded {
             Ok(booking) => Some(booking),

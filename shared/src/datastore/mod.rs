@@ -13,11 +13,11 @@ mod bookings;
 mod connections;
 mod customers;
 mod housekeeping;
-mod lane;
 mod oauth;
 mod outbox;
 mod pending;
 mod people;
+mod pipe;
 mod rates;
 mod replay;
 mod service_catalog;
@@ -65,8 +65,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 #[derive(Clone, Debug)]
 pub struct Services {
     pool: PgPool,
-    /// The connections of the one statement every MCP request runs first (see `lane`).
-    lane: std::sync::Arc<lane::Lane>,
+    /// The shared, pipelined connections of the one statement every MCP request runs first
+    /// (see `pipe`).
+    pipe: std::sync::Arc<pipe::Pipe>,
     /// Password hashing runs on blocking threads, at most this many at once, so a flood of
     /// sign-ins can neither stall the async workers nor take every core.
     hashing: std::sync::Arc<tokio::sync::Semaphore>,
@@ -119,23 +120,28 @@ pub(crate) fn check_before_use(idle: Duration) -> bool {
 
 impl Services {
     /// Connects a pool of at most `max_connections` to `url` (the control plane, the CLI: the
-    /// hot path's lane is never used there and opens nothing).
+    /// hot path's pipe is never used there and opens nothing).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         Services::connect_split(url, max_connections, max_connections.max(1)).await
     }
 
-    /// Connects a worker with at most `max_connections` (2 at least) in all: half for the hot
-    /// path's lane (rounded up), the rest for the pool.
+    /// Connects a worker with at most `max_connections` (2 at least) in all: up to half for the
+    /// hot path's pipe (one per core is enough: they are shared, see `pipe`), the rest for the
+    /// pool.
     pub async fn connect_worker(url: &str, max_connections: u32) -> Result<Self> {
         let total = max_connections.max(2);
-        let lane_size = total.div_ceil(2);
-        Services::connect_split(url, total - lane_size, lane_size).await
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
+        let pipe_size = total.div_ceil(2).min(cores).max(1);
+        Services::connect_split(url, total - pipe_size, pipe_size).await
     }
 
-    async fn connect_split(url: &str, pool_size: u32, lane_size: u32) -> Result<Self> {
+    async fn connect_split(url: &str, pool_size: u32, pipe_size: u32) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?
             .application_name("gatehouse");
+        // The pipe's driver reads the same URL (it takes the libpq forms sqlx takes).
+        let pipe_config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .min_connections(1)
@@ -155,35 +161,34 @@ impl Services {
             })
             .connect_with(options)
             .await?;
-        Ok(Services::with_lane(pool, lane_size))
+        Ok(Services::with_pipe(pool, pipe::Pipe::new(pipe_config, pipe_size as usize)))
     }
 
-    /// Services on `pool`, with a lane as large as the pool (tests).
+    /// Services on `pool`, with a pipe of two connections to the same database (tests).
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn with_pool(pool: PgPool) -> Self {
-        let size = pool.options().get_max_connections();
-        Services::with_lane(pool, size)
+        let config = pipe::config_from(&pool.connect_options());
+        Services::with_pipe(pool, pipe::Pipe::new(config, 2))
     }
 
-    /// The pool for the tools' work and transactions, and a lane of `lane_size` connections
-    /// (opened as needed) for the statement every request runs first.
-    fn with_lane(pool: PgPool, lane_size: u32) -> Self {
+    /// The pool for the tools' work and transactions, and the pipe (opened as needed) for the
+    /// statement every request runs first.
+    fn with_pipe(pool: PgPool, pipe: pipe::Pipe) -> Self {
         let hashing = std::sync::Arc::new(tokio::sync::Semaphore::new(HASHING_AT_ONCE));
-        let lane = lane::Lane::new((*pool.connect_options()).clone(), lane_size);
         Services {
             pool,
-            lane: std::sync::Arc::new(lane),
+            pipe: std::sync::Arc::new(pipe),
             hashing,
             policy: Policy::default(),
             bus: None,
         }
     }
 
-    pub(crate) fn lane(&self) -> &std::sync::Arc<lane::Lane> {
-        &self.lane
+    pub(crate) fn pipe(&self) -> &pipe::Pipe {
+        &self.pipe
     }
 
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn from_pool(pool: PgPool) -> Self {
         Services::with_pool(pool)
     }
