@@ -28,6 +28,8 @@ pub struct Common {
     /// 3 on a three-node cluster, so one node can stop).
     pub nats_replicas: usize,
     pub db_max_connections: u32,
+    /// Connections in a worker's hot-path pipe (`GATEHOUSE_DB_PIPE`); `None`: one per core.
+    pub db_pipe: Option<u32>,
 }
 
 impl Common {
@@ -40,6 +42,15 @@ impl Common {
         let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
         let db_max_connections =
             std::env::var("GATEHOUSE_DB_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+        let db_pipe = match std::env::var("GATEHOUSE_DB_PIPE") {
+            Err(_) => None,
+            Ok(v) => Some(v.trim().parse().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
+                Error::invalid(
+                    "GATEHOUSE_DB_PIPE",
+                    "use 1 to 64 (connections the worker's requests share; default one per core)",
+                )
+            })?),
+        };
         let nats_replicas = match std::env::var("GATEHOUSE_NATS_REPLICAS") {
             Err(_) => 1,
             Ok(v) => v.trim().parse().ok().filter(|n| (1..=5).contains(n)).ok_or_else(|| {
@@ -51,6 +62,7 @@ impl Common {
             nats_url,
             nats_replicas,
             db_max_connections,
+            db_pipe,
         })
     }
 }

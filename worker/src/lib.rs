@@ -142,7 +142,7 @@ pub fn public_app(state: Arc<AppState>) -> Router {
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let nats = if state.live.nats_connected() { "connected" } else { "disconnected" };
-    match state.ds.ping().await {
+    match state.ds.ping_hot_path().await {
         Ok(()) => (
             StatusCode::OK,
             Json(serde_json::json!({"status": "ready", "postgres": "ok", "nats": nats})),

@@ -490,7 +490,7 @@ async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wa
     sql.flush().await.expect("flush");
     // Until the row is held, the create could pass before the deactivation began.
     for _ in 0..100 {
-        let held = stack.count("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.application_name = 'psql' AND l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'").await;
+        let held = stack.count("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.datname = current_database() AND a.application_name = 'psql' AND l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'").await;
         if held > 0 {
             break;
         }
@@ -3760,6 +3760,47 @@ fn strip_from_now(value: &mut Value) {
         Value::Array(items) => items.iter_mut().for_each(strip_from_now),
         _ => {}
     }
+}
+
+#[tokio::test]
+async fn a_booking_locked_by_a_migration_is_read_once_the_lock_is_gone() {
+    // The statement that reads the context and the booking waits for a lock only briefly (it
+    // shares a connection with other requests' statements); when the bookings are locked it
+    // gives up, the context is read alone, and the tool reads its booking on the pool, where
+    // it waits for the lock and then answers, instead of the call failing.
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let booking = stack
+        .db
+        .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
+        .await;
+    let mut holder = tokio::process::Command::new("psql")
+        .args([stack.db.url.as_str(), "-q", "-v", "ON_ERROR_STOP=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("psql");
+    let mut sql = holder.stdin.take().expect("stdin");
+    use tokio::io::AsyncWriteExt;
+    sql.write_all(b"BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE;\n").await.expect("lock");
+    sql.flush().await.expect("flush");
+    for _ in 0..100 {
+        let held = stack.count("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.datname = current_database() AND a.application_name = 'psql' AND l.mode = 'AccessExclusiveLock' AND l.relation = 'bookings'::regclass").await;
+        if held > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (read, ()) =
+        tokio::join!(stack.ok(&token, "get_booking", json!({"booking": booking})), async {
+            // Longer than the pipe's lock wait (500 ms), so the read-ahead has given up.
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            sql.write_all(b"ROLLBACK;\n").await.expect("unlock");
+            sql.flush().await.expect("flush");
+        });
+    assert_eq!(read["booking"], booking.as_str(), "{read}");
+    drop(sql);
+    holder.wait().await.expect("psql ends");
 }
 
 #[tokio::test]

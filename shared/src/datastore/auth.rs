@@ -185,11 +185,17 @@ impl Services {
             .await;
         let row = match read {
             Ok(row) => row,
-            // A value Postgres refuses in the tool's part (SQLSTATE class 22, data exception):
-            // the context alone decides, and the tool reads for itself and reports its own
-            // error. Anything else (overload, timeouts, a broken connection) is the database's
-            // and is not retried here.
-            Err(failure) if failure.sqlstate().is_some_and(|code| code.starts_with("22")) => {
+            // A value Postgres refuses in the tool's part (SQLSTATE class 22, data exception),
+            // or a lock on the tool's tables (55P03, a migration's, say: the pipe waits for
+            // locks only briefly, as statements are queued behind it): the context alone
+            // decides, and the tool reads for itself on the pool, where it may wait without
+            // holding up anyone else, and reports its own error. Anything else (overload,
+            // timeouts, a broken connection) is the database's and is not retried here.
+            Err(failure)
+                if failure
+                    .sqlstate()
+                    .is_some_and(|code| code.starts_with("22") || code == "55P03") =>
+            {
                 tracing::warn!(error = ?failure, "the read-ahead failed; the context is read alone");
                 let context = self.connection_context(token_hash).await?;
                 return Ok(context.map(|context| ContextWithBooking { context, booking: None }));

@@ -125,23 +125,25 @@ impl Services {
         Services::connect_split(url, max_connections, max_connections.max(1)).await
     }
 
-    /// Connects a worker with at most `max_connections` (2 at least) in all: up to half for the
-    /// hot path's pipe (one per core is enough: they are shared, see `pipe`), the rest for the
-    /// pool.
-    pub async fn connect_worker(url: &str, max_connections: u32) -> Result<Self> {
-        let total = max_connections.max(2);
+    /// Connects a worker with at most `max_connections` in all: the hot path's pipe (`pipe`
+    /// shared connections, or one per core; at most a third of the total, as it may hold twice
+    /// its size while replacing connections, see `pipe`) and the pool, the rest.
+    pub async fn connect_worker(
+        url: &str,
+        max_connections: u32,
+        pipe: Option<u32>,
+    ) -> Result<Self> {
+        let total = max_connections.max(3);
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
-        let pipe_size = total.div_ceil(2).min(cores).max(1);
-        Services::connect_split(url, total - pipe_size, pipe_size).await
+        let pipe_size = pipe.unwrap_or(cores).min(total / 3).max(1);
+        Services::connect_split(url, total - 2 * pipe_size, pipe_size).await
     }
 
     async fn connect_split(url: &str, pool_size: u32, pipe_size: u32) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?
             .application_name("gatehouse");
-        // The pipe's driver reads the same URL (it takes the libpq forms sqlx takes).
-        let pipe_config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?;
+        let pipe_config = pipe::config_for(url, &options);
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             .min_connections(1)
@@ -184,7 +186,7 @@ impl Services {
         }
     }
 
-    pub(crate) fn pipe(&self) -> &pipe::Pipe {
+    pub(crate) fn pipe(&self) -> &std::sync::Arc<pipe::Pipe> {
         &self.pipe
     }
 
@@ -241,6 +243,13 @@ impl Services {
     pub async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// A worker's readiness: the pool answers, and so does the hot path's pipe (the statement
+    /// every MCP request starts with, for no token).
+    pub async fn ping_hot_path(&self) -> Result<()> {
+        self.ping().await?;
+        Ok(self.pipe.ready().await?)
     }
 
     pub(crate) fn pool(&self) -> &PgPool {

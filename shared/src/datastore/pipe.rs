@@ -8,21 +8,33 @@
 //! in order). Under load a backend so receives several statements per wake-up instead of one;
 //! each still has its own `Sync`, so each is its own implicit transaction and one statement's
 //! error touches no other. docs/architecture.md ("Two Postgres drivers") has the figures that
-//! pay for the second driver: a statement costs Postgres and the worker about half the CPU it
-//! costs with one connection per request.
+//! pay for the second driver.
 //!
-//! Nothing is cached: every statement is sent and answered. A connection that ends (a database
-//! restart, a terminated backend) is seen as closed at once and replaced by the next request; one
-//! that does not answer within [`WAIT`] is dropped and replaced, as is one older than
-//! [`LIFETIME`] (so the pipe follows a failover). A request cancelled mid-statement (a client
-//! hanging up) leaves nothing to settle: its answer is read and dropped.
+//! Nothing is cached: every statement is sent and answered. How the pipe stays bounded:
+//! - A connection that ends (a database restart, a terminated backend) is seen as closed and
+//!   replaced by the next request; a read that met it is sent once more on the new one.
+//! - One that has answered nothing for [`WAIT`] while a request waited on it (a stalled server,
+//!   a partition) is dropped and replaced; TCP keepalives find one that died while idle.
+//! - One older than [`LIFETIME`] is replaced (so the pipe follows a failover).
+//! - A connection is opened by a task of its own, not by the request that found none, so a
+//!   request that gives up does not abandon the attempt; at most one opens per slot at a time.
+//! - The pipe never holds more than twice its size in connections, those being replaced
+//!   included: a dropped connection keeps its room until its backend has answered what was sent.
+//! - Statements give up after [`LOCK_WAIT`] behind a lock, so one blocked statement holds up
+//!   those queued behind it only that long; the context and booking read then falls back to the
+//!   context alone, and the tool reads its booking on the pool, where waiting blocks nobody.
+//! - Each statement is prepared on a connection when first needed, so a lock on one statement's
+//!   tables delays no other statement.
+//! - A request cancelled mid-statement (a client hanging up) leaves nothing to settle: its answer
+//!   is read and dropped.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio_postgres::types::{FromSql, ToSql};
+use tokio::sync::{OnceCell, Semaphore};
+use tokio_postgres::types::{FromSql, ToSql, Type};
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 
 use crate::error::{Error, Result};
@@ -33,21 +45,23 @@ const WAIT: Duration = Duration::from_secs(5);
 /// A connection older than this is replaced when it is next used (as the pool's
 /// `max_lifetime`).
 const LIFETIME: Duration = Duration::from_secs(30 * 60);
+/// How long a pipe statement waits for a lock before it gives up (`lock_timeout`).
+const LOCK_WAIT: &str = "500ms";
 
-/// The statements the pipe runs, each prepared on every pipe connection when it opens.
+/// The statements the pipe runs, each prepared on a pipe connection when first needed there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Sql {
     /// The connection context ($1 token hash).
-    Context,
+    Context = 0,
     /// The connection context and one booking of its tenant ($1 token hash, $2 handle, $3–$4
     /// the notes cursor).
-    ContextAndBooking,
+    ContextAndBooking = 1,
     /// One call counted in a connection's rate window.
-    RateTake,
+    RateTake = 2,
 }
 
 impl Sql {
-    const ALL: [Sql; 3] = [Sql::Context, Sql::ContextAndBooking, Sql::RateTake];
+    const COUNT: usize = 3;
 
     fn text(self) -> &'static str {
         match self {
@@ -55,6 +69,21 @@ impl Sql {
             Sql::ContextAndBooking => super::auth::CONTEXT_AND_BOOKING_SQL.as_str(),
             Sql::RateTake => super::rates::RATE_TAKE_SQL,
         }
+    }
+
+    /// The parameters' types, given rather than inferred, so a statement's meaning does not
+    /// depend on what the server makes of it.
+    fn types(self) -> &'static [Type] {
+        match self {
+            Sql::Context => &[Type::BYTEA],
+            Sql::ContextAndBooking => &[Type::BYTEA, Type::TEXT, Type::TIMESTAMPTZ, Type::TEXT],
+            Sql::RateTake => &[Type::INT8, Type::INT8, Type::TEXT, Type::INT4],
+        }
+    }
+
+    /// Whether sending it twice changes nothing (so a lost connection may be retried).
+    fn reads_only(self) -> bool {
+        !matches!(self, Sql::RateTake)
     }
 }
 
@@ -64,16 +93,44 @@ struct Prepared {
     columns: Arc<HashMap<String, usize>>,
 }
 
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn now_ms() -> u64 {
+    EPOCH.elapsed().as_millis() as u64
+}
+
 /// One open connection.
 struct Link {
     client: Client,
-    prepared: Vec<Prepared>,
+    prepared: [OnceCell<Prepared>; Sql::COUNT],
     born: Instant,
+    /// When it last answered (ms after `EPOCH`), or opened.
+    answered_ms: AtomicU64,
 }
 
 impl Link {
     fn usable(&self) -> bool {
         !self.client.is_closed() && self.born.elapsed() < LIFETIME
+    }
+
+    async fn prepared(&self, sql: Sql) -> std::result::Result<&Prepared, tokio_postgres::Error> {
+        self.prepared[sql as usize]
+            .get_or_try_init(|| async {
+                let statement = self.client.prepare_typed(sql.text(), sql.types()).await?;
+                let columns = statement
+                    .columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(at, column)| (column.name().to_owned(), at))
+                    .collect();
+                Ok(Prepared { statement, columns: Arc::new(columns) })
+            })
+            .await
+    }
+
+    /// Whether it has answered nothing for `span`.
+    fn silent_for(&self, span: Duration) -> bool {
+        now_ms().saturating_sub(self.answered_ms.load(Ordering::Relaxed)) >= span.as_millis() as u64
     }
 }
 
@@ -81,9 +138,9 @@ impl Link {
 #[derive(Default)]
 struct Slot {
     current: Mutex<Option<Arc<Link>>>,
-    /// Held while this slot's connection is being opened, so requests meeting a closed one open
-    /// one replacement, not one each.
-    opening: tokio::sync::Mutex<()>,
+    /// Held by the task opening this slot's connection, so requests meeting a closed one wait
+    /// for one replacement instead of opening one each.
+    opening: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Slot {
@@ -106,6 +163,8 @@ pub(crate) struct Pipe {
     config: Config,
     slots: Box<[Slot]>,
     next: AtomicUsize,
+    /// Room for twice the slots in connections, those being replaced included.
+    room: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Pipe {
@@ -139,24 +198,25 @@ impl From<tokio_postgres::Error> for Failure {
     }
 }
 
+/// Whether `e` says the connection, not the statement, failed (it closed or would not open,
+/// SQLSTATE class 08, connection exception, or 57P, the server ending the session).
+fn connection_failed(e: &tokio_postgres::Error) -> bool {
+    let code = e.code().map(|c| c.code()).unwrap_or_default();
+    e.as_db_error().is_none() || code.starts_with("08") || code.starts_with("57P")
+}
+
 impl From<Failure> for Error {
     fn from(failure: Failure) -> Self {
         match failure {
             Failure::Database(e) => {
-                // Anything but a statement the server refused (a connection that failed, closed
-                // or would not open), SQLSTATE class 08 (connection exception) or 57P (the server
-                // shutting down or ending the session): the pool's idle connections may have
-                // broken too (a restart) and are checked before use, as in `From<sqlx::Error>`.
-                let code = e.code().map(|c| c.code()).unwrap_or_default();
-                if e.as_db_error().is_none() || code.starts_with("08") || code.starts_with("57P") {
+                // The pool's idle connections may have broken too (a restart) and are checked
+                // before use, as in `From<sqlx::Error>`.
+                if connection_failed(&e) {
                     super::note_broken();
                 }
                 Error::Internal(format!("database: {e}"))
             }
-            Failure::Late(what) => {
-                super::note_broken();
-                Error::Internal(format!("database: {what} within 5 s"))
-            }
+            Failure::Late(what) => Error::Internal(format!("database: {what} within 5 s")),
         }
     }
 }
@@ -176,7 +236,7 @@ impl PipeRow {
         self.row.try_get(*at).map_err(|e| Error::Internal(format!("database: column {name}: {e}")))
     }
 
-    /// Whether no two columns share a name: [`PipeRow::get`] would find only the first of two.
+    /// Whether no two columns share a name: of two, [`PipeRow::get`] would read only one.
     pub(crate) fn columns_distinct(&self) -> bool {
         self.columns.len() == self.row.len()
     }
@@ -185,95 +245,167 @@ impl PipeRow {
 impl Pipe {
     /// A pipe of `connections` connections (opened when first needed) to `config`'s server.
     pub(crate) fn new(mut config: Config, connections: usize) -> Self {
-        // A pipe statement takes milliseconds: one stuck behind a lock (a migration's, say)
-        // gives up instead of holding up the statements queued behind it.
+        // The session as sqlx sets up the pool's (times read back in UTC), and limits that
+        // keep one statement from holding up those queued behind it.
+        let limits = format!(
+            "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lock_timeout={LOCK_WAIT} -c statement_timeout=5s"
+        );
         let options = match config.get_options() {
-            Some(given) => format!("{given} -c lock_timeout=2s -c statement_timeout=5s"),
-            None => "-c lock_timeout=2s -c statement_timeout=5s".to_owned(),
+            Some(given) => format!("{given} {limits}"),
+            None => limits,
         };
-        config.options(options).application_name("gatehouse");
+        config
+            .options(options)
+            .application_name("gatehouse-pipe")
+            .ssl_mode(tokio_postgres::config::SslMode::Disable)
+            .connect_timeout(WAIT)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30))
+            .keepalives_interval(Duration::from_secs(10))
+            .keepalives_retries(3);
+        let connections = connections.max(1);
         Pipe {
             config,
-            slots: (0..connections.max(1)).map(|_| Slot::default()).collect(),
+            slots: (0..connections).map(|_| Slot::default()).collect(),
             next: AtomicUsize::new(0),
+            room: Arc::new(Semaphore::new(2 * connections)),
         }
     }
 
     /// Runs `sql` with `params` and returns its row, if any (the statements return one at most).
     pub(crate) async fn query_opt(
-        &self,
+        self: &Arc<Self>,
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> std::result::Result<Option<PipeRow>, Failure> {
-        let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
         let deadline = tokio::time::Instant::now() + WAIT;
-        let link = tokio::time::timeout_at(deadline, self.link(slot))
-            .await
-            .map_err(|_| Failure::Late("no connection"))??;
-        let prepared = &link.prepared[Sql::ALL.iter().position(|s| *s == sql).unwrap_or(0)];
-        match tokio::time::timeout_at(deadline, link.client.query_opt(&prepared.statement, params))
-            .await
-        {
-            Ok(Ok(row)) => Ok(row.map(|row| PipeRow { row, columns: prepared.columns.clone() })),
-            Ok(Err(e)) => {
-                // A closed connection is replaced; so is one whose prepared statements the
-                // server no longer takes (0A000: a migration changed a result type; 26000: a
-                // pooler in between dropped them), else it would fail every request until its
-                // lifetime ends.
-                let stale = e.code().is_some_and(|c| matches!(c.code(), "0A000" | "26000"));
-                if link.client.is_closed() || stale || e.as_db_error().is_none() {
-                    slot.forget(&link);
+        let mut again = true;
+        loop {
+            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+            let link = tokio::time::timeout_at(deadline, self.link(index))
+                .await
+                .map_err(|_| Failure::Late("no connection"))??;
+            let answer = tokio::time::timeout_at(deadline, async {
+                let prepared = link.prepared(sql).await?;
+                let row = link.client.query_opt(&prepared.statement, params).await?;
+                Ok::<_, tokio_postgres::Error>((row, prepared.columns.clone()))
+            })
+            .await;
+            let slot = &self.slots[index];
+            match answer {
+                Ok(Ok((row, columns))) => {
+                    link.answered_ms.store(now_ms(), Ordering::Relaxed);
+                    return Ok(row.map(|row| PipeRow { row, columns }));
                 }
-                Err(Failure::Database(e))
-            }
-            // A connection that does not answer within seconds, for statements that take
-            // milliseconds, is taken for lost: the next request opens another.
-            Err(_) => {
-                slot.forget(&link);
-                Err(Failure::Late("no answer"))
+                Ok(Err(e)) => {
+                    // A connection that failed is replaced; so is one whose prepared
+                    // statements the server no longer takes (0A000: a migration changed a
+                    // result type; 26000: a pooler in between dropped them), else it would
+                    // fail every request until its lifetime ends. The statement did not run
+                    // where they went stale, and a read may run twice: either is sent once
+                    // more, on a new connection.
+                    let stale = e.code().is_some_and(|c| matches!(c.code(), "0A000" | "26000"));
+                    let lost = connection_failed(&e) || link.client.is_closed();
+                    if stale || lost {
+                        slot.forget(&link);
+                    }
+                    if again && (stale || (lost && sql.reads_only())) {
+                        again = false;
+                        continue;
+                    }
+                    return Err(Failure::Database(e));
+                }
+                // A connection that answered nothing, to anyone, for as long as this request
+                // waited is taken for lost (a stalled server, a partition): the next request
+                // opens another. One that is answering others is only busy, and stays.
+                Err(_) => {
+                    if link.silent_for(WAIT) {
+                        slot.forget(&link);
+                        super::note_broken();
+                    }
+                    return Err(Failure::Late("no answer"));
+                }
             }
         }
     }
 
-    async fn link(&self, slot: &Slot) -> std::result::Result<Arc<Link>, Failure> {
+    /// The connection of slot `index`, opened by a task of its own if it has none.
+    async fn link(self: &Arc<Self>, index: usize) -> std::result::Result<Arc<Link>, Failure> {
+        let slot = &self.slots[index];
         if let Some(link) = slot.usable() {
             return Ok(link);
         }
-        let _opening = slot.opening.lock().await;
+        let opening = slot.opening.clone().lock_owned().await;
         if let Some(link) = slot.usable() {
             return Ok(link);
         }
-        let link = Arc::new(self.open().await?);
-        if let Ok(mut current) = slot.current.lock() {
-            *current = Some(link.clone());
-        }
-        Ok(link)
+        let pipe = self.clone();
+        let opened = tokio::spawn(async move {
+            let _opening = opening;
+            let opened = tokio::time::timeout(2 * WAIT, pipe.open()).await;
+            let link = match opened {
+                Ok(Ok(link)) => Arc::new(link),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "a pipe connection did not open");
+                    super::note_broken();
+                    return Err(Failure::Database(e));
+                }
+                Err(_) => {
+                    super::note_broken();
+                    return Err(Failure::Late("no connection"));
+                }
+            };
+            if let Ok(mut current) = pipe.slots[index].current.lock() {
+                *current = Some(link.clone());
+            }
+            Ok(link)
+        });
+        opened.await.map_err(|_| Failure::Late("no connection"))?
     }
 
-    async fn open(&self) -> std::result::Result<Link, Failure> {
+    async fn open(&self) -> std::result::Result<Link, tokio_postgres::Error> {
+        // Room first: a connection dropped for not answering keeps its room until its backend
+        // answered what was sent to it, so a stalled server is not met with ever more.
+        let room = self.room.clone().acquire_owned().await;
         let (client, connection) = self.config.connect(NoTls).await?;
         tokio::spawn(async move {
+            let _room = room;
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a pipe connection ended");
             }
         });
-        let mut prepared = Vec::with_capacity(Sql::ALL.len());
-        for sql in Sql::ALL {
-            let statement = client.prepare(sql.text()).await?;
-            let columns = statement
-                .columns()
-                .iter()
-                .enumerate()
-                .map(|(at, column)| (column.name().to_owned(), at))
-                .collect();
-            prepared.push(Prepared { statement, columns: Arc::new(columns) });
-        }
-        Ok(Link { client, prepared, born: Instant::now() })
+        Ok(Link {
+            client,
+            prepared: Default::default(),
+            born: Instant::now(),
+            answered_ms: AtomicU64::new(now_ms()),
+        })
+    }
+
+    /// Readiness of the hot path: the context statement answers (for no token).
+    pub(crate) async fn ready(self: &Arc<Self>) -> std::result::Result<(), Failure> {
+        self.query_opt(Sql::Context, &[&b"readiness".as_slice()]).await.map(|_| ())
     }
 }
 
-/// The pipe's settings from the pool's (tests, where the pool is all there is: no password).
-#[cfg(any(test, feature = "testing"))]
+/// The pipe's settings: the server, user, database and options sqlx read from `DATABASE_URL`
+/// (so both drivers read it one way), and the password from the URL or `PGPASSWORD`.
+pub(crate) fn config_for(url: &str, options: &sqlx::postgres::PgConnectOptions) -> Config {
+    let mut config = config_from(options);
+    if let Some(given) = options.get_options() {
+        config.options(given);
+    }
+    let from_url = url::Url::parse(url).ok().and_then(|u| {
+        u.password()
+            .map(|p| percent_encoding::percent_decode_str(p).decode_utf8_lossy().into_owned())
+    });
+    if let Some(password) = from_url.or_else(|| std::env::var("PGPASSWORD").ok()) {
+        config.password(password);
+    }
+    config
+}
+
+/// The server, port, user and database of `options`.
 pub(crate) fn config_from(options: &sqlx::postgres::PgConnectOptions) -> Config {
     let mut config = Config::new();
     match options.get_socket() {
@@ -294,18 +426,30 @@ mod tests {
     use super::*;
     use crate::testing::TestDb;
 
-    fn pipe(db: &TestDb, connections: usize) -> Pipe {
-        Pipe::new(Config::from_str(&db.url).expect("url"), connections)
+    fn pipe(db: &TestDb, connections: usize) -> Arc<Pipe> {
+        let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
+        Arc::new(Pipe::new(config_for(&db.url, &options), connections))
     }
 
-    async fn pids(pipe: &Pipe) -> Vec<i32> {
+    /// The backend of each of the pipe's connections.
+    async fn pids(pipe: &Arc<Pipe>) -> Vec<i32> {
         let mut pids = Vec::new();
-        for slot in pipe.slots.iter() {
-            let link = pipe.link(slot).await.expect("link");
+        for index in 0..pipe.slots.len() {
+            let link = pipe.link(index).await.expect("link");
             let row = link.client.query_one("SELECT pg_backend_pid()", &[]).await.expect("pid");
             pids.push(row.get(0));
         }
         pids
+    }
+
+    /// How many backends the pipes of this test's database hold.
+    async fn pipe_backends(db: &TestDb) -> i64 {
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = '{}' AND application_name = 'gatehouse-pipe'",
+            db.name
+        ))
+        .await
     }
 
     async fn terminate(db: &TestDb, pids: &[i32]) {
@@ -328,7 +472,7 @@ mod tests {
             .flat_map(|t| t.connections.iter().map(|c| (c.token.clone(), c.connection.clone())))
             .collect();
         assert!(tokens.len() >= 4);
-        let pipe = Arc::new(pipe(&db, 2));
+        let pipe = pipe(&db, 2);
         // 96 statements in flight on two connections, for different tokens and for none: each
         // answer is the one its own statement asked for.
         let mut calls = Vec::new();
@@ -355,13 +499,11 @@ mod tests {
                 assert_eq!(got, Some(connection), "call {n}: its own token's connection");
             }
         }
-        let backends = pids(&pipe).await;
-        assert_eq!(backends.len(), 2);
-        assert_ne!(backends[0], backends[1], "two connections, no more");
+        assert_eq!(pipe_backends(&db).await, 2, "two connections served all 96");
     }
 
     #[tokio::test]
-    async fn a_connection_the_server_ends_is_replaced_and_a_refused_statement_harms_no_other() {
+    async fn a_connection_the_server_ends_is_replaced_and_the_read_that_met_it_is_answered() {
         let db = TestDb::new().await;
         let pipe = pipe(&db, 1);
         let first = pids(&pipe).await;
@@ -374,29 +516,39 @@ mod tests {
         assert!(failure.sqlstate().is_some_and(|c| c.starts_with("22")), "{failure:?}");
         assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
         assert_eq!(pids(&pipe).await, first, "same backend");
-        // A restart ends the backend: the closed connection is seen and replaced, and the
-        // statement after it is answered by a new backend.
+        // A restart ends the backend. The read sent right after, on the connection not yet
+        // seen closed, is sent again on a new one and answered: no request fails for it.
         terminate(&db, &first).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
         assert_ne!(pids(&pipe).await, first, "a new backend");
+        assert_eq!(pipe_backends(&db).await, 1);
     }
 
     #[tokio::test]
-    async fn a_connection_whose_prepared_statements_went_stale_is_replaced() {
+    async fn a_connection_whose_prepared_statements_went_stale_is_replaced_unseen() {
         let db = TestDb::new().await;
         let pipe = pipe(&db, 1);
         let first = pids(&pipe).await;
         assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
-        // A migration changes the type of a column the context returns: the statement
-        // prepared before it is refused once, and the next request prepares it again on a
-        // new connection instead of meeting the same refusal until the connection ages out.
+        // A migration changes the type of a column the context returns: the server refuses the
+        // statement prepared before it (0A000), and the pipe prepares it again on a new
+        // connection instead of meeting the same refusal until the connection ages out.
         db.exec("ALTER TABLE tenants ALTER COLUMN slug TYPE varchar(200)").await;
-        let refused = pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await;
-        let Err(failure) = refused else { panic!("the old plan was used") };
-        assert_eq!(failure.sqlstate(), Some("0A000"), "{failure:?}");
         assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
         assert_ne!(pids(&pipe).await, first, "a new connection");
+    }
+
+    /// Holds `table` locked as a migration would, until the returned connection rolls back.
+    async fn lock(db: &TestDb, table: &str) -> sqlx::PgConnection {
+        use sqlx::Connection as _;
+        let mut holder = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+        )))
+        .execute(&mut holder)
+        .await
+        .expect("lock");
+        holder
     }
 
     #[tokio::test]
@@ -404,36 +556,42 @@ mod tests {
         let db = TestDb::new().await;
         let pipe = pipe(&db, 1);
         let first = pids(&pipe).await;
-        let link = pipe.link(&pipe.slots[0]).await.expect("link");
-        // A statement whose caller gives up before it ends (a client hanging up).
-        let slow = tokio::time::timeout(
-            Duration::from_millis(50),
-            link.client.query_one("SELECT pg_sleep(0.3)::text", &[]),
-        )
-        .await;
-        assert!(slow.is_err(), "cut short");
-        // The next statement waits behind it, is answered, and on the same backend.
+        // A request whose statement waits behind a lock is cancelled (its client hung up).
+        let mut holder = lock(&db, "connection_tokens").await;
+        let waiting = tokio::spawn({
+            let pipe = pipe.clone();
+            async move { pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.map(|r| r.is_none()) }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waiting.abort();
+        assert!(waiting.await.is_err_and(|e| e.is_cancelled()));
+        sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.expect("unlock");
+        // The next request is answered, on the same backend.
         assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
         assert_eq!(pids(&pipe).await, first);
     }
 
     #[tokio::test]
-    async fn a_statement_stuck_behind_a_lock_is_bounded_and_the_pipe_serves_after_it() {
-        use sqlx::Connection as _;
+    async fn a_statement_behind_a_lock_gives_up_soon_and_holds_up_the_others_no_longer() {
         let db = TestDb::new().await;
         let pipe = pipe(&db, 1);
-        // The context statement waits behind a migration's lock on the tokens: it gives up
-        // within the pipe's lock timeout instead of holding up the statements behind it.
-        let mut holder = sqlx::PgConnection::connect(&db.url).await.expect("connect");
-        sqlx::raw_sql("BEGIN; LOCK TABLE connection_tokens IN ACCESS EXCLUSIVE MODE")
-            .execute(&mut holder)
-            .await
-            .expect("lock");
-        let late = pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await;
-        let Err(failure) = late else { panic!("answered behind the lock") };
+        // A migration holds the bookings: the context and booking read gives up within the lock
+        // timeout (and the caller falls back to the context alone); the context statement
+        // queued behind it on the same connection is answered right after.
+        let mut holder = lock(&db, "bookings").await;
+        let started = Instant::now();
+        let (at, note) = NO_CURSOR;
+        let params: [&(dyn ToSql + Sync); 4] = [&NO_TOKEN, &"bkg_x", &at, &note];
+        let (blocked, behind) =
+            tokio::join!(pipe.query_opt(Sql::ContextAndBooking, &params), async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await
+            });
+        let Err(failure) = blocked else { panic!("answered behind the lock") };
         assert_eq!(failure.sqlstate(), Some("55P03"), "lock_timeout: {failure:?}");
+        assert!(behind.expect("answered").is_none());
+        assert!(started.elapsed() < WAIT, "the lock timeout ended it, not the request's wait");
         sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.expect("unlock");
-        assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
     }
 
     #[tokio::test]
@@ -470,6 +628,7 @@ mod tests {
             }
         }
         assert!(seen >= 4);
+        db.ds.ping_hot_path().await.expect("ready");
     }
 
     #[tokio::test]
@@ -487,5 +646,29 @@ mod tests {
         assert_eq!(row.get::<String>("tenant_slug").expect("slug"), seed.tenants[0].slug);
         assert!(row.get::<i32>("no_such_column").is_err());
         assert!(row.get::<String>("tenant_id").is_err(), "a wrong type is an error, not a guess");
+    }
+
+    #[test]
+    fn the_pipe_reads_database_url_as_the_pool_does() {
+        let url =
+            "postgres://app:p%40ss%2Fw0rd@db.internal:6543/bookings?options=-c%20search_path%3Dgh";
+        let options = sqlx::postgres::PgConnectOptions::from_str(url).expect("sqlx reads it");
+        let config = config_for(url, &options);
+        assert_eq!(config.get_password(), Some(b"p@ss/w0rd".as_slice()), "percent-decoded");
+        assert_eq!(config.get_user(), Some("app"));
+        assert_eq!(config.get_dbname(), Some("bookings"));
+        assert_eq!(config.get_ports(), &[6543]);
+        assert!(
+            matches!(config.get_hosts(), [tokio_postgres::config::Host::Tcp(h)] if h == "db.internal")
+        );
+        assert_eq!(config.get_options(), options.get_options());
+        // A socket directory, as sqlx reads `host=`.
+        let socket = "postgres:///bookings?host=/run/postgresql&user=app";
+        let options = sqlx::postgres::PgConnectOptions::from_str(socket).expect("sqlx reads it");
+        let config = config_for(socket, &options);
+        assert!(
+            matches!(config.get_hosts(), [tokio_postgres::config::Host::Unix(p)] if p.ends_with("postgresql"))
+        );
+        assert_eq!(config.get_user(), Some("app"));
     }
 }
