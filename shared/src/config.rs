@@ -28,7 +28,7 @@ pub struct Common {
     /// 3 on a three-node cluster, so one node can stop).
     pub nats_replicas: usize,
     pub db_max_connections: u32,
-    /// Connections in a worker's hot-path pipe (`GATEHOUSE_DB_PIPE`); `None`: one per core.
+    /// Connections in a worker's hot-path pipe (`GATEHOUSE_DB_PIPE`); `None`: one per four cores.
     pub db_pipe: Option<u32>,
 }
 
@@ -47,7 +47,7 @@ impl Common {
             Ok(v) => Some(v.trim().parse().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
                 Error::invalid(
                     "GATEHOUSE_DB_PIPE",
-                    "use 1 to 64 (connections the worker's requests share; default one per core)",
+                    "use 1 to 64 (connections the worker's requests share; default one per four cores)",
                 )
             })?),
         };

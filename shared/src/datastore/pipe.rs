@@ -246,9 +246,13 @@ impl Pipe {
     /// A pipe of `connections` connections (opened when first needed) to `config`'s server.
     pub(crate) fn new(mut config: Config, connections: usize) -> Self {
         // The session as sqlx sets up the pool's (times read back in UTC), and limits that
-        // keep one statement from holding up those queued behind it.
+        // keep one statement from holding up those queued behind it. The pipe's one write is
+        // the rate window's counter: its commit does not wait for the WAL to reach the disk
+        // (`synchronous_commit=off`), else every read queued behind a write would wait for a
+        // disk flush. A database crash can lose the last moments' counts, so a connection may
+        // once exceed its minute's limit by those calls; nothing else is written here.
         let limits = format!(
-            "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lock_timeout={LOCK_WAIT} -c statement_timeout=5s"
+            "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lock_timeout={LOCK_WAIT} -c statement_timeout=5s -c synchronous_commit=off"
         );
         let options = match config.get_options() {
             Some(given) => format!("{given} {limits}"),
