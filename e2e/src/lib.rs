@@ -672,6 +672,36 @@ pub async fn tool_names(base: &str, token: &str) -> (u16, Vec<String>) {
 pub mod bench {
     use serde_json::Value;
 
+    /// What the read ratios say against the 95 % target: the gated rate against the bare rmcp
+    /// peer with sqlx's defaults (`bare`) and against the same peer without its ping before
+    /// each statement (`tuned`). A rate of zero (a scenario that served nothing) meets nothing.
+    pub fn read_verdict(gated: f64, bare: f64, tuned: f64) -> String {
+        let meets = |peer: f64| gated > 0.0 && peer > 0.0 && gated >= 0.95 * peer;
+        let pct = |peer: f64| if peer > 0.0 { 100.0 * gated / peer } else { 0.0 };
+        match (meets(bare), meets(tuned)) {
+            (true, true) => {
+                "In this run the gated read meets the 95 % target against both peers.".into()
+            }
+            (true, false) => format!(
+                "In this run the gated read meets the 95 % target against the bare rmcp peer as sqlx \
+                 runs it by default ({:.0} %), not against the same peer without its ping ({:.0} %).",
+                pct(bare),
+                pct(tuned)
+            ),
+            (false, true) => format!(
+                "In this run the gated read meets the 95 % target only against the peer without its \
+                 ping ({:.0} %; {:.0} % of the peer with sqlx's defaults).",
+                pct(tuned),
+                pct(bare)
+            ),
+            (false, false) => format!(
+                "In this run the gated read misses the 95 % target ({:.0} % and {:.0} % of the two peers).",
+                pct(bare),
+                pct(tuned)
+            ),
+        }
+    }
+
     #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
     pub enum Outcome {
         Ok,

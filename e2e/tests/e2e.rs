@@ -1637,6 +1637,27 @@ async fn the_conformance_suite_authorization_scenarios_pass_against_the_control_
 }
 
 #[test]
+fn the_benchmarks_verdict_says_which_peer_the_read_meets() {
+    use e2e::bench::read_verdict;
+    assert!(read_verdict(960.0, 1000.0, 1000.0).contains("against both peers"));
+    let one = read_verdict(970.0, 1000.0, 1200.0);
+    assert!(
+        one.contains("meets")
+            && one.contains("as sqlx runs it by default (97 %)")
+            && one.contains("81 %"),
+        "{one}"
+    );
+    let other = read_verdict(970.0, 1200.0, 1000.0);
+    assert!(other.contains("only against the peer without its ping (97 %"), "{other}");
+    let neither = read_verdict(900.0, 1000.0, 1000.0);
+    assert!(neither.contains("misses") && neither.contains("90 %"), "{neither}");
+    // Exactly 95 % meets; a scenario that served nothing meets nothing, whatever the peers did.
+    assert!(read_verdict(950.0, 1000.0, 1000.0).contains("both peers"));
+    assert!(read_verdict(0.0, 0.0, 0.0).contains("misses"));
+    assert!(read_verdict(0.0, 1000.0, 1000.0).contains("misses"));
+}
+
+#[test]
 fn the_benchmark_checker_counts_only_what_a_user_wanted() {
     use e2e::bench::{Outcome, judge_mcp, judge_plain};
     let result = |r: Value| json!({"jsonrpc": "2.0", "id": 1, "result": r}).to_string();
