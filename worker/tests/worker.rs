@@ -3793,7 +3793,7 @@ async fn a_booking_locked_by_a_migration_is_read_once_the_lock_is_gone() {
     }
     let (read, ()) =
         tokio::join!(stack.ok(&token, "get_booking", json!({"booking": booking})), async {
-            // Longer than the pipe's lock wait (500 ms), so the read-ahead has given up.
+            // Far longer than the pipe's lock wait (50 ms), so the read-ahead has given up.
             tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
             sql.write_all(b"ROLLBACK;\n").await.expect("unlock");
             sql.flush().await.expect("flush");

@@ -46,9 +46,17 @@ const WAIT: Duration = Duration::from_secs(5);
 /// `max_lifetime`).
 const LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// How long a pipe statement waits for a lock before it gives up (`lock_timeout`).
-const LOCK_WAIT: &str = "500ms";
+/// Reads wait for a lock only behind DDL (a migration's), and the rate window's upsert behind
+/// another worker's upsert of the same row, whose commit does not wait for the disk: 50 ms
+/// covers the second, and bounds how long statements queued behind one blocked by the first
+/// wait for it.
+const LOCK_WAIT: &str = "50ms";
 
 /// The statements the pipe runs, each prepared on a pipe connection when first needed there.
+///
+/// Before adding one that writes: the pipe's sessions commit without waiting for the WAL flush
+/// (see `Pipe::new`), and [`Sql::reads_only`] decides what is sent again after a lost
+/// connection. Only a write whose loss in a crash is harmless (a rate counter) belongs here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Sql {
     /// The connection context ($1 token hash).
@@ -109,8 +117,12 @@ struct Link {
 }
 
 impl Link {
-    fn usable(&self) -> bool {
-        !self.client.is_closed() && self.born.elapsed() < LIFETIME
+    fn open(&self) -> bool {
+        !self.client.is_closed()
+    }
+
+    fn young(&self) -> bool {
+        self.born.elapsed() < LIFETIME
     }
 
     async fn prepared(&self, sql: Sql) -> std::result::Result<&Prepared, tokio_postgres::Error> {
@@ -126,6 +138,11 @@ impl Link {
                 Ok(Prepared { statement, columns: Arc::new(columns) })
             })
             .await
+    }
+
+    /// Notes that the server answered on it (a row, or a refusal: either way it is alive).
+    fn answered(&self) {
+        self.answered_ms.store(now_ms(), Ordering::Relaxed);
     }
 
     /// Whether it has answered nothing for `span`.
@@ -144,9 +161,10 @@ struct Slot {
 }
 
 impl Slot {
-    fn usable(&self) -> Option<Arc<Link>> {
+    /// This slot's connection, if it is open (old or not).
+    fn open(&self) -> Option<Arc<Link>> {
         let current = self.current.lock().ok()?;
-        current.as_ref().filter(|link| link.usable()).cloned()
+        current.as_ref().filter(|link| link.open()).cloned()
     }
 
     /// Drops `link` if it is still this slot's connection.
@@ -244,7 +262,11 @@ impl PipeRow {
 
 impl Pipe {
     /// A pipe of `connections` connections (opened when first needed) to `config`'s server.
-    pub(crate) fn new(mut config: Config, connections: usize) -> Self {
+    pub(crate) fn new(config: Config, connections: usize) -> Self {
+        Pipe::waiting_for_locks(config, connections, LOCK_WAIT)
+    }
+
+    fn waiting_for_locks(mut config: Config, connections: usize, lock_wait: &str) -> Self {
         // The session as sqlx sets up the pool's (times read back in UTC), and limits that
         // keep one statement from holding up those queued behind it. The pipe's one write is
         // the rate window's counter: its commit does not wait for the WAL to reach the disk
@@ -252,7 +274,7 @@ impl Pipe {
         // disk flush. A database crash can lose the last moments' counts, so a connection may
         // once exceed its minute's limit by those calls; nothing else is written here.
         let limits = format!(
-            "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lock_timeout={LOCK_WAIT} -c statement_timeout=5s -c synchronous_commit=off"
+            "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lock_timeout={lock_wait} -c statement_timeout=5s -c synchronous_commit=off"
         );
         let options = match config.get_options() {
             Some(given) => format!("{given} {limits}"),
@@ -266,7 +288,10 @@ impl Pipe {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(30))
             .keepalives_interval(Duration::from_secs(10))
-            .keepalives_retries(3);
+            .keepalives_retries(3)
+            // Data sent and not acknowledged for this long ends the connection (a partition
+            // or a failover without a reset), as keepalives do for an idle one.
+            .tcp_user_timeout(Duration::from_secs(10));
         let connections = connections.max(1);
         Pipe {
             config,
@@ -282,10 +307,21 @@ impl Pipe {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> std::result::Result<Option<PipeRow>, Failure> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        self.query_on(index, sql, params).await
+    }
+
+    /// Runs `sql` on slot `index`; a statement sent again goes to the same slot, whose
+    /// connection was just replaced.
+    async fn query_on(
+        self: &Arc<Self>,
+        index: usize,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Option<PipeRow>, Failure> {
         let deadline = tokio::time::Instant::now() + WAIT;
         let mut again = true;
         loop {
-            let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
             let link = tokio::time::timeout_at(deadline, self.link(index))
                 .await
                 .map_err(|_| Failure::Late("no connection"))??;
@@ -298,10 +334,13 @@ impl Pipe {
             let slot = &self.slots[index];
             match answer {
                 Ok(Ok((row, columns))) => {
-                    link.answered_ms.store(now_ms(), Ordering::Relaxed);
+                    link.answered();
                     return Ok(row.map(|row| PipeRow { row, columns }));
                 }
                 Ok(Err(e)) => {
+                    if e.as_db_error().is_some() {
+                        link.answered();
+                    }
                     // A connection that failed is replaced; so is one whose prepared
                     // statements the server no longer takes (0A000: a migration changed a
                     // result type; 26000: a pooler in between dropped them), else it would
@@ -333,38 +372,54 @@ impl Pipe {
         }
     }
 
-    /// The connection of slot `index`, opened by a task of its own if it has none.
+    /// The connection of slot `index`, opened by a task of its own if it has none. One past
+    /// its lifetime serves on while its replacement opens, and stays if that fails.
     async fn link(self: &Arc<Self>, index: usize) -> std::result::Result<Arc<Link>, Failure> {
         let slot = &self.slots[index];
-        if let Some(link) = slot.usable() {
+        if let Some(link) = slot.open() {
+            if !link.young()
+                && let Ok(opening) = slot.opening.clone().try_lock_owned()
+            {
+                drop(self.replace(index, opening));
+            }
             return Ok(link);
         }
         let opening = slot.opening.clone().lock_owned().await;
-        if let Some(link) = slot.usable() {
+        if let Some(link) = slot.open() {
             return Ok(link);
         }
+        self.replace(index, opening).await.map_err(|_| Failure::Late("no connection"))?
+    }
+
+    /// Opens a connection for slot `index` in a task of its own (holding `opening`), so a
+    /// request that gives up does not abandon the attempt. A failed attempt is followed by a
+    /// pause before the next, so a restarting or full server is not met with a storm.
+    fn replace(
+        self: &Arc<Self>,
+        index: usize,
+        opening: tokio::sync::OwnedMutexGuard<()>,
+    ) -> tokio::task::JoinHandle<std::result::Result<Arc<Link>, Failure>> {
         let pipe = self.clone();
-        let opened = tokio::spawn(async move {
+        tokio::spawn(async move {
             let _opening = opening;
-            let opened = tokio::time::timeout(2 * WAIT, pipe.open()).await;
-            let link = match opened {
-                Ok(Ok(link)) => Arc::new(link),
+            let failed = match tokio::time::timeout(2 * WAIT, pipe.open()).await {
+                Ok(Ok(link)) => {
+                    let link = Arc::new(link);
+                    if let Ok(mut current) = pipe.slots[index].current.lock() {
+                        *current = Some(link.clone());
+                    }
+                    return Ok(link);
+                }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "a pipe connection did not open");
-                    super::note_broken();
-                    return Err(Failure::Database(e));
+                    Failure::Database(e)
                 }
-                Err(_) => {
-                    super::note_broken();
-                    return Err(Failure::Late("no connection"));
-                }
+                Err(_) => Failure::Late("no connection"),
             };
-            if let Ok(mut current) = pipe.slots[index].current.lock() {
-                *current = Some(link.clone());
-            }
-            Ok(link)
-        });
-        opened.await.map_err(|_| Failure::Late("no connection"))?
+            super::note_broken();
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            Err(failed)
+        })
     }
 
     async fn open(&self) -> std::result::Result<Link, tokio_postgres::Error> {
@@ -386,9 +441,13 @@ impl Pipe {
         })
     }
 
-    /// Readiness of the hot path: the context statement answers (for no token).
+    /// Readiness of the hot path: the context statement answers (for no token) on every one
+    /// of the pipe's connections.
     pub(crate) async fn ready(self: &Arc<Self>) -> std::result::Result<(), Failure> {
-        self.query_opt(Sql::Context, &[&b"readiness".as_slice()]).await.map(|_| ())
+        for index in 0..self.slots.len() {
+            self.query_on(index, Sql::Context, &[&b"readiness".as_slice()]).await?;
+        }
+        Ok(())
     }
 }
 
@@ -399,9 +458,13 @@ pub(crate) fn config_for(url: &str, options: &sqlx::postgres::PgConnectOptions) 
     if let Some(given) = options.get_options() {
         config.options(given);
     }
+    // As sqlx reads it: the URL's password, or its `password` parameter, which wins.
     let from_url = url::Url::parse(url).ok().and_then(|u| {
-        u.password()
-            .map(|p| percent_encoding::percent_decode_str(p).decode_utf8_lossy().into_owned())
+        let param = u.query_pairs().find(|(k, _)| k == "password").map(|(_, v)| v.into_owned());
+        param.or_else(|| {
+            u.password()
+                .map(|p| percent_encoding::percent_decode_str(p).decode_utf8_lossy().into_owned())
+        })
     });
     if let Some(password) = from_url.or_else(|| std::env::var("PGPASSWORD").ok()) {
         config.password(password);
@@ -558,7 +621,10 @@ mod tests {
     #[tokio::test]
     async fn a_request_cancelled_mid_statement_leaves_the_connection_serving_others() {
         let db = TestDb::new().await;
-        let pipe = pipe(&db, 1);
+        // Statements wait for locks long enough here that the request is cancelled while its
+        // statement still waits.
+        let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
+        let pipe = Arc::new(Pipe::waiting_for_locks(config_for(&db.url, &options), 1, "5s"));
         let first = pids(&pipe).await;
         // A request whose statement waits behind a lock is cancelled (its client hung up).
         let mut holder = lock(&db, "connection_tokens").await;
@@ -666,6 +732,10 @@ mod tests {
             matches!(config.get_hosts(), [tokio_postgres::config::Host::Tcp(h)] if h == "db.internal")
         );
         assert_eq!(config.get_options(), options.get_options());
+        // A `password` parameter wins over the URL's, as in sqlx.
+        let param = "postgres://app:old@db.internal/bookings?password=n%26w";
+        let options = sqlx::postgres::PgConnectOptions::from_str(param).expect("sqlx reads it");
+        assert_eq!(config_for(param, &options).get_password(), Some(b"n&w".as_slice()));
         // A socket directory, as sqlx reads `host=`.
         let socket = "postgres:///bookings?host=/run/postgresql&user=app";
         let options = sqlx::postgres::PgConnectOptions::from_str(socket).expect("sqlx reads it");
