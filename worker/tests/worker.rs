@@ -466,6 +466,55 @@ async fn creators_lost_rights_end_their_connections_on_the_next_call() {
     assert!(headers["www-authenticate"].to_str().expect("ascii").contains("resource_metadata="));
 }
 
+/// A second session (psql) holding a transaction open, as a migration or another process
+/// would, while the test acts.
+struct Held {
+    psql: tokio::process::Child,
+    sql: Option<tokio::process::ChildStdin>,
+}
+
+impl Held {
+    /// Sends `sql` and waits until this database shows psql holding a lock that matches
+    /// `lock` (a condition on `pg_locks l`).
+    async fn open(stack: &Stack, sql: &str, lock: &str) -> Held {
+        let mut psql = tokio::process::Command::new("psql")
+            .args([stack.db.url.as_str(), "-q", "-v", "ON_ERROR_STOP=1"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("psql");
+        let sql_in = psql.stdin.take();
+        let mut held = Held { psql, sql: sql_in };
+        held.send(sql).await;
+        let query = format!(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.datname = current_database() AND a.application_name = 'psql' AND {lock}"
+        );
+        for _ in 0..100 {
+            if stack.count(&query).await > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        held
+    }
+
+    async fn send(&mut self, sql: &str) {
+        use tokio::io::AsyncWriteExt;
+        let stdin = self.sql.as_mut().expect("psql's input is open");
+        stdin.write_all(format!("{sql}\n").as_bytes()).await.expect("to psql");
+        stdin.flush().await.expect("flush");
+    }
+
+    /// Sends `sql` (the transaction's end), closes the session and waits for psql to exit.
+    async fn end(mut self, sql: &str) {
+        if !sql.is_empty() {
+            self.send(sql).await;
+        }
+        drop(self.sql.take());
+        self.psql.wait().await.expect("psql ends");
+    }
+}
+
 #[tokio::test]
 async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wake() {
     // The deactivation holds the membership's row while the connection is created: the create
@@ -473,29 +522,14 @@ async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wa
     let stack = Stack::start().await;
     let ctx = stack.operator_in(0).await;
     let dispatcher = stack.seed.tenants[0].dispatcher.email.clone();
-    // A second session (psql) deactivates in a transaction it keeps open.
-    let mut holder = tokio::process::Command::new("psql")
-        .args([stack.db.url.as_str(), "-q", "-v", "ON_ERROR_STOP=1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("psql");
-    let mut sql = holder.stdin.take().expect("stdin");
-    use tokio::io::AsyncWriteExt;
-    sql.write_all(format!(
-        "BEGIN; UPDATE memberships SET active = false WHERE person_id = (SELECT id FROM people WHERE email = '{dispatcher}');\n"
-    ).as_bytes())
-    .await
-    .expect("deactivate, not yet committed");
-    sql.flush().await.expect("flush");
-    // Until the row is held, the create could pass before the deactivation began.
-    for _ in 0..100 {
-        let held = stack.count("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.datname = current_database() AND a.application_name = 'psql' AND l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'").await;
-        if held > 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // A second session (psql) deactivates in a transaction it keeps open, until the row is
+    // held (else the create could pass before the deactivation began).
+    let held = Held::open(
+        &stack,
+        &format!("BEGIN; UPDATE memberships SET active = false WHERE person_id = (SELECT id FROM people WHERE email = '{dispatcher}');"),
+        "l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'",
+    )
+    .await;
     let create = {
         let (ds, ctx, dispatcher) = (stack.db.ds.clone(), ctx.clone(), dispatcher.clone());
         tokio::spawn(async move {
@@ -514,9 +548,7 @@ async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wa
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    sql.write_all(b"COMMIT;\n").await.expect("commit");
-    drop(sql);
-    holder.wait().await.expect("psql ends");
+    held.end("COMMIT;").await;
     let created = create.await.expect("join");
     assert!(
         created.is_err(),
@@ -3774,33 +3806,20 @@ async fn a_booking_locked_by_a_migration_is_read_once_the_lock_is_gone() {
         .db
         .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
         .await;
-    let mut holder = tokio::process::Command::new("psql")
-        .args([stack.db.url.as_str(), "-q", "-v", "ON_ERROR_STOP=1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("psql");
-    let mut sql = holder.stdin.take().expect("stdin");
-    use tokio::io::AsyncWriteExt;
-    sql.write_all(b"BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE;\n").await.expect("lock");
-    sql.flush().await.expect("flush");
-    for _ in 0..100 {
-        let held = stack.count("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.datname = current_database() AND a.application_name = 'psql' AND l.mode = 'AccessExclusiveLock' AND l.relation = 'bookings'::regclass").await;
-        if held > 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let mut held = Held::open(
+        &stack,
+        "BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE;",
+        "l.mode = 'AccessExclusiveLock' AND l.relation = 'bookings'::regclass",
+    )
+    .await;
     let (read, ()) =
         tokio::join!(stack.ok(&token, "get_booking", json!({"booking": booking})), async {
             // Far longer than the pipe's lock wait (50 ms), so the read-ahead has given up.
             tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-            sql.write_all(b"ROLLBACK;\n").await.expect("unlock");
-            sql.flush().await.expect("flush");
+            held.send("ROLLBACK;").await;
         });
     assert_eq!(read["booking"], booking.as_str(), "{read}");
-    drop(sql);
-    holder.wait().await.expect("psql ends");
+    held.end("").await;
 }
 
 #[tokio::test]
