@@ -15,6 +15,7 @@ pub mod console;
 pub mod customers;
 pub mod demo;
 mod fields;
+pub mod jose;
 pub mod oauth;
 pub mod operators;
 pub mod outbox;

@@ -24,8 +24,9 @@ use crate::handle::ConnectionHandle;
 use crate::rights::{Right, RightSet};
 use crate::secret::{self, CredentialKind};
 use crate::services::admin;
-use crate::services::client_assertion::{self, Jwks};
+use crate::services::client_assertion;
 use crate::services::console::ConsoleSession;
+use crate::services::jose::{self, KeySet};
 
 pub const ACCESS_TTL_SECS: i64 = 3600;
 pub const REFRESH_TTL_SECS: i64 = 30 * 24 * 3600;
@@ -299,8 +300,9 @@ pub async fn accept_metadata_document(
                 }
             }
             if let Some(keys) = &doc.jwks {
-                serde_json::from_value::<Jwks>(keys.clone())
-                    .map_err(|_| oauth("invalid_client", "the document's jwks is not a JWK set"))?;
+                KeySet::parse(keys).ok_or_else(|| {
+                    oauth("invalid_client", "the document's jwks is not a JWK set")
+                })?;
             }
             if doc.jwks_uri.is_none() && doc.jwks.is_none() {
                 return Err(oauth(
@@ -1019,25 +1021,10 @@ pub async fn authenticate_client(
                 )));
             }
             let now = jiff::Timestamp::now().as_second();
-            let mut jwks = client_keys(ds, policy, &client, false).await?;
-            // The client may have rotated its keys: refetch for an unknown kid, at most once a
-            // minute, so forged assertions cannot make the server fetch on every request.
-            let recently = client
-                .jwks_fetched_at
-                .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < JWKS_REFRESH_SECS);
-            if client_assertion::names_unknown_key(assertion, &jwks)
-                && client.jwks_uri.is_some()
-                && !recently
-            {
-                jwks = client_keys(ds, policy, &client, true).await?;
-            }
-            let claims = client_assertion::verify(assertion, &jwks, &client_id, audiences, now)
-                .map_err(|r| invalid(r.0))?;
-            let expires = chrono::DateTime::from_timestamp(claims.exp, 0)
-                .ok_or_else(|| invalid("the assertion's exp is out of range".into()))?;
-            if !ds.oauth_assertion_use(&client_id, &claims.jti, expires).await? {
-                return Err(invalid("this client_assertion was used already; sign a new one".into()));
-            }
+            let keys = ClientKeys { ds, policy, client: &client };
+            let jtis = AssertionJtis { ds, client_id: &client_id };
+            client_assertion::verify(assertion, &client_id, audiences, now, &keys, &jtis, invalid)
+                .await?;
             Ok(client_id)
         }
         _ => Err(invalid("the client's authentication method is unknown".into())),
@@ -1045,43 +1032,79 @@ pub async fn authenticate_client(
 }
 
 /// The key set of a `private_key_jwt` client: inline in its document, else from its
-/// `jwks_uri` (behind the SSRF guard, cached for an hour; `refresh` fetches anew).
-async fn client_keys(
-    ds: &Services,
-    policy: &FetchPolicy,
-    client: &ClientRow,
-    refresh: bool,
-) -> std::result::Result<Jwks, OAuthError> {
-    let invalid = |why: String| oauth("invalid_client", why);
-    let fresh = client
-        .jwks_fetched_at
-        .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS);
-    let cached = match (&client.jwks, &client.jwks_uri) {
-        (Some(keys), None) => Some(keys.clone()),
-        (Some(keys), Some(_)) if fresh && !refresh => Some(keys.clone()),
-        _ => None,
-    };
-    let keys = match cached {
-        Some(keys) => keys,
-        None => {
-            let uri = client
-                .jwks_uri
-                .as_deref()
-                .ok_or_else(|| invalid("the client publishes no keys".into()))?;
-            let body = guarded_fetch(uri, policy)
-                .await
-                .map_err(|why| invalid(format!("jwks_uri {uri}: {why}")))?;
-            let keys: serde_json::Value = serde_json::from_slice(&body)
-                .map_err(|_| invalid(format!("jwks_uri {uri}: not JSON")))?;
-            // Only a key set is kept: a glitch on the client's host does not lock it out.
-            serde_json::from_value::<Jwks>(keys.clone())
-                .map_err(|_| invalid(format!("jwks_uri {uri}: not a JWK set")))?;
-            ds.oauth_client_jwks_put(&client.client_id, &keys).await?;
-            keys
-        }
-    };
-    serde_json::from_value(keys)
-        .map_err(|_| invalid("the client's key set is not a JWK set".into()))
+/// `jwks_uri` (behind the SSRF guard, cached for an hour; a refresh fetches anew).
+struct ClientKeys<'a> {
+    ds: &'a Services,
+    policy: &'a FetchPolicy,
+    client: &'a ClientRow,
+}
+
+impl jose::KeySource for ClientKeys<'_> {
+    type Error = OAuthError;
+
+    async fn keys(&self, refresh: bool) -> std::result::Result<KeySet, OAuthError> {
+        let invalid = |why: String| oauth("invalid_client", why);
+        let client = self.client;
+        let fresh = client
+            .jwks_fetched_at
+            .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS);
+        let cached = match (&client.jwks, &client.jwks_uri) {
+            (Some(keys), None) => Some(keys.clone()),
+            (Some(keys), Some(_)) if fresh && !refresh => Some(keys.clone()),
+            _ => None,
+        };
+        let keys = match cached {
+            Some(keys) => keys,
+            None => {
+                let uri = client
+                    .jwks_uri
+                    .as_deref()
+                    .ok_or_else(|| invalid("the client publishes no keys".into()))?;
+                let body = guarded_fetch(uri, self.policy)
+                    .await
+                    .map_err(|why| invalid(format!("jwks_uri {uri}: {why}")))?;
+                let keys: serde_json::Value = serde_json::from_slice(&body)
+                    .map_err(|_| invalid(format!("jwks_uri {uri}: not JSON")))?;
+                // Only a key set is kept: a glitch on the client's host does not lock it out.
+                KeySet::parse(&keys)
+                    .ok_or_else(|| invalid(format!("jwks_uri {uri}: not a JWK set")))?;
+                self.ds.oauth_client_jwks_put(&client.client_id, &keys).await?;
+                keys
+            }
+        };
+        KeySet::parse(&keys).ok_or_else(|| invalid("the client's key set is not a JWK set".into()))
+    }
+
+    /// The client may have rotated its keys: an unknown `kid` refetches at most once a
+    /// minute, so forged assertions cannot make the server fetch on every request.
+    fn may_refresh(&self) -> bool {
+        self.client.jwks_uri.is_some()
+            && self
+                .client
+                .jwks_fetched_at
+                .is_none_or(|t| (chrono::Utc::now() - t).num_seconds() >= JWKS_REFRESH_SECS)
+    }
+}
+
+/// Client assertions' `jti`s, each kept until its assertion expires.
+struct AssertionJtis<'a> {
+    ds: &'a Services,
+    client_id: &'a str,
+}
+
+impl jose::JtiStore for AssertionJtis<'_> {
+    type Error = OAuthError;
+
+    async fn first_use(
+        &self,
+        _issuer: &str,
+        jti: &str,
+        expires: i64,
+    ) -> std::result::Result<bool, OAuthError> {
+        let expires = chrono::DateTime::from_timestamp(expires, 0)
+            .ok_or_else(|| oauth("invalid_client", "the assertion's exp is out of range"))?;
+        Ok(self.ds.oauth_assertion_use(self.client_id, jti, expires).await?)
+    }
 }
 
 #[cfg(test)]
