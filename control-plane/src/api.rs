@@ -20,8 +20,10 @@ use shared::input::parse_input;
 use shared::secret::CredentialKind;
 use shared::services::bookings::{self as booking_svc, FindBookingsInput, GetBookingInput};
 use shared::services::bookings::{AddBookingNoteInput, CreateBookingInput, UpdateBookingInput};
+use shared::services::bookings::{BookingWritten, NoteWritten};
 use shared::services::customers::{self as customer_svc, FindCustomersInput, GetCustomerInput};
-use shared::services::customers::{CreateCustomerInput, UpdateCustomerInput};
+use shared::services::customers::{CreateCustomerInput, CustomerWritten, UpdateCustomerInput};
+use shared::services::outcome::Written;
 use shared::views;
 
 use crate::AppState;
@@ -311,7 +313,7 @@ async fn create_customer(
     State(state): State<Arc<AppState>>,
     ApiCtx(ctx): ApiCtx,
     Json(body): Json<Value>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Written<CustomerWritten>>), ApiError> {
     let input: CreateCustomerInput = body_input(body, None)?;
     Ok((
         StatusCode::CREATED,
@@ -324,7 +326,7 @@ async fn update_customer(
     ApiCtx(ctx): ApiCtx,
     Path(customer): Path<String>,
     Json(body): Json<Value>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Written<CustomerWritten>>, ApiError> {
     let input: UpdateCustomerInput = body_input(body, Some(("customer", customer)))?;
     Ok(Json(customer_svc::update_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
 }
@@ -333,7 +335,7 @@ async fn create_booking(
     State(state): State<Arc<AppState>>,
     ApiCtx(ctx): ApiCtx,
     Json(body): Json<Value>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Written<BookingWritten>>), ApiError> {
     let input: CreateBookingInput = body_input(body, None)?;
     Ok((
         StatusCode::CREATED,
@@ -346,7 +348,7 @@ async fn update_booking(
     ApiCtx(ctx): ApiCtx,
     Path(booking): Path<String>,
     Json(body): Json<Value>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Written<BookingWritten>>, ApiError> {
     let input: UpdateBookingInput = body_input(body, Some(("booking", booking)))?;
     Ok(Json(booking_svc::update_booking(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
 }
@@ -356,7 +358,7 @@ async fn add_booking_note(
     ApiCtx(ctx): ApiCtx,
     Path(booking): Path<String>,
     Json(body): Json<Value>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Written<NoteWritten>>), ApiError> {
     let input: AddBookingNoteInput = body_input(body, Some(("booking", booking)))?;
     Ok((
         StatusCode::CREATED,

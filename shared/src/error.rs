@@ -97,7 +97,7 @@ pub enum Error {
     /// What the action would do changed since the preview; a new preview is attached and the
     /// old token is dead (R7).
     #[error("the action changed since its preview")]
-    ChangedSincePreview { preview: Box<serde_json::Value> },
+    ChangedSincePreview { preview: Box<crate::services::outcome::Preview> },
 
     /// The connection used up its allowance for this effect class.
     #[error("the {class} limit of {limit} calls per minute is used up")]

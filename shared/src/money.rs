@@ -19,7 +19,7 @@ pub fn tax(net_minor: i64, rate_bp: i32) -> i64 {
     i64::try_from(rounded).unwrap_or(i64::MAX)
 }
 
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema, PartialEq)]
 pub struct MoneyView {
     /// Amount in the currency's minor unit (cents).
     pub minor: i64,

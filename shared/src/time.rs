@@ -206,7 +206,7 @@ pub fn parse_range_bound(
 }
 
 /// How a time is shown in every result.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, schemars::JsonSchema, PartialEq)]
 pub struct TimeView {
     /// Day of the week in the local zone.
     pub weekday: String,

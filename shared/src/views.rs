@@ -8,7 +8,7 @@
 
 use jiff::Timestamp;
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::canon::version_of;
 use crate::datastore::{BookingRow, CustomerRow, TechnicianRow, to_ts};
@@ -16,7 +16,7 @@ use crate::money::{self, MoneyView};
 use crate::text::{UntrustedText, untrusted};
 use crate::time::{self, TimeView};
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct CustomerView {
     /// The customer's handle.
     pub customer: String,
@@ -28,7 +28,7 @@ pub struct CustomerView {
     pub created: TimeView,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct TechnicianView {
     /// The technician's handle.
     pub technician: String,
@@ -39,26 +39,26 @@ pub struct TechnicianView {
     pub active: bool,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct CustomerRef {
     pub customer: String,
     pub name: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct TechnicianRef {
     pub technician: String,
     pub name: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceRef {
     pub service: String,
     pub name: String,
     pub duration_minutes: i32,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct PriceView {
     pub net: MoneyView,
     pub tax: MoneyView,
@@ -67,7 +67,7 @@ pub struct PriceView {
     pub tax_rate_percent: String,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NoteView {
     pub note: String,
     /// staff, customer, external (another system, the REST API) or agent (written over MCP).
@@ -81,7 +81,7 @@ pub struct NoteView {
     pub untrusted: Option<UntrustedText>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct BookingView {
     /// The booking's handle.
     pub booking: String,
@@ -113,7 +113,7 @@ pub struct BookingView {
     pub earlier_notes_cursor: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
     /// How many items this page holds.

@@ -19,11 +19,12 @@ use serde_json::Value;
 use shared::auth::McpContext;
 use shared::error::Error;
 use shared::services::approvals::Completion;
+use shared::services::outcome::{Outcome, PreviewStatus};
 use shared::telemetry::{self, Attr, Name};
 
 use crate::AppState;
 use crate::results::{self, ErrorBody};
-use crate::tools::Env;
+use crate::tools::{Answer, Env};
 
 #[derive(Clone)]
 pub struct Server {
@@ -167,7 +168,9 @@ impl ServerHandler for Server {
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
             let now = jiff::Timestamp::now();
             let responses = request.input_responses.as_ref();
-            crate::mrtr::resume(&self.state, &ctx, name, &args, sealed, responses, now).await
+            crate::mrtr::resume(&self.state, &ctx, name, &args, sealed, responses, now)
+                .await
+                .map(|o| Answer::TwoStep(Box::new(o)))
         } else {
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
             let progress = crate::tools::Progress {
@@ -194,11 +197,12 @@ impl ServerHandler for Server {
             };
             // A client that can show the person a form confirms in its own UI (MRTR).
             match (&outcome, called) {
-                (Ok(preview), Some(args))
-                    if preview["status"] == "PREVIEW"
+                (Ok(Answer::TwoStep(outcome)), Some(args))
+                    if let Outcome::Preview(preview) = &**outcome
+                        && preview.status == PreviewStatus::Preview
                         && crate::mrtr::eligible(&self.state, &context) =>
                 {
-                    match crate::mrtr::ask(&self.state, &ctx, &args, preview).await {
+                    match crate::mrtr::ask(&self.state, &ctx, &args, preview) {
                         Ok(input_required) => {
                             let metrics = &self.state.metrics;
                             metrics
@@ -225,17 +229,20 @@ impl ServerHandler for Server {
         // What the call did, for counts and pictures: a two-step tool's first step is a
         // preview, and a confirmation counts under the class of the action it executed.
         let mut class = spec.class;
-        if let Ok(value) = &outcome
-            && spec.name == "confirm_action"
-            && let Some(executed) = value["tool"].as_str().and_then(|t| self.state.tools.get(t))
+        if let Ok(Answer::TwoStep(outcome)) = &outcome
+            && let Outcome::Executed(executed) = &**outcome
+            && let Some(tool) = self.state.tools.get(&executed.tool)
         {
-            class = executed.class;
+            class = tool.class;
         }
-        let (result, label) = match outcome {
-            Ok(value) if spec.class.two_step() && value["status"] == "PREVIEW" => {
-                (results::success(value), "previewed")
+        let label = match &outcome {
+            Ok(Answer::TwoStep(o)) if matches!(&**o, Outcome::Preview(p) if p.status == PreviewStatus::Preview) => {
+                "previewed"
             }
-            Ok(value) => (results::success(value), "ok"),
+            _ => "ok",
+        };
+        let (result, label) = match outcome.and_then(Answer::into_json) {
+            Ok(value) => (results::success(value), label),
             Err(error) => {
                 if let Error::Internal(detail) = &error {
                     tracing::error!(tool.name = name, request.id = %request_id, error = %detail, "tool failed");

@@ -16,6 +16,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Value, json};
 use shared::error::{ActionRefusal, Error};
 use shared::services::actions::{self, ConfirmState};
+use shared::services::outcome::{Outcome, Preview};
 
 use crate::AppState;
 
@@ -41,21 +42,21 @@ fn refused(message: &str) -> Error {
     Error::ActionRefused { reason: ActionRefusal::Unknown, message: message.to_owned() }
 }
 
-/// Turns a PREVIEW into an elicitation with a sealed state.
-pub async fn ask(
+/// Turns a PREVIEW into an elicitation with a sealed state: the preview carries all the state
+/// binds, so nothing is read again.
+pub fn ask(
     state: &AppState,
     ctx: &shared::OpCtx,
     arguments: &Value,
-    preview: &Value,
+    preview: &Preview,
 ) -> shared::Result<InputRequiredResult> {
     let keys = state.settings.mrtr_keys.as_ref().ok_or_else(|| refused("no sealing key"))?;
-    let bound =
-        actions::confirm_state(&state.ds, ctx, preview, actions::request_digest(arguments)).await?;
+    let bound = actions::confirm_state(ctx, preview, actions::request_digest(arguments))?;
     let plain = serde_json::to_vec(&bound).map_err(|e| Error::Internal(e.to_string()))?;
     let sealed = keys.seal(PURPOSE, &plain).map_err(Error::Internal)?;
     let message = format!(
         "{}\n\nNothing has happened yet. Accept to do exactly this once; decline to drop it.",
-        preview["confirm_summary"].as_str().unwrap_or_default()
+        preview.confirm_summary
     );
     let request: InputRequest = serde_json::from_value(json!({
         "method": "elicitation/create",
@@ -77,7 +78,7 @@ pub async fn resume(
     sealed: &str,
     responses: Option<&InputResponses>,
     now: jiff::Timestamp,
-) -> shared::Result<Value> {
+) -> shared::Result<Outcome> {
     let keys =
         state.settings.mrtr_keys.as_ref().ok_or_else(|| {
             refused("this server issued no requestState; call the tool without one")

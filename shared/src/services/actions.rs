@@ -16,7 +16,7 @@ use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
 
 use crate::canon::{canonical_json, sha256_hex};
 use crate::ctx::OpCtx;
@@ -35,6 +35,10 @@ use crate::services::bookings::{
 };
 use crate::services::catalog::MuteAlertsInput;
 use crate::services::customers::{DeleteCustomerInput, SendCustomerMessageInput};
+use crate::services::outcome::{
+    Approval, Changed, Executed, ExecutedResult, ExecutedStatus, Outcome, Preview, PreviewStatus,
+    Rejected,
+};
 use crate::services::rails::args_digest;
 use crate::services::technicians::PageTechnicianInput;
 use crate::time::{self, TimeView};
@@ -143,13 +147,29 @@ pub(crate) struct Message {
 /// What an action will do, computed from the current state.
 pub(crate) struct Plan {
     pub(crate) summary: String,
-    /// Shown to the caller in the preview.
-    pub(crate) preview: Value,
-    /// Hashed: exactly what will be sent or changed, with the versions it was planned from.
-    pub(crate) content: Value,
+    /// Shown to the caller in the preview (see [`effect`]).
+    pub(crate) preview: Map<String, Value>,
+    /// The hash of exactly what will be sent or changed, with the versions it was planned
+    /// from (see [`content_hash`]).
+    pub(crate) content_hash: String,
     pub(crate) targets: Vec<String>,
     pub(crate) apply: Apply,
     pub(crate) messages: Vec<Message>,
+}
+
+/// A plan's typed preview, as the object the caller is shown under `effect`.
+pub(crate) fn effect<T: Serialize>(preview: &T) -> Result<Map<String, Value>> {
+    match serde_json::to_value(preview) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Error::Internal("a preview must be an object".into())),
+        Err(e) => Err(Error::Internal(format!("preview: {e}"))),
+    }
+}
+
+/// The hash a pending action keeps of a plan's typed content: SHA-256 of its canonical JSON.
+pub(crate) fn content_hash<T: Serialize>(content: &T) -> Result<String> {
+    let value = serde_json::to_value(content).map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(sha256_hex(canonical_json(&value).as_bytes()))
 }
 
 pub(crate) enum Apply {
@@ -282,7 +302,7 @@ async fn apply(
     plan: &Plan,
     pending: (i64, &str),
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<ExecutedResult> {
     for (i, m) in plan.messages.iter().enumerate() {
         let key = format!("{}:{i}", pending.1);
         db::outbox_insert(
@@ -300,7 +320,7 @@ async fn apply(
         .await?;
     }
     let changed = match &plan.apply {
-        Apply::Nothing => json!({}),
+        Apply::Nothing => Changed::Nothing {},
         Apply::SetStatus { ids, status } => {
             let mut out = Vec::new();
             for (id, handle) in ids {
@@ -328,7 +348,7 @@ async fn apply(
                     .ok_or_else(|| Error::not_found(Resource::Booking, handle))?;
                 out.push(views::booking(&after, false, now));
             }
-            json!({ "bookings": out })
+            Changed::Bookings { bookings: out }
         }
         Apply::Reschedule { id, handle, starts_at } => {
             let row = db::booking_lock(tx, ctx, handle)
@@ -353,22 +373,25 @@ async fn apply(
             let after = db::booking_lock(tx, ctx, handle)
                 .await?
                 .ok_or_else(|| Error::not_found(Resource::Booking, handle))?;
-            json!({ "booking": views::booking(&after, false, now) })
+            Changed::Booking { booking: Box::new(views::booking(&after, false, now)) }
         }
         Apply::Mute { id, until } => {
             db::alert_rule_mute(tx, ctx, *id, from_ts(*until)).await?;
-            json!({ "muted_until": time::present(*until, &ctx.tenant().zone, &ctx.tenant().zone_name, now) })
+            let tenant = ctx.tenant();
+            Changed::Muted {
+                muted_until: time::present(*until, &tenant.zone, &tenant.zone_name, now),
+            }
         }
         Apply::DeleteCustomer { id } => {
             db::customer_delete(tx, ctx, *id).await?;
-            json!({ "deleted": plan.targets })
+            Changed::Deleted { deleted: plan.targets.clone() }
         }
         Apply::DeleteBooking { id } => {
             db::booking_delete(tx, ctx, *id).await?;
-            json!({ "deleted": plan.targets })
+            Changed::Deleted { deleted: plan.targets.clone() }
         }
     };
-    Ok(json!({ "changed": changed, "messages_queued": plan.messages.len() }))
+    Ok(ExecutedResult { changed, messages_queued: plan.messages.len() })
 }
 
 // ------------------------------------------------------------------ the two steps
@@ -399,12 +422,12 @@ async fn store_preview(
     plan: &Plan,
     now: Timestamp,
     completes: Completes,
-) -> Result<Value> {
+) -> Result<Preview> {
     let previewed = At::fresh(now).previewed;
     let token =
         format!("cfm_{}", &secret::generate(secret::CredentialKind::Session)["gh_ses_".len()..]);
     let handle = format!("pac_{}", &crate::handle::NoteHandle::generate().as_str()[4..]);
-    let content_hash = sha256_hex(canonical_json(&plan.content).as_bytes());
+    let content_hash = plan.content_hash.clone();
     let person = completes.mode == Completion::PersonApproves;
     // The line a person approves shows all it says: record text written before names were
     // checked (or by another channel) cannot reorder it, hide part of it or start a new line.
@@ -425,7 +448,7 @@ async fn store_preview(
             previewed_at: from_ts(previewed),
             completion: completes.mode.as_str(),
             approver_not_creator: completes.approver_not_creator,
-            preview: &plan.preview,
+            preview: &Value::Object(plan.preview.clone()),
         },
     )
     .await?;
@@ -447,20 +470,23 @@ async fn store_preview(
     if person {
         tell_approvers(tx, ctx, op, (id, &handle), completes, &expires.display).await?;
     }
-    Ok(json!({
-        "status": if person { "AWAITING_APPROVAL" } else { "PREVIEW" },
-        "action": handle,
-        "tool": op.name(),
-        "confirm_token": token,
-        "confirm_summary": summary,
-        "expires": expires,
-        "effect": plan.preview,
-        "next": if person {
+    Ok(Preview {
+        status: if person { PreviewStatus::AwaitingApproval } else { PreviewStatus::Preview },
+        action: handle,
+        tool: op.name().to_owned(),
+        confirm_token: token,
+        confirm_summary: summary,
+        expires,
+        effect: plan.preview.clone(),
+        next: if person {
             approvals::awaiting_note(completes.approver_not_creator)
         } else {
-            json!("Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action.")
-        },
-    }))
+            "Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action."
+        }
+        .to_owned(),
+        content_hash,
+        expires_at: expires_at.timestamp(),
+    })
 }
 
 /// Emails the members whose role holds the action's right that it waits for them.
@@ -510,7 +536,7 @@ pub async fn prepare<T: TwoStep + Serialize>(
     ctx: &OpCtx,
     input: &T,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Preview> {
     // The operation is the input's own: a tool cannot pair one operation with another's input.
     let op = T::OP;
     ctx.require(op.right())?;
@@ -595,7 +621,7 @@ pub async fn confirm(
     ctx: &OpCtx,
     input: &ConfirmActionInput,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Executed> {
     let (tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
         Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
@@ -604,7 +630,10 @@ pub async fn confirm(
         // A person decides this one: the agent learns the outcome and can never complete it.
         drop(tx);
         return match p.status.as_str() {
-            "executed" => Ok(p.result.unwrap_or(Value::Null)),
+            "executed" => p
+                .result
+                .and_then(|r| serde_json::from_value(r).ok())
+                .ok_or_else(|| Error::Internal(format!("action {} has no result", p.handle))),
             "rejected" => Err(refused(
                 ActionRefusal::Denied,
                 format!(
@@ -681,7 +710,7 @@ async fn execute(
     ctx: &OpCtx,
     p: db::PendingRow,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Executed> {
     let op = Op::by_name(&p.tool)
         .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
     if let Err(e) = ctx.require(op.right()) {
@@ -739,8 +768,7 @@ async fn execute(
             return Err(e);
         }
     };
-    let content_hash = sha256_hex(canonical_json(&plan.content).as_bytes());
-    if content_hash != p.content_hash {
+    if plan.content_hash != p.content_hash {
         db::pending_decide(&mut tx, p.id, "superseded", None).await?;
         // The new preview promises what holds from now on.
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
@@ -767,17 +795,27 @@ async fn run_once(
     plan: &Plan,
     approved: Option<(i64, &str)>,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Executed> {
     use crate::telemetry::{self, Attr, Name};
     let attrs = [Attr::Tool(op.name()), Attr::Class(op.class())];
     let work = async move {
         let result = apply(&mut tx, ctx, plan, (p.id, &p.handle), now).await?;
-        let mut out = json!({"status": "EXECUTED", "action": p.handle, "tool": op.name(), "summary": p.summary, "result": result});
+        let out = Executed {
+            status: ExecutedStatus::Executed,
+            action: p.handle.clone(),
+            tool: op.name().to_owned(),
+            summary: p.summary.clone(),
+            result,
+            approved: approved.map(|(_, reason)| Approval {
+                by: ctx.actor_handle().map(str::to_owned),
+                reason: reason.to_owned(),
+            }),
+        };
         if let Some((person, reason)) = approved {
-            out["approved"] = json!({"by": ctx.actor_handle(), "reason": reason});
             db::pending_decided_by(&mut tx, p.id, Some(person), reason).await?;
         }
-        db::pending_decide(&mut tx, p.id, "executed", Some(&out)).await?;
+        let stored = serde_json::to_value(&out).map_err(|e| Error::Internal(e.to_string()))?;
+        db::pending_decide(&mut tx, p.id, "executed", Some(&stored)).await?;
         db::audit_insert(
             &mut tx,
             ctx,
@@ -796,7 +834,7 @@ async fn run_once(
     telemetry::child(Name::MethodTarget("gatehouse.confirm.execute", op.name()), &attrs, work).await
 }
 
-pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Result<Value> {
+pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Result<Rejected> {
     let (mut tx, p) = match open_pending(ds, ctx, &input.confirm_token).await? {
         Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
@@ -835,7 +873,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
     )
     .await?;
     tx.commit().await?;
-    Ok(json!({"status": "REJECTED", "action": p.handle, "tool": p.tool}))
+    Ok(Rejected::new(p.handle, p.tool))
 }
 
 // ------------------------------------------------------------------ a person decides
@@ -950,7 +988,7 @@ pub(crate) async fn decide(
             return Err(e);
         }
     };
-    if sha256_hex(canonical_json(&plan.content).as_bytes()) != p.content_hash {
+    if plan.content_hash != p.content_hash {
         // The person is shown the new version; this one can never execute.
         db::pending_decide(&mut tx, p.id, "superseded", None).await?;
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
@@ -960,14 +998,14 @@ pub(crate) async fn decide(
             approver_not_creator: p.approver_not_creator,
         };
         let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
-        let replaced_by = preview["action"].as_str().unwrap_or_default().to_owned();
+        let replaced_by = preview.action;
         // The agent's token follows the action to its new version.
         db::pending_replaced(&mut tx, p.id, &replaced_by).await?;
         tx.commit().await?;
         return Ok(Decided::Changed { action: p.handle, replaced_by });
     }
     let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
-    Ok(Decided::Executed { action: p.handle, result: out })
+    Ok(Decided::Executed { action: p.handle, result: Box::new(out) })
 }
 
 // ------------------------------------------------------------------ multi round-trip (MRTR)
@@ -997,26 +1035,20 @@ pub fn request_digest(arguments: &Value) -> String {
     sha256_hex(canonical_json(&kept).as_bytes())
 }
 
-/// The state to seal for a preview this connection just received.
-pub async fn confirm_state(
-    ds: &Services,
+/// The state to seal for a preview this connection just received: everything it binds is in
+/// the preview the rail returned, so nothing is read again.
+pub fn confirm_state(
     ctx: &OpCtx,
-    preview: &Value,
+    preview: &Preview,
     request_digest: String,
 ) -> Result<ConfirmState> {
-    let handle = preview["action"].as_str().unwrap_or_default();
-    let mut tx = ds.begin().await?;
-    let p = db::pending_lock_by_handle(&mut tx, ctx, handle)
-        .await?
-        .ok_or_else(|| approvals::no_such_action(handle))?;
-    let expires = db::pending_expiry(&mut tx, p.id).await?;
     Ok(ConfirmState {
-        connection: p.connection_id,
-        tool: p.tool,
+        connection: connection_id(ctx)?,
+        tool: preview.tool.clone(),
         request_digest,
-        action: p.handle,
-        content_hash: p.content_hash,
-        expires,
+        action: preview.action.clone(),
+        content_hash: preview.content_hash.clone(),
+        expires: preview.expires_at,
     })
 }
 
@@ -1032,7 +1064,7 @@ pub async fn confirm_sealed(
     request_digest: &str,
     accept: bool,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Outcome> {
     let stale = |why: &str| {
         refused(
             ActionRefusal::Unknown,
@@ -1082,7 +1114,7 @@ pub async fn confirm_sealed(
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
-        return Ok(json!({"status": "REJECTED", "action": p.handle, "tool": p.tool}));
+        return Ok(Outcome::Rejected(Rejected::new(p.handle, p.tool)));
     }
-    execute(ds, tx, ctx, p, now).await
+    execute(ds, tx, ctx, p, now).await.map(Outcome::Executed)
 }

@@ -12,7 +12,7 @@
 //! execution, one audit row (channel `console`, the approver as actor).
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, AuditEntry, Services};
@@ -260,7 +260,7 @@ pub enum Decided {
     /// Executed once; the result the agent will also see.
     Executed {
         action: String,
-        result: Value,
+        result: Box<crate::services::outcome::Executed>,
     },
     Denied {
         action: String,
@@ -316,10 +316,10 @@ pub(crate) fn no_such_action(raw: &str) -> Error {
 }
 
 /// The preview shown when an action waits for a person.
-pub(crate) fn awaiting_note(approver_not_creator: bool) -> Value {
-    json!(if approver_not_creator {
+pub(crate) fn awaiting_note(approver_not_creator: bool) -> &'static str {
+    if approver_not_creator {
         "A person in this tenant other than the connection's creator must approve this in the Gatehouse console (Approvals); the agent cannot complete it. Nothing has happened yet. Call confirm_action with confirm_token and confirm_summary later to learn whether it was approved, denied or expired."
     } else {
         "A person in this tenant must approve this in the Gatehouse console (Approvals); the agent cannot complete it. Nothing has happened yet. Call confirm_action with confirm_token and confirm_summary later to learn whether it was approved, denied or expired."
-    })
+    }
 }

@@ -5,7 +5,6 @@
 use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::auth::ReadAhead;
 use crate::ctx::OpCtx;
@@ -17,11 +16,12 @@ use crate::handle::{BookingHandle, CustomerHandle, NoteHandle, ServiceHandle, Te
 use crate::input::lenient_u32;
 use crate::rights::Right;
 use crate::services::actions::{
-    Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, booking_line, customer_email,
-    text as written_text, when,
+    Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, booking_line, content_hash,
+    customer_email, effect, text as written_text, when,
 };
 use crate::services::fields::separate_reason;
-use crate::services::rails::{self, Written};
+use crate::services::presented;
+use crate::services::rails::{self, Written, Wrote};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::{money, time, views};
 
@@ -241,7 +241,7 @@ pub struct ExportSummary {
     pub first: Vec<String>,
     /// Arguments for find_bookings that continue after `first`.
     #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
-    pub continue_with: Option<serde_json::Value>,
+    pub continue_with: Option<ContinueWith>,
 }
 
 /// An export in progress: one page of 200 bookings per step.
@@ -326,9 +326,14 @@ impl Export {
 
     pub fn finish(self, ctx: &OpCtx, now: jiff::Timestamp) -> ExportSummary {
         let tz = time::zone("zone", &self.zone).unwrap_or(ctx.tenant().zone.clone());
-        let continue_with = self.after_first.filter(|_| self.seen > 20).map(|cursor| {
-            serde_json::json!({"from": self.find.from, "to": self.find.to, "zone": self.zone, "status": self.find.status, "cursor": cursor})
-        });
+        let continue_with =
+            self.after_first.filter(|_| self.seen > 20).map(|cursor| ContinueWith {
+                from: self.find.from,
+                to: self.find.to,
+                zone: self.zone.clone(),
+                status: self.find.status,
+                cursor,
+            });
         ExportSummary {
             from: time::present(self.from, &tz, &self.zone, now),
             to: time::present(self.to, &tz, &self.zone, now),
@@ -454,11 +459,11 @@ async fn present_booking(
     ctx: &OpCtx,
     handle: &str,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<BookingWritten> {
     let row = db::booking_lock(tx, ctx, handle)
         .await?
         .ok_or_else(|| Error::not_found(Resource::Booking, handle))?;
-    Ok(json!({ "booking": views::booking(&row, false, now) }))
+    Ok(BookingWritten { booking: views::booking(&row, false, now) })
 }
 
 pub async fn create_booking(
@@ -466,7 +471,7 @@ pub async fn create_booking(
     ctx: &OpCtx,
     input: &CreateBookingInput,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Written<BookingWritten>> {
     ctx.require(Right::BookingsWrite)?;
     let customer = CustomerHandle::parse("customer", &input.customer)?;
     let zone_name = input.zone.as_deref().map(str::trim).filter(|z| !z.is_empty());
@@ -487,7 +492,7 @@ pub async fn create_booking(
         input,
         input.idempotency_key.as_deref(),
         |mut tx| async move {
-            let written: Result<Written> = async {
+            let written: Result<Wrote<BookingWritten>> = async {
                 let tx = &mut tx;
                 let customer = db::customer_lock(tx, ctx, customer.as_str())
                     .await?
@@ -547,7 +552,7 @@ pub async fn update_booking(
     ctx: &OpCtx,
     input: &UpdateBookingInput,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Written<BookingWritten>> {
     ctx.require(Right::BookingsWrite)?;
     let priority = match input.priority.as_deref().map(str::trim) {
         Some(p) if PRIORITIES.contains(&p) => Some(p.to_owned()),
@@ -584,7 +589,7 @@ pub async fn update_booking(
         input,
         input.idempotency_key.as_deref(),
         |mut tx| async move {
-            let written: Result<Written> = async {
+            let written: Result<Wrote<BookingWritten>> = async {
                 let tx = &mut tx;
                 let row = locked_booking(tx, ctx, &input.booking).await?;
                 let current = views::booking_version(&row);
@@ -594,7 +599,7 @@ pub async fn update_booking(
                         handle: row.handle.clone(),
                         expected: input.version.clone(),
                         current_version: current,
-                        current: Box::new(json!(views::booking(&row, false, now))),
+                        current: Box::new(presented(&views::booking(&row, false, now))?),
                     });
                 }
                 if row.status != "draft" && (input.start.is_some() || input.service.is_some()) {
@@ -679,7 +684,7 @@ pub async fn add_booking_note(
     ctx: &OpCtx,
     input: &AddBookingNoteInput,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Written<NoteWritten>> {
     ctx.require(Right::BookingsWrite)?;
     let text = &written_text("text", &input.text, 2000, Lines::Many)?;
     rails::silent_write(
@@ -689,17 +694,15 @@ pub async fn add_booking_note(
         input,
         input.idempotency_key.as_deref(),
         |mut tx| async move {
-            let written: Result<Written> = async {
+            let written: Result<Wrote<NoteWritten>> = async {
                 let tx = &mut tx;
                 let row = locked_booking(tx, ctx, &input.booking).await?;
                 let note = NoteHandle::generate();
                 db::booking_note_insert(tx, ctx, note.as_str(), row.id, note_source(ctx), text)
                     .await?;
                 let written = time::present(now, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
-                Ok((
-                    json!({ "note": note.as_str(), "booking": row.handle, "written": written }),
-                    vec![row.handle.clone(), note.to_string()],
-                ))
+                let targets = vec![row.handle.clone(), note.to_string()];
+                Ok((NoteWritten { note: note.to_string(), booking: row.handle, written }, targets))
             }
             .await;
             (tx, written)
@@ -764,8 +767,15 @@ impl Planned for ConfirmBookingInput {
                 crate::services::fields::shown_address(&to),
                 crate::text::quoted(&b.customer_name)
             ),
-            preview: json!({"booking": views::booking(&b, false, now), "email": {"to": to, "subject": msg.subject, "body": msg.body}}),
-            content: json!({"booking": b.handle, "version": views::booking_version(&b), "message": msg}),
+            preview: effect(&ConfirmEffect {
+                booking: views::booking(&b, false, now),
+                email: EmailEffect { to: &to, subject: &msg.subject, body: &msg.body },
+            })?,
+            content_hash: content_hash(&BookingMessage {
+                booking: &b.handle,
+                version: views::booking_version(&b),
+                message: &msg,
+            })?,
             targets: vec![b.handle.clone()],
             apply: Apply::SetStatus { ids: vec![(b.id, b.handle.clone())], status: "confirmed" },
             messages: vec![msg],
@@ -841,8 +851,20 @@ impl Planned for RescheduleBookingInput {
         };
         Ok(Plan {
             summary: format!("Move booking {} to {}; {who}", booking_line(&b, now), new_at.display),
-            preview: json!({"booking": b.handle, "from": when(&b, now), "to": new_at, "ends": new_end, "emails": messages.len(), "messages": messages}),
-            content: json!({"booking": b.handle, "version": views::booking_version(&b), "start": start.to_string(), "messages": messages}),
+            preview: effect(&RescheduleEffect {
+                booking: &b.handle,
+                from: when(&b, now),
+                to: &new_at,
+                ends: new_end,
+                emails: messages.len(),
+                messages: &messages,
+            })?,
+            content_hash: content_hash(&RescheduleContent {
+                booking: &b.handle,
+                version: views::booking_version(&b),
+                start: start.to_string(),
+                messages: &messages,
+            })?,
             targets: vec![b.handle.clone()],
             apply: Apply::Reschedule { id: b.id, handle: b.handle.clone(), starts_at: start },
             messages,
@@ -1029,8 +1051,16 @@ impl Planned for CancelBookingsInput {
                 handles.join(", "),
                 messages.len()
             ),
-            preview: json!({"bookings": rows.iter().map(|b| views::booking(b, false, now)).collect::<Vec<_>>(), "emails": messages.len(), "messages": messages}),
-            content: json!({"bookings": handles, "versions": versions, "messages": messages}),
+            preview: effect(&CancelEffect {
+                bookings: rows.iter().map(|b| views::booking(b, false, now)).collect(),
+                emails: messages.len(),
+                messages: &messages,
+            })?,
+            content_hash: content_hash(&CancelContent {
+                bookings: &handles,
+                versions: &versions,
+                messages: &messages,
+            })?,
             targets: handles,
             apply: Apply::SetStatus {
                 ids: rows.iter().map(|b| (b.id, b.handle.clone())).collect(),
@@ -1065,13 +1095,115 @@ impl Planned for DeleteBookingInput {
                 booking_line(&b, now),
                 crate::text::quoted(&b.customer_name)
             ),
-            preview: json!({"booking": views::booking(&b, false, now)}),
-            content: json!({"booking": b.handle, "version": views::booking_version(&b)}),
+            preview: effect(&BookingEffect { booking: views::booking(&b, false, now) })?,
+            content_hash: content_hash(&BookingVersion {
+                booking: &b.handle,
+                version: views::booking_version(&b),
+            })?,
             targets: vec![b.handle.clone()],
             apply: Apply::DeleteBooking { id: b.id },
             messages: Vec::new(),
         })
     }
+}
+
+/// The find_bookings arguments that continue an export after its first bookings.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ContinueWith {
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub zone: String,
+    pub status: Option<String>,
+    pub cursor: String,
+}
+
+/// A booking after a write.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct BookingWritten {
+    pub booking: views::BookingView,
+}
+
+/// A note after it was added.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct NoteWritten {
+    /// The note's handle (bnt_…).
+    pub note: String,
+    pub booking: String,
+    pub written: time::TimeView,
+}
+
+// ------------------------------------------------------------------ what the two-step plans show and hash
+
+/// A preview that shows one booking.
+#[derive(Serialize)]
+struct BookingEffect {
+    booking: views::BookingView,
+}
+
+/// The email a preview shows.
+#[derive(Serialize)]
+struct EmailEffect<'a> {
+    to: &'a str,
+    subject: &'a str,
+    body: &'a str,
+}
+
+/// `confirm_booking`'s preview.
+#[derive(Serialize)]
+struct ConfirmEffect<'a> {
+    booking: views::BookingView,
+    email: EmailEffect<'a>,
+}
+
+/// A booking at the version planned from, and the message the effect sends.
+#[derive(Serialize)]
+struct BookingMessage<'a> {
+    booking: &'a str,
+    version: String,
+    message: &'a Message,
+}
+
+/// A booking at the version planned from.
+#[derive(Serialize)]
+struct BookingVersion<'a> {
+    booking: &'a str,
+    version: String,
+}
+
+/// `reschedule_booking`'s preview.
+#[derive(Serialize)]
+struct RescheduleEffect<'a> {
+    booking: &'a str,
+    from: time::TimeView,
+    to: &'a time::TimeView,
+    ends: time::TimeView,
+    emails: usize,
+    messages: &'a [Message],
+}
+
+/// `reschedule_booking`'s content: the new start and the messages.
+#[derive(Serialize)]
+struct RescheduleContent<'a> {
+    booking: &'a str,
+    version: String,
+    start: String,
+    messages: &'a [Message],
+}
+
+/// `cancel_bookings`' preview.
+#[derive(Serialize)]
+struct CancelEffect<'a> {
+    bookings: Vec<views::BookingView>,
+    emails: usize,
+    messages: &'a [Message],
+}
+
+/// `cancel_bookings`' content: every booking at its version, and the messages.
+#[derive(Serialize)]
+struct CancelContent<'a> {
+    bookings: &'a [String],
+    versions: &'a [String],
+    messages: &'a [Message],
 }
 
 #[cfg(test)]

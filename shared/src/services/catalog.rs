@@ -4,7 +4,6 @@
 use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, Services, Tx, to_ts};
@@ -12,7 +11,7 @@ use crate::error::{Error, Resource, Result};
 use crate::input::lenient_u32;
 use crate::money::{self, MoneyView};
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Plan, Planned, TwoStep};
+use crate::services::actions::{Apply, At, Plan, Planned, TwoStep, content_hash, effect};
 use crate::time::{self, TimeView};
 
 /// List the tenant's services (what can be booked).
@@ -194,11 +193,33 @@ impl Planned for MuteAlertsInput {
                 crate::text::quoted(&r.name),
                 until_view.display
             ),
-            preview: json!({"rule": r.handle, "name": r.name, "until": until_view}),
-            content: json!({"rule": r.handle, "minutes": minutes, "until": until.to_string(), "muted_until": r.muted_until.map(|m| m.timestamp())}),
+            preview: effect(&MuteEffect { rule: &r.handle, name: &r.name, until: until_view })?,
+            content_hash: content_hash(&MuteContent {
+                rule: &r.handle,
+                minutes,
+                until: until.to_string(),
+                muted_until: r.muted_until.map(|m| m.timestamp()),
+            })?,
             targets: vec![r.handle.clone()],
             apply: Apply::Mute { id: r.id, until },
             messages: Vec::new(),
         })
     }
+}
+
+/// `mute_alerts`' preview.
+#[derive(Serialize)]
+struct MuteEffect<'a> {
+    rule: &'a str,
+    name: &'a str,
+    until: time::TimeView,
+}
+
+/// `mute_alerts`' content: the rule, the mute asked for, and the mute it has now.
+#[derive(Serialize)]
+struct MuteContent<'a> {
+    rule: &'a str,
+    minutes: u32,
+    until: String,
+    muted_until: Option<i64>,
 }

@@ -4,7 +4,6 @@
 use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, CustomerRow, Services, Tx};
@@ -12,9 +11,12 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Lines, Message, Plan, Planned, TwoStep, text};
+use crate::services::actions::{
+    Apply, At, Lines, Message, Plan, Planned, TwoStep, content_hash, effect, text,
+};
 use crate::services::fields::{email, name, phone, separate_reason};
-use crate::services::rails::{self, Written};
+use crate::services::presented;
+use crate::services::rails::{self, Written, Wrote};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::views;
 
@@ -137,7 +139,7 @@ pub async fn create_customer(
     ctx: &OpCtx,
     input: &CreateCustomerInput,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Written<CustomerWritten>> {
     ctx.require(Right::CustomersWrite)?;
     let name = name("name", &input.name)?;
     let email = email(input.email.as_deref())?;
@@ -156,7 +158,7 @@ pub async fn create_customer(
         input,
         input.idempotency_key.as_deref(),
         |mut tx| async move {
-            let written: Result<Written> = async {
+            let written: Result<Wrote<CustomerWritten>> = async {
                 let tx = &mut tx;
                 lock_contact_keys(tx, ctx, email.as_deref(), phone.as_ref()).await?;
                 if reason.is_none()
@@ -183,7 +185,7 @@ pub async fn create_customer(
                 )
                 .await?;
                 let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
-                Ok((json!({ "customer": view }), vec![row.handle]))
+                Ok((CustomerWritten { customer: view }, vec![row.handle]))
             }
             .await;
             (tx, written)
@@ -197,7 +199,7 @@ pub async fn update_customer(
     ctx: &OpCtx,
     input: &UpdateCustomerInput,
     now: Timestamp,
-) -> Result<Value> {
+) -> Result<Written<CustomerWritten>> {
     ctx.require(Right::CustomersWrite)?;
     let handle = CustomerHandle::parse("customer", &input.customer)?;
     let new_name = input.name.as_deref().map(|n| name("name", n)).transpose()?;
@@ -210,7 +212,7 @@ pub async fn update_customer(
         input,
         input.idempotency_key.as_deref(),
         |mut tx| async move {
-            let written: Result<Written> = async {
+            let written: Result<Wrote<CustomerWritten>> = async {
                 let tx = &mut tx;
                 let row = db::customer_lock(tx, ctx, handle.as_str())
                     .await?
@@ -224,7 +226,7 @@ pub async fn update_customer(
                         handle: row.handle,
                         expected: input.version.clone(),
                         current_version: current,
-                        current: Box::new(json!(view)),
+                        current: Box::new(presented(&view)?),
                     });
                 }
                 let email = new_email.unwrap_or(row.email.clone());
@@ -263,7 +265,7 @@ pub async fn update_customer(
                 .await?;
                 let view =
                     views::customer(&updated, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
-                Ok((json!({ "customer": view }), vec![updated.handle]))
+                Ok((CustomerWritten { customer: view }, vec![updated.handle]))
             }
             .await;
             (tx, written)
@@ -316,8 +318,17 @@ impl Planned for SendCustomerMessageInput {
                 c.handle,
                 crate::text::quoted(&subject)
             ),
-            preview: json!({"customer": c.handle, "to": to, "subject": subject, "body": msg.body}),
-            content: json!({"customer": c.handle, "version": views::customer_version(&c), "message": msg}),
+            preview: effect(&MessageEffect {
+                customer: &c.handle,
+                to: &to,
+                subject: &subject,
+                body: &msg.body,
+            })?,
+            content_hash: content_hash(&CustomerMessage {
+                customer: &c.handle,
+                version: views::customer_version(&c),
+                message: &msg,
+            })?,
             targets: vec![c.handle.clone()],
             apply: Apply::Nothing,
             messages: vec![msg],
@@ -360,11 +371,48 @@ impl Planned for DeleteCustomerInput {
         }
         Ok(Plan {
             summary: format!("Delete customer {} named {}", c.handle, crate::text::quoted(&c.name)),
-            preview: json!({"customer": views::customer(&c, &ctx.tenant().zone, &ctx.tenant().zone_name, now)}),
-            content: json!({"customer": c.handle, "version": views::customer_version(&c)}),
+            preview: effect(&CustomerWritten {
+                customer: views::customer(&c, &ctx.tenant().zone, &ctx.tenant().zone_name, now),
+            })?,
+            content_hash: content_hash(&CustomerVersion {
+                customer: &c.handle,
+                version: views::customer_version(&c),
+            })?,
             targets: vec![c.handle.clone()],
             apply: Apply::DeleteCustomer { id: c.id },
             messages: Vec::new(),
         })
     }
+}
+
+/// A customer after a write.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct CustomerWritten {
+    pub customer: views::CustomerView,
+}
+
+// ------------------------------------------------------------------ what the two-step plans show and hash
+
+/// `send_customer_message`'s preview.
+#[derive(Serialize)]
+struct MessageEffect<'a> {
+    customer: &'a str,
+    to: &'a str,
+    subject: &'a str,
+    body: &'a str,
+}
+
+/// A customer at the version planned from, and the message the effect sends.
+#[derive(Serialize)]
+struct CustomerMessage<'a> {
+    customer: &'a str,
+    version: String,
+    message: &'a Message,
+}
+
+/// A customer at the version planned from.
+#[derive(Serialize)]
+struct CustomerVersion<'a> {
+    customer: &'a str,
+    version: String,
 }

@@ -19,6 +19,7 @@ pub mod jose;
 pub mod oauth;
 pub mod operators;
 pub mod outbox;
+pub mod outcome;
 mod rails;
 pub mod rates;
 pub mod technicians;
@@ -110,4 +111,10 @@ pub struct Found<T> {
 /// Trims text arguments and treats empty strings as absent.
 pub(crate) fn nonempty(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// A presenter's output as JSON, for the one place that carries it untyped: the current state
+/// a version conflict returns (R10) inside the transport-agnostic error.
+pub(crate) fn presented<T: serde::Serialize>(view: &T) -> crate::error::Result<serde_json::Value> {
+    serde_json::to_value(view).map_err(|e| crate::error::Error::Internal(format!("present: {e}")))
 }

@@ -2,37 +2,53 @@
 //! replay check, one transaction, the write, the replay entry, exactly one audit row, commit.
 //! An operation only supplies the write itself; it cannot skip a step.
 
-use serde::Serialize;
-use serde_json::{Value, json};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::canon::{canonical_json, sha256_hex};
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, AuditEntry, Services, Tx};
 use crate::error::{Error, Result};
 
-/// What a write returns: its presented result and the public ids it touched (for the audit).
-pub(crate) type Written = (Value, Vec<String>);
+/// What a write hands the rail: its presented result and the public ids it touched (for the
+/// audit).
+pub(crate) type Wrote<T> = (T, Vec<String>);
+
+// What a silent write answers: its result, and whether the rail answered it from the replay
+// cache. The result is a presenter type: the replay cache keeps it as written and reads it back
+// as the same type. (Plain comments: a doc comment would become the description models read
+// in place of the result's own.)
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Written<T> {
+    #[serde(flatten)]
+    pub result: T,
+    /// True when this identical call was answered from the replay cache and nothing executed.
+    pub replayed: bool,
+}
 
 /// Runs one silent write of `tool` on the rail. `write` gets the open transaction and hands
 /// it back with its outcome; what it wrote is recorded for replays, audited and committed
 /// together, and a failure rolls back everything. A call identical to one this connection made
 /// inside the replay window returns the first result with `replayed: true`, and `write` never
 /// runs.
-pub(crate) async fn silent_write<I, F, Fut>(
+pub(crate) async fn silent_write<I, T, F, Fut>(
     ds: &Services,
     ctx: &OpCtx,
     tool: &'static str,
     input: &I,
     idempotency_key: Option<&str>,
     write: F,
-) -> Result<Value>
+) -> Result<Written<T>>
 where
     I: Serialize,
+    T: Serialize + DeserializeOwned,
     F: FnOnce(Tx<'static>) -> Fut,
-    Fut: Future<Output = (Tx<'static>, Result<Written>)>,
+    Fut: Future<Output = (Tx<'static>, Result<Wrote<T>>)>,
 {
     let w = match begin(ds, ctx, tool, args_digest(input), idempotency_key).await? {
-        Begun::Replayed(value) => return Ok(value),
+        Begun::Replayed(value) => return replayed(value),
         Begun::Fresh(w) => w,
     };
     let SilentWrite { tx, tool, digest, key, scope } = w;
@@ -118,7 +134,7 @@ async fn begin(
                         ),
                     ));
                 }
-                return Ok(Begun::Replayed(replayed(result)));
+                return Ok(Begun::Replayed(result));
             }
         }
         if let Some(result) =
@@ -130,7 +146,7 @@ async fn begin(
                 db::replay_insert(&mut tx, scope, tool, &digest, Some(k), &result).await?;
                 tx.commit().await?;
             }
-            return Ok(Begun::Replayed(replayed(result)));
+            return Ok(Begun::Replayed(result));
         }
     }
     Ok(Begun::Fresh(SilentWrite { tx, tool, digest, key: key.map(str::to_owned), scope }))
@@ -138,10 +154,16 @@ async fn begin(
 
 impl SilentWrite {
     /// Records the result for replays, writes the one audit row (R19) and commits.
-    async fn finish(mut self, ctx: &OpCtx, written: Result<Written>) -> Result<Value> {
-        let (mut value, targets) = written?;
-        value["replayed"] = json!(false);
+    async fn finish<T: Serialize>(
+        mut self,
+        ctx: &OpCtx,
+        written: Result<Wrote<T>>,
+    ) -> Result<Written<T>> {
+        let (result, targets) = written?;
+        let written = Written { result, replayed: false };
         if let Some(scope) = self.scope {
+            let value =
+                serde_json::to_value(&written).map_err(|e| Error::Internal(e.to_string()))?;
             db::replay_insert(
                 &mut self.tx,
                 scope,
@@ -154,11 +176,13 @@ impl SilentWrite {
         }
         db::audit_insert(&mut self.tx, ctx, AuditEntry::ok(self.tool, targets)).await?;
         self.tx.commit().await?;
-        Ok(value)
+        Ok(written)
     }
 }
 
-fn replayed(mut result: Value) -> Value {
-    result["replayed"] = json!(true);
-    result
+/// The first result of an identical call, as its own type, marked replayed.
+fn replayed<T: DeserializeOwned>(stored: Value) -> Result<Written<T>> {
+    let result = serde_json::from_value(stored)
+        .map_err(|e| Error::Internal(format!("a replayed result no longer reads: {e}")))?;
+    Ok(Written { result, replayed: true })
 }

@@ -2,7 +2,6 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, Services, TechnicianRow, Tx};
@@ -10,7 +9,9 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::TechnicianHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, text};
+use crate::services::actions::{
+    Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, content_hash, effect, text,
+};
 use crate::services::{limit, nonempty};
 
 /// Find technicians by name or skill.
@@ -99,11 +100,37 @@ impl Planned for PageTechnicianInput {
                 t.handle,
                 crate::text::quoted(&message)
             ),
-            preview: json!({"technician": t.handle, "phone": phone, "message": message, "booking": about}),
-            content: json!({"technician": t.handle, "message": msg, "booking": about}),
+            preview: effect(&PageEffect {
+                technician: &t.handle,
+                phone: &phone,
+                message: &message,
+                booking: about.as_deref(),
+            })?,
+            content_hash: content_hash(&PageContent {
+                technician: &t.handle,
+                message: &msg,
+                booking: about.as_deref(),
+            })?,
             targets: std::iter::once(t.handle.clone()).chain(about).collect(),
             apply: Apply::Nothing,
             messages: vec![msg],
         })
     }
+}
+
+/// `page_technician`'s preview.
+#[derive(Serialize)]
+struct PageEffect<'a> {
+    technician: &'a str,
+    phone: &'a str,
+    message: &'a str,
+    booking: Option<&'a str>,
+}
+
+/// `page_technician`'s content: the page and the booking it is about.
+#[derive(Serialize)]
+struct PageContent<'a> {
+    technician: &'a str,
+    message: &'a Message,
+    booking: Option<&'a str>,
 }

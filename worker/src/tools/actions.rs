@@ -1,8 +1,6 @@
 //! The two-step tools (R7): notify, wake, alert and delete tools only prepare and return a
 //! preview; `confirm_action` executes after every check in `shared::services::actions`.
 
-use schemars::JsonSchema;
-use serde_json::Value;
 use shared::rights::Right;
 use shared::services::actions::{self, ConfirmActionInput, Op, RejectActionInput};
 use shared::services::bookings::{
@@ -10,67 +8,12 @@ use shared::services::bookings::{
 };
 use shared::services::catalog::MuteAlertsInput;
 use shared::services::customers::{DeleteCustomerInput, SendCustomerMessageInput};
+use shared::services::outcome::{Executed, Outcome, Rejected};
 use shared::services::technicians::PageTechnicianInput;
-use shared::time::TimeView;
 
 use super::{
-    Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool_json,
+    Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool_two_step,
 };
-
-/// A prepared action: nothing has happened yet.
-#[derive(JsonSchema)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub struct Preview {
-    /// Always PREVIEW.
-    status: String,
-    /// The pending action's handle (pac_…).
-    action: String,
-    tool: String,
-    /// Single-use token for confirm_action or reject_action.
-    confirm_token: String,
-    /// What will happen, written by the server; pass it back unchanged to confirm.
-    confirm_summary: String,
-    expires: TimeView,
-    /// The details of what will be sent or changed.
-    #[schemars(with = "serde_json::Map<String, Value>")]
-    effect: Value,
-    next: String,
-}
-
-/// An executed action.
-#[derive(JsonSchema)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub struct Executed {
-    /// EXECUTED.
-    status: String,
-    action: String,
-    tool: String,
-    summary: String,
-    /// What changed and how many messages were queued.
-    #[schemars(with = "serde_json::Map<String, Value>")]
-    result: Value,
-}
-
-/// A rejected action.
-#[derive(JsonSchema)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub struct Rejected {
-    /// REJECTED.
-    status: String,
-    action: String,
-    tool: String,
-}
-
-/// What a two-step tool answers: a preview, or, once the person confirmed in the client's own
-/// UI (multi round-trip), the executed or rejected action.
-#[derive(JsonSchema)]
-#[schemars(untagged)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub enum TwoStepOutcome {
-    Preview(Preview),
-    Executed(Executed),
-    Rejected(Rejected),
-}
 
 /// Every right that can prepare a two-step action.
 const TWO_STEP_RIGHTS: &[Right] = &[
@@ -103,7 +46,7 @@ fn def(
 
 pub fn tools() -> Vec<ToolSpec> {
     let mut tools = vec![
-        tool_json::<SendCustomerMessageInput, TwoStepOutcome, _, _>(
+        tool_two_step::<SendCustomerMessageInput, Outcome, _, _>(
             def(
                 Op::SendCustomerMessage,
                 "Email a customer",
@@ -112,10 +55,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: SendCustomerMessageInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<ConfirmBookingInput, TwoStepOutcome, _, _>(
+        tool_two_step::<ConfirmBookingInput, Outcome, _, _>(
             def(
                 Op::ConfirmBooking,
                 "Confirm a booking",
@@ -124,10 +67,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: ConfirmBookingInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<RescheduleBookingInput, TwoStepOutcome, _, _>(
+        tool_two_step::<RescheduleBookingInput, Outcome, _, _>(
             def(
                 Op::RescheduleBooking,
                 "Reschedule a booking",
@@ -136,10 +79,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: RescheduleBookingInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<CancelBookingsInput, TwoStepOutcome, _, _>(
+        tool_two_step::<CancelBookingsInput, Outcome, _, _>(
             def(
                 Op::CancelBookings,
                 "Cancel bookings",
@@ -152,10 +95,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: CancelBookingsInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<PageTechnicianInput, TwoStepOutcome, _, _>(
+        tool_two_step::<PageTechnicianInput, Outcome, _, _>(
             def(
                 Op::PageTechnician,
                 "Page a technician",
@@ -167,10 +110,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: PageTechnicianInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<MuteAlertsInput, TwoStepOutcome, _, _>(
+        tool_two_step::<MuteAlertsInput, Outcome, _, _>(
             def(
                 Op::MuteAlerts,
                 "Mute an alert rule",
@@ -179,10 +122,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: MuteAlertsInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<DeleteCustomerInput, TwoStepOutcome, _, _>(
+        tool_two_step::<DeleteCustomerInput, Outcome, _, _>(
             def(
                 Op::DeleteCustomer,
                 "Delete a customer",
@@ -191,10 +134,10 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[],
             ),
             async |env: Env, input: DeleteCustomerInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
-        tool_json::<DeleteBookingInput, TwoStepOutcome, _, _>(
+        tool_two_step::<DeleteBookingInput, Outcome, _, _>(
             def(
                 Op::DeleteBooking,
                 "Delete a booking",
@@ -203,7 +146,7 @@ pub fn tools() -> Vec<ToolSpec> {
                 &[ThirdPartyText::CustomerNote],
             ),
             async |env: Env, input: DeleteBookingInput| {
-                actions::prepare(&env.ds, &env.ctx, &input, env.now).await
+                actions::prepare(&env.ds, &env.ctx, &input, env.now).await.map(Outcome::from)
             },
         ),
     ];
@@ -211,7 +154,7 @@ pub fn tools() -> Vec<ToolSpec> {
         t.tool.description =
             Some(format!("{}{TWO_STEP}", t.tool.description.as_deref().unwrap_or_default()).into());
     }
-    tools.push(tool_json::<ConfirmActionInput, Executed, _, _>(
+    tools.push(tool_two_step::<ConfirmActionInput, Executed, _, _>(
         Def {
             name: "confirm_action",
             title: "Confirm a prepared action",
@@ -223,7 +166,7 @@ pub fn tools() -> Vec<ToolSpec> {
         },
         async |env: Env, input: ConfirmActionInput| actions::confirm(&env.ds, &env.ctx, &input, env.now).await,
     ));
-    tools.push(tool_json::<RejectActionInput, Rejected, _, _>(
+    tools.push(tool_two_step::<RejectActionInput, Rejected, _, _>(
         Def {
             name: "reject_action",
             title: "Reject a prepared action",

@@ -84,7 +84,25 @@ impl Progress {
     }
 }
 
-type BoxFuture = Pin<Box<dyn Future<Output = shared::Result<Value>> + Send>>;
+/// What a tool adapter answers: presenter JSON, or the two-step rail's typed outcome, which
+/// the entry point may turn into a form for the person (multi round-trip) and counts by what
+/// it did, before it becomes JSON.
+pub enum Answer {
+    Json(Value),
+    TwoStep(Box<shared::services::outcome::Outcome>),
+}
+
+impl Answer {
+    pub fn into_json(self) -> shared::Result<Value> {
+        match self {
+            Answer::Json(value) => Ok(value),
+            Answer::TwoStep(outcome) => serde_json::to_value(*outcome)
+                .map_err(|e| shared::Error::Internal(format!("present: {e}"))),
+        }
+    }
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = shared::Result<Answer>> + Send>>;
 type Handler = Arc<dyn Fn(Env, Value) -> BoxFuture + Send + Sync>;
 type AheadFn = Arc<dyn Fn(Value) -> Option<ReadAhead> + Send + Sync>;
 
@@ -105,7 +123,7 @@ pub struct ToolSpec {
 }
 
 impl ToolSpec {
-    pub async fn call(&self, env: Env, args: Value) -> shared::Result<Value> {
+    pub async fn call(&self, env: Env, args: Value) -> shared::Result<Answer> {
         (self.handler)(env, args).await
     }
 
@@ -248,6 +266,32 @@ where
     S: JsonSchema + 'static,
     F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
     Fut: Future<Output = shared::Result<Value>> + Send + 'static,
+{
+    tool_answer::<I, S, _, _>(def, move |env, input| async move {
+        f(env, input).await.map(Answer::Json)
+    })
+}
+
+/// Builds a two-step tool (R7) from a typed adapter: its output schema is derived from `O`,
+/// the rail's own type, and the entry point sees the outcome before it becomes JSON.
+pub fn tool_two_step<I, O, F, Fut>(def: Def, f: F) -> ToolSpec
+where
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    O: Into<shared::services::outcome::Outcome> + JsonSchema + 'static,
+    F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = shared::Result<O>> + Send + 'static,
+{
+    tool_answer::<I, O, _, _>(def, move |env, input| async move {
+        f(env, input).await.map(|o| Answer::TwoStep(Box::new(o.into())))
+    })
+}
+
+fn tool_answer<I, S, F, Fut>(def: Def, f: F) -> ToolSpec
+where
+    I: DeserializeOwned + JsonSchema + Send + 'static,
+    S: JsonSchema + 'static,
+    F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
+    Fut: Future<Output = shared::Result<Answer>> + Send + 'static,
 {
     let input_schema = input_schema::<I>();
     let output_schema =

@@ -1,52 +1,22 @@
 //! The silent writes: none reaches a customer. Replay protection, duplicate guards, versions
 //! and the audit row live in `shared::services::customers` and `shared::services::bookings`, on the silent-write rail (`services::rails`); these adapters only call them.
 
-use schemars::JsonSchema;
 use shared::rights::Right;
 use shared::services::bookings::{
-    self, AddBookingNoteInput, CreateBookingInput, UpdateBookingInput,
+    self, AddBookingNoteInput, BookingWritten, CreateBookingInput, NoteWritten, UpdateBookingInput,
 };
-use shared::services::customers::{self, CreateCustomerInput, UpdateCustomerInput};
-use shared::time::TimeView;
-use shared::views::{BookingView, CustomerView};
-
-use super::{
-    Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool_json,
+use shared::services::customers::{
+    self, CreateCustomerInput, CustomerWritten, UpdateCustomerInput,
 };
+use shared::services::outcome::Written;
 
-/// A customer after a write.
-#[derive(JsonSchema)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub struct CustomerWritten {
-    customer: CustomerView,
-    /// True when this identical call was answered from the replay cache and nothing executed.
-    replayed: bool,
-}
-
-/// A booking after a write.
-#[derive(JsonSchema)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub struct BookingWritten {
-    booking: BookingView,
-    replayed: bool,
-}
-
-/// A note after it was added.
-#[derive(JsonSchema)]
-#[expect(dead_code, reason = "describes the output schema only")]
-pub struct NoteWritten {
-    /// The note's handle (bnt_…).
-    note: String,
-    booking: String,
-    written: TimeView,
-    replayed: bool,
-}
+use super::{Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool};
 
 const REPLAY: &str = " Repeating an identical call returns the first result with replayed: true.";
 
 pub fn tools() -> Vec<ToolSpec> {
     vec![
-        tool_json::<CreateCustomerInput, CustomerWritten, _, _>(
+        tool::<CreateCustomerInput, Written<CustomerWritten>, _, _>(
             Def {
                 name: "create_customer",
                 title: "Create a customer",
@@ -58,7 +28,7 @@ pub fn tools() -> Vec<ToolSpec> {
             },
             async |env: Env, input: CreateCustomerInput| customers::create_customer(&env.ds, &env.ctx, &input, env.now).await,
         ),
-        tool_json::<UpdateCustomerInput, CustomerWritten, _, _>(
+        tool::<UpdateCustomerInput, Written<CustomerWritten>, _, _>(
             Def {
                 name: "update_customer",
                 title: "Update a customer",
@@ -70,7 +40,7 @@ pub fn tools() -> Vec<ToolSpec> {
             },
             async |env: Env, input: UpdateCustomerInput| customers::update_customer(&env.ds, &env.ctx, &input, env.now).await,
         ),
-        tool_json::<CreateBookingInput, BookingWritten, _, _>(
+        tool::<CreateBookingInput, Written<BookingWritten>, _, _>(
             Def {
                 name: "create_booking",
                 title: "Create a draft booking",
@@ -82,7 +52,7 @@ pub fn tools() -> Vec<ToolSpec> {
             },
             async |env: Env, input: CreateBookingInput| bookings::create_booking(&env.ds, &env.ctx, &input, env.now).await,
         ),
-        tool_json::<UpdateBookingInput, BookingWritten, _, _>(
+        tool::<UpdateBookingInput, Written<BookingWritten>, _, _>(
             Def {
                 name: "update_booking",
                 title: "Update a booking's internal fields",
@@ -94,7 +64,7 @@ pub fn tools() -> Vec<ToolSpec> {
             },
             async |env: Env, input: UpdateBookingInput| bookings::update_booking(&env.ds, &env.ctx, &input, env.now).await,
         ),
-        tool_json::<AddBookingNoteInput, NoteWritten, _, _>(
+        tool::<AddBookingNoteInput, Written<NoteWritten>, _, _>(
             Def {
                 name: "add_booking_note",
                 title: "Add an internal note",
