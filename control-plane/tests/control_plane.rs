@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 // The chart drawing is pure and has its unit tests beside it; the crate's library builds no
 // test binary of its own, so they run here.
-#[path = "../src/charts.rs"]
+#[path = "../src/charts/mod.rs"]
 mod charts;
 
 use control_plane::{AppState, Metrics, app};
