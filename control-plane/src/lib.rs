@@ -4,7 +4,6 @@
 pub mod api;
 pub mod charts;
 pub mod console;
-pub mod html;
 pub mod oauth;
 pub mod pictures;
 pub mod smtp;
@@ -137,8 +136,14 @@ pub fn public_app(state: Arc<AppState>) -> Router {
                 .merge(oauth::routes())
                 .layer(axum::middleware::map_response_with_state(state.clone(), security_headers)),
         )
-        .route("/static/console.css", get(|| async { static_file("text/css", html::STYLE) }))
-        .route("/static/console.js", get(|| async { static_file("text/javascript", html::SCRIPT) }))
+        .route(
+            "/static/console.css",
+            get(|| async { static_file("text/css", console::layout::STYLE) }),
+        )
+        .route(
+            "/static/console.js",
+            get(|| async { static_file("text/javascript", console::layout::SCRIPT) }),
+        )
         .with_state(state)
 }
 

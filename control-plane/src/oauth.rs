@@ -8,17 +8,18 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
+use maud::{Markup, html};
 use serde_json::json;
 use shared::rights::RightSet;
 use shared::services::client_assertion;
 use shared::services::oauth::{self, AuthorizeRequest, ClientCredentials, ClientRow, OAuthError};
 
 use crate::AppState;
+use crate::console::layout::{csrf_field, error_box, page};
 use crate::console::{Session, Source};
-use crate::html::{csrf_field, error_box, esc, page};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -106,11 +107,11 @@ async fn client(state: &AppState, client_id: &str) -> Result<ClientRow, OAuthErr
 fn show_error(e: OAuthError) -> Response {
     (
         StatusCode::BAD_REQUEST,
-        Html(page(
+        page(
             "Authorization failed",
             None,
-            &error_box(&format!("{}: {}", e.error, e.error_description)),
-        )),
+            error_box(&format!("{}: {}", e.error, e.error_description)),
+        ),
     )
         .into_response()
 }
@@ -230,63 +231,70 @@ async fn authorize(
         Err(e) => return show_error(e.into()),
     };
     let added = before.map(|b| wanted.without(b)).unwrap_or(RightSet::EMPTY);
-    let boxes: String = ctx
-        .rights()
-        .iter()
-        .map(|r| {
-            format!(
-                "<label><input type=\"checkbox\" name=\"right\" value=\"{0}\"{1}> {2} <code>{0}</code>{3}</label>",
-                r.as_str(),
-                if wanted.contains(r) { " checked" } else { "" },
-                esc(r.description()),
-                if added.contains(r) { " <strong class=\"added\">new</strong>" } else { "" },
-            )
-        })
-        .collect();
-    let step_up = if added == RightSet::EMPTY {
-        String::new()
-    } else {
-        format!(
-            "<p role=\"note\"><strong>{}</strong> already has access; it now also asks for: {}.</p>",
-            esc(&client.client_name),
-            esc(&added.iter().map(|r| r.description()).collect::<Vec<_>>().join("; ")),
-        )
+    let tenant = session.row.tenant_name().unwrap_or(&ctx.tenant().slug);
+    let csrf = csrf_field(session.row.csrf_token());
+    let body = html! {
+        div class="card" {
+            p {
+                "Signed in as " strong { (session.row.name()) } " (" (session.row.email()) ") in "
+                strong { (tenant) } " (" code { (ctx.tenant().slug) } ")."
+            }
+            form method="post" action="/logout" {
+                (csrf)
+                button type="submit" class="plain" { "Not you? Sign out and use another account" }
+            }
+        }
+        form method="post" action="/oauth/authorize" class="card" {
+            (csrf)
+            input type="hidden" name="request" value=(request);
+            p { strong { (client.client_name) } " asks to act for you in " strong { (tenant) } ". It will be able to:" }
+            @if added != RightSet::EMPTY {
+                p role="note" {
+                    strong { (client.client_name) } " already has access; it now also asks for: "
+                    (added.iter().map(|r| r.description()).collect::<Vec<_>>().join("; ")) "."
+                }
+            }
+            fieldset {
+                legend { "What it may do (never more than you can; untick to narrow)" }
+                @for r in ctx.rights().iter() {
+                    label {
+                        input type="checkbox" name="right" value=(r.as_str()) checked[wanted.contains(r)];
+                        " " (r.description()) " " code { (r.as_str()) }
+                        @if added.contains(r) { " " strong class="added" { "new" } }
+                    }
+                }
+            }
+            p {
+                "It connects to " code { (req.resource) } " and returns to " code { (req.redirect_uri) }
+                " (client id " code { (client.client_id) } ")."
+            }
+            (provenance(&client))
+            p {
+                button type="submit" name="decision" value="approve" { "Approve" }
+                " "
+                button type="submit" name="decision" value="deny" class="plain" { "Deny" }
+            }
+        }
     };
-    let body = format!(
-        "<div class=\"card\"><p>Signed in as <strong>{person}</strong> ({email}) in <strong>{tenant}</strong> (<code>{slug}</code>).</p>\
-         <form method=\"post\" action=\"/logout\">{csrf}<button type=\"submit\" class=\"plain\">Not you? Sign out and use another account</button></form></div>\
-         <form method=\"post\" action=\"/oauth/authorize\" class=\"card\">{csrf}<input type=\"hidden\" name=\"request\" value=\"{request}\">\
-         <p><strong>{client}</strong> asks to act for you in <strong>{tenant}</strong>. It will be able to:</p>{step_up}\
-         <fieldset><legend>What it may do (never more than you can; untick to narrow)</legend>{boxes}</fieldset>\
-         <p>It connects to <code>{resource}</code> and returns to <code>{redirect}</code> (client id <code>{client_id}</code>).</p>{provenance}\
-         <p><button type=\"submit\" name=\"decision\" value=\"approve\">Approve</button> <button type=\"submit\" name=\"decision\" value=\"deny\" class=\"plain\">Deny</button></p></form>",
-        person = esc(session.row.name()),
-        email = esc(session.row.email()),
-        tenant = esc(session.row.tenant_name().unwrap_or(&ctx.tenant().slug)),
-        slug = esc(&ctx.tenant().slug),
-        csrf = csrf_field(session.row.csrf_token()),
-        request = esc(&request),
-        client = esc(&client.client_name),
-        resource = esc(&req.resource),
-        redirect = esc(&req.redirect_uri),
-        client_id = esc(&client.client_id),
-        provenance = provenance(&client),
-    );
-    Html(page("Connect an agent", None, &body)).into_response()
+    page("Connect an agent", None, body).into_response()
 }
 
 /// What the consent screen can say of who the client is. A registered client chose its own
 /// name, so the name proves nothing; a metadata-document client is named by a page on its own
 /// domain.
-fn provenance(client: &ClientRow) -> String {
+fn provenance(client: &ClientRow) -> Markup {
     let host = |uri: &str| url::Url::parse(uri).ok().and_then(|u| u.host_str().map(str::to_owned));
-    if client.kind == "metadata_document" {
-        format!(
-            "<p role=\"note\">Its name comes from <code>{}</code>, a page on its own domain.</p>",
-            esc(&host(&client.client_id).unwrap_or_default())
-        )
-    } else {
-        "<p role=\"note\"><strong>This application registered itself.</strong> Gatehouse has not checked that it is what its name says: approve only if you started this connection from the application you expect, and the address it returns to is that application's.</p>".to_owned()
+    html! {
+        @if client.kind == "metadata_document" {
+            p role="note" {
+                "Its name comes from " code { (host(&client.client_id).unwrap_or_default()) } ", a page on its own domain."
+            }
+        } @else {
+            p role="note" {
+                strong { "This application registered itself." }
+                " Gatehouse has not checked that it is what its name says: approve only if you started this connection from the application you expect, and the address it returns to is that application's."
+            }
+        }
     }
 }
 
@@ -319,11 +327,11 @@ async fn decide(
     if one("csrf") != Some(session.row.csrf_token()) {
         return (
             StatusCode::FORBIDDEN,
-            Html(page(
+            page(
                 "Form expired",
                 None,
-                &error_box("This form is stale or forged; start again from your client."),
-            )),
+                error_box("This form is stale or forged; start again from your client."),
+            ),
         )
             .into_response();
     }
@@ -360,7 +368,7 @@ async fn decide(
         _ => {
             return (
                 StatusCode::UNPROCESSABLE_ENTITY,
-                Html(page("Choose", None, &error_box("Approve or deny; nothing was granted."))),
+                page("Choose", None, error_box("Approve or deny; nothing was granted.")),
             )
                 .into_response();
         }

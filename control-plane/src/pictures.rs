@@ -4,8 +4,9 @@
 
 use shared::services::activity::{Activity, CLASSES, Span};
 
+use maud::{Markup, html};
+
 use crate::charts::{self, Bar, Series};
-use crate::html::esc;
 
 /// The series of the stacked chart, one per effect class, in [`CLASSES`] order.
 const SERIES: [Series; 6] = [
@@ -19,7 +20,7 @@ const SERIES: [Series; 6] = [
 
 /// The activity section of a page whose URL is `base` (the span links add `?span=`).
 /// `per_connection` leaves out the connection column of the latest calls.
-pub fn section(id: &str, base: &str, activity: &Activity, per_connection: bool) -> String {
+pub fn section(id: &str, base: &str, activity: &Activity, per_connection: bool) -> Markup {
     debug_assert_eq!(SERIES.len(), CLASSES.len());
     let (span_words, other, other_words) = match activity.span {
         Span::Day => ("the last 24 hours", "week", "last 7 days"),
@@ -46,47 +47,44 @@ pub fn section(id: &str, base: &str, activity: &Activity, per_connection: bool) 
         &format!("Calls that did not succeed over {span_words}, by reason"),
         &refusal_rows,
     );
-    let recent: String = activity
-        .recent
-        .iter()
-        .map(|c| {
-            let connection = if per_connection {
-                String::new()
-            } else {
-                format!(
-                    "<td><a href=\"/connections/{}\">{}</a></td>",
-                    esc(&c.connection),
-                    esc(&c.connection_name)
-                )
-            };
-            format!(
-                "<tr><td>{}</td>{connection}<td><code>{}</code></td><td>{}</td><td class=\"outcome-{}\">{}</td><td>{:.1} ms</td></tr>",
-                esc(&c.at),
-                esc(&c.tool),
-                esc(&c.class.replace('_', " ")),
-                if c.outcome == "ok" { "ok" } else { "refused" },
-                esc(&c.outcome),
-                c.duration_ms
-            )
-        })
-        .collect();
-    let recent = if recent.is_empty() {
-        "<p class=\"muted\">No calls yet.</p>".to_owned()
-    } else {
-        let connection_head = if per_connection { "" } else { "<th>Connection</th>" };
-        format!(
-            "<table class=\"recent-calls\"><thead><tr><th>When</th>{connection_head}<th>Tool</th><th>Effect</th><th>Outcome</th><th>Time</th></tr></thead><tbody>{recent}</tbody></table>"
-        )
-    };
-    format!(
-        "<section class=\"activity\" id=\"{id}\" aria-labelledby=\"{id}-heading\">\
-         <h2 id=\"{id}-heading\">Activity over {span_words}</h2>\
-         <p>{calls_total} · <a href=\"{base}?span={other}\">Show the {other_words}</a></p>\
-         <figure class=\"picture\">{calls}</figure>\
-         <h3>Calls that did not succeed</h3><figure class=\"picture\">{refusals}</figure>\
-         <h3>Latest calls</h3>{recent}</section>",
-        id = esc(id),
-        calls_total = charts::plural(activity.calls, "call", "calls"),
-        base = esc(base),
-    )
+    html! {
+        section class="activity" id=(id) aria-labelledby={ (id) "-heading" } {
+            h2 id={ (id) "-heading" } { "Activity over " (span_words) }
+            p {
+                (charts::plural(activity.calls, "call", "calls")) " · "
+                a href={ (base) "?span=" (other) } { "Show the " (other_words) }
+            }
+            figure class="picture" { (calls) }
+            h3 { "Calls that did not succeed" }
+            figure class="picture" { (refusals) }
+            h3 { "Latest calls" }
+            @if activity.recent.is_empty() {
+                p class="muted" { "No calls yet." }
+            } @else {
+                table class="recent-calls" {
+                    thead {
+                        tr {
+                            th { "When" }
+                            @if !per_connection { th { "Connection" } }
+                            th { "Tool" } th { "Effect" } th { "Outcome" } th { "Time" }
+                        }
+                    }
+                    tbody {
+                        @for c in &activity.recent {
+                            tr {
+                                td { (c.at) }
+                                @if !per_connection {
+                                    td { a href={ "/connections/" (c.connection) } { (c.connection_name) } }
+                                }
+                                td { code { (c.tool) } }
+                                td { (c.class.replace('_', " ")) }
+                                td class={ "outcome-" (if c.outcome == "ok" { "ok" } else { "refused" }) } { (c.outcome) }
+                                td { (format!("{:.1} ms", c.duration_ms)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 // The chart drawing is pure and has its unit tests beside it; the crate's library builds no
 // test binary of its own, so they run here.
-#[path = "../src/charts.rs"]
+#[path = "../src/charts/mod.rs"]
 mod charts;
 
 use control_plane::{AppState, Metrics, app};
@@ -2379,6 +2379,50 @@ async fn the_audit_log_is_searched_and_paged_in_sql_and_exported_as_csv_no_sprea
     // A person without the audit right sees none of it.
     let dispatcher = Browser::sign_in(&api, &t.dispatcher.email, &t.dispatcher.password).await;
     assert_ne!(dispatcher.get("/audit.csv").await.status(), 200);
+}
+
+#[tokio::test]
+async fn an_audit_filter_given_as_tool_narrows_the_next_page_and_the_export_too() {
+    let api = Api::start().await;
+    let t = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t.admin.email, &t.admin.password).await;
+    let slug = &t.slug;
+    // 150 rows the filter matches (two pages) and 150 it does not.
+    api._db
+        .exec(&format!(
+            "INSERT INTO audit_log (tenant_id, at, channel, action, outcome, targets)
+             SELECT t.id, timestamptz '2026-11-01 12:00:00+00' + i * interval '1 second', 'mcp',
+                    CASE WHEN i % 2 = 0 THEN 'note_add' ELSE 'booking.confirm' END, 'ok', ARRAY['bkg_' || i]
+             FROM tenants t, generate_series(1, 300) i WHERE t.slug = '{slug}';"
+        ))
+        .await;
+    let matching = api
+        ._db
+        .scalar_i64(&format!(
+            "SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id
+             WHERE t.slug = '{slug}' AND a.action LIKE 'note\\_%'"
+        ))
+        .await as usize;
+    assert!(matching > 100, "two pages of matches");
+    let href = |html: &str, marker: &str| {
+        html.split(marker)
+            .nth(1)
+            .map(|rest| rest.split('"').next().expect("href").replace("&amp;", "&"))
+    };
+    let first = admin.get("/audit?tool=note_").await.text().await.expect("page");
+    assert_eq!(table_rows(&first), 100, "the filter narrows the first page");
+    assert!(!first.contains("booking.confirm"));
+    let next = href(&first, "rel=\"next\" href=\"").expect("a second page");
+    assert!(next.contains("action=note_"), "the next page keeps the filter: {next}");
+    let export = href(&first, "<a href=\"/audit.csv").expect("the export link");
+    assert!(export.contains("action=note_"), "the export keeps the filter: {export}");
+
+    let second = admin.get(&next).await.text().await.expect("page");
+    assert_eq!(table_rows(&second), (matching - 100).min(100), "more matches, nothing else");
+    assert!(!second.contains("booking.confirm"), "the second page is still filtered");
+    let csv = admin.get(&format!("/audit.csv{export}")).await.text().await.expect("csv");
+    assert_eq!(csv.lines().count() - 1, matching, "the export holds the matches only");
+    assert!(!csv.contains("booking.confirm"));
 }
 
 #[tokio::test]

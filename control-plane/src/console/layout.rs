@@ -1,20 +1,8 @@
-//! Server-rendered HTML for the console: one layout, escaping, small form helpers. No
-//! JavaScript framework; the only script copies a token to the clipboard.
+//! The console's layout: one page shell with its navigation, the stylesheet and the one
+//! script, and small form pieces. Pages are maud templates, so every value is escaped by
+//! construction; `PreEscaped` wraps only constants written here.
 
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use maud::{Markup, PreEscaped, html};
 
 pub const STYLE: &str = "body{font:15px/1.5 system-ui,sans-serif;margin:0;color:#1d2430;background:#f6f7f9}\
 header{background:#1d2430;color:#fff;padding:.6rem 1.5rem;display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;align-items:center}\
@@ -42,54 +30,79 @@ pub struct Nav<'a> {
     pub operator: bool,
 }
 
-pub fn page(title: &str, nav: Option<&Nav<'_>>, body: &str) -> String {
-    let header = match nav {
-        None => "<header><strong>Gatehouse</strong></header>".to_owned(),
-        Some(n) => {
-            let link = |href: &str, label: &str| {
-                let current = if n.current == href { " aria-current=\"page\"" } else { "" };
-                format!("<a href=\"{href}\"{current}>{label}</a>")
-            };
-            let mut links = String::new();
-            if n.approver {
-                links.push_str(&link("/approvals", "Approvals <span id=\"approvals-count\" class=\"count\" aria-live=\"polite\"></span>"));
+/// A whole page: the head, the navigation (none before sign-in and on refusals), the title
+/// as the page's one `h1`, and the body.
+pub fn page(title: &str, nav: Option<&Nav<'_>>, body: Markup) -> Markup {
+    html! {
+        (PreEscaped("<!doctype html>"))
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width";
+                title { (title) " · Gatehouse" }
+                link rel="stylesheet" href="/static/console.css";
+                script src="/static/console.js" defer {}
             }
-            if n.admin {
-                links.push_str(&link("/activity", "Activity"));
-                links.push_str(&link("/connections", "Connections"));
-                links.push_str(&link("/people", "People"));
-                links.push_str(&link("/api-tokens", "API tokens"));
-                links.push_str(&link("/audit", "Audit"));
-                links.push_str(&link("/messages", "Messages"));
-                links.push_str(&link("/settings", "Agent access"));
+            body {
+                header {
+                    strong { "Gatehouse" }
+                    @if let Some(n) = nav { (navigation(n)) }
+                }
+                main {
+                    h1 { (title) }
+                    (body)
+                }
             }
-            if n.operator {
-                links.push_str(&link("/operator", "Operator"));
-            }
-            format!(
-                "<header><strong>Gatehouse</strong>{links}<span>{}{}</span><form method=\"post\" action=\"/logout\">{}<button class=\"plain\" type=\"submit\">Sign out</button></form></header>",
-                esc(n.person),
-                n.tenant
-                    .map(|t| format!(" · <a href=\"/tenants\">{}</a>", esc(t)))
-                    .unwrap_or_default(),
-                csrf_field(n.csrf),
-            )
         }
+    }
+}
+
+/// The links a person's rights open, who is signed in, and the sign-out form.
+fn navigation(n: &Nav<'_>) -> Markup {
+    let link = |href: &'static str, label: Markup| {
+        html! { a href=(href) aria-current=[(n.current == href).then_some("page")] { (label) } }
     };
-    format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
-         <title>{} · Gatehouse</title><link rel=\"stylesheet\" href=\"/static/console.css\"><script src=\"/static/console.js\" defer></script></head><body>{header}<main><h1>{}</h1>{body}</main></body></html>",
-        esc(title),
-        esc(title)
-    )
+    html! {
+        @if n.approver {
+            (link("/approvals", html! {
+                "Approvals " span id="approvals-count" class="count" aria-live="polite" {}
+            }))
+        }
+        @if n.admin {
+            @for (href, label) in ADMIN_LINKS {
+                (link(href, html! { (label) }))
+            }
+        }
+        @if n.operator { (link("/operator", html! { "Operator" })) }
+        span {
+            (n.person)
+            @if let Some(t) = n.tenant { " · " a href="/tenants" { (t) } }
+        }
+        form method="post" action="/logout" {
+            (csrf_field(n.csrf))
+            button class="plain" type="submit" { "Sign out" }
+        }
+    }
 }
 
-pub fn csrf_field(token: &str) -> String {
-    format!("<input type=\"hidden\" name=\"csrf\" value=\"{}\">", esc(token))
+/// The pages of a tenant admin, in the navigation's order.
+const ADMIN_LINKS: [(&str, &str); 7] = [
+    ("/activity", "Activity"),
+    ("/connections", "Connections"),
+    ("/people", "People"),
+    ("/api-tokens", "API tokens"),
+    ("/audit", "Audit"),
+    ("/messages", "Messages"),
+    ("/settings", "Agent access"),
+];
+
+/// The session's CSRF token, which every console form carries.
+pub fn csrf_field(token: &str) -> Markup {
+    html! { input type="hidden" name="csrf" value=(token); }
 }
 
-pub fn error_box(message: &str) -> String {
-    format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
+pub fn error_box(message: &str) -> Markup {
+    html! { p class="error" role="alert" { (message) } }
 }
 
 /// The console's only script: copy buttons (`data-copy="<element id>"`) and the approvals

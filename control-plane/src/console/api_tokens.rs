@@ -1,0 +1,119 @@
+//! API tokens for the REST API: the list, creating one for oneself (shown once), revoking.
+//! They never work on the MCP endpoint (R20).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect};
+use maud::html;
+use shared::error::Error;
+use shared::services::admin;
+
+use super::extract::{CsrfForm, Tenant};
+use super::layout::csrf_field;
+use super::{Answer, local, reason, segment, shown};
+use crate::AppState;
+
+pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    let list = admin::api_token_list(&state.ds, &t.ctx).await?;
+    let ctx = &t.ctx;
+    let body = html! {
+        p { "API tokens call the REST API (" code { "/api/v1" } ") as a person, with that person's current role. They never work on the MCP endpoint, and they expire." }
+        table {
+            thead { tr { th { "Token" } th { "Acts for" } th { "Created" } th { "Expires" } th { "Status" } th {} } }
+            tbody {
+                @for k in &list {
+                    tr {
+                        td { (k.name) br; code { (k.api_token) } }
+                        td { (k.person) }
+                        td { (local(ctx, &k.created_at)) }
+                        td { (local(ctx, &k.expires_at)) }
+                        td class={ "status-" (k.status) } { (k.status) }
+                        td {
+                            @if k.status == "active" {
+                                a href={ "/api-tokens/" (segment(&k.api_token)) "/revoke" } { "Revoke…" }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        form method="post" action="/api-tokens" class="card" {
+            h2 { "New API token" }
+            (csrf_field(t.csrf()))
+            label { "Name " input type="text" name="name" required maxlength=(admin::API_TOKEN_NAME_CHARS) placeholder="Nightly export"; }
+            p { "It acts for you (" (t.session.row.email()) "), with your role's rights at the time of each request; it ends when you leave the tenant." }
+            label {
+                "Expires after "
+                select name="expires_in_days" {
+                    option value="7" { "7 days" }
+                    option value="30" { "30 days" }
+                    option value="90" selected { "90 days" }
+                    option value="365" { "365 days" }
+                }
+            }
+            button type="submit" { "Create API token" }
+        }
+    };
+    Ok(shown("API tokens", &t.nav("/api-tokens"), body))
+}
+
+pub(super) async fn create(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    let Some(Ok(days)) = form.get("expires_in_days").map(|d| d.trim().parse::<i64>()) else {
+        let why = "choose how many days the token lives (1 to 365)";
+        return Err(Error::invalid("expires_in_days", why).into());
+    };
+    // A console token acts for the person who creates it: an admin cannot mint a credential
+    // that speaks as someone else and outlives the admin's own membership.
+    let name = form.get("name").unwrap_or_default();
+    let email = t.session.row.email();
+    let k = admin::api_token_create(&state.ds, &t.ctx, email, name, Some(days)).await?;
+    let body = html! {
+        p class="ok" role="status" {
+            "API token " code { (k.api_token) } " created for " (k.person) "; it expires " (local(&t.ctx, &k.expires_at)) "."
+        }
+        div class="card" {
+            p { strong { "Copy the token now: it is shown once and only its hash is kept." } }
+            pre id="token" { (k.token) }
+            button type="button" class="plain" data-copy="token" { "Copy token" }
+            p { "Use it as " code { "Authorization: Bearer …" } " on " code { "/api/v1" } "." }
+        }
+        p { a href="/api-tokens" { "Back to API tokens" } }
+    };
+    Ok(shown("API token created", &t.nav("/api-tokens"), body))
+}
+
+pub(super) async fn revoke_confirm(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path(handle): Path<String>,
+) -> Answer {
+    // A confirmation page exists only for a token of this tenant; its URL is built from the
+    // parsed handle, never from the raw path.
+    let k = admin::api_token_get(&state.ds, &t.ctx, &handle).await?;
+    let body = html! {
+        form method="post" action={ "/api-tokens/" (segment(&k.api_token)) "/revoke" } class="card" {
+            (csrf_field(t.csrf()))
+            p { "Revoke " code { (k.api_token) } " (" (k.name) ", acting for " (k.person) ")? It is refused from its next request on. This cannot be undone." }
+            label { "Reason " input type="text" name="reason" required maxlength="300"; }
+            button type="submit" class="danger" { "Revoke" }
+            " "
+            a href="/api-tokens" { "Cancel" }
+        }
+    };
+    Ok(shown("Revoke API token", &t.nav("/api-tokens"), body))
+}
+
+pub(super) async fn revoke(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path(handle): Path<String>,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    admin::api_token_revoke(&state.ds, &t.ctx, &handle, reason(&form)).await?;
+    Ok(Redirect::to("/api-tokens").into_response())
+}

@@ -1,0 +1,132 @@
+//! Actions agents prepared that wait for a person (R7): the cards with exactly what will be
+//! sent, approving or denying with a reason, and the navigation's live count.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::{Markup, html};
+use shared::services::approvals;
+
+use super::extract::{CsrfForm, Session, Tenant};
+use super::layout::{csrf_field, error_box};
+use super::{Answer, local, segment, shown};
+use crate::AppState;
+
+/// A pending action's handle as it may appear in a URL: `pac_` and lowercase alphanumerics.
+fn action_handle(raw: &str) -> Option<&str> {
+    let tail = raw.strip_prefix("pac_")?;
+    (!tail.is_empty()
+        && tail.len() <= 40
+        && tail.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()))
+    .then_some(raw)
+}
+
+/// The outcome of the decision just made (post, redirect, get): handles parsed, the outcome
+/// one of three words, nothing else of the query shown.
+fn decided(q: &BTreeMap<String, String>) -> Markup {
+    let decided = q.get("decided").and_then(|h| action_handle(h));
+    let replaced = || q.get("replaced_by").and_then(|h| action_handle(h)).unwrap_or("(see below)");
+    html! {
+        @match (decided, q.get("outcome").map(String::as_str)) {
+            (Some(a), Some("executed")) => p class="ok" role="status" {
+                "Approved and executed " (a) "; the agent sees the result when it asks."
+            },
+            (Some(a), Some("denied")) => p class="ok" role="status" {
+                "Denied " (a) "; the agent is told, with your reason."
+            },
+            (Some(a), Some("changed")) => p class="error" role="status" {
+                (a) " changed since it was prepared, so nothing was executed; the new version "
+                (replaced()) " waits below."
+            },
+            _ => {},
+        }
+    }
+}
+
+pub(super) async fn page(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Answer {
+    let waiting = approvals::awaiting(&state.ds, &t.ctx).await?;
+    let csrf = csrf_field(t.csrf());
+    let body = html! {
+        (decided(&q))
+        @for a in &waiting {
+            @let action = segment(&a.action);
+            div class="card approval" data-action=(a.action) {
+                p { strong { (a.summary) } }
+                p {
+                    "Asked by the connection " strong { (a.connection) } " (client " (a.client) ") of "
+                    (a.asked_for_by) "; prepared " (local(&t.ctx, &a.created_at)) "; expires "
+                    (local(&t.ctx, &a.expires_at)) ". Tool " code { (a.tool) } ", action " code { (a.action) } "."
+                }
+                details open {
+                    summary { "Exactly what will be sent or changed" }
+                    pre { (serde_json::to_string_pretty(&a.effect).unwrap_or_default()) }
+                }
+                form method="post" action={ "/approvals/" (action) "/approve" } {
+                    (csrf)
+                    label { "Reason to approve " input type="text" name="reason" required maxlength="500" aria-label={ "Reason to approve " (a.action) }; }
+                    button type="submit" { "Approve" }
+                }
+                form method="post" action={ "/approvals/" (action) "/deny" } {
+                    (csrf)
+                    label { "Reason to deny " input type="text" name="reason" required maxlength="500" aria-label={ "Reason to deny " (a.action) }; }
+                    button type="submit" class="danger" { "Deny" }
+                }
+            }
+        }
+        @if waiting.is_empty() {
+            p class="card" id="no-approvals" { "Nothing waits for approval. Agents' actions wait here when the tenant's policy (Agent access) says a person approves them." }
+        }
+    };
+    Ok(shown("Approvals", &t.nav("/approvals"), body))
+}
+
+/// The navigation's count of waiting actions, polled by the console's script.
+pub(super) async fn count(State(state): State<Arc<AppState>>, s: Session) -> Answer {
+    let Some(ctx) = s.ctx() else {
+        return Ok(axum::Json(serde_json::json!({"count": 0})).into_response());
+    };
+    let n = approvals::awaiting_count(&state.ds, &ctx).await?;
+    Ok(axum::Json(serde_json::json!({"count": n})).into_response())
+}
+
+pub(super) async fn decide(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path((action, decision)): Path<(String, String)>,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    let reason = form.get("reason").unwrap_or_default();
+    let now = jiff::Timestamp::now();
+    let decided = match decision.as_str() {
+        "approve" => approvals::approve(&state.ds, &t.ctx, &action, reason, now).await?,
+        "deny" => approvals::deny(&state.ds, &t.ctx, &action, reason, now).await?,
+        _ => return Err(no_such_decision().into()),
+    };
+    // Post, redirect, get: a reload never sends the decision again.
+    let target = match decided {
+        approvals::Decided::Executed { action, .. } => {
+            format!("/approvals?decided={}&outcome=executed", segment(&action))
+        }
+        approvals::Decided::Denied { action } => {
+            format!("/approvals?decided={}&outcome=denied", segment(&action))
+        }
+        approvals::Decided::Changed { action, replaced_by } => format!(
+            "/approvals?decided={}&outcome=changed&replaced_by={}",
+            segment(&action),
+            segment(&replaced_by)
+        ),
+    };
+    Ok(Redirect::to(&target).into_response())
+}
+
+fn no_such_decision() -> Response {
+    let body = super::layout::page("Not found", None, error_box("No such decision."));
+    (StatusCode::NOT_FOUND, body).into_response()
+}

@@ -1,0 +1,275 @@
+//! The audit log (R23: tool names, outcomes and public ids, never arguments): a search run in
+//! SQL, paged by cursor, and exported as CSV that no spreadsheet runs as formulas.
+//!
+//! A search is one typed value, [`AuditSearch`]: it reads the query (`tool` is another name
+//! for `action`) and writes the next-page and export links, so a filter that narrowed the
+//! first page narrows every page after it and the export.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
+use shared::error::Error;
+use shared::services::admin;
+
+use super::extract::Tenant;
+use super::layout::{error_box, page as layout_page};
+use super::{Answer, shown};
+use crate::AppState;
+
+/// An audit search: the filters of [`admin::AuditFilter`] as a request gave them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AuditSearch {
+    pub connection: Option<String>,
+    /// What the action starts with; the query may call it `action` or `tool`.
+    pub action: Option<String>,
+    pub outcome: Option<String>,
+    pub channel: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+    pub cursor: Option<String>,
+}
+
+impl AuditSearch {
+    /// The search of a query string's parameters (a repeated one reads as its last value).
+    pub fn from_query(q: &BTreeMap<String, String>) -> Self {
+        let get = |k: &str| q.get(k).cloned();
+        AuditSearch {
+            connection: get("connection"),
+            action: get("action").or_else(|| get("tool")),
+            outcome: get("outcome"),
+            channel: get("channel"),
+            since: get("since"),
+            until: get("until"),
+            cursor: get("cursor"),
+        }
+    }
+
+    pub fn filter(&self) -> admin::AuditFilter {
+        admin::AuditFilter {
+            connection: self.connection.clone(),
+            action: self.action.clone(),
+            outcome: self.outcome.clone(),
+            channel: self.channel.clone(),
+            since: self.since.clone(),
+            until: self.until.clone(),
+            cursor: self.cursor.clone(),
+        }
+    }
+
+    /// Every filter that says something, under its own name, without the cursor.
+    fn pairs(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("connection", &self.connection),
+            ("action", &self.action),
+            ("outcome", &self.outcome),
+            ("channel", &self.channel),
+            ("since", &self.since),
+            ("until", &self.until),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.as_deref()?.trim())).filter(|(_, v)| !v.is_empty()))
+        .collect()
+    }
+
+    /// The link to the page after `cursor`, with every filter of this search.
+    pub fn next_href(&self, cursor: &str) -> String {
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(self.pairs())
+            .append_pair("cursor", cursor)
+            .finish();
+        format!("/audit?{query}")
+    }
+
+    /// The link to everything this search matches, as CSV.
+    pub fn csv_href(&self) -> String {
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(self.pairs())
+            .finish();
+        format!("/audit.csv?{query}")
+    }
+
+    /// A text filter's value as the search form shows it.
+    fn shown(value: &Option<String>) -> &str {
+        value.as_deref().unwrap_or("")
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for AuditSearch {
+    type Rejection = QueryRejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Query(q) = Query::<BTreeMap<String, String>>::from_request_parts(parts, state).await?;
+        Ok(AuditSearch::from_query(&q))
+    }
+}
+
+/// The search form, filled with the search.
+fn search_form(search: &AuditSearch) -> Markup {
+    let select = |name: &str, current: &Option<String>, options: &[&str]| {
+        let current = current.as_deref().map(str::trim).unwrap_or("");
+        html! {
+            select name=(name) {
+                option value="" { "any" }
+                @for o in options { option selected[*o == current] { (o) } }
+            }
+        }
+    };
+    html! {
+        form method="get" action="/audit" class="card filters" {
+            label { "Connection " input type="text" name="connection" value=(AuditSearch::shown(&search.connection)) placeholder="con_…"; }
+            label { "Action starts with " input type="text" name="action" value=(AuditSearch::shown(&search.action)) placeholder="confirm_booking"; }
+            label { "Outcome " (select("outcome", &search.outcome, &admin::AUDIT_OUTCOMES)) }
+            label { "Channel " (select("channel", &search.channel, &admin::AUDIT_CHANNELS)) }
+            label { "From (UTC day) " input type="date" name="since" value=(AuditSearch::shown(&search.since)); }
+            label { "Until (UTC day, included) " input type="date" name="until" value=(AuditSearch::shown(&search.until)); }
+            button type="submit" { "Search" }
+            " "
+            a href="/audit" { "Clear" }
+        }
+    }
+}
+
+pub(super) async fn page(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    search: AuditSearch,
+) -> Answer {
+    let form = search_form(&search);
+    let found = match admin::audit_search(&state.ds, &t.ctx, &search.filter(), 100).await {
+        Ok(found) => found,
+        Err(e @ (Error::Invalid { .. } | Error::NotFound { .. })) => {
+            let body = html! { (form) (error_box(&e.to_string())) };
+            let page = layout_page("Audit", Some(&t.nav("/audit")), body);
+            return Ok((StatusCode::BAD_REQUEST, page).into_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let body = html! {
+        (form)
+        p {
+            (found.rows.len()) " rows" @if found.next.is_some() { " on this page" }
+            " · "
+            a href=(search.csv_href()) download { "Export everything that matches as CSV" }
+        }
+        table {
+            thead { tr { th { "When (UTC)" } th { "Channel" } th { "Action" } th { "Outcome" } th { "Records" } th { "Connection" } th { "Client" } } }
+            tbody {
+                @for r in &found.rows {
+                    tr {
+                        td { (r.at) }
+                        td { (r.channel) }
+                        td { (r.action) }
+                        td { (r.outcome) }
+                        td { (r.targets.join(", ")) }
+                        td { (r.connection_name.as_deref().unwrap_or("")) " " (r.connection.as_deref().unwrap_or("")) }
+                        td { (r.client_name.as_deref().unwrap_or("")) }
+                    }
+                }
+            }
+        }
+        p class="pager" {
+            @if let Some(cursor) = &found.next {
+                a rel="next" href=(search.next_href(cursor)) { "Next page" }
+            } @else {
+                span class="muted" { "End of the log" }
+            }
+        }
+    };
+    Ok(shown("Audit", &t.nav("/audit"), body))
+}
+
+/// A CSV cell: quoted, and a value a spreadsheet would run as a formula (`=`, `+`, `-`, `@`,
+/// tab, carriage return) is prefixed with `'`, since names come from clients.
+fn csv_cell(value: &str) -> String {
+    let risky = value.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    let value = if risky { format!("'{value}") } else { value.to_owned() };
+    format!("\"{}\"", value.replace('"', "\"\""))
+}
+
+/// The CSV lines of one page of the search.
+fn csv_rows(page: &admin::AuditPage) -> String {
+    page.rows
+        .iter()
+        .map(|r| {
+            [
+                r.at.as_str(),
+                &r.channel,
+                &r.action,
+                &r.outcome,
+                &r.targets.join(" "),
+                r.connection.as_deref().unwrap_or(""),
+                r.connection_name.as_deref().unwrap_or(""),
+                r.client_name.as_deref().unwrap_or(""),
+                r.reason.as_deref().unwrap_or(""),
+            ]
+            .iter()
+            .map(|c| csv_cell(c))
+            .collect::<Vec<_>>()
+            .join(",")
+                + "\r\n"
+        })
+        .collect()
+}
+
+/// Everything the search matches, as CSV, read page by page (1,000 rows a statement) and
+/// streamed, so a long log neither waits nor sits in memory.
+pub(super) async fn csv(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    search: AuditSearch,
+) -> Answer {
+    let ctx = t.ctx;
+    let mut filter = search.filter();
+    filter.cursor = None;
+    // The first page answers now, so a bad filter is a 400 with the reason, not a broken file.
+    let first = match admin::audit_search(&state.ds, &ctx, &filter, 1000).await {
+        Ok(found) => found,
+        Err(e @ (Error::Invalid { .. } | Error::NotFound { .. })) => {
+            return Ok((StatusCode::BAD_REQUEST, e.to_string()).into_response());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let header =
+        "at,channel,action,outcome,records,connection,connection_name,client_name,reason\r\n";
+    let first_chunk = format!("{header}{}", csv_rows(&first));
+    let slug: String =
+        ctx.tenant().slug.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+    let name = format!("attachment; filename=\"audit-{slug}.csv\"");
+    let ds = state.ds.clone();
+    let stream = futures_util::stream::unfold(
+        (Some(first_chunk), first.next, filter),
+        move |(chunk, next, mut filter)| {
+            let ds = ds.clone();
+            let ctx = ctx.clone();
+            async move {
+                if let Some(chunk) = chunk {
+                    return Some((Ok::<_, std::io::Error>(chunk), (None, next, filter)));
+                }
+                filter.cursor = Some(next?);
+                match admin::audit_search(&ds, &ctx, &filter, 1000).await {
+                    Ok(page) => Some((Ok(csv_rows(&page)), (None, page.next, filter))),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "audit export interrupted");
+                        Some((
+                            Err(std::io::Error::other("the audit export was interrupted")),
+                            (None, None, filter),
+                        ))
+                    }
+                }
+            }
+        },
+    );
+    let mut response: Response = axum::body::Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
+    if let Ok(v) = HeaderValue::from_str(&name) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(response)
+}

@@ -1,0 +1,189 @@
+//! The tenant admins' console (server-rendered HTML). Every write goes through the same
+//! services as the CLI and the API and is audited with channel `console`; every form carries
+//! the session's CSRF token ([`extract::CsrfForm`] checks it); the session cookie is HttpOnly,
+//! SameSite=Lax and Secure behind https. The console takes console sessions only: a bearer
+//! token gets 401 naming the kind (R20).
+//!
+//! Pages are maud templates ([`layout`]), one module per page family; handlers extract (a
+//! [`extract::Tenant`], a checked form), call a service and render.
+
+pub mod layout;
+
+mod activity;
+mod api_tokens;
+mod approvals;
+mod audit;
+mod connections;
+mod extract;
+mod messages;
+mod operator;
+mod people;
+mod settings;
+mod sign_in;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use maud::{Markup, html};
+use shared::error::Error;
+use shared::{OpCtx, time};
+
+pub use extract::{Session, Source};
+
+use crate::AppState;
+use layout::{error_box, page};
+
+/// The session cookie: `__Host-` prefixed when served over https (Secure, Path=/, no Domain,
+/// so no sibling host can set or read it); plain over http on a development machine, where
+/// browsers refuse `__Host-` cookies.
+pub fn session_cookie(state: &AppState) -> &'static str {
+    if state.public_url.starts_with("https://") { "__Host-gh_session" } else { "gh_session" }
+}
+
+/// The sign-in form's CSRF cookie (double submit): the form must echo it. `__Host-` over https,
+/// so a sibling subdomain cannot plant one.
+pub fn login_cookie(state: &AppState) -> &'static str {
+    if state.public_url.starts_with("https://") { "__Host-gh_login" } else { "gh_login" }
+}
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(sign_in::home))
+        .route("/login", get(sign_in::login_form).post(sign_in::login))
+        .route("/logout", post(sign_in::logout))
+        .route("/tenants", get(sign_in::tenants).post(sign_in::pick_tenant))
+        .route("/connections", get(connections::list).post(connections::create))
+        .route("/connections/{connection}", get(connections::detail))
+        .route(
+            "/connections/{connection}/revoke",
+            get(connections::revoke_confirm).post(connections::revoke),
+        )
+        .route("/api-tokens", get(api_tokens::list).post(api_tokens::create))
+        .route(
+            "/api-tokens/{token}/revoke",
+            get(api_tokens::revoke_confirm).post(api_tokens::revoke),
+        )
+        .route("/people", get(people::list))
+        .route("/people/role", post(people::set_role))
+        .route("/people/deactivate", get(people::deactivate_confirm).post(people::deactivate))
+        .route("/approvals", get(approvals::page))
+        .route("/approvals/count", get(approvals::count))
+        .route("/approvals/{action}/{decision}", post(approvals::decide))
+        .route("/settings/approval-policy", post(settings::set_policy))
+        .route("/settings/rate-limit", post(settings::set_rate_limit))
+        .route("/settings", get(settings::page))
+        .route("/settings/agent-access", post(settings::agent_access))
+        .route("/audit", get(audit::page))
+        .route("/audit.csv", get(audit::csv))
+        .route("/activity", get(activity::page))
+        .route("/messages", get(messages::page))
+        .route("/operator", get(operator::page))
+        .route("/operator/kill-switch", post(operator::global_switch))
+}
+
+/// A console request that did not succeed, as the response to send: a service's error
+/// (mapped once, by [`fail`]) or a refusal the handler chose.
+pub struct Fail(Box<Response>);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        Fail(Box::new(fail(e)))
+    }
+}
+
+impl From<Response> for Fail {
+    fn from(r: Response) -> Self {
+        Fail(Box::new(r))
+    }
+}
+
+impl IntoResponse for Fail {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+/// What a console handler returns.
+pub type Answer<T = Response> = Result<T, Fail>;
+
+/// The one mapping of a service error to a console page.
+fn fail(e: Error) -> Response {
+    let status = match &e {
+        Error::Forbidden { .. } | Error::NoActor => StatusCode::FORBIDDEN,
+        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::Internal(d) => {
+            tracing::error!(error = %d, "console request failed");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+        _ => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    let message = match &e {
+        Error::Forbidden { right } => {
+            format!("Your role does not include {} ({}).", right.as_str(), right.description())
+        }
+        Error::Internal(_) => "Something failed on our side; try again.".into(),
+        other => other.to_string(),
+    };
+    let body = html! { (error_box(&message)) p { a href="/" { "Back" } } };
+    (status, page("Cannot do that", None, body)).into_response()
+}
+
+/// A stored UTC time (ISO 8601) as people in the tenant read it: weekday, local time, zone.
+fn local(ctx: &OpCtx, iso: &str) -> String {
+    iso.parse::<jiff::Timestamp>()
+        .map(|t| {
+            time::present(t, &ctx.tenant().zone, &ctx.tenant().zone_name, jiff::Timestamp::now())
+                .display
+        })
+        .unwrap_or_else(|_| iso.to_owned())
+}
+
+/// A post-sign-in target: resolved as a browser resolves it against the console's own origin,
+/// and kept only if it stays there (so `//evil`, `/\\evil`, `/\tevil` and `https://evil` all
+/// become `/`). What is returned is the parsed path and query, never the raw text.
+pub fn safe_next(next: Option<&str>) -> String {
+    let base = url::Url::parse("https://console.invalid/").expect("a valid base");
+    next.and_then(|n| base.join(n).ok())
+        .filter(|u| u.origin() == base.origin() && u.username().is_empty())
+        // A path that itself begins `//` (from `/.//x`) would leave the origin when a browser
+        // follows it: only a single leading slash is kept.
+        .filter(|u| !u.path().starts_with("//") && !u.path().starts_with("/\\"))
+        .map(|u| match u.query() {
+            Some(q) => format!("{}?{q}", u.path()),
+            None => u.path().to_owned(),
+        })
+        .unwrap_or_else(|| "/".into())
+}
+
+/// The direction a switch form names: exactly `on` or `off`. A missing or unknown one is
+/// refused and changes nothing; a switch never falls back to a default.
+fn direction(form: &extract::Fields) -> Result<bool, Fail> {
+    match form.get("to") {
+        Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        _ => {
+            let body = error_box("Say whether to turn it on or off; nothing changed.");
+            Err((StatusCode::UNPROCESSABLE_ENTITY, page("Choose", None, body))
+                .into_response()
+                .into())
+        }
+    }
+}
+
+/// The reason a revocation form gives, or the console's default one.
+fn reason(form: &extract::Fields) -> &str {
+    form.get("reason").map(str::trim).filter(|r| !r.is_empty()).unwrap_or("revoked in the console")
+}
+
+/// A path segment for a console URL, percent-encoded.
+fn segment(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// A page of the console as a response: the layout around `body`, with the navigation.
+fn shown(title: &str, nav: &layout::Nav<'_>, body: Markup) -> Response {
+    page(title, Some(nav), body).into_response()
+}

@@ -1,0 +1,187 @@
+//! The tenant's agent access: its kill switch (R18), who completes agents' actions by effect
+//! class (R7), and the rate limits per connection. Every switch form names its direction.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Redirect};
+use maud::{Markup, html};
+use shared::error::Error;
+use shared::services::rates::{self, Limit};
+use shared::services::{admin, approvals};
+
+use super::extract::{CsrfForm, Tenant};
+use super::layout::csrf_field;
+use super::{Answer, direction, shown};
+use crate::AppState;
+
+pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    let policy = approvals::policy(&state.ds, &t.ctx).await?;
+    let limits = rates::limits(&state.ds, &t.ctx).await?;
+    let on = t.session.row.tenant_agent_access().unwrap_or(true);
+    let body = html! {
+        div class="card" {
+            p id="agent-access-state" {
+                @if on { "Agents can use this tenant's connections." }
+                @else { "Agent access is OFF: every agent request for this tenant is refused." }
+            }
+            form method="post" action="/settings/agent-access" {
+                (csrf_field(t.csrf()))
+                input type="hidden" name="to" value=(if on { "off" } else { "on" });
+                label { "Reason " input type="text" name="reason" required maxlength="300"; }
+                @if on {
+                    button type="submit" class="danger" { "Turn agent access off" }
+                } @else {
+                    button type="submit" { "Turn agent access on" }
+                }
+            }
+        }
+        p { "Tenant: " (t.ctx.tenant().slug) }
+        (policy_form(&policy, t.csrf()))
+        (limits_form(&limits, t.csrf()))
+    };
+    Ok(shown("Agent access", &t.nav("/settings"), body))
+}
+
+pub(super) async fn agent_access(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    // Agent access `on` lets agents in; `off` is the kill switch for the tenant.
+    let kill = !direction(&form)?;
+    let reason = form.get("reason").unwrap_or_default();
+    admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&t.ctx), kill, reason).await?;
+    Ok(Redirect::to("/settings").into_response())
+}
+
+/// What completes an action of each mode, as the policy form offers it.
+const COMPLETIONS: [(approvals::Completion, &str); 3] = [
+    (approvals::Completion::AgentConfirms, "the agent confirms (preview, then confirm_action)"),
+    (approvals::Completion::PersonApproves, "a person approves in the console"),
+    (approvals::Completion::Off, "off: agents cannot prepare it"),
+];
+
+/// The approval policy as a form: one row per effect class.
+fn policy_form(policy: &approvals::Policy, csrf: &str) -> Markup {
+    let tools: Vec<_> = policy.rules.iter().filter(|r| r.scope.starts_with("tool:")).collect();
+    html! {
+        div class="card" {
+            h2 { "Who completes agents' actions" }
+            p {
+                "Actions that reach customers (notify), page someone (wake), mute alerts (alert) or delete are prepared by agents and completed as set here. A tool's own rule (set with "
+                code { "gatehousectl approval-policy set --scope TOOL" }
+                ") comes before its class's."
+            }
+            @for class in approvals::CLASSES.iter() {
+                @let class = class.as_str();
+                @let rule = policy.rules.iter().find(|r| r.scope == format!("class:{class}"));
+                @let mode = rule.map(|r| r.mode).unwrap_or(approvals::DEFAULT);
+                form method="post" action="/settings/approval-policy" class="policy-row" {
+                    (csrf_field(csrf))
+                    input type="hidden" name="scope" value=(class);
+                    label {
+                        strong { (class) } " actions: "
+                        select name="mode" aria-label={ "Who completes " (class) " actions" } {
+                            @for (m, label) in &COMPLETIONS {
+                                option value=(m.as_str()) selected[*m == mode] { (label) }
+                            }
+                        }
+                    }
+                    label {
+                        input type="checkbox" name="approver_not_creator" value="yes" checked[rule.is_some_and(|r| r.approver_not_creator)];
+                        " with a person approving: never the connection's own creator"
+                    }
+                    button type="submit" { "Save" }
+                }
+            }
+            @if !tools.is_empty() {
+                p { "Per tool:" }
+                ul {
+                    @for r in &tools {
+                        li { code { (r.scope["tool:".len()..]) } ": " (r.mode.as_str()) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The rate buckets as a form: one row per class.
+fn limits_form(limits: &[Limit], csrf: &str) -> Markup {
+    html! {
+        div class="card" {
+            h2 { "Rate limits per connection" }
+            p { "Calls each agent connection may make per minute, by effect class. A connection past its limit is told which limit and when to retry." }
+            table {
+                thead { tr { th { "Class" } th { "Counted" } th { "Default" } th { "Per minute" } } }
+                tbody {
+                    @for l in limits {
+                        tr {
+                            td { code { (l.class) } }
+                            td { @if l.counted == "per_worker" { "on each worker" } @else { "across all workers" } }
+                            td { (l.default) }
+                            td {
+                                form method="post" action="/settings/rate-limit" class="inline" {
+                                    (csrf_field(csrf))
+                                    input type="hidden" name="class" value=(l.class);
+                                    input type="number" name="per_minute" min="1" max=(rates::MAX_PER_MINUTE) value=(l.per_minute) aria-label={ "Calls per minute for " (l.class) } required;
+                                    " "
+                                    button type="submit" { "Save" }
+                                }
+                                @if l.overridden {
+                                    " "
+                                    form method="post" action="/settings/rate-limit" class="inline" {
+                                        (csrf_field(csrf))
+                                        input type="hidden" name="class" value=(l.class);
+                                        input type="hidden" name="per_minute" value="default";
+                                        button type="submit" class="plain" { "Back to default" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub(super) async fn set_rate_limit(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    let per_minute = match form.get("per_minute").map(str::trim) {
+        Some("default") => None,
+        Some(n) => Some(
+            n.parse::<i32>()
+                .map_err(|_| Error::invalid("per_minute", "a whole number of calls per minute"))?,
+        ),
+        None => {
+            return Err(
+                Error::invalid("per_minute", "say how many calls per minute, or default").into()
+            );
+        }
+    };
+    let class = form.get("class").unwrap_or_default();
+    rates::set_limit(&state.ds, &t.ctx, class, per_minute).await?;
+    Ok(Redirect::to("/settings").into_response())
+}
+
+pub(super) async fn set_policy(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    // A form names its mode; a missing or unknown one changes nothing.
+    let mode = match form.get("mode").map(|m| approvals::Completion::parse("mode", m)) {
+        Some(mode) => mode?,
+        None => return Err(Error::invalid("mode", "choose who completes these actions").into()),
+    };
+    let scope = form.get("scope").unwrap_or_default();
+    let not_creator = form.get("approver_not_creator") == Some("yes")
+        && mode == approvals::Completion::PersonApproves;
+    approvals::policy_set(&state.ds, &t.ctx, scope, Some(mode), not_creator).await?;
+    Ok(Redirect::to("/settings").into_response())
+}
