@@ -1,0 +1,19 @@
+//! The control plane against real Postgres: the REST API through HTTP, and `gatehousectl` as
+//! the real binary.
+//!
+//! One test binary (STYLE 6), one module per resource or concern.
+
+// The chart drawing is pure and has its unit tests beside it; the crate's library builds no
+// test binary of its own, so they run here.
+#[path = "../../src/charts/mod.rs"]
+mod charts;
+
+mod api_tokens;
+mod audit_and_activity;
+mod console_security;
+mod gatehousectl;
+mod oauth;
+mod people_and_sessions;
+mod rest_api;
+mod support;
+mod tenant_settings;

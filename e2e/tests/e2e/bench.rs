@@ -1,0 +1,82 @@
+//! The benchmark's judge, tested like code: its verdict and what it counts.
+
+use crate::support::*;
+
+#[test]
+fn the_benchmarks_verdict_says_which_peer_the_read_meets() {
+    use e2e::bench::read_verdict;
+    assert!(read_verdict(960.0, 1000.0, 1000.0).contains("against both peers"));
+    let one = read_verdict(970.0, 1000.0, 1200.0);
+    assert!(
+        one.contains("meets")
+            && one.contains("as sqlx runs it by default (97 %)")
+            && one.contains("81 %"),
+        "{one}"
+    );
+    let other = read_verdict(970.0, 1200.0, 1000.0);
+    assert!(other.contains("only against the peer without its ping (97 %"), "{other}");
+    let neither = read_verdict(900.0, 1000.0, 1000.0);
+    assert!(neither.contains("misses") && neither.contains("90 %"), "{neither}");
+    // Exactly 95 % meets; a scenario that served nothing meets nothing, whatever the peers did.
+    assert!(read_verdict(950.0, 1000.0, 1000.0).contains("both peers"));
+    assert!(read_verdict(0.0, 0.0, 0.0).contains("misses"));
+    assert!(read_verdict(0.0, 1000.0, 1000.0).contains("misses"));
+}
+
+#[test]
+fn the_benchmark_checker_counts_only_what_a_user_wanted() {
+    use e2e::bench::{Outcome, judge_mcp, judge_plain};
+    let result = |r: Value| json!({"jsonrpc": "2.0", "id": 1, "result": r}).to_string();
+    let ok = result(json!({"content": [{"type": "text", "text": "{}"}], "isError": false,
+        "structuredContent": {"booking": "bkg_x", "note": "the customer wrote \"isError\":true here"}}));
+    assert_eq!(judge_mcp(200, ok.as_bytes(), false), Outcome::Ok, "text inside a result is data");
+    // A tool error, however it is laid out: compact, pretty-printed, or in an SSE event.
+    let limited = json!({"jsonrpc": "2.0", "id": 1, "result": {"isError": true,
+        "content": [{"type": "text", "text": "Error: …"}],
+        "structuredContent": {"error": {"code": "rate_limited", "message": "…"}}}});
+    for body in [
+        limited.to_string(),
+        serde_json::to_string_pretty(&limited).expect("json"),
+        format!(
+            "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{{}}}}\n\nevent: message\ndata: {limited}\n\n"
+        ),
+    ] {
+        assert_eq!(
+            judge_mcp(200, body.as_bytes(), false),
+            Outcome::Tool("rate_limited".into()),
+            "{body}"
+        );
+    }
+    // A refusal before any tool ran, a JSON-RPC error, and garbage.
+    assert_eq!(judge_mcp(503, b"{}", false), Outcome::Http(503));
+    assert_eq!(judge_mcp(429, ok.as_bytes(), false), Outcome::Http(429));
+    let rpc =
+        json!({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "Unknown tool"}});
+    assert_eq!(judge_mcp(200, rpc.to_string().as_bytes(), false), Outcome::Rpc(-32602));
+    assert_eq!(judge_mcp(200, b"<html>bad gateway</html>", false), Outcome::Unreadable);
+    assert_eq!(judge_mcp(200, result(json!("x")).as_bytes(), false), Outcome::Unreadable);
+    assert_eq!(judge_mcp(200, result(json!(null)).as_bytes(), false), Outcome::Unreadable);
+    let odd_flag = result(json!({"isError": "yes", "content": []}));
+    assert_eq!(judge_mcp(200, odd_flag.as_bytes(), false), Outcome::Unreadable);
+    // A success whose own data has fields named like the judge's is still a success.
+    let data_named_error = result(json!({"isError": false, "content": [],
+        "structuredContent": {"error": "a field of the data", "replayed": "no"}}));
+    assert_eq!(judge_mcp(200, data_named_error.as_bytes(), true), Outcome::Ok);
+    // Truncated JSON is not an answer, however much of it arrived.
+    assert_eq!(judge_mcp(200, &ok.as_bytes()[..ok.len() - 2], false), Outcome::Unreadable);
+    // A write answered from the replay cache executed nothing: not a success of a write.
+    let replayed =
+        result(json!({"isError": false, "content": [], "structuredContent": {"replayed": true}}));
+    assert_eq!(judge_mcp(200, replayed.as_bytes(), true), Outcome::Replayed);
+    let fresh =
+        result(json!({"isError": false, "content": [], "structuredContent": {"replayed": false}}));
+    assert_eq!(judge_mcp(200, fresh.as_bytes(), true), Outcome::Ok);
+    assert_eq!(judge_plain(200, br#"{"booking":"bkg_x"}"#), Outcome::Ok);
+    assert_eq!(judge_plain(500, br#"{"booking":"bkg_x"}"#), Outcome::Http(500));
+    assert_eq!(judge_plain(200, b"not json"), Outcome::Unreadable);
+    assert_eq!(
+        judge_plain(200, br#"{"error":"not found"}"#),
+        Outcome::Tool("error".into()),
+        "the peer's own error is not a fast read"
+    );
+}

@@ -1,0 +1,101 @@
+//! The console in a browser: a tenant admin manages connections, people and the switch, and
+//! sees each connection's calls drawn.
+
+use crate::support::*;
+
+#[tokio::test]
+async fn a_tenant_admin_manages_connections_people_and_the_switch_in_a_browser() {
+    let stack = Stack::start(Options::for_test("browser", 1)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let shots = stack.run_dir.join("screenshots");
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/console.mjs"))
+        .args(["--control", &stack.control_url])
+        .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+        .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .args(["--dispatcher", tenant["dispatcher"]["email"].as_str().expect("email")])
+        .arg("--shots")
+        .arg(&shots)
+        .output()
+        .expect("node (scripts/test installs playwright-core and Chromium)");
+    assert!(
+        out.status.success(),
+        "browser test failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(out.stdout.trim_ascii()).expect("json");
+    // What the browser did took effect: the token it saw once is revoked, the role changed,
+    // and each console write was audited with channel console.
+    let token = seen["token"].as_str().expect("token");
+    assert_eq!(tool_names(&stack.lb_url, token).await.0, 401);
+    let role = psql_count(
+        &stack,
+        &format!(
+            "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = '{}' AND m.role = 'viewer'",
+            tenant["dispatcher"]["email"].as_str().expect("e")
+        ),
+    );
+    assert_eq!(role, 1);
+    let audited = psql_count(
+        &stack,
+        "SELECT count(*) FROM audit_log WHERE channel = 'console' AND action IN ('connection.create', 'connection.revoke', 'person.set_role', 'agent_access.off', 'agent_access.on')",
+    );
+    assert_eq!(audited, 5);
+    assert_eq!(
+        psql_count(
+            &stack,
+            &format!(
+                "SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{token}', 'UTF8'))"
+            )
+        ),
+        0,
+        "revoked tokens are gone"
+    );
+}
+
+#[tokio::test]
+async fn an_admin_sees_each_connections_calls_drawn_in_the_browser() {
+    let stack = Stack::start(Options::for_test("activity_ui", 2)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let admin = tenant["admin"]["email"].as_str().expect("email");
+    let agent = stack
+        .ctl(&[
+            "connection",
+            "create",
+            "--tenant",
+            tenant["slug"].as_str().expect("slug"),
+            "--creator",
+            admin,
+            "--name",
+            "Activity agent",
+            "--rights",
+            "customers:read,bookings:read",
+        ])
+        .expect("connection");
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/activity.mjs"))
+        .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
+        .args(["--token", agent["token"].as_str().expect("token")])
+        .args(["--connection", agent["connection"].as_str().expect("connection")])
+        .args(["--email", admin, "--password", tenant["admin"]["password"].as_str().expect("pw")])
+        .arg("--shots")
+        .arg(stack.run_dir.join("activity-shots"))
+        .output()
+        .expect("node (scripts/test installs playwright-core and Chromium)");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser activity check failed:\n{line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value =
+        serde_json::from_str(line.trim().lines().last().unwrap_or_default()).expect("json");
+    // The calls the browser's agent made, counted by two workers behind the balancer.
+    assert_eq!(seen["read"], 6, "{seen}");
+    assert_eq!(seen["notify"], 2, "{seen}");
+    assert_eq!(seen["refusals"], json!({"permission_denied": 2, "invalid_argument": 1}), "{seen}");
+    assert_eq!(seen["connection_read"], 6, "{seen}");
+    assert_eq!(seen["week_bars"], 168, "{seen}");
+    assert!(seen["drawn_pixels"].as_u64().is_some_and(|n| n > 0), "the bars are drawn: {seen}");
+}

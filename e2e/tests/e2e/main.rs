@@ -1,0 +1,14 @@
+//! Gatehouse as users meet it: real binaries, two workers behind nginx, real Postgres, and the
+//! official MCP Python SDK connecting through the load balancer in both protocol eras.
+//!
+//! One test binary (STYLE 6), one module per concern.
+
+mod approvals;
+mod bench;
+mod clients;
+mod console;
+mod fleet;
+mod oauth;
+mod support;
+mod traces;
+mod writes;
