@@ -1042,6 +1042,10 @@ pub fn confirm_state(
     preview: &Preview,
     request_digest: String,
 ) -> Result<ConfirmState> {
+    // Only what the agent may confirm is sealed; an action a person approves never is.
+    if preview.status != PreviewStatus::Preview || preview.content_hash.is_empty() {
+        return Err(Error::Internal(format!("action {} cannot be sealed", preview.action)));
+    }
     Ok(ConfirmState {
         connection: connection_id(ctx)?,
         tool: preview.tool.clone(),

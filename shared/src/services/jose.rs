@@ -31,7 +31,13 @@ pub const SKEW_SECS: i64 = 60;
 /// A JWT is a few hundred bytes; anything far larger is refused unparsed.
 pub const MAX_JWT_BYTES: usize = 16 * 1024;
 /// RSA keys shorter than this are not loaded (RFC 7518 §3.3 asks for 2048 bits or more).
-const MIN_RSA_MODULUS_BYTES: usize = 256;
+const MIN_RSA_MODULUS_BITS: usize = 2048;
+
+/// The length in bits of a big-endian unsigned integer.
+fn modulus_bits(n: &[u8]) -> usize {
+    let n: Vec<u8> = n.iter().copied().skip_while(|b| *b == 0).collect();
+    n.first().map_or(0, |top| n.len() * 8 - top.leading_zeros() as usize)
+}
 
 /// Why a JWT was refused: a sentence for the client.
 #[derive(Debug, PartialEq, Eq)]
@@ -50,15 +56,17 @@ pub struct KeySet {
 }
 
 impl KeySet {
-    /// Reads `{"keys": [...]}`; `None` when the value is not a key set at all.
+    /// Reads `{"keys": [...]}`; `None` when the value is not a key set, or holds no key that
+    /// could verify one of [`ALGORITHMS`] (so a client learns it when it publishes the set,
+    /// not at its first token request).
     pub fn parse(value: &Value) -> Option<KeySet> {
         let keys = value.get("keys")?.as_array()?;
-        let keys = keys
+        let keys: Vec<Jwk> = keys
             .iter()
             .filter_map(|k| serde_json::from_value::<Jwk>(k.clone()).ok())
-            .filter(|k| !matches!(k.algorithm, AlgorithmParameters::OctetKey(_)))
+            .filter(|k| ALGORITHMS.iter().any(|alg| fits(k, *alg)))
             .collect();
-        Some(KeySet { keys })
+        (!keys.is_empty()).then_some(KeySet { keys })
     }
 
     /// Whether the set has a key with this id.
@@ -94,7 +102,7 @@ fn fits(key: &Jwk, alg: Algorithm) -> bool {
             use base64::Engine;
             base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(p.n.trim_end_matches('='))
-                .is_ok_and(|n| n.iter().skip_while(|b| **b == 0).count() >= MIN_RSA_MODULUS_BYTES)
+                .is_ok_and(|n| modulus_bits(&n) >= MIN_RSA_MODULUS_BITS)
         }
         _ => false,
     }
@@ -457,13 +465,22 @@ mod tests {
         // A key published for encryption, or for another algorithm, is not this signing key.
         let mut enc = jwk.clone();
         enc["use"] = "enc".into();
-        assert!(check(&good, &set(&[&enc])).is_err());
+        assert!(KeySet::parse(&json!({"keys": [enc]})).is_none());
         let mut rs = jwk.clone();
         rs["alg"] = "RS256".into();
-        assert!(check(&good, &set(&[&rs])).is_err());
+        assert!(KeySet::parse(&json!({"keys": [rs]})).is_none());
+        // A usable key beside them: the token still verifies only with its own key.
+        assert!(check(&good, &set(&[&rs, &jwk])).is_ok());
         // A symmetric key in the set is never loaded, whatever the header says.
         let oct = json!({"kty": "oct", "kid": "k1", "k": URL_SAFE_NO_PAD.encode(b"secret")});
-        assert!(set(&[&oct]).keys.is_empty());
+        assert!(KeySet::parse(&json!({"keys": [oct]})).is_none());
+        assert!(KeySet::parse(&json!({"keys": [{}]})).is_none(), "no usable key");
+        assert!(KeySet::parse(&json!({"keys": [oct, jwk]})).is_some_and(|k| k.keys.len() == 1));
+        // RSA moduli are measured in bits: 2047 bits is too short, 2048 is enough.
+        let mut short = vec![0x7f];
+        short.extend(vec![0xff; 255]);
+        assert_eq!(modulus_bits(&short), 2047);
+        assert_eq!(modulus_bits(&[&[0u8][..], &[0x80], &[0; 255]].concat()), 2048);
         // The profile's typ is required when it names one.
         let audiences = [AUD.to_owned()];
         let mut typed = expect(&audiences);

@@ -26,8 +26,10 @@ pub enum PreviewStatus {
     AwaitingApproval,
 }
 
+// Never read back from JSON: the fields the caller is not shown exist only in the preview the
+// rail returned. (A plain comment: the doc comment below is what models read.)
 /// A prepared action: nothing has happened yet.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct Preview {
     /// PREVIEW, or AWAITING_APPROVAL when a person must approve it in the console.
     pub status: PreviewStatus,
