@@ -94,6 +94,22 @@ impl ReadAheadRow {
     }
 }
 
+impl crate::ctx::ReadAheadSlot for ReadAheadRow {
+    fn used(&self) -> bool {
+        ReadAheadRow::used(self)
+    }
+}
+
+/// The row read ahead for `key` with this context, once: `None` when nothing was read ahead
+/// for this very read (another key, another call, or already taken), so the service reads it
+/// itself.
+pub(crate) fn take_read_ahead(
+    ctx: &OpCtx,
+    key: &ReadAhead,
+) -> Option<Option<crate::datastore::BookingRow>> {
+    ctx.read_ahead::<ReadAheadRow>().filter(|r| r.key == *key)?.take()
+}
+
 /// The result of authenticating one MCP request.
 #[derive(Debug, Clone)]
 pub struct McpContext {

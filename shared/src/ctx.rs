@@ -108,8 +108,15 @@ pub struct OpCtx {
     api_token: Option<i64>,
     request_id: String,
     /// A tool's read that came in the same statement as an MCP call's context, for the service
-    /// that asked for it to take once (see [`crate::auth::ReadAhead`]).
-    read_ahead: Option<std::sync::Arc<crate::auth::ReadAheadRow>>,
+    /// that asked for it to take once. Opaque here: the context knows no row type (the slot is
+    /// `auth::ReadAheadRow`).
+    read_ahead: Option<std::sync::Arc<dyn ReadAheadSlot>>,
+}
+
+/// A read that came with the context, taken at most once by the service that asked for it.
+pub(crate) trait ReadAheadSlot: std::any::Any + Send + Sync + std::fmt::Debug {
+    /// Whether the service took what was read.
+    fn used(&self) -> bool;
 }
 
 impl OpCtx {
@@ -137,18 +144,15 @@ impl OpCtx {
         self.read_ahead.as_ref().map(|r| r.used())
     }
 
-    pub(crate) fn with_read_ahead(mut self, row: crate::auth::ReadAheadRow) -> Self {
-        self.read_ahead = Some(std::sync::Arc::new(row));
+    pub(crate) fn with_read_ahead(mut self, slot: impl ReadAheadSlot) -> Self {
+        self.read_ahead = Some(std::sync::Arc::new(slot));
         self
     }
 
-    /// The row read ahead for `key`, once: `None` when nothing was read ahead for this very
-    /// read (another key, another call, or already taken), so the service reads it itself.
-    pub(crate) fn take_read_ahead(
-        &self,
-        key: &crate::auth::ReadAhead,
-    ) -> Option<Option<crate::datastore::BookingRow>> {
-        self.read_ahead.as_ref().filter(|r| r.key == *key)?.take()
+    /// The read-ahead slot, if it is of type `T`.
+    pub(crate) fn read_ahead<T: ReadAheadSlot>(&self) -> Option<&T> {
+        let slot: &dyn std::any::Any = self.read_ahead.as_deref()?;
+        slot.downcast_ref()
     }
 
     /// An MCP call through a connection: its creator acts, with the token's rights cut to the

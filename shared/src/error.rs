@@ -95,9 +95,10 @@ pub enum Error {
     ActionRefused { reason: ActionRefusal, message: String },
 
     /// What the action would do changed since the preview; a new preview is attached and the
-    /// old token is dead (R7).
+    /// old token is dead (R7). The preview is `services::outcome::Preview` as JSON, so that
+    /// this module stays a leaf the services depend on, never the other way round.
     #[error("the action changed since its preview")]
-    ChangedSincePreview { preview: Box<crate::services::outcome::Preview> },
+    ChangedSincePreview { preview: Box<serde_json::Value> },
 
     /// The connection used up its allowance for this effect class.
     #[error("the {class} limit of {limit} calls per minute is used up")]

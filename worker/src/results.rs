@@ -52,7 +52,7 @@ pub struct ErrorBody {
     pub count: Option<usize>,
     /// A fresh preview when the action changed since the last one (R7).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub preview: Option<shared::services::outcome::Preview>,
+    pub preview: Option<Value>,
     /// With `rate_limited`: the effect class, its limit per minute, and when to retry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,

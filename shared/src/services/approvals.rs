@@ -19,7 +19,7 @@ use crate::datastore::{self as db, AuditEntry, Services};
 use crate::effect::EffectClass;
 use crate::error::{Error, Resource, Result};
 use crate::rights::{Right, Role};
-use crate::services::actions::Op;
+use crate::services::two_step::Op;
 
 /// Who completes a prepared action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

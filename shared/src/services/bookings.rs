@@ -15,13 +15,13 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::{BookingHandle, CustomerHandle, NoteHandle, ServiceHandle, TechnicianHandle};
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{
-    Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, booking_line, content_hash,
-    customer_email, effect, text as written_text, when,
-};
 use crate::services::fields::separate_reason;
 use crate::services::presented;
 use crate::services::rails::{self, Written, Wrote};
+use crate::services::two_step::{
+    Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, booking_line, content_hash,
+    customer_email, effect, text as written_text, when,
+};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::{money, time, views};
 
@@ -152,7 +152,7 @@ pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<
     ctx.require(Right::BookingsRead)?;
     let (handle, before) = get_key(input)?;
     let key = ReadAhead::Booking { handle: handle.as_str().to_owned(), notes_before: before };
-    let row = match ctx.take_read_ahead(&key) {
+    let row = match crate::auth::take_read_ahead(ctx, &key) {
         Some(row) => row,
         None => {
             let ReadAhead::Booking { notes_before, .. } = key;
@@ -721,10 +721,10 @@ pub struct ConfirmBookingInput {
     pub booking: String,
 }
 
-impl crate::services::actions::private::Sealed for ConfirmBookingInput {}
+impl crate::services::two_step::private::Sealed for ConfirmBookingInput {}
 
 impl TwoStep for ConfirmBookingInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::ConfirmBooking;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::ConfirmBooking;
 }
 
 impl Planned for ConfirmBookingInput {
@@ -796,10 +796,10 @@ pub struct RescheduleBookingInput {
     pub zone: Option<String>,
 }
 
-impl crate::services::actions::private::Sealed for RescheduleBookingInput {}
+impl crate::services::two_step::private::Sealed for RescheduleBookingInput {}
 
 impl TwoStep for RescheduleBookingInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::RescheduleBooking;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::RescheduleBooking;
 }
 
 impl Planned for RescheduleBookingInput {
@@ -905,10 +905,10 @@ const MAX_BATCH: usize = 50;
 /// Bookings one filter may cancel in one call.
 const MAX_FILTER_BATCH: usize = 500;
 
-impl crate::services::actions::private::Sealed for CancelBookingsInput {}
+impl crate::services::two_step::private::Sealed for CancelBookingsInput {}
 
 impl TwoStep for CancelBookingsInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::CancelBookings;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::CancelBookings;
 }
 
 impl Planned for CancelBookingsInput {
@@ -1079,10 +1079,10 @@ pub struct DeleteBookingInput {
     pub booking: String,
 }
 
-impl crate::services::actions::private::Sealed for DeleteBookingInput {}
+impl crate::services::two_step::private::Sealed for DeleteBookingInput {}
 
 impl TwoStep for DeleteBookingInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::DeleteBooking;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::DeleteBooking;
 }
 
 impl Planned for DeleteBookingInput {

@@ -11,7 +11,7 @@ use crate::error::{Error, Resource, Result};
 use crate::input::lenient_u32;
 use crate::money::{self, MoneyView};
 use crate::rights::Right;
-use crate::services::actions::{Apply, At, Plan, Planned, TwoStep, content_hash, effect};
+use crate::services::two_step::{Apply, At, Plan, Planned, TwoStep, content_hash, effect};
 use crate::time::{self, TimeView};
 
 /// List the tenant's services (what can be booked).
@@ -155,10 +155,10 @@ pub struct MuteAlertsInput {
     pub minutes: Option<u32>,
 }
 
-impl crate::services::actions::private::Sealed for MuteAlertsInput {}
+impl crate::services::two_step::private::Sealed for MuteAlertsInput {}
 
 impl TwoStep for MuteAlertsInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::MuteAlerts;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::MuteAlerts;
 }
 
 impl Planned for MuteAlertsInput {

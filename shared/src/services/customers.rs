@@ -11,12 +11,12 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{
-    Apply, At, Lines, Message, Plan, Planned, TwoStep, content_hash, effect, text,
-};
 use crate::services::fields::{email, name, phone, separate_reason};
 use crate::services::presented;
 use crate::services::rails::{self, Written, Wrote};
+use crate::services::two_step::{
+    Apply, At, Lines, Message, Plan, Planned, TwoStep, content_hash, effect, text,
+};
 use crate::services::{Found, decode_cursor, encode_cursor, limit, nonempty};
 use crate::views;
 
@@ -288,10 +288,10 @@ pub struct SendCustomerMessageInput {
     pub body: String,
 }
 
-impl crate::services::actions::private::Sealed for SendCustomerMessageInput {}
+impl crate::services::two_step::private::Sealed for SendCustomerMessageInput {}
 
 impl TwoStep for SendCustomerMessageInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::SendCustomerMessage;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::SendCustomerMessage;
 }
 
 impl Planned for SendCustomerMessageInput {
@@ -344,10 +344,10 @@ pub struct DeleteCustomerInput {
     pub customer: String,
 }
 
-impl crate::services::actions::private::Sealed for DeleteCustomerInput {}
+impl crate::services::two_step::private::Sealed for DeleteCustomerInput {}
 
 impl TwoStep for DeleteCustomerInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::DeleteCustomer;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::DeleteCustomer;
 }
 
 impl Planned for DeleteCustomerInput {

@@ -20,9 +20,11 @@ pub mod oauth;
 pub mod operators;
 pub mod outbox;
 pub mod outcome;
+mod planners;
 mod rails;
 pub mod rates;
 pub mod technicians;
+pub mod two_step;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -113,8 +115,48 @@ pub(crate) fn nonempty(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
-/// A presenter's output as JSON, for the one place that carries it untyped: the current state
-/// a version conflict returns (R10) inside the transport-agnostic error.
+/// A presenter's output as JSON, for the places that carry it untyped inside the
+/// transport-agnostic error: the current state a version conflict returns (R10) and the new
+/// preview of an action that changed since its preview (R7).
 pub(crate) fn presented<T: serde::Serialize>(view: &T) -> crate::error::Result<serde_json::Value> {
     serde_json::to_value(view).map_err(|e| crate::error::Error::Internal(format!("present: {e}")))
+}
+
+#[cfg(test)]
+mod layering {
+    /// The import circles stay untied: resources and the two-step contract never name the
+    /// rail or the registry, the rail names no resource (it plans through `planners`), the
+    /// operation context names no row type, and the error type no service.
+    #[test]
+    fn the_rail_the_contract_and_the_resources_import_one_way() {
+        let resources = [
+            ("two_step.rs", include_str!("two_step.rs")),
+            ("bookings.rs", include_str!("bookings.rs")),
+            ("customers.rs", include_str!("customers.rs")),
+            ("technicians.rs", include_str!("technicians.rs")),
+            ("catalog.rs", include_str!("catalog.rs")),
+        ];
+        for (file, source) in resources {
+            for rail in [
+                "crate::services::actions",
+                "crate::services::planners",
+                "crate::services::approvals",
+            ] {
+                assert!(!source.contains(rail), "{file} names {rail}");
+            }
+        }
+        let rail = include_str!("actions.rs");
+        for resource in ["bookings::", "customers::", "technicians::", "catalog::"] {
+            let path = format!("crate::services::{resource}");
+            assert!(!rail.contains(&path), "the rail names {resource}");
+        }
+        let ctx = include_str!("../ctx.rs");
+        for row in ["crate::auth", "crate::datastore", "crate::services"] {
+            assert!(!ctx.contains(row), "ctx.rs names {row}");
+        }
+        assert!(
+            !include_str!("../error.rs").contains("crate::services"),
+            "error.rs names a service"
+        );
+    }
 }

@@ -9,7 +9,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::TechnicianHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::actions::{
+use crate::services::two_step::{
     Apply, At, Lines, Message, Plan, Planned, TwoStep, booking, content_hash, effect, text,
 };
 use crate::services::{limit, nonempty};
@@ -65,10 +65,10 @@ pub struct PageTechnicianInput {
     pub booking: Option<String>,
 }
 
-impl crate::services::actions::private::Sealed for PageTechnicianInput {}
+impl crate::services::two_step::private::Sealed for PageTechnicianInput {}
 
 impl TwoStep for PageTechnicianInput {
-    const OP: crate::services::actions::Op = crate::services::actions::Op::PageTechnician;
+    const OP: crate::services::two_step::Op = crate::services::two_step::Op::PageTechnician;
 }
 
 impl Planned for PageTechnicianInput {
