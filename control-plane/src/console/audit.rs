@@ -22,24 +22,17 @@ use super::layout::{error_box, page as layout_page};
 use super::{Answer, shown};
 use crate::AppState;
 
-/// An audit search: the filters of [`admin::AuditFilter`] as a request gave them.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct AuditSearch {
-    pub connection: Option<String>,
-    /// What the action starts with; the query may call it `action` or `tool`.
-    pub action: Option<String>,
-    pub outcome: Option<String>,
-    pub channel: Option<String>,
-    pub since: Option<String>,
-    pub until: Option<String>,
-    pub cursor: Option<String>,
-}
+/// An audit search: the service's own [`admin::AuditFilter`] as a request gave it, with the
+/// links that carry it on.
+#[derive(Debug, Default, Clone)]
+pub struct AuditSearch(pub admin::AuditFilter);
 
 impl AuditSearch {
-    /// The search of a query string's parameters (a repeated one reads as its last value).
+    /// The search of a query string's parameters (a repeated one reads as its last value);
+    /// what the action starts with may be called `action` or `tool`.
     pub fn from_query(q: &BTreeMap<String, String>) -> Self {
         let get = |k: &str| q.get(k).cloned();
-        AuditSearch {
+        AuditSearch(admin::AuditFilter {
             connection: get("connection"),
             action: get("action").or_else(|| get("tool")),
             outcome: get("outcome"),
@@ -47,30 +40,23 @@ impl AuditSearch {
             since: get("since"),
             until: get("until"),
             cursor: get("cursor"),
-        }
+        })
     }
 
     pub fn filter(&self) -> admin::AuditFilter {
-        admin::AuditFilter {
-            connection: self.connection.clone(),
-            action: self.action.clone(),
-            outcome: self.outcome.clone(),
-            channel: self.channel.clone(),
-            since: self.since.clone(),
-            until: self.until.clone(),
-            cursor: self.cursor.clone(),
-        }
+        self.0.clone()
     }
 
     /// Every filter that says something, under its own name, without the cursor.
     fn pairs(&self) -> Vec<(&'static str, &str)> {
+        let f = &self.0;
         [
-            ("connection", &self.connection),
-            ("action", &self.action),
-            ("outcome", &self.outcome),
-            ("channel", &self.channel),
-            ("since", &self.since),
-            ("until", &self.until),
+            ("connection", &f.connection),
+            ("action", &f.action),
+            ("outcome", &f.outcome),
+            ("channel", &f.channel),
+            ("since", &f.since),
+            ("until", &f.until),
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k, v.as_deref()?.trim())).filter(|(_, v)| !v.is_empty()))
@@ -122,12 +108,12 @@ fn search_form(search: &AuditSearch) -> Markup {
     };
     html! {
         form method="get" action="/audit" class="card filters" {
-            label { "Connection " input type="text" name="connection" value=(AuditSearch::shown(&search.connection)) placeholder="con_…"; }
-            label { "Action starts with " input type="text" name="action" value=(AuditSearch::shown(&search.action)) placeholder="confirm_booking"; }
-            label { "Outcome " (select("outcome", &search.outcome, &admin::AUDIT_OUTCOMES)) }
-            label { "Channel " (select("channel", &search.channel, &admin::AUDIT_CHANNELS)) }
-            label { "From (UTC day) " input type="date" name="since" value=(AuditSearch::shown(&search.since)); }
-            label { "Until (UTC day, included) " input type="date" name="until" value=(AuditSearch::shown(&search.until)); }
+            label { "Connection " input type="text" name="connection" value=(AuditSearch::shown(&search.0.connection)) placeholder="con_…"; }
+            label { "Action starts with " input type="text" name="action" value=(AuditSearch::shown(&search.0.action)) placeholder="confirm_booking"; }
+            label { "Outcome " (select("outcome", &search.0.outcome, &admin::AUDIT_OUTCOMES)) }
+            label { "Channel " (select("channel", &search.0.channel, &admin::AUDIT_CHANNELS)) }
+            label { "From (UTC day) " input type="date" name="since" value=(AuditSearch::shown(&search.0.since)); }
+            label { "Until (UTC day, included) " input type="date" name="until" value=(AuditSearch::shown(&search.0.until)); }
             button type="submit" { "Search" }
             " "
             a href="/audit" { "Clear" }

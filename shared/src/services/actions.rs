@@ -27,8 +27,8 @@ use crate::error::{ActionRefusal, Error, Resource, Result};
 use crate::secret;
 use crate::services::approvals::{self, Completion, Decided};
 use crate::services::outcome::{
-    Approval, Changed, Executed, ExecutedResult, ExecutedStatus, Outcome, Preview, PreviewStatus,
-    Rejected,
+    Approval, Changed, Executed, ExecutedResult, ExecutedStatus, NothingChanged, Outcome, Preview,
+    PreviewStatus, Rejected,
 };
 use crate::services::planners::plan;
 use crate::services::rails::args_digest;
@@ -81,7 +81,7 @@ async fn apply(
         .await?;
     }
     let changed = match &plan.apply {
-        Apply::Nothing => Changed::Nothing {},
+        Apply::Nothing => Changed::Nothing(NothingChanged {}),
         Apply::SetStatus { ids, status } => {
             let mut out = Vec::new();
             for (id, handle) in ids {

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use super::jose::{self, Expect, JtiStore, KeySource, Verified};
+use super::jose::{self, Expect, JtiStore, KeySource, Typ, Verified};
 
 /// The `client_assertion_type` of a JWT client assertion.
 pub const ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
@@ -33,7 +33,9 @@ pub async fn verify<E>(
 ) -> Result<Verified<Value>, E> {
     let expect = Expect {
         what: "the assertion",
-        typ: None,
+        // RFC 7523 names no typ; its successor draft names client-authentication+jwt. Any
+        // other (an ID-JAG, an access token) is a JWT made for something else.
+        typ: Typ::AbsentOr(&["JWT", "client-authentication+jwt"]),
         issuer: Some(client_id),
         subject: Some(client_id),
         audiences,

@@ -10,7 +10,7 @@
 //!   the algorithm (RSA moduli under 2048 bits are not loaded). A `kid` the set lacks may cause
 //!   one refetch, but only when the key source allows one ([`KeySource::may_refresh`]), so
 //!   a flood of forged `kid`s cannot make the server fetch on every request.
-//! - **Claims**: `typ` when the profile names one, issuer, subject, an audience among ours,
+//! - **Claims**: the `typ`s the profile accepts, issuer, subject, an audience among ours,
 //!   unexpired (with a minute of skew), not valid later (`nbf`), at most `max_lifetime_secs`
 //!   ahead, and a `jti` of 1 to 200 characters used once ([`JtiStore`], in Postgres).
 //!
@@ -117,12 +117,22 @@ fn same_algorithm(named: KeyAlgorithm, alg: Algorithm) -> bool {
     )
 }
 
+/// Which `typ` headers a profile accepts, so a JWT minted for one profile (an ID-JAG, an
+/// access token) is never taken as another.
+#[derive(Debug, Clone, Copy)]
+pub enum Typ<'a> {
+    /// Exactly this one (`oauth-id-jag+jwt`).
+    Required(&'a str),
+    /// None, or one of these (profiles older than explicit typing, such as RFC 7523).
+    AbsentOr(&'a [&'a str]),
+}
+
 /// What a verified JWT must say, beyond its signature.
 pub struct Expect<'a> {
     /// What the JWT is, for refusals ("the assertion", "the ID-JAG").
     pub what: &'a str,
-    /// The `typ` header the profile requires (compared without case), if any.
-    pub typ: Option<&'a str>,
+    /// The `typ` header values the profile accepts (compared without case).
+    pub typ: Typ<'a>,
     /// The only issuer accepted, if the profile fixes one.
     pub issuer: Option<&'a str>,
     /// The only subject accepted, if the profile fixes one.
@@ -232,10 +242,20 @@ pub fn verify_with<C: DeserializeOwned>(
 ) -> Result<Verified<C>, Refused> {
     let what = expect.what;
     let header = header_of(jwt, what)?;
-    if let Some(typ) = expect.typ
-        && !header.typ.as_deref().is_some_and(|t| t.eq_ignore_ascii_case(typ))
-    {
-        return Err(refused(format!("{what} must have the header typ {typ}")));
+    match (expect.typ, header.typ.as_deref()) {
+        (Typ::Required(want), got) if !got.is_some_and(|t| t.eq_ignore_ascii_case(want)) => {
+            return Err(refused(format!("{what} must have the header typ {want}")));
+        }
+        (Typ::AbsentOr(allowed), Some(got))
+            if !allowed.iter().any(|a| a.eq_ignore_ascii_case(got)) =>
+        {
+            return Err(refused(format!(
+                "{what} has the header typ {:?}, which is another kind of JWT; use {} or leave typ out",
+                got.chars().take(40).collect::<String>(),
+                allowed.join(" or ")
+            )));
+        }
+        _ => {}
     }
     let mut validation = Validation::new(header.alg);
     // The claims are checked below, against the caller's clock and with sentences that say
@@ -376,7 +396,7 @@ mod tests {
     fn expect(audiences: &[String]) -> Expect<'_> {
         Expect {
             what: "the assertion",
-            typ: None,
+            typ: Typ::AbsentOr(&["JWT"]),
             issuer: Some(ISSUER),
             subject: Some(ISSUER),
             audiences,
@@ -484,11 +504,13 @@ mod tests {
         // The profile's typ is required when it names one.
         let audiences = [AUD.to_owned()];
         let mut typed = expect(&audiences);
-        typed.typ = Some("oauth-id-jag+jwt");
+        typed.typ = Typ::Required("oauth-id-jag+jwt");
         assert!(verify_with::<Value>(&good, &keys, &typed).is_err());
         let jag =
             signer.sign(json!({"alg": "ES256", "kid": "k1", "typ": "oauth-id-jag+jwt"}), claims());
         assert!(verify_with::<Value>(&jag, &keys, &typed).is_ok());
+        // A profile without a typ of its own still refuses another profile's.
+        assert!(check(&jag, &keys).expect_err("an ID-JAG as an assertion").0.contains("typ"));
     }
 
     /// A key source that counts its fetches and caches what it fetched; what it had cached

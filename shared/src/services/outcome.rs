@@ -86,8 +86,14 @@ pub enum Changed {
         deleted: Vec<String>,
     },
     /// Messages only.
-    Nothing {},
+    Nothing(NothingChanged),
 }
+
+// Closed, so that no other shape reads back as "nothing changed".
+/// No record changed; the effect was its messages.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NothingChanged {}
 
 /// What an executed action changed and how many messages it queued.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -156,5 +162,25 @@ impl From<Executed> for Outcome {
 impl From<Rejected> for Outcome {
     fn from(r: Rejected) -> Outcome {
         Outcome::Rejected(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A stored result is read back as what it was: an unknown shape is an error, never
+    /// "nothing changed".
+    #[test]
+    fn a_stored_change_reads_back_as_itself() {
+        let read = |v| serde_json::from_value::<Changed>(v);
+        assert!(matches!(read(json!({})), Ok(Changed::Nothing(_))));
+        assert!(matches!(read(json!({"deleted": ["cus_1"]})), Ok(Changed::Deleted { .. })));
+        assert!(read(json!({"moved": "bkg_1"})).is_err());
+        let deleted = Changed::Deleted { deleted: vec!["bkg_1".into()] };
+        let again = read(serde_json::to_value(&deleted).expect("json")).expect("reads");
+        assert!(matches!(again, Changed::Deleted { deleted } if deleted == ["bkg_1"]));
     }
 }
