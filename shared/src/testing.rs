@@ -237,3 +237,94 @@ impl<'a> Connection<'a> {
         self.try_create().await.expect("connection")
     }
 }
+
+/// Many bookings of one tenant at once, for tests of volume (batches, exports, streams): raw
+/// SQL on purpose, since thousands of rows through the services would be the test's whole
+/// run. Handles are `prefix` followed by the row number, zero-padded to 20 characters.
+pub struct BulkBookings {
+    slug: String,
+    count: usize,
+    first: String,
+    every: String,
+    status: String,
+    prefix: String,
+    like_first_booking: bool,
+}
+
+impl BulkBookings {
+    /// `count` draft bookings of tenant `slug` from 2031-01-01 08:00 UTC, one every ten
+    /// hours, for its first customer and service without a technician, at 10.00 + 1.90 tax.
+    pub fn new(slug: &str, count: usize) -> Self {
+        BulkBookings {
+            slug: slug.to_owned(),
+            count,
+            first: "2031-01-01 08:00+00".into(),
+            every: "10 hours".into(),
+            status: "draft".into(),
+            prefix: "bkg_bulk".into(),
+            like_first_booking: false,
+        }
+    }
+
+    /// The first start (a `timestamptz` literal) and the interval between starts.
+    pub fn starting(mut self, first: &str, every: &str) -> Self {
+        self.first = first.to_owned();
+        self.every = every.to_owned();
+        self
+    }
+
+    pub fn status(mut self, status: &str) -> Self {
+        self.status = status.to_owned();
+        self
+    }
+
+    /// What the handles start with (`bkg_` gives `bkg_0000000000000001`…).
+    pub fn handles(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// Copies customer, technician, service, zone and prices from the tenant's first booking.
+    pub fn like_first_booking(mut self) -> Self {
+        self.like_first_booking = true;
+        self
+    }
+
+    /// The one statement that inserts them and returns how many it inserted.
+    pub fn sql(&self) -> String {
+        let BulkBookings { slug, count, first, every, status, prefix, .. } = self;
+        let width = 20usize.saturating_sub(prefix.len());
+        let columns = "tenant_id, handle, customer_id, technician_id, service_id, starts_at, zone, \
+                       status, currency, net_minor, tax_minor, total_minor";
+        let handle = format!("'{prefix}' || lpad(g::text, {width}, '0')");
+        let start = format!("timestamptz '{first}' + g * interval '{every}'");
+        let select = if self.like_first_booking {
+            format!(
+                "SELECT b.tenant_id, {handle}, b.customer_id, b.technician_id, b.service_id, {start}, \
+                        b.zone, '{status}', b.currency, b.net_minor, b.tax_minor, b.total_minor
+                 FROM generate_series(1, {count}) g,
+                      (SELECT b.* FROM bookings b JOIN tenants t ON t.id = b.tenant_id
+                       WHERE t.slug = '{slug}' ORDER BY b.id LIMIT 1) b"
+            )
+        } else {
+            format!(
+                "SELECT t.id, {handle}, c.id, NULL, s.id, {start}, t.zone, '{status}', t.currency, \
+                        1000, 190, 1190
+                 FROM tenants t
+                 CROSS JOIN generate_series(1, {count}) g
+                 CROSS JOIN LATERAL (SELECT id FROM customers WHERE tenant_id = t.id ORDER BY id LIMIT 1) c
+                 CROSS JOIN LATERAL (SELECT id FROM services WHERE tenant_id = t.id ORDER BY id LIMIT 1) s
+                 WHERE t.slug = '{slug}'"
+            )
+        };
+        format!(
+            "WITH ins AS (INSERT INTO bookings ({columns}) {select} RETURNING 1) SELECT count(*) FROM ins"
+        )
+    }
+
+    /// Inserts them; panics unless exactly `count` rows went in.
+    pub async fn insert(&self, db: &TestDb) {
+        let inserted = db.scalar_i64(&self.sql()).await;
+        assert_eq!(inserted, self.count as i64, "bulk bookings of {}", self.slug);
+    }
+}

@@ -2,6 +2,8 @@
 //! the next call, with or without NATS, through worker kills, a NATS node lost and Postgres
 //! down.
 
+use shared::testing::BulkBookings;
+
 use crate::support::*;
 
 #[tokio::test]
@@ -138,16 +140,12 @@ async fn revoking_a_connection_ends_its_streaming_export_on_another_worker() {
     let stack = Stack::start(Options::for_test("stream", 2)).await.expect("stack");
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     // Enough bookings that the export streams for a while.
-    psql_count(
-        &stack,
-        &format!(
-            "WITH ins AS (INSERT INTO bookings (tenant_id, handle, customer_id, technician_id, service_id, starts_at, zone, status, currency, net_minor, tax_minor, total_minor)
-             SELECT b.tenant_id, 'bkg_' || lpad(to_hex(g), 16, '0'), b.customer_id, b.technician_id, b.service_id,
-                    timestamptz '2028-01-01 08:00+01' + g * interval '5 minutes', b.zone, 'confirmed', b.currency, b.net_minor, b.tax_minor, b.total_minor
-             FROM generate_series(1, 40000) g, (SELECT b.* FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' LIMIT 1) b
-             RETURNING 1) SELECT count(*) FROM ins"
-        ),
-    );
+    let bulk = BulkBookings::new(&slug, 40000)
+        .like_first_booking()
+        .starting("2028-01-01 08:00+01", "5 minutes")
+        .status("confirmed")
+        .handles("bkg_");
+    assert_eq!(psql_count(&stack, &bulk.sql()), 40000);
     let token = stack.token(0, 1);
     let connection =
         stack.tenant(0)["connections"][1]["connection"].as_str().expect("handle").to_owned();

@@ -1,6 +1,8 @@
 //! Batch tools and exports: a filter states its count and previews all of it or nothing, a
 //! handle listed twice is refused, lists are bounded, and a long export reports progress.
 
+use shared::testing::BulkBookings;
+
 use crate::support::*;
 
 #[tokio::test]
@@ -70,17 +72,12 @@ async fn a_long_export_reports_progress_and_summarizes_thousands() {
     let stack = Stack::start().await;
     let slug = stack.seed.tenants[0].slug.clone();
     // 1200 more bookings in December 2027, copied from a demo booking.
-    stack
-        .db
-        .exec(&format!(
-            "INSERT INTO bookings (tenant_id, handle, customer_id, technician_id, service_id, starts_at, zone, status,
-                                   currency, net_minor, tax_minor, total_minor)
-             SELECT b.tenant_id, 'bkg_' || lpad(to_hex(g), 16, '0'), b.customer_id, b.technician_id, b.service_id,
-                    timestamptz '2027-12-01 08:00+01' + g * interval '30 minutes', b.zone, 'confirmed',
-                    b.currency, b.net_minor, b.tax_minor, b.total_minor
-             FROM generate_series(1, 1200) g,
-                  (SELECT b.* FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' LIMIT 1) b"
-        ))
+    BulkBookings::new(&slug, 1200)
+        .like_first_booking()
+        .starting("2027-12-01 08:00+01", "30 minutes")
+        .status("confirmed")
+        .handles("bkg_")
+        .insert(&stack.db)
         .await;
     let token = stack.token(0, 1);
     let tool = stack
@@ -137,20 +134,7 @@ async fn a_long_export_reports_progress_and_summarizes_thousands() {
 
 /// Inserts `n` live draft bookings of tenant `t` in 2031, spread over the year.
 async fn many_drafts(stack: &Stack, t: usize, n: usize) {
-    let slug = &stack.seed.tenants[t].slug;
-    stack
-        .db
-        .exec(&format!(
-            "INSERT INTO bookings (tenant_id, handle, customer_id, service_id, starts_at, zone, status, currency, net_minor, tax_minor, total_minor)
-             SELECT t.id, 'bkg_bulk' || lpad(g::text, 12, '0'), c.id, s.id,
-                    timestamptz '2031-01-01 08:00+00' + g * interval '10 hours', t.zone, 'draft', t.currency, 1000, 190, 1190
-             FROM tenants t
-             CROSS JOIN generate_series(1, {n}) g
-             CROSS JOIN LATERAL (SELECT id FROM customers WHERE tenant_id = t.id ORDER BY id LIMIT 1) c
-             CROSS JOIN LATERAL (SELECT id FROM services WHERE tenant_id = t.id ORDER BY id LIMIT 1) s
-             WHERE t.slug = '{slug}'"
-        ))
-        .await;
+    BulkBookings::new(&stack.seed.tenants[t].slug, n).insert(&stack.db).await;
 }
 
 #[tokio::test]
@@ -247,17 +231,10 @@ async fn batch_lists_are_bounded_and_exports_honour_their_status() {
     }
     assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
     // Exactly as many as a batch holds is accepted.
-    let slug = &stack.seed.tenants[0].slug;
-    stack
-        .db
-        .exec(&format!(
-            "INSERT INTO bookings (tenant_id, handle, customer_id, service_id, starts_at, zone, status, currency, net_minor, tax_minor, total_minor)
-             SELECT t.id, 'bkg_' || lpad(g::text, 16, '0'), c.id, s.id, timestamptz '2031-01-01 08:00+00' + g * interval '1 day', t.zone, 'draft', t.currency, 1000, 190, 1190
-             FROM tenants t CROSS JOIN generate_series(1, 50) g
-             CROSS JOIN LATERAL (SELECT id FROM customers WHERE tenant_id = t.id ORDER BY id LIMIT 1) c
-             CROSS JOIN LATERAL (SELECT id FROM services WHERE tenant_id = t.id ORDER BY id LIMIT 1) s
-             WHERE t.slug = '{slug}'"
-        ))
+    BulkBookings::new(&stack.seed.tenants[0].slug, 50)
+        .starting("2031-01-01 08:00+00", "1 day")
+        .handles("bkg_")
+        .insert(&stack.db)
         .await;
     let fifty: Vec<String> = (1..=50).map(|i| format!("bkg_{i:016}")).collect();
     let preview = stack.ok(&token, "cancel_bookings", json!({"bookings": fifty})).await;
