@@ -270,6 +270,12 @@ async fn applied_count(pool: &PgPool) -> i64 {
         .unwrap_or(0)
 }
 
+/// A statement meant to touch exactly one of the tenant's rows touched none: the row belongs to
+/// another tenant, which the caller's own lookups rule out (R3). Loud, never a silent no-op.
+pub(crate) fn one_row(rows: u64, what: &str) -> Result<()> {
+    if rows == 1 { Ok(()) } else { Err(Error::Internal(what.into())) }
+}
+
 pub(crate) fn to_ts(t: chrono::DateTime<chrono::Utc>) -> jiff::Timestamp {
     jiff::Timestamp::from_microsecond(t.timestamp_micros()).unwrap_or(jiff::Timestamp::UNIX_EPOCH)
 }
