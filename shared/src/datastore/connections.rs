@@ -71,6 +71,8 @@ pub(crate) async fn connection_insert_toolset(
     .await?)
 }
 
+/// Inserts a token of one of the context tenant's connections.
+#[expect(clippy::too_many_arguments, reason = "one column each, and the context")]
 pub(crate) async fn connection_token_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
@@ -171,7 +173,8 @@ pub(crate) async fn connection_status(
         .await?)
 }
 
-/// The tenant, handle and status of a connection, by id (for revocations found by token).
+/// The tenant and handle of a connection, by id: a revocation found by token builds its job
+/// context from them.
 pub(crate) async fn entry_connection_by_id(
     tx: &mut Tx<'_>,
     id: i64,

@@ -20,6 +20,8 @@ pub struct MembershipRow {
 }
 
 impl Services {
+    /// A person by email. People belong to no tenant (one person, many memberships), so a
+    /// tenant admin adding a member and an operator granting the role read the same row.
     pub(crate) async fn platform_person_by_email(&self, email: &str) -> Result<Option<PersonRow>> {
         Ok(sqlx::query_as::<_, PersonRow>(
             "SELECT id, handle, email, name, active FROM people WHERE lower(email) = lower($1)",
@@ -46,6 +48,7 @@ impl Services {
     }
 }
 
+/// A new person, in no tenant yet (a membership follows for a tenant admin).
 pub(crate) async fn platform_person_insert(
     tx: &mut Tx<'_>,
     handle: &str,

@@ -101,6 +101,7 @@ pub(crate) async fn platform_kill_get(ds: &Services) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT global_kill FROM platform_state").fetch_one(ds.pool()).await?)
 }
 
+/// A tenant by id, to build a job context for it.
 pub(crate) async fn entry_tenant_by_id(
     tx: &mut Tx<'_>,
     id: i64,
