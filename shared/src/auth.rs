@@ -151,12 +151,12 @@ pub async fn authenticate_mcp(
     };
     let hash = crate::secret::hash_token(token);
     let Some(key) = ahead else {
-        let row = svc.connection_context(&hash).await?;
+        let row = svc.entry_connection_context(&hash).await?;
         return Ok(mcp_context(row, audience, now));
     };
     let ReadAhead::Booking { handle, notes_before } = &key;
     let Some(read) =
-        svc.connection_context_with_booking(&hash, handle, notes_before.clone()).await?
+        svc.entry_connection_context_with_booking(&hash, handle, notes_before.clone()).await?
     else {
         return Ok(mcp_context(None, audience, now));
     };
@@ -177,7 +177,7 @@ pub async fn authenticate_api(
         Ok(token) => token,
         Err(failure) => return Ok(Err(failure)),
     };
-    let row = svc.api_token_context(&crate::secret::hash_token(token)).await?;
+    let row = svc.entry_api_token_context(&crate::secret::hash_token(token)).await?;
     Ok(api_context(row))
 }
 

@@ -38,7 +38,7 @@ pub const RECENT_KEPT: i64 = 50;
 impl Services {
     /// Adds a batch of counts and calls: one statement each, then trims every touched
     /// connection's latest calls to [`RECENT_KEPT`].
-    pub(crate) async fn activity_write(
+    pub(crate) async fn job_activity_write(
         &self,
         counts: &[HourCount],
         calls: &[CallRecord],

@@ -159,7 +159,7 @@ fn refuse_standby(on_standby: bool) -> Result<()> {
 
 impl Services {
     /// Looks up an MCP token by hash: one round trip, on the pipe.
-    pub(crate) async fn connection_context(
+    pub(crate) async fn entry_connection_context(
         &self,
         token_hash: &[u8],
     ) -> Result<Option<ConnectionContextRow>> {
@@ -172,7 +172,7 @@ impl Services {
     }
 
     /// Looks up an MCP token by hash and a booking of its tenant, in one round trip.
-    pub(crate) async fn connection_context_with_booking(
+    pub(crate) async fn entry_connection_context_with_booking(
         &self,
         token_hash: &[u8],
         booking: &str,
@@ -197,7 +197,7 @@ impl Services {
                     .is_some_and(|code| code.starts_with("22") || code == "55P03") =>
             {
                 tracing::warn!(error = ?failure, "the read-ahead failed; the context is read alone");
-                let context = self.connection_context(token_hash).await?;
+                let context = self.entry_connection_context(token_hash).await?;
                 return Ok(context.map(|context| ContextWithBooking { context, booking: None }));
             }
             Err(failure) => return Err(failure.into()),
@@ -228,7 +228,7 @@ impl Services {
     }
 
     /// Looks up an API token by hash, with its person's current membership.
-    pub(crate) async fn api_token_context(
+    pub(crate) async fn entry_api_token_context(
         &self,
         token_hash: &[u8],
     ) -> Result<Option<ApiContextRow>> {

@@ -71,7 +71,37 @@ pub(crate) async fn connection_insert_toolset(
     .await?)
 }
 
+/// Inserts a token of one of the context tenant's connections.
+#[expect(clippy::too_many_arguments, reason = "one column each, and the context")]
 pub(crate) async fn connection_token_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    connection_id: i64,
+    kind: &str,
+    token_hash: &[u8],
+    audience: Option<&str>,
+    expires_at: Option<DateTime<Utc>>,
+    grant_expires_at: Option<DateTime<Utc>>,
+) -> Result<()> {
+    let inserted = sqlx::query(
+        "INSERT INTO connection_tokens (connection_id, kind, token_hash, audience, expires_at, grant_expires_at)
+         SELECT id, $2, $3, $4, $5, $6 FROM connections WHERE id = $1 AND tenant_id = $7",
+    )
+    .bind(connection_id)
+    .bind(kind)
+    .bind(token_hash)
+    .bind(audience)
+    .bind(expires_at)
+    .bind(grant_expires_at)
+    .bind(ctx.tenant_id())
+    .execute(&mut **tx)
+    .await?;
+    one_row(inserted.rows_affected(), "connection token for a connection outside the tenant")
+}
+
+/// Inserts a token for a connection at the OAuth token endpoint, where the code or refresh
+/// token is the only credential and there is no actor yet.
+pub(crate) async fn preauth_connection_token_insert(
     tx: &mut Tx<'_>,
     connection_id: i64,
     kind: &str,
@@ -143,8 +173,12 @@ pub(crate) async fn connection_status(
         .await?)
 }
 
-/// The tenant, handle and status of a connection, by id (for revocations found by token).
-pub(crate) async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<(i64, String)>> {
+/// The tenant and handle of a connection, by id: a revocation found by token builds its job
+/// context from them.
+pub(crate) async fn entry_connection_by_id(
+    tx: &mut Tx<'_>,
+    id: i64,
+) -> Result<Option<(i64, String)>> {
     Ok(sqlx::query_as::<_, (i64, String)>(
         "SELECT tenant_id, handle FROM connections WHERE id = $1",
     )
@@ -154,7 +188,7 @@ pub(crate) async fn connection_by_id(tx: &mut Tx<'_>, id: i64) -> Result<Option<
 }
 
 /// The rights a connection was granted, as stored.
-pub(crate) async fn connection_rights(tx: &mut Tx<'_>, id: i64) -> Result<Vec<String>> {
+pub(crate) async fn preauth_connection_rights(tx: &mut Tx<'_>, id: i64) -> Result<Vec<String>> {
     Ok(sqlx::query_scalar("SELECT rights FROM connections WHERE id = $1")
         .bind(id)
         .fetch_one(&mut **tx)
@@ -162,11 +196,17 @@ pub(crate) async fn connection_rights(tx: &mut Tx<'_>, id: i64) -> Result<Vec<St
 }
 
 /// Ends every OAuth token of a connection (its grant is being replaced); static tokens stay.
-pub(crate) async fn connection_tokens_end(tx: &mut Tx<'_>, connection_id: i64) -> Result<()> {
+pub(crate) async fn connection_tokens_end(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    connection_id: i64,
+) -> Result<()> {
     sqlx::query(
-        "DELETE FROM connection_tokens WHERE connection_id = $1 AND kind IN ('access', 'refresh')",
+        "DELETE FROM connection_tokens WHERE kind IN ('access', 'refresh')
+           AND connection_id = (SELECT id FROM connections WHERE id = $1 AND tenant_id = $2)",
     )
     .bind(connection_id)
+    .bind(ctx.tenant_id())
     .execute(&mut **tx)
     .await?;
     Ok(())

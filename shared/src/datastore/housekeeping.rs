@@ -8,7 +8,7 @@ impl Services {
     /// than a day (the replay window is minutes), expired console sessions, sign-in failures
     /// older than a day, consent requests, registrations never used for a day, expired authorization codes and tokens expired for a day. Returns the
     /// rows removed.
-    pub(crate) async fn housekeeping(&self) -> Result<u64> {
+    pub(crate) async fn job_housekeeping(&self) -> Result<u64> {
         let mut removed = 0;
         for sql in [
             "DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'",

@@ -1,8 +1,28 @@
 //! The datastore: every SQL statement of Gatehouse lives below this module (R2).
 //!
-//! Functions are named `<resource>_<verb>` (STYLE 5) and take the operation context first, so
-//! that every lookup by handle is filtered by the caller's tenant (R3). Services call these;
-//! adapters (tools, REST handlers, the console) never do.
+//! Functions are named `<resource>_<verb>` (STYLE 5). Services call these; adapters (tools,
+//! REST handlers, the console) never do.
+//!
+//! **One calling convention (STYLE 1).** Every function takes the operation context first —
+//! `(&self, ctx: &OpCtx, …)` on `Services`, `(tx: &mut Tx, ctx: &OpCtx, …)` inside a
+//! transaction — and filters the rows of a tenant by `ctx.tenant_id()` (R3). A function that
+//! cannot have an actor says why with one prefix per reason:
+//!
+//! - `entry_`: reads a credential (or, for a job, an id) to *build* the context or the
+//!   `Operator` it would otherwise take: `entry_connection_context*`, `entry_api_token_context`,
+//!   `entry_session_get`, `entry_operator_get`.
+//! - `preauth_`: steps before there is an actor in a tenant: console sign-in and its throttle,
+//!   sessions before a tenant is picked, and the OAuth endpoints (clients, registration
+//!   throttle, consent requests, codes, refresh and access tokens), where a code or a token is
+//!   the only credential.
+//! - `job_`: background work across tenants: the outbox dispatcher, activity flushes,
+//!   housekeeping.
+//! - `platform_`: rows that belong to no tenant (people as such, tenants, the kill switch, the
+//!   operator role and its audit), read or written for an operator or across tenants.
+//!
+//! Plumbing is not a `<resource>_<verb>` function and keeps its name: `Services::begin` (the
+//! one transaction helper), `verify_password` (the hashing slots), the pipe's `query_opt` and
+//! `ready`, `ping`, `migrate`, `one_row`.
 
 mod activity;
 mod alert_rules;
@@ -268,6 +288,12 @@ async fn applied_count(pool: &PgPool) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap_or(0)
+}
+
+/// A statement meant to touch exactly one of the tenant's rows touched none: the row belongs to
+/// another tenant, which the caller's own lookups rule out (R3). Loud, never a silent no-op.
+pub(crate) fn one_row(rows: u64, what: &str) -> Result<()> {
+    if rows == 1 { Ok(()) } else { Err(Error::Internal(what.into())) }
 }
 
 pub(crate) fn to_ts(t: chrono::DateTime<chrono::Utc>) -> jiff::Timestamp {

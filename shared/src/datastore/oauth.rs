@@ -46,7 +46,10 @@ pub struct RefreshRow {
 }
 
 impl Services {
-    pub(crate) async fn oauth_client_get(&self, client_id: &str) -> Result<Option<ClientRow>> {
+    pub(crate) async fn preauth_oauth_client_get(
+        &self,
+        client_id: &str,
+    ) -> Result<Option<ClientRow>> {
         Ok(sqlx::query_as::<_, ClientRow>(
             "SELECT client_id, client_name, redirect_uris, kind, fetched_at, token_endpoint_auth_method,
                     jwks_uri, jwks, jwks_fetched_at
@@ -59,7 +62,7 @@ impl Services {
 }
 
 impl Services {
-    pub(crate) async fn oauth_client_put(&self, c: NewClient<'_>) -> Result<()> {
+    pub(crate) async fn preauth_oauth_client_put(&self, c: NewClient<'_>) -> Result<()> {
         // A document that changes its key set drops the cached copy of the old one.
         sqlx::query(
             "INSERT INTO oauth_clients (client_id, client_name, redirect_uris, kind, fetched_at,
@@ -87,7 +90,7 @@ impl Services {
     }
 
     /// Keeps a key set fetched from a client's `jwks_uri`.
-    pub(crate) async fn oauth_client_jwks_put(
+    pub(crate) async fn preauth_oauth_client_jwks_put(
         &self,
         client_id: &str,
         jwks: &serde_json::Value,
@@ -103,7 +106,7 @@ impl Services {
     }
 
     /// Records a client assertion's `jti` until it expires; false when it was seen already.
-    pub(crate) async fn oauth_assertion_use(
+    pub(crate) async fn preauth_oauth_assertion_use(
         &self,
         client_id: &str,
         jti: &str,
@@ -174,16 +177,20 @@ impl Services {
 
 pub(crate) async fn connection_set_oauth(
     tx: &mut Tx<'_>,
+    ctx: &OpCtx,
     id: i64,
     client_id: &str,
     rights: &[String],
 ) -> Result<()> {
-    sqlx::query("UPDATE connections SET oauth_client_id = $2, rights = $3 WHERE id = $1")
-        .bind(id)
-        .bind(client_id)
-        .bind(rights)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "UPDATE connections SET oauth_client_id = $2, rights = $3 WHERE id = $1 AND tenant_id = $4",
+    )
+    .bind(id)
+    .bind(client_id)
+    .bind(rights)
+    .bind(ctx.tenant_id())
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -196,10 +203,11 @@ pub struct NewCode<'a> {
     pub resource: &'a str,
 }
 
-pub(crate) async fn oauth_code_insert(tx: &mut Tx<'_>, c: NewCode<'_>) -> Result<()> {
-    sqlx::query(
+pub(crate) async fn oauth_code_insert(tx: &mut Tx<'_>, ctx: &OpCtx, c: NewCode<'_>) -> Result<()> {
+    let inserted = sqlx::query(
         "INSERT INTO oauth_codes (code_hash, client_id, connection_id, redirect_uri, code_challenge, resource, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + interval '2 minutes')",
+         SELECT $1, $2, id, $4, $5, $6, now() + interval '2 minutes'
+         FROM connections WHERE id = $3 AND tenant_id = $7",
     )
     .bind(c.code_hash)
     .bind(c.client_id)
@@ -207,13 +215,17 @@ pub(crate) async fn oauth_code_insert(tx: &mut Tx<'_>, c: NewCode<'_>) -> Result
     .bind(c.redirect_uri)
     .bind(c.code_challenge)
     .bind(c.resource)
+    .bind(ctx.tenant_id())
     .execute(&mut **tx)
     .await?;
-    Ok(())
+    one_row(inserted.rows_affected(), "authorization code for a connection outside the tenant")
 }
 
 /// Locks a code for exchange.
-pub(crate) async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result<Option<CodeRow>> {
+pub(crate) async fn preauth_oauth_code_lock(
+    tx: &mut Tx<'_>,
+    code_hash: &[u8],
+) -> Result<Option<CodeRow>> {
     Ok(sqlx::query_as::<_, CodeRow>(
         "SELECT id, client_id, connection_id, redirect_uri, code_challenge, resource,
                 expires_at <= now() AS expired, used_at IS NOT NULL AS used
@@ -225,7 +237,7 @@ pub(crate) async fn oauth_code_lock(tx: &mut Tx<'_>, code_hash: &[u8]) -> Result
 }
 
 /// The connection a code was issued for (it never changes), read without a lock.
-pub(crate) async fn oauth_code_connection(
+pub(crate) async fn preauth_oauth_code_connection(
     tx: &mut Tx<'_>,
     code_hash: &[u8],
 ) -> Result<Option<i64>> {
@@ -236,17 +248,28 @@ pub(crate) async fn oauth_code_connection(
 }
 
 /// Drops a connection's codes not yet exchanged (a new consent replaces them).
-pub(crate) async fn oauth_codes_drop_unused(tx: &mut Tx<'_>, connection_id: i64) -> Result<()> {
-    sqlx::query("DELETE FROM oauth_codes WHERE connection_id = $1 AND used_at IS NULL")
-        .bind(connection_id)
-        .execute(&mut **tx)
-        .await?;
+pub(crate) async fn oauth_codes_drop_unused(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    connection_id: i64,
+) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM oauth_codes WHERE used_at IS NULL
+           AND connection_id = (SELECT id FROM connections WHERE id = $1 AND tenant_id = $2)",
+    )
+    .bind(connection_id)
+    .bind(ctx.tenant_id())
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 /// Whether a connection is active, read in `tx` and held so (a revocation or a new consent
 /// waits for this transaction, and this one sees theirs if they came first).
-pub(crate) async fn connection_is_active(tx: &mut Tx<'_>, connection_id: i64) -> Result<bool> {
+pub(crate) async fn preauth_connection_is_active(
+    tx: &mut Tx<'_>,
+    connection_id: i64,
+) -> Result<bool> {
     let status: Option<String> =
         sqlx::query_scalar("SELECT status FROM connections WHERE id = $1 FOR SHARE")
             .bind(connection_id)
@@ -255,7 +278,7 @@ pub(crate) async fn connection_is_active(tx: &mut Tx<'_>, connection_id: i64) ->
     Ok(status.as_deref() == Some("active"))
 }
 
-pub(crate) async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+pub(crate) async fn preauth_oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     sqlx::query("UPDATE oauth_codes SET used_at = now() WHERE id = $1")
         .bind(id)
         .execute(&mut **tx)
@@ -263,7 +286,10 @@ pub(crate) async fn oauth_code_use(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     Ok(())
 }
 
-pub(crate) async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<Option<RefreshRow>> {
+pub(crate) async fn preauth_refresh_lock(
+    tx: &mut Tx<'_>,
+    token_hash: &[u8],
+) -> Result<Option<RefreshRow>> {
     Ok(sqlx::query_as::<_, RefreshRow>(
         "SELECT t.id, t.connection_id, t.audience, coalesce(t.expires_at <= now(), false) AS expired,
                 t.used_at IS NOT NULL AS used, c.status AS connection_status, c.tenant_id, c.oauth_client_id,
@@ -276,7 +302,7 @@ pub(crate) async fn refresh_lock(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<O
     .await?)
 }
 
-pub(crate) async fn token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
+pub(crate) async fn preauth_token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
     sqlx::query("UPDATE connection_tokens SET used_at = now() WHERE id = $1")
         .bind(id)
         .execute(&mut **tx)
@@ -285,7 +311,10 @@ pub(crate) async fn token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<()> {
 }
 
 /// Deletes one access token by hash; returns whether it existed.
-pub(crate) async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> Result<bool> {
+pub(crate) async fn preauth_access_token_delete(
+    tx: &mut Tx<'_>,
+    token_hash: &[u8],
+) -> Result<bool> {
     Ok(sqlx::query("DELETE FROM connection_tokens WHERE token_hash = $1 AND kind = 'access'")
         .bind(token_hash)
         .execute(&mut **tx)
@@ -296,7 +325,7 @@ pub(crate) async fn access_token_delete(tx: &mut Tx<'_>, token_hash: &[u8]) -> R
 
 impl Services {
     /// Keeps a validated authorization request until the consent form answers it.
-    pub(crate) async fn oauth_request_insert(
+    pub(crate) async fn preauth_oauth_request_insert(
         &self,
         handle: &str,
         session_id: i64,
@@ -325,7 +354,7 @@ impl Services {
 
     /// Marks a consent request used and returns it, in one statement: a second answer, another
     /// session's answer or a late one finds nothing.
-    pub(crate) async fn oauth_request_take(
+    pub(crate) async fn preauth_oauth_request_take(
         &self,
         handle: &str,
         session_id: i64,
@@ -348,7 +377,11 @@ impl Services {
     /// Counts one use of a throttled key in its window and returns the count with the window's
     /// age in seconds, in one statement (concurrent uses serialize on the row). A window older
     /// than `window_secs` starts again at one. Shares the sign-in counters' table.
-    pub(crate) async fn throttle_take(&self, key: &str, window_secs: i64) -> Result<(i32, i64)> {
+    pub(crate) async fn preauth_throttle_take(
+        &self,
+        key: &str,
+        window_secs: i64,
+    ) -> Result<(i32, i64)> {
         Ok(sqlx::query_as(
             "INSERT INTO login_throttle AS t (key, window_start, attempts) VALUES ($1, now(), 1)
              ON CONFLICT (key) DO UPDATE SET
@@ -366,7 +399,10 @@ impl Services {
 impl Services {
     /// The OAuth client an access or refresh token was issued to, with its authentication
     /// method at the token endpoint.
-    pub(crate) async fn token_client(&self, token_hash: &[u8]) -> Result<Option<(String, String)>> {
+    pub(crate) async fn preauth_token_client(
+        &self,
+        token_hash: &[u8],
+    ) -> Result<Option<(String, String)>> {
         Ok(sqlx::query_as(
             "SELECT c.oauth_client_id, coalesce(o.token_endpoint_auth_method, 'none')
              FROM connection_tokens t

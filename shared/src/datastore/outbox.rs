@@ -51,7 +51,10 @@ pub struct OutboxRow {
 impl Services {
     /// Claims up to `limit` queued messages (skipping rows another dispatcher holds) and
     /// hands them to `deliver` inside the claiming transaction; delivered rows are marked sent.
-    pub(crate) async fn outbox_claim(&self, limit: i64) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
+    pub(crate) async fn job_outbox_claim(
+        &self,
+        limit: i64,
+    ) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query_as::<_, OutboxRow>(
             "SELECT id, channel, recipient, subject, body, idempotency_key, attempts, traceparent FROM outbox
@@ -64,7 +67,7 @@ impl Services {
     }
 }
 
-pub(crate) async fn outbox_mark(
+pub(crate) async fn job_outbox_mark(
     tx: &mut Tx<'_>,
     id: i64,
     sent: bool,
@@ -125,7 +128,7 @@ pub struct OutboxBacklog {
 }
 
 impl Services {
-    pub(crate) async fn outbox_backlog(&self) -> Result<OutboxBacklog> {
+    pub(crate) async fn platform_outbox_backlog(&self) -> Result<OutboxBacklog> {
         Ok(sqlx::query_as::<_, OutboxBacklog>(
             "SELECT (SELECT count(*) FROM outbox WHERE status = 'queued') AS queued,
                     coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8

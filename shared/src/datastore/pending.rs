@@ -134,15 +134,19 @@ pub(crate) async fn pending_lock_by_handle(
 /// Records who decided a pending action and why.
 pub(crate) async fn pending_decided_by(
     tx: &mut Tx<'_>,
+    ctx: &OpCtx,
     id: i64,
     person_id: Option<i64>,
     reason: &str,
 ) -> Result<()> {
-    sqlx::query("UPDATE pending_actions SET decided_by = $2, decision_reason = $3 WHERE id = $1")
-        .bind(id)
-        .bind(person_id)
-        .bind(reason)
-        .execute(&mut **tx)
+    sqlx::query(
+        "UPDATE pending_actions SET decided_by = $2, decision_reason = $3 WHERE id = $1 AND tenant_id = $4",
+    )
+    .bind(id)
+    .bind(person_id)
+    .bind(reason)
+    .bind(ctx.tenant_id())
+    .execute(&mut **tx)
         .await?;
     Ok(())
 }
@@ -280,25 +284,33 @@ pub(crate) async fn members_with_roles(
 
 pub(crate) async fn pending_decide(
     tx: &mut Tx<'_>,
+    ctx: &OpCtx,
     id: i64,
     status: &str,
     result: Option<&Value>,
 ) -> Result<()> {
     sqlx::query(
-        "UPDATE pending_actions SET status = $2, decided_at = now(), result = $3 WHERE id = $1",
+        "UPDATE pending_actions SET status = $2, decided_at = now(), result = $3
+         WHERE id = $1 AND tenant_id = $4",
     )
     .bind(id)
     .bind(status)
     .bind(result)
+    .bind(ctx.tenant_id())
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
 /// The person who created a connection.
-pub(crate) async fn connection_creator(tx: &mut Tx<'_>, connection_id: i64) -> Result<Option<i64>> {
-    Ok(sqlx::query_scalar("SELECT creator_id FROM connections WHERE id = $1")
+pub(crate) async fn connection_creator(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    connection_id: i64,
+) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar("SELECT creator_id FROM connections WHERE id = $1 AND tenant_id = $2")
         .bind(connection_id)
+        .bind(ctx.tenant_id())
         .fetch_optional(&mut **tx)
         .await?)
 }
@@ -315,22 +327,31 @@ pub(crate) async fn switches(tx: &mut Tx<'_>, ctx: &OpCtx) -> Result<(bool, bool
 }
 
 /// When a pending action expires, in seconds since the epoch.
-pub(crate) async fn pending_expiry(tx: &mut Tx<'_>, id: i64) -> Result<i64> {
+pub(crate) async fn pending_expiry(tx: &mut Tx<'_>, ctx: &OpCtx, id: i64) -> Result<i64> {
     Ok(sqlx::query_scalar(
-        "SELECT extract(epoch FROM expires_at)::bigint FROM pending_actions WHERE id = $1",
+        "SELECT extract(epoch FROM expires_at)::bigint FROM pending_actions
+         WHERE id = $1 AND tenant_id = $2",
     )
     .bind(id)
+    .bind(ctx.tenant_id())
     .fetch_one(&mut **tx)
     .await?)
 }
 
 /// Hands a pending action to a person (the tenant's policy changed since it was prepared).
-pub(crate) async fn pending_to_person(tx: &mut Tx<'_>, id: i64, not_creator: bool) -> Result<()> {
+pub(crate) async fn pending_to_person(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    id: i64,
+    not_creator: bool,
+) -> Result<()> {
     sqlx::query(
-        "UPDATE pending_actions SET completion = 'person_approves', approver_not_creator = $2 WHERE id = $1",
+        "UPDATE pending_actions SET completion = 'person_approves', approver_not_creator = $2
+         WHERE id = $1 AND tenant_id = $3",
     )
     .bind(id)
     .bind(not_creator)
+    .bind(ctx.tenant_id())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -338,20 +359,27 @@ pub(crate) async fn pending_to_person(tx: &mut Tx<'_>, id: i64, not_creator: boo
 
 /// Records the version that replaced a pending action, and moves its token there so the agent
 /// that asked can follow the outcome.
-pub(crate) async fn pending_replaced(tx: &mut Tx<'_>, id: i64, newer: &str) -> Result<()> {
+pub(crate) async fn pending_replaced(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    id: i64,
+    newer: &str,
+) -> Result<()> {
     // Two statements, in this order: the token hash is unique, so the old row lets go first.
     let token: Vec<u8> = sqlx::query_scalar(
         "UPDATE pending_actions p SET replaced_by = $2, token_hash = sha256(old.token_hash || 'replaced'::bytea)
-         FROM (SELECT token_hash FROM pending_actions WHERE id = $1) old
+         FROM (SELECT token_hash FROM pending_actions WHERE id = $1 AND tenant_id = $3) old
          WHERE p.id = $1 RETURNING old.token_hash",
     )
     .bind(id)
     .bind(newer)
+    .bind(ctx.tenant_id())
     .fetch_one(&mut **tx)
     .await?;
-    sqlx::query("UPDATE pending_actions SET token_hash = $2 WHERE handle = $1")
+    sqlx::query("UPDATE pending_actions SET token_hash = $2 WHERE handle = $1 AND tenant_id = $3")
         .bind(newer)
         .bind(token)
+        .bind(ctx.tenant_id())
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -364,15 +392,17 @@ type LiveRightsRow = (Vec<String>, Option<String>, bool, Option<bool>);
 /// `None` when the creator is no longer an active member (R4).
 pub(crate) async fn connection_live_rights(
     tx: &mut Tx<'_>,
+    ctx: &OpCtx,
     connection_id: i64,
 ) -> Result<Option<crate::rights::RightSet>> {
     let row: Option<LiveRightsRow> = sqlx::query_as(
         "SELECT c.rights, m.role, p.active, m.active FROM connections c
          JOIN people p ON p.id = c.creator_id
          LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
-         WHERE c.id = $1",
+         WHERE c.id = $1 AND c.tenant_id = $2",
     )
     .bind(connection_id)
+    .bind(ctx.tenant_id())
     .fetch_optional(&mut **tx)
     .await?;
     Ok(row.and_then(|(rights, role, person_active, member_active)| {

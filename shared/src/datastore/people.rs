@@ -20,7 +20,9 @@ pub struct MembershipRow {
 }
 
 impl Services {
-    pub(crate) async fn person_by_email(&self, email: &str) -> Result<Option<PersonRow>> {
+    /// A person by email. People belong to no tenant (one person, many memberships), so a
+    /// tenant admin adding a member and an operator granting the role read the same row.
+    pub(crate) async fn platform_person_by_email(&self, email: &str) -> Result<Option<PersonRow>> {
         Ok(sqlx::query_as::<_, PersonRow>(
             "SELECT id, handle, email, name, active FROM people WHERE lower(email) = lower($1)",
         )
@@ -46,7 +48,8 @@ impl Services {
     }
 }
 
-pub(crate) async fn person_insert(
+/// A new person, in no tenant yet (a membership follows for a tenant admin).
+pub(crate) async fn platform_person_insert(
     tx: &mut Tx<'_>,
     handle: &str,
     email: &str,
@@ -127,7 +130,11 @@ pub(crate) async fn membership_active_held(
 }
 
 /// Sets a person's password and ends every console session they have.
-pub(crate) async fn person_password_set(tx: &mut Tx<'_>, person_id: i64, hash: &str) -> Result<()> {
+pub(crate) async fn platform_person_password_set(
+    tx: &mut Tx<'_>,
+    person_id: i64,
+    hash: &str,
+) -> Result<()> {
     sqlx::query("UPDATE people SET password_hash = $2 WHERE id = $1")
         .bind(person_id)
         .bind(hash)
@@ -175,7 +182,7 @@ pub(crate) async fn membership_deactivate(
 }
 
 /// Makes a person an operator of the platform (or not): operators get the global kill switch.
-pub(crate) async fn person_set_operator(
+pub(crate) async fn platform_person_set_operator(
     tx: &mut Tx<'_>,
     person_id: i64,
     operator: bool,
@@ -198,7 +205,7 @@ pub struct OperatorRow {
     pub is_operator: bool,
 }
 
-pub(crate) async fn operator_get(ds: &Services, email: &str) -> Result<Option<OperatorRow>> {
+pub(crate) async fn entry_operator_get(ds: &Services, email: &str) -> Result<Option<OperatorRow>> {
     Ok(sqlx::query_as::<_, OperatorRow>(
         "SELECT id, handle, email, active, is_operator FROM people WHERE lower(email) = lower($1)",
     )
@@ -207,7 +214,7 @@ pub(crate) async fn operator_get(ds: &Services, email: &str) -> Result<Option<Op
     .await?)
 }
 
-pub(crate) async fn operator_by_id(ds: &Services, id: i64) -> Result<Option<OperatorRow>> {
+pub(crate) async fn entry_operator_by_id(ds: &Services, id: i64) -> Result<Option<OperatorRow>> {
     Ok(sqlx::query_as::<_, OperatorRow>(
         "SELECT id, handle, email, active, is_operator FROM people WHERE id = $1",
     )
@@ -218,7 +225,7 @@ pub(crate) async fn operator_by_id(ds: &Services, id: i64) -> Result<Option<Oper
 
 /// How many active operators the platform has, serialized against other grants in `tx` so that
 /// two racing bootstraps cannot both find none.
-pub(crate) async fn operator_count_locked(tx: &mut Tx<'_>) -> Result<i64> {
+pub(crate) async fn platform_operator_count_locked(tx: &mut Tx<'_>) -> Result<i64> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('operator-role', 0))")
         .execute(&mut **tx)
         .await?;
@@ -252,7 +259,7 @@ pub struct PersonListRow {
 }
 
 impl Services {
-    pub(crate) async fn person_login(&self, email: &str) -> Result<Option<LoginRow>> {
+    pub(crate) async fn preauth_person_login(&self, email: &str) -> Result<Option<LoginRow>> {
         Ok(sqlx::query_as::<_, LoginRow>(
             "SELECT id, password_hash, active FROM people WHERE lower(email) = lower($1)",
         )
@@ -267,7 +274,7 @@ impl Services {
     /// concurrent attempts serialize on the rows, so no two read the same count (STYLE: guards
     /// count atomically in the statement that checks them). A window older than `window_secs`
     /// starts again at one.
-    pub(crate) async fn login_attempt_take(
+    pub(crate) async fn preauth_login_attempt_take(
         &self,
         pair: &str,
         account: &str,
@@ -301,7 +308,7 @@ impl Services {
     }
 
     /// A successful sign-in clears its (account, source) count.
-    pub(crate) async fn login_attempts_clear(&self, pair: &str) -> Result<()> {
+    pub(crate) async fn preauth_login_attempts_clear(&self, pair: &str) -> Result<()> {
         sqlx::query("DELETE FROM login_throttle WHERE key = $1")
             .bind(pair)
             .execute(self.pool())
@@ -311,7 +318,10 @@ impl Services {
 }
 
 impl Services {
-    pub(crate) async fn memberships_of(&self, person_id: i64) -> Result<Vec<MembershipListRow>> {
+    pub(crate) async fn preauth_memberships_of(
+        &self,
+        person_id: i64,
+    ) -> Result<Vec<MembershipListRow>> {
         Ok(sqlx::query_as::<_, MembershipListRow>(
             "SELECT t.id AS tenant_id, t.slug, t.name, m.role FROM memberships m JOIN tenants t ON t.id = m.tenant_id
              WHERE m.person_id = $1 AND m.active ORDER BY t.name",

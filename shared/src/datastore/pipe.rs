@@ -691,7 +691,7 @@ mod tests {
                 .fetch_optional(db.ds.pool())
                 .await
                 .expect("pool");
-                let piped = db.ds.connection_context(&hash).await.expect("pipe");
+                let piped = db.ds.entry_connection_context(&hash).await.expect("pipe");
                 assert_eq!(format!("{piped:?}"), format!("{pooled:?}"), "{}", connection.name);
                 assert!(piped.is_some());
                 seen += 1;

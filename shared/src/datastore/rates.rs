@@ -17,15 +17,17 @@ pub(crate) const RATE_TAKE_SQL: &str = "WITH up AS (
              FROM up";
 
 impl Services {
-    /// Counts one call in the current minute's window; returns the count, the limit (the
-    /// tenant's override or `default_limit`) and the seconds until the window ends.
+    /// Counts one call of the context's connection `connection_id` in the current minute's
+    /// window; returns the count, the limit (the context tenant's override or `default_limit`)
+    /// and the seconds until the window ends.
     pub(crate) async fn rate_take(
         &self,
+        ctx: &OpCtx,
         connection_id: i64,
-        tenant_id: i64,
         class: &str,
         default_limit: i32,
     ) -> Result<(i32, i32, f64)> {
+        let tenant_id = ctx.tenant_id();
         // One statement on its own: on the hot path's pipe.
         let row = self
             .pipe()

@@ -2,8 +2,9 @@
 
 use serde_json::Value;
 
+use crate::ctx::OpCtx;
 use crate::datastore::*;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 // ------------------------------------------------------------------ replay cache (R8)
 
@@ -24,6 +25,21 @@ pub(crate) enum ReplayScope {
 }
 
 impl ReplayScope {
+    /// The context's replay cache: an MCP call replays within its connection, a REST call
+    /// within its API token; a console or CLI write has a person at the keyboard and none.
+    pub(crate) fn of(ctx: &OpCtx) -> Option<Self> {
+        ctx.connection()
+            .map(|c| ReplayScope::Connection(c.id))
+            .or_else(|| ctx.api_token().map(ReplayScope::ApiToken))
+    }
+
+    /// The same, for the functions below, which only a context with a cache calls.
+    fn require(ctx: &OpCtx) -> Result<Self> {
+        ReplayScope::of(ctx).ok_or_else(|| {
+            Error::Internal("a replay cache needs a connection or an API token".into())
+        })
+    }
+
     /// The advisory-lock namespace and id: the two kinds of id never share a lock.
     fn lock(self, what: &str) -> (String, i64) {
         match self {
@@ -37,10 +53,11 @@ impl ReplayScope {
 /// this transaction.
 pub(crate) async fn replay_lock(
     tx: &mut Tx<'_>,
-    scope: ReplayScope,
+    ctx: &OpCtx,
     tool: &str,
     digest: &str,
 ) -> Result<()> {
+    let scope = ReplayScope::require(ctx)?;
     let (text, id) = scope.lock(&format!("{tool}:{digest}"));
     sqlx::query(REPLAY_LOCK_SQL).bind(text).bind(id).execute(&mut **tx).await?;
     Ok(())
@@ -48,11 +65,12 @@ pub(crate) async fn replay_lock(
 
 pub(crate) async fn replay_find(
     tx: &mut Tx<'_>,
-    scope: ReplayScope,
+    ctx: &OpCtx,
     tool: &str,
     digest: &str,
     window_secs: i64,
 ) -> Result<Option<Value>> {
+    let scope = ReplayScope::require(ctx)?;
     let (sql, id) = match scope {
         ReplayScope::Connection(id) => (REPLAY_FIND_SQL, id),
         ReplayScope::ApiToken(id) => (
@@ -75,9 +93,10 @@ pub(crate) async fn replay_find(
 /// The entry recorded under an idempotency key: tool, digest and result.
 pub(crate) async fn replay_find_key(
     tx: &mut Tx<'_>,
-    scope: ReplayScope,
+    ctx: &OpCtx,
     key: &str,
 ) -> Result<Option<(String, String, Value)>> {
+    let scope = ReplayScope::require(ctx)?;
     let (sql, id) = match scope {
         ReplayScope::Connection(id) => (
             "SELECT tool, args_digest, result FROM replay_entries WHERE connection_id = $1 AND idempotency_key = $2",
@@ -97,12 +116,13 @@ pub(crate) async fn replay_find_key(
 
 pub(crate) async fn replay_insert(
     tx: &mut Tx<'_>,
-    scope: ReplayScope,
+    ctx: &OpCtx,
     tool: &str,
     digest: &str,
     key: Option<&str>,
     result: &Value,
 ) -> Result<()> {
+    let scope = ReplayScope::require(ctx)?;
     let (sql, id) = match scope {
         ReplayScope::Connection(id) => (REPLAY_INSERT_SQL, id),
         ReplayScope::ApiToken(id) => (

@@ -25,7 +25,7 @@ pub struct SessionRow {
 }
 
 impl Services {
-    pub(crate) async fn session_create(
+    pub(crate) async fn preauth_session_create(
         &self,
         token_hash: &[u8],
         person_id: i64,
@@ -50,7 +50,7 @@ impl Services {
 
 impl Services {
     /// A live session with its person and, when picked, the tenant and current membership.
-    pub(crate) async fn session_get(&self, token_hash: &[u8]) -> Result<Option<SessionRow>> {
+    pub(crate) async fn entry_session_get(&self, token_hash: &[u8]) -> Result<Option<SessionRow>> {
         Ok(sqlx::query_as::<_, SessionRow>(
             "SELECT s.id, p.id AS person_id, p.handle AS person_handle, p.email, p.name,
                     p.active AS person_active, p.is_operator, s.csrf_token,
@@ -70,7 +70,11 @@ impl Services {
 }
 
 impl Services {
-    pub(crate) async fn session_set_tenant(&self, session_id: i64, tenant_id: i64) -> Result<()> {
+    pub(crate) async fn preauth_session_set_tenant(
+        &self,
+        session_id: i64,
+        tenant_id: i64,
+    ) -> Result<()> {
         sqlx::query("UPDATE console_sessions SET tenant_id = $2 WHERE id = $1")
             .bind(session_id)
             .bind(tenant_id)
@@ -81,7 +85,7 @@ impl Services {
 }
 
 impl Services {
-    pub(crate) async fn session_delete(&self, token_hash: &[u8]) -> Result<()> {
+    pub(crate) async fn preauth_session_delete(&self, token_hash: &[u8]) -> Result<()> {
         sqlx::query("DELETE FROM console_sessions WHERE token_hash = $1")
             .bind(token_hash)
             .execute(self.pool())

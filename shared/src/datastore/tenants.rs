@@ -16,7 +16,7 @@ pub struct TenantRow {
 }
 
 impl Services {
-    pub(crate) async fn tenant_by_slug(&self, slug: &str) -> Result<Option<TenantRow>> {
+    pub(crate) async fn platform_tenant_by_slug(&self, slug: &str) -> Result<Option<TenantRow>> {
         Ok(sqlx::query_as::<_, TenantRow>(
             "SELECT id, handle, slug, name, currency::text AS currency, zone, agent_access
              FROM tenants WHERE slug = $1",
@@ -27,7 +27,7 @@ impl Services {
     }
 }
 
-pub(crate) async fn tenant_insert(
+pub(crate) async fn platform_tenant_insert(
     tx: &mut Tx<'_>,
     handle: &str,
     slug: &str,
@@ -101,7 +101,11 @@ pub(crate) async fn platform_kill_get(ds: &Services) -> Result<bool> {
     Ok(sqlx::query_scalar("SELECT global_kill FROM platform_state").fetch_one(ds.pool()).await?)
 }
 
-pub(crate) async fn tenant_by_id(tx: &mut Tx<'_>, id: i64) -> Result<crate::datastore::TenantRow> {
+/// A tenant by id, to build a job context for it.
+pub(crate) async fn entry_tenant_by_id(
+    tx: &mut Tx<'_>,
+    id: i64,
+) -> Result<crate::datastore::TenantRow> {
     Ok(sqlx::query_as::<_, crate::datastore::TenantRow>(
         "SELECT id, handle, slug, name, currency::text AS currency, zone, agent_access FROM tenants WHERE id = $1",
     )

@@ -259,7 +259,7 @@ async fn tell_approvers(
     completes: Completes,
     expires: &str,
 ) -> Result<()> {
-    let creator = db::connection_creator(tx, completes.connection_id).await?;
+    let creator = db::connection_creator(tx, ctx, completes.connection_id).await?;
     let members = db::members_with_roles(tx, ctx, &approvals::roles_holding(op.right())).await?;
     let asker = ctx.connection().map(|c| c.name.clone()).unwrap_or_else(|| "an agent".into());
     for (person_id, email) in members {
@@ -483,15 +483,15 @@ async fn execute(
     match mode {
         Completion::AgentConfirms => {}
         Completion::Off => {
-            db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+            db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
             let error = Error::TurnedOff { tool: op.name().to_owned(), class: op.class().as_str() };
             return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
         }
         Completion::PersonApproves => {
-            db::pending_to_person(&mut tx, p.id, approver_not_creator).await?;
+            db::pending_to_person(&mut tx, ctx, p.id, approver_not_creator).await?;
             let completes =
                 Completes { connection_id: p.connection_id, mode, approver_not_creator };
-            let expires = db::pending_expiry(&mut tx, p.id).await?;
+            let expires = db::pending_expiry(&mut tx, ctx, p.id).await?;
             let expires = jiff::Timestamp::from_second(expires).unwrap_or(now);
             let expires =
                 time::present(expires, &ctx.tenant().zone, &ctx.tenant().zone_name, now).display;
@@ -511,7 +511,7 @@ async fn execute(
         Ok(plan) => plan,
         Err(e) => {
             // The action no longer applies (the booking was deleted, confirmed elsewhere…): the token dies.
-            db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+            db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
             let action = format!("{}.confirm", p.tool);
             db::audit_insert(
                 &mut tx,
@@ -530,7 +530,7 @@ async fn execute(
         }
     };
     if plan.content_hash != p.content_hash {
-        db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
         // The new preview promises what holds from now on.
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
         let completes = Completes {
@@ -573,10 +573,10 @@ async fn run_once(
             }),
         };
         if let Some((person, reason)) = approved {
-            db::pending_decided_by(&mut tx, p.id, Some(person), reason).await?;
+            db::pending_decided_by(&mut tx, ctx, p.id, Some(person), reason).await?;
         }
         let stored = serde_json::to_value(&out).map_err(|e| Error::Internal(e.to_string()))?;
-        db::pending_decide(&mut tx, p.id, "executed", Some(&stored)).await?;
+        db::pending_decide(&mut tx, ctx, p.id, "executed", Some(&stored)).await?;
         db::audit_insert(
             &mut tx,
             ctx,
@@ -619,7 +619,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
         )
         .await);
     }
-    db::pending_decide(&mut tx, p.id, "rejected", None).await?;
+    db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
     let action = format!("{}.reject", p.tool);
     db::audit_insert(
         &mut tx,
@@ -672,7 +672,7 @@ pub(crate) async fn decide(
     let (now_mode, now_not_creator) = approvals::policy_tx(&mut tx, ctx).await?.for_op(op);
     let not_creator = p.approver_not_creator || now_not_creator;
     // The connection that asked must still hold the right: its creator may have been demoted.
-    let asker_holds = db::connection_live_rights(&mut tx, p.connection_id)
+    let asker_holds = db::connection_live_rights(&mut tx, ctx, p.connection_id)
         .await?
         .is_some_and(|rights| rights.contains(op.right()));
     let refusal = match p.status.as_str() {
@@ -710,8 +710,8 @@ pub(crate) async fn decide(
     }
     let action = format!("{}.{}", p.tool, if approve { "approve" } else { "deny" });
     if !approve {
-        db::pending_decide(&mut tx, p.id, "rejected", None).await?;
-        db::pending_decided_by(&mut tx, p.id, Some(person), &reason).await?;
+        db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
+        db::pending_decided_by(&mut tx, ctx, p.id, Some(person), &reason).await?;
         let entry = AuditEntry {
             action: &action,
             outcome: "denied",
@@ -736,7 +736,7 @@ pub(crate) async fn decide(
     let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
         Ok(plan) => plan,
         Err(e) => {
-            db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+            db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
             let entry = AuditEntry {
                 action: &action,
                 outcome: "failed",
@@ -751,7 +751,7 @@ pub(crate) async fn decide(
     };
     if plan.content_hash != p.content_hash {
         // The person is shown the new version; this one can never execute.
-        db::pending_decide(&mut tx, p.id, "superseded", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
         let completes = Completes {
             connection_id: p.connection_id,
@@ -761,7 +761,7 @@ pub(crate) async fn decide(
         let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
         let replaced_by = preview.action;
         // The agent's token follows the action to its new version.
-        db::pending_replaced(&mut tx, p.id, &replaced_by).await?;
+        db::pending_replaced(&mut tx, ctx, p.id, &replaced_by).await?;
         tx.commit().await?;
         return Ok(Decided::Changed { action: p.handle, replaced_by });
     }
@@ -868,7 +868,7 @@ pub async fn confirm_sealed(
         return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
     }
     if !accept {
-        db::pending_decide(&mut tx, p.id, "rejected", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
         let action = format!("{}.reject", p.tool);
         let entry = AuditEntry {
             action: &action,

@@ -93,7 +93,7 @@ impl Recorder {
             .collect();
         let calls: Vec<CallRecord> = taken.calls.values().flatten().cloned().collect();
         let total = counts.iter().map(|c| c.calls).sum();
-        if let Err(e) = ds.activity_write(&counts, &calls).await {
+        if let Err(e) = ds.job_activity_write(&counts, &calls).await {
             if let Ok(mut batch) = self.batch.lock() {
                 for (key, n) in taken.counts {
                     *batch.counts.entry(key).or_default() += n;

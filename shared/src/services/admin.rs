@@ -25,7 +25,7 @@ pub fn tenant_ref(t: &TenantRow) -> Result<TenantRef> {
 }
 
 pub async fn tenant_by_slug(ds: &Services, slug: &str) -> Result<TenantRow> {
-    ds.tenant_by_slug(slug).await?.ok_or_else(|| Error::not_found(Resource::Tenant, slug))
+    ds.platform_tenant_by_slug(slug).await?.ok_or_else(|| Error::not_found(Resource::Tenant, slug))
 }
 
 /// The alert rules every tenant starts with.
@@ -76,12 +76,12 @@ async fn insert_tenant(
         return Err(Error::invalid("currency", "use an ISO 4217 code such as EUR"));
     }
     time::zone("zone", t.zone)?;
-    if ds.tenant_by_slug(&slug).await?.is_some() {
+    if ds.platform_tenant_by_slug(&slug).await?.is_some() {
         return Err(Error::invalid("slug", format!("a tenant {slug:?} exists already")));
     }
     let mut tx = ds.begin().await?;
     let handle = TenantHandle::generate();
-    let row = ds_fns::tenant_insert(
+    let row = ds_fns::platform_tenant_insert(
         &mut tx,
         handle.as_str(),
         &slug,
@@ -138,7 +138,7 @@ pub async fn person_create(
     let email = email.trim();
     check_person(email, name, password)?;
     let hash = password.map(secret::hash_password).transpose()?;
-    let existing = ds.person_by_email(email).await?;
+    let existing = ds.platform_person_by_email(email).await?;
     // A person who has an account keeps their password and name: a tenant admin cannot reset
     // the sign-in of someone who may be a member elsewhere, and saying nothing would leave the
     // person holding a password that does not work.
@@ -168,7 +168,7 @@ pub async fn person_create(
     let person = match existing {
         Some(p) => p,
         None => {
-            ds_fns::person_insert(
+            ds_fns::platform_person_insert(
                 &mut tx,
                 PersonHandle::generate().as_str(),
                 email,
@@ -196,7 +196,7 @@ pub async fn person_create(
 
 async fn member(ds: &Services, ctx: &OpCtx, email: &str) -> Result<crate::datastore::PersonRow> {
     let person = ds
-        .person_by_email(email)
+        .platform_person_by_email(email)
         .await?
         .ok_or_else(|| Error::not_found(Resource::Person, email))?;
     match ds.membership_get(ctx, person.id).await? {
@@ -378,6 +378,7 @@ pub async fn connection_create(
     .await?;
     ds_fns::connection_token_insert(
         &mut tx,
+        ctx,
         id,
         "static",
         &secret::hash_token(&token),

@@ -41,14 +41,14 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
     let pair = format!("pair:{email}|{}", source.chars().take(64).collect::<String>());
     let account = format!("account:{email}");
     let (from_here, everywhere) = ds
-        .login_attempt_take(&pair, &account, ATTEMPT_WINDOW_SECS, MAX_ATTEMPTS_PER_SOURCE)
+        .preauth_login_attempt_take(&pair, &account, ATTEMPT_WINDOW_SECS, MAX_ATTEMPTS_PER_SOURCE)
         .await?;
     if from_here > MAX_ATTEMPTS_PER_SOURCE || everywhere > MAX_ATTEMPTS_PER_ACCOUNT {
         return Err(Error::Unauthenticated(
             "Too many sign-in attempts for this email; wait 15 minutes and try again.".into(),
         ));
     }
-    let person = ds.person_login(&email).await?;
+    let person = ds.preauth_person_login(&email).await?;
     let hash = match &person {
         Some(p) if p.active => p.password_hash.clone(),
         _ => None,
@@ -58,13 +58,19 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
     let Some(person) = person.filter(|_| ok) else {
         return Err(wrong());
     };
-    ds.login_attempts_clear(&pair).await?;
-    let memberships = ds.memberships_of(person.id).await?;
+    ds.preauth_login_attempts_clear(&pair).await?;
+    let memberships = ds.preauth_memberships_of(person.id).await?;
     let tenant = (memberships.len() == 1).then(|| memberships[0].tenant_id);
     let token = secret::generate(CredentialKind::Session);
     let csrf = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
-    ds.session_create(&secret::hash_token(&token), person.id, tenant, &csrf, SESSION_TTL_SECS)
-        .await?;
+    ds.preauth_session_create(
+        &secret::hash_token(&token),
+        person.id,
+        tenant,
+        &csrf,
+        SESSION_TTL_SECS,
+    )
+    .await?;
     Ok(SignedIn { token })
 }
 
@@ -143,27 +149,27 @@ pub async fn session(svc: &Services, cookie: &str) -> Result<Option<ConsoleSessi
     if CredentialKind::of(cookie) != Some(CredentialKind::Session) {
         return Ok(None);
     }
-    let row = svc.session_get(&secret::hash_token(cookie)).await?;
+    let row = svc.entry_session_get(&secret::hash_token(cookie)).await?;
     Ok(row.filter(|row| row.person_active).map(|row| ConsoleSession { row }))
 }
 
 /// Ends the session a cookie value names.
 pub async fn sign_out(svc: &Services, cookie: &str) -> Result<()> {
-    svc.session_delete(&secret::hash_token(cookie)).await
+    svc.preauth_session_delete(&secret::hash_token(cookie)).await
 }
 
 /// The tenants the session's person is an active member of, to pick one.
 pub async fn tenants_of(svc: &Services, s: &ConsoleSession) -> Result<Vec<MembershipListRow>> {
-    svc.memberships_of(s.row.person_id).await
+    svc.preauth_memberships_of(s.row.person_id).await
 }
 
 /// Moves the session into a tenant the person is a member of; any other is refused.
 pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> Result<()> {
     let s = s.row();
-    if !svc.memberships_of(s.person_id).await?.iter().any(|m| m.tenant_id == tenant_id) {
+    if !svc.preauth_memberships_of(s.person_id).await?.iter().any(|m| m.tenant_id == tenant_id) {
         return Err(Error::invalid("tenant", "you are not a member of that tenant"));
     }
-    svc.session_set_tenant(s.id, tenant_id).await
+    svc.preauth_session_set_tenant(s.id, tenant_id).await
 }
 
 /// The tenant's people with their roles, for those who manage people.

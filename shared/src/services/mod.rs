@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 /// old sign-in failures, tokens a day after they expired. The control plane runs it as a
 /// background job; it reads no tenant's data.
 pub async fn housekeeping(svc: &crate::Services) -> Result<u64> {
-    svc.housekeeping().await
+    svc.job_housekeeping().await
 }
 
 /// The statement of the read hot path, as text for the benchmark to run through pgbench: a

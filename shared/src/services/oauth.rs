@@ -214,8 +214,9 @@ pub async fn registration_take(
 ) -> Result<std::result::Result<(), i64>> {
     let mut wait = None;
     for (bucket, limit) in source_buckets(source) {
-        let (count, age) =
-            ds.throttle_take(&format!("register:{bucket}"), REGISTRATION_WINDOW_SECS).await?;
+        let (count, age) = ds
+            .preauth_throttle_take(&format!("register:{bucket}"), REGISTRATION_WINDOW_SECS)
+            .await?;
         if count > limit {
             wait = Some(wait.unwrap_or(0).max((REGISTRATION_WINDOW_SECS - age).max(1)));
         }
@@ -238,7 +239,7 @@ pub async fn register(
     let name = display_name(req.client_name.as_deref(), "Unnamed client");
     let client_id =
         format!("ghc_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
-    ds.oauth_client_put(db::NewClient {
+    ds.preauth_oauth_client_put(db::NewClient {
         client_id: &client_id,
         name: &name,
         redirect_uris: &req.redirect_uris,
@@ -324,7 +325,7 @@ pub async fn accept_metadata_document(
     };
     let host = url::Url::parse(url).ok().and_then(|u| u.host_str().map(str::to_owned));
     let name = display_name(doc.client_name.as_deref(), host.as_deref().unwrap_or(url));
-    ds.oauth_client_put(db::NewClient {
+    ds.preauth_oauth_client_put(db::NewClient {
         client_id: url,
         name: &name,
         redirect_uris: &doc.redirect_uris,
@@ -334,7 +335,7 @@ pub async fn accept_metadata_document(
         jwks,
     })
     .await?;
-    ds.oauth_client_get(url).await?.ok_or_else(|| oauth("server_error", "client vanished"))
+    ds.preauth_oauth_client_get(url).await?.ok_or_else(|| oauth("server_error", "client vanished"))
 }
 
 /// What `/oauth/authorize` was asked for, validated.
@@ -464,7 +465,7 @@ pub async fn consent_begin(
     let session = session.row();
     let tenant =
         session.tenant_id.ok_or_else(|| Error::invalid("tenant", "pick a tenant first"))?;
-    ds.oauth_request_insert(&handle, session.id, tenant, req, CONSENT_TTL_SECS).await?;
+    ds.preauth_oauth_request_insert(&handle, session.id, tenant, req, CONSENT_TTL_SECS).await?;
     Ok(handle)
 }
 
@@ -480,7 +481,7 @@ pub async fn consent_take(
     // The consent was shown for the session's tenant then; a tenant switched since voids it.
     let session = session.row();
     let Some(tenant) = session.tenant_id else { return Ok(None) };
-    ds.oauth_request_take(handle, session.id, tenant).await
+    ds.preauth_oauth_request_take(handle, session.id, tenant).await
 }
 
 /// The person approved: create or update the client's connection in this tenant with the
@@ -525,14 +526,16 @@ pub async fn approve(
         };
     // A new consent replaces the grant: tokens of an earlier one end, so none of them gains the
     // rights approved now.
-    db::connection_tokens_end(&mut tx, connection_id).await?;
+    db::connection_tokens_end(&mut tx, ctx, connection_id).await?;
     // And so do its codes not yet exchanged: a code from an earlier consent would mint tokens
     // beside the new grant's.
-    db::oauth_codes_drop_unused(&mut tx, connection_id).await?;
-    db::connection_set_oauth(&mut tx, connection_id, &client.client_id, &granted.names()).await?;
+    db::oauth_codes_drop_unused(&mut tx, ctx, connection_id).await?;
+    db::connection_set_oauth(&mut tx, ctx, connection_id, &client.client_id, &granted.names())
+        .await?;
     let code = secret::generate(CredentialKind::Mcp);
     db::oauth_code_insert(
         &mut tx,
+        ctx,
         NewCode {
             code_hash: &secret::hash_token(&code),
             client_id: &client.client_id,
@@ -578,7 +581,7 @@ async fn issue(
             .map(from_ts)
             .map_err(|e| Error::Internal(e.to_string()))
     };
-    db::connection_token_insert(
+    db::preauth_connection_token_insert(
         tx,
         connection_id,
         "access",
@@ -588,7 +591,7 @@ async fn issue(
         None,
     )
     .await?;
-    db::connection_token_insert(
+    db::preauth_connection_token_insert(
         tx,
         connection_id,
         "refresh",
@@ -598,7 +601,7 @@ async fn issue(
         Some(from_ts(grant_ends)),
     )
     .await?;
-    let scope = db::connection_rights(tx, connection_id).await?.join(" ");
+    let scope = db::preauth_connection_rights(tx, connection_id).await?.join(" ");
     Ok(TokenResponse {
         access_token: access,
         token_type: "Bearer",
@@ -621,11 +624,11 @@ pub async fn exchange_code(
     let code_hash = secret::hash_token(code);
     // The connection first, then the code: the order a consent takes them in, so the two never
     // wait on each other. A consent or a revocation running now finishes first and is seen.
-    let active = match db::oauth_code_connection(&mut tx, &code_hash).await? {
-        Some(connection_id) => db::connection_is_active(&mut tx, connection_id).await?,
+    let active = match db::preauth_oauth_code_connection(&mut tx, &code_hash).await? {
+        Some(connection_id) => db::preauth_connection_is_active(&mut tx, connection_id).await?,
         None => false,
     };
-    let Some(c) = db::oauth_code_lock(&mut tx, &code_hash).await? else {
+    let Some(c) = db::preauth_oauth_code_lock(&mut tx, &code_hash).await? else {
         return Err(oauth("invalid_grant", "unknown authorization code"));
     };
     if c.used {
@@ -658,7 +661,7 @@ pub async fn exchange_code(
             "the connection this code was issued for was revoked; authorize again",
         ));
     }
-    db::oauth_code_use(&mut tx, c.id).await?;
+    db::preauth_oauth_code_use(&mut tx, c.id).await?;
     let grant_ends = jiff::Timestamp::now()
         .checked_add(jiff::SignedDuration::from_secs(GRANT_TTL_SECS))
         .map_err(|e| OAuthError::from(Error::Internal(e.to_string())))?;
@@ -675,7 +678,7 @@ pub async fn refresh(
     resource: Option<&str>,
 ) -> std::result::Result<TokenResponse, OAuthError> {
     let mut tx = ds.begin().await.map_err(OAuthError::from)?;
-    let Some(r) = db::refresh_lock(&mut tx, &secret::hash_token(token)).await? else {
+    let Some(r) = db::preauth_refresh_lock(&mut tx, &secret::hash_token(token)).await? else {
         return Err(oauth("invalid_grant", "unknown refresh token"));
     };
     if r.used {
@@ -703,7 +706,7 @@ pub async fn refresh(
     let Some(grant_ends) = grant_ends.filter(|g| *g > jiff::Timestamp::now()) else {
         return Err(oauth("invalid_grant", "this grant reached its lifetime; authorize again"));
     };
-    db::token_mark_used(&mut tx, r.id).await?;
+    db::preauth_token_mark_used(&mut tx, r.id).await?;
     let tokens = issue(&mut tx, r.connection_id, &audience, grant_ends).await?;
     tx.commit().await.map_err(Error::from)?;
     Ok(tokens)
@@ -716,10 +719,11 @@ async fn revoke_connection(
     connection_id: i64,
     reason: &str,
 ) -> Result<()> {
-    let Some((tenant_id, handle)) = db::connection_by_id(&mut tx, connection_id).await? else {
+    let Some((tenant_id, handle)) = db::entry_connection_by_id(&mut tx, connection_id).await?
+    else {
         return Ok(());
     };
-    let tenant = db::tenant_by_id(&mut tx, tenant_id).await?;
+    let tenant = db::entry_tenant_by_id(&mut tx, tenant_id).await?;
     drop(tx);
     // Reuse of a refresh token is a theft signal: the authorization server ends the grant.
     let ctx = OpCtx::for_job(
@@ -743,7 +747,7 @@ pub async fn revoke(
     client: Option<&str>,
 ) -> std::result::Result<(), OAuthError> {
     let hash = secret::hash_token(token);
-    if let Some((issued_to, method)) = ds.token_client(&hash).await? {
+    if let Some((issued_to, method)) = ds.preauth_token_client(&hash).await? {
         if method == "private_key_jwt" && client != Some(issued_to.as_str()) {
             return Err(oauth(
                 "invalid_client",
@@ -756,11 +760,11 @@ pub async fn revoke(
         }
     }
     let mut tx = ds.begin().await?;
-    if db::access_token_delete(&mut tx, &hash).await? {
+    if db::preauth_access_token_delete(&mut tx, &hash).await? {
         tx.commit().await.map_err(Error::from)?;
         return Ok(());
     }
-    match db::refresh_lock(&mut tx, &hash).await? {
+    match db::preauth_refresh_lock(&mut tx, &hash).await? {
         Some(r) => Ok(revoke_connection(ds, tx, r.connection_id, "revoked by the client").await?),
         None => Ok(()),
     }
@@ -922,7 +926,7 @@ async fn fetch_metadata_document(
     url: &str,
     policy: &FetchPolicy,
 ) -> std::result::Result<ClientRow, OAuthError> {
-    if let Some(client) = svc.oauth_client_get(url).await.map_err(OAuthError::from)?
+    if let Some(client) = svc.preauth_oauth_client_get(url).await.map_err(OAuthError::from)?
         && client
             .fetched_at
             .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS)
@@ -949,7 +953,7 @@ pub async fn resolve_client(
     if client_id.starts_with("https://") || client_id.starts_with("http://") {
         return fetch_metadata_document(svc, client_id, policy).await;
     }
-    svc.oauth_client_get(client_id).await.map_err(OAuthError::from)?.ok_or(OAuthError {
+    svc.preauth_oauth_client_get(client_id).await.map_err(OAuthError::from)?.ok_or(OAuthError {
         error: "invalid_client",
         error_description: "unknown client_id; register first".into(),
     })
@@ -990,12 +994,12 @@ pub async fn authenticate_client(
     // A metadata-document client is read through its one-hour cache, so a key (or method) the
     // client changed in its document holds at the token endpoint too, not only at consent.
     let client = if client_id.starts_with("https://") || client_id.starts_with("http://") {
-        match ds.oauth_client_get(&client_id).await.map_err(OAuthError::from)? {
+        match ds.preauth_oauth_client_get(&client_id).await.map_err(OAuthError::from)? {
             Some(_) => Some(fetch_metadata_document(ds, &client_id, policy).await?),
             None => None,
         }
     } else {
-        ds.oauth_client_get(&client_id).await.map_err(OAuthError::from)?
+        ds.preauth_oauth_client_get(&client_id).await.map_err(OAuthError::from)?
     };
     let Some(client) = client else {
         // Unknown clients fall through to the grant's own check (the code or refresh token
@@ -1068,7 +1072,7 @@ impl jose::KeySource for ClientKeys<'_> {
                 // Only a key set is kept: a glitch on the client's host does not lock it out.
                 KeySet::parse(&keys)
                     .ok_or_else(|| invalid(format!("jwks_uri {uri}: not a JWK set")))?;
-                self.ds.oauth_client_jwks_put(&client.client_id, &keys).await?;
+                self.ds.preauth_oauth_client_jwks_put(&client.client_id, &keys).await?;
                 keys
             }
         };
@@ -1103,7 +1107,7 @@ impl jose::JtiStore for AssertionJtis<'_> {
     ) -> std::result::Result<bool, OAuthError> {
         let expires = chrono::DateTime::from_timestamp(expires, 0)
             .ok_or_else(|| oauth("invalid_client", "the assertion's exp is out of range"))?;
-        Ok(self.ds.oauth_assertion_use(self.client_id, jti, expires).await?)
+        Ok(self.ds.preauth_oauth_assertion_use(self.client_id, jti, expires).await?)
     }
 }
 

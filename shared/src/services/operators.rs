@@ -28,14 +28,15 @@ fn not_an_operator(email: &str) -> Error {
 
 /// The operator who runs a command, named by email (`gatehousectl --as`).
 pub async fn authenticate(svc: &Services, email: &str, channel: Channel) -> Result<Operator> {
-    let row = db::operator_get(svc, email).await?.ok_or_else(|| not_an_operator(email.trim()))?;
+    let row =
+        db::entry_operator_get(svc, email).await?.ok_or_else(|| not_an_operator(email.trim()))?;
     verified(row, channel)
 }
 
 /// The signed-in console person, if they hold the operator role now.
 pub async fn from_session(svc: &Services, s: &ConsoleSession) -> Result<Operator> {
     let s = s.row();
-    let row = db::operator_by_id(svc, s.person_id)
+    let row = db::entry_operator_by_id(svc, s.person_id)
         .await?
         .ok_or(Error::Forbidden { right: Right::TenantSwitch })?;
     if !row.active || !row.is_operator {
@@ -55,14 +56,21 @@ pub async fn set_role(
     grant: bool,
 ) -> Result<crate::datastore::PersonRow> {
     let email = email.trim();
-    let known = svc.person_by_email(email).await?;
+    let known = svc.platform_person_by_email(email).await?;
     let mut tx = svc.begin().await?;
-    let existing = db::operator_count_locked(&mut tx).await?;
+    let existing = db::platform_operator_count_locked(&mut tx).await?;
     let person = match (known, name.map(str::trim).filter(|n| !n.is_empty())) {
         (Some(p), _) => p,
         (None, Some(name)) if grant => {
             crate::services::admin::check_person(email, name, None)?;
-            db::person_insert(&mut tx, PersonHandle::generate().as_str(), email, name, None).await?
+            db::platform_person_insert(
+                &mut tx,
+                PersonHandle::generate().as_str(),
+                email,
+                name,
+                None,
+            )
+            .await?
         }
         (None, _) => {
             return Err(Error::not_found(Resource::Person, email));
@@ -85,7 +93,7 @@ pub async fn set_role(
             "this is the platform's last operator; grant the role to someone else first",
         ));
     }
-    db::person_set_operator(&mut tx, person.id, grant).await?;
+    db::platform_person_set_operator(&mut tx, person.id, grant).await?;
     db::platform_audit_insert(&mut tx, channel.as_str(), actor, action, &person.handle).await?;
     tx.commit().await?;
     Ok(person)
@@ -108,12 +116,12 @@ pub async fn reset_password(
     if password.chars().count() < 12 {
         return Err(Error::invalid("password", "use at least 12 characters"));
     }
-    let person = svc.person_by_email(email.trim()).await?.ok_or_else(|| {
+    let person = svc.platform_person_by_email(email.trim()).await?.ok_or_else(|| {
         Error::invalid("email", format!("no account has the email {:?}", email.trim()))
     })?;
     let hash = crate::secret::hash_password(password)?;
     let mut tx = svc.begin().await?;
-    db::person_password_set(&mut tx, person.id, &hash).await?;
+    db::platform_person_password_set(&mut tx, person.id, &hash).await?;
     db::platform_audit_insert(
         &mut tx,
         op.channel().as_str(),
@@ -129,5 +137,5 @@ pub async fn reset_password(
 /// Whether the platform has any active operator yet.
 pub(crate) async fn any(svc: &Services) -> Result<bool> {
     let mut tx = svc.begin().await?;
-    Ok(db::operator_count_locked(&mut tx).await? > 0)
+    Ok(db::platform_operator_count_locked(&mut tx).await? > 0)
 }

@@ -45,7 +45,7 @@ pub struct Dispatched {
 /// that queued the message (when traces are exported).
 pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Result<Dispatched> {
     use crate::telemetry::{self, Attr, Name};
-    let (mut tx, rows) = ds.outbox_claim(batch).await?;
+    let (mut tx, rows) = ds.job_outbox_claim(batch).await?;
     let mut done = Dispatched::default();
     for row in &rows {
         let channel = if row.channel == "page" { "page" } else { "email" };
@@ -58,13 +58,13 @@ pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Resu
         match telemetry::within(&span, sink.deliver(row)).await {
             Ok(()) => {
                 span.set(&[Attr::Outcome("ok")]);
-                db::outbox_mark(&mut tx, row.id, true, None).await?;
+                db::job_outbox_mark(&mut tx, row.id, true, None).await?;
                 done.sent += 1;
             }
             Err(e) => {
                 span.fail(&[Attr::Outcome("delivery_failed"), Attr::ErrorType("delivery_failed")]);
                 tracing::warn!(outbox.id = row.id, error = %e, "delivery failed; will retry");
-                db::outbox_mark(&mut tx, row.id, false, Some(&e)).await?;
+                db::job_outbox_mark(&mut tx, row.id, false, Some(&e)).await?;
                 done.failed += 1;
             }
         }
@@ -75,5 +75,5 @@ pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Resu
 
 /// How many messages wait, how long the oldest has, and how many were given up on.
 pub async fn backlog(ds: &Services) -> Result<OutboxBacklog> {
-    ds.outbox_backlog().await
+    ds.platform_outbox_backlog().await
 }

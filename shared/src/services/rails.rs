@@ -51,9 +51,9 @@ where
         Begun::Replayed(value) => return replayed(value),
         Begun::Fresh(w) => w,
     };
-    let SilentWrite { tx, tool, digest, key, scope } = w;
+    let SilentWrite { tx, tool, digest, key, replays } = w;
     let (tx, written) = write(tx).await;
-    SilentWrite { tx, tool, digest, key, scope }.finish(ctx, written).await
+    SilentWrite { tx, tool, digest, key, replays }.finish(ctx, written).await
 }
 
 /// Trims every string so that `" Anna "` and `"Anna"` are the same call.
@@ -90,7 +90,7 @@ struct SilentWrite {
     tool: &'static str,
     digest: String,
     key: Option<String>,
-    scope: Option<db::ReplayScope>,
+    replays: bool,
 }
 
 /// Starts one silent write: the replay check (R8).
@@ -114,17 +114,14 @@ async fn begin(
     let mut tx = ds.begin().await?;
     // An MCP call replays within its connection, a REST call within its API token; a console
     // or CLI write has a person at the keyboard and no retrying client.
-    let scope = ctx
-        .connection()
-        .map(|c| db::ReplayScope::Connection(c.id))
-        .or_else(|| ctx.api_token().map(db::ReplayScope::ApiToken));
-    if let Some(scope) = scope {
-        db::replay_lock(&mut tx, scope, tool, &digest).await?;
+    let replays = db::ReplayScope::of(ctx).is_some();
+    if replays {
+        db::replay_lock(&mut tx, ctx, tool, &digest).await?;
         if let Some(k) = key {
             // Different arguments under the same key serialize on the key too.
-            db::replay_lock(&mut tx, scope, "idempotency_key", k).await?;
+            db::replay_lock(&mut tx, ctx, "idempotency_key", k).await?;
             if let Some((seen_tool, seen_digest, result)) =
-                db::replay_find_key(&mut tx, scope, k).await?
+                db::replay_find_key(&mut tx, ctx, k).await?
             {
                 if seen_tool != tool || seen_digest != digest {
                     return Err(Error::invalid(
@@ -138,18 +135,18 @@ async fn begin(
             }
         }
         if let Some(result) =
-            db::replay_find(&mut tx, scope, tool, &digest, ds.policy().replay_window_secs).await?
+            db::replay_find(&mut tx, ctx, tool, &digest, ds.policy().replay_window_secs).await?
         {
             if let Some(k) = key {
                 // The key now names this call too: a later call under it with other arguments
                 // is refused, and a retry under it after the window is still a replay.
-                db::replay_insert(&mut tx, scope, tool, &digest, Some(k), &result).await?;
+                db::replay_insert(&mut tx, ctx, tool, &digest, Some(k), &result).await?;
                 tx.commit().await?;
             }
             return Ok(Begun::Replayed(result));
         }
     }
-    Ok(Begun::Fresh(SilentWrite { tx, tool, digest, key: key.map(str::to_owned), scope }))
+    Ok(Begun::Fresh(SilentWrite { tx, tool, digest, key: key.map(str::to_owned), replays }))
 }
 
 impl SilentWrite {
@@ -161,12 +158,12 @@ impl SilentWrite {
     ) -> Result<Written<T>> {
         let (result, targets) = written?;
         let written = Written { result, replayed: false };
-        if let Some(scope) = self.scope {
+        if self.replays {
             let value =
                 serde_json::to_value(&written).map_err(|e| Error::Internal(e.to_string()))?;
             db::replay_insert(
                 &mut self.tx,
-                scope,
+                ctx,
                 self.tool,
                 &self.digest,
                 self.key.as_deref(),

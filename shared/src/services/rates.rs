@@ -43,7 +43,7 @@ pub fn default_per_minute(class: &str) -> i32 {
 pub async fn take_shared(ds: &Services, ctx: &OpCtx, class: &'static str) -> Result<()> {
     let Some(connection) = ctx.connection() else { return Ok(()) };
     let (count, limit, retry) =
-        ds.rate_take(connection.id, ctx.tenant_id(), class, default_per_minute(class)).await?;
+        ds.rate_take(ctx, connection.id, class, default_per_minute(class)).await?;
     if count > limit {
         return Err(Error::RateLimited {
             class,
