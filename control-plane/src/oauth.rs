@@ -324,7 +324,7 @@ async fn decide(
             _ => None,
         }
     };
-    if one("csrf") != Some(session.row.csrf_token()) {
+    if !one("csrf").is_some_and(|c| shared::secret::tokens_match(c, session.row.csrf_token())) {
         return (
             StatusCode::FORBIDDEN,
             page(

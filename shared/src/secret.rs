@@ -46,6 +46,13 @@ pub fn hash_token(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
+/// Whether a presented form token equals the expected one, in time that does not depend on
+/// where they first differ: their digests are compared in full.
+pub fn tokens_match(presented: &str, expected: &str) -> bool {
+    let (a, b) = (Sha256::digest(presented.as_bytes()), Sha256::digest(expected.as_bytes()));
+    a.iter().zip(b.iter()).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
 pub fn hash_password(password: &str) -> Result<String> {
     let mut salt_bytes = [0u8; 16];
     getrandom::fill(&mut salt_bytes).expect("the OS random source is available");
@@ -65,6 +72,16 @@ pub fn verify_password(password: &str, stored: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn form_tokens_match_only_themselves() {
+        let token = generate(CredentialKind::Session);
+        assert!(tokens_match(&token, &token));
+        assert!(!tokens_match(&token[..token.len() - 1], &token), "a prefix");
+        assert!(!tokens_match(&format!("{token}x"), &token), "a longer one");
+        assert!(!tokens_match("", &token));
+        assert!(!tokens_match(&generate(CredentialKind::Session), &token));
+    }
 
     #[test]
     fn kinds_are_told_apart_by_prefix() {

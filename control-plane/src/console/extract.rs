@@ -2,8 +2,9 @@
 //! ([`Session`]), the person working in a tenant ([`Tenant`], with the `OpCtx` the library
 //! builds for the session), a form whose CSRF token matched the session's ([`CsrfForm`]) and
 //! the client's address ([`Source`]). Each rejects as the console always has: a bearer token
-//! gets 401 naming its kind (R20), no session goes to sign-in, no tenant goes to the picker,
-//! a stale or forged form gets 403 and changes nothing.
+//! gets 401 naming its kind (R20), no session goes to sign-in, no tenant goes to the picker
+//! (before any form is read, so a forged form from a session without a tenant is sent there
+//! too), and a stale or forged form gets 403 and changes nothing.
 
 use std::sync::Arc;
 
@@ -177,7 +178,7 @@ impl FromRequest<Arc<AppState>> for CsrfForm {
                 .await
                 .map_err(IntoResponse::into_response)?;
         let fields = Fields(pairs);
-        if fields.get("csrf") != Some(session.csrf()) {
+        if !fields.get("csrf").is_some_and(|c| shared::secret::tokens_match(c, session.csrf())) {
             let body = page(
                 "Form expired",
                 None,

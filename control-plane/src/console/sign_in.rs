@@ -75,7 +75,9 @@ pub(super) async fn login(
     let next = safe_next(form.get("next").map(String::as_str));
     // The form must echo the cookie its page set: another site cannot sign a browser in.
     let expected = cookie(&headers, login_cookie(&state)).filter(|c| !c.is_empty());
-    let Some(csrf) = expected.filter(|c| form.get("login_csrf") == Some(c)) else {
+    let Some(csrf) = expected
+        .filter(|c| form.get("login_csrf").is_some_and(|f| shared::secret::tokens_match(f, c)))
+    else {
         let token = login_token();
         let page = login_page(&next, &token, Some("This sign-in form expired; sign in again."));
         return with_login_cookie(&state, &token, (StatusCode::FORBIDDEN, page).into_response());

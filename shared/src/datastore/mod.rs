@@ -310,3 +310,39 @@ impl Services {
         Ok(self.pool().begin().await?)
     }
 }
+
+#[cfg(test)]
+mod convention {
+    /// Every query function takes the operation context, or its name says why it cannot
+    /// (`entry_`, `preauth_`, `job_`, `platform_`); plumbing lives in `mod.rs` and the pipe.
+    #[test]
+    fn every_query_takes_the_context_or_says_why_not() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/datastore");
+        let mut checked = 0;
+        let mut unexplained = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("the datastore's sources") {
+            let path = entry.expect("a source").path();
+            let file = path.file_name().and_then(|f| f.to_str()).unwrap_or_default().to_owned();
+            if file == "mod.rs" || file == "pipe.rs" {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).expect("readable");
+            for function in source.split("pub(crate) async fn ").skip(1) {
+                let name: String = function
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let signature = function.split('{').next().unwrap_or_default();
+                checked += 1;
+                let says_why = ["entry_", "preauth_", "job_", "platform_"]
+                    .iter()
+                    .any(|prefix| name.starts_with(prefix));
+                if !signature.contains("ctx: &OpCtx") && !says_why {
+                    unexplained.push(format!("{file}: {name}"));
+                }
+            }
+        }
+        assert!(checked > 100, "only {checked} query functions found");
+        assert!(unexplained.is_empty(), "no context and no reason: {unexplained:?}");
+    }
+}
