@@ -603,3 +603,59 @@ async fn a_private_key_jwt_client_authenticates_with_a_fresh_signed_assertion() 
     let (status, body) = post(fields).await;
     assert_eq!((status, body["error"].as_str()), (401, Some("invalid_client")), "{body}");
 }
+
+#[tokio::test]
+async fn a_key_set_that_cannot_be_fetched_is_tried_at_most_once_a_minute() {
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
+    let key = signing::Key::new("k1");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let docs = format!("http://{}", listener.local_addr().expect("addr"));
+    let client_id = format!("{docs}/oauth/client.json");
+    let document = json!({"client_id": client_id, "client_name": "Broken keys", "redirect_uris": ["http://127.0.0.1:47615/callback"],
+        "token_endpoint_auth_method": "private_key_jwt", "jwks_uri": format!("{docs}/oauth/jwks.json")});
+    let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = fetches.clone();
+    let routes = axum::Router::new()
+        .route(
+            "/oauth/client.json",
+            axum::routing::get(move || async move { axum::Json(document) }),
+        )
+        .route(
+            "/oauth/jwks.json",
+            axum::routing::get(move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, routes).await.expect("serve") });
+    // The client becomes known when a person opens its consent page.
+    let admin = &api.seed.tenants[0].admin;
+    let browser = Browser::sign_in(&api, &admin.email, &admin.password).await;
+    let html = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("consent");
+    assert!(html.contains("Broken keys"), "the document was fetched");
+    let token_url = format!("{}/oauth/token", api.url);
+    let mut answers = Vec::new();
+    for _ in 0..5 {
+        let fields = [
+            ("grant_type", "authorization_code".to_owned()),
+            ("code", "no-such-code".to_owned()),
+            ("client_id", client_id.clone()),
+            (
+                "client_assertion_type",
+                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer".to_owned(),
+            ),
+            ("client_assertion", key.assertion(&client_id, &token_url, json!({}))),
+        ];
+        let response = api.http.post(&token_url).form(&fields).send().await.expect("token");
+        let status = response.status().as_u16();
+        answers.push((status, response.json::<Value>().await.expect("json")));
+    }
+    for (status, body) in &answers {
+        assert_eq!((*status, body["error"].as_str()), (401, Some("invalid_client")), "{body}");
+    }
+    assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1, "one fetch, not five");
+    let later = answers[4].1["error_description"].as_str().expect("why");
+    assert!(later.contains("a moment ago"), "{later}");
+}

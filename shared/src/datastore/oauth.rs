@@ -19,6 +19,8 @@ pub struct ClientRow {
     /// The key set: inline in the document, or as last fetched from `jwks_uri`.
     pub jwks: Option<serde_json::Value>,
     pub jwks_fetched_at: Option<DateTime<Utc>>,
+    /// The last attempt to fetch `jwks_uri`, successful or not.
+    pub jwks_tried_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -52,7 +54,7 @@ impl Services {
     ) -> Result<Option<ClientRow>> {
         Ok(sqlx::query_as::<_, ClientRow>(
             "SELECT client_id, client_name, redirect_uris, kind, fetched_at, token_endpoint_auth_method,
-                    jwks_uri, jwks, jwks_fetched_at
+                    jwks_uri, jwks, jwks_fetched_at, jwks_tried_at
              FROM oauth_clients WHERE client_id = $1",
         )
         .bind(client_id)
@@ -75,6 +77,8 @@ impl Services {
                              AND EXCLUDED.jwks IS NULL THEN oauth_clients.jwks ELSE EXCLUDED.jwks END,
                  jwks_fetched_at = CASE WHEN oauth_clients.jwks_uri IS NOT DISTINCT FROM EXCLUDED.jwks_uri
                              AND EXCLUDED.jwks IS NULL THEN oauth_clients.jwks_fetched_at END,
+                 jwks_tried_at = CASE WHEN oauth_clients.jwks_uri IS NOT DISTINCT FROM EXCLUDED.jwks_uri
+                             THEN oauth_clients.jwks_tried_at END,
                  jwks_uri = EXCLUDED.jwks_uri",
         )
         .bind(c.client_id)
@@ -96,12 +100,22 @@ impl Services {
         jwks: &serde_json::Value,
     ) -> Result<()> {
         sqlx::query(
-            "UPDATE oauth_clients SET jwks = $2, jwks_fetched_at = now() WHERE client_id = $1",
+            "UPDATE oauth_clients SET jwks = $2, jwks_fetched_at = now(), jwks_tried_at = now()
+             WHERE client_id = $1",
         )
         .bind(client_id)
         .bind(jwks)
         .execute(self.pool())
         .await?;
+        Ok(())
+    }
+
+    /// Records a failed attempt to fetch a client's key set (the keys it had stay).
+    pub(crate) async fn preauth_oauth_client_jwks_tried(&self, client_id: &str) -> Result<()> {
+        sqlx::query("UPDATE oauth_clients SET jwks_tried_at = now() WHERE client_id = $1")
+            .bind(client_id)
+            .execute(self.pool())
+            .await?;
         Ok(())
     }
 

@@ -1049,12 +1049,14 @@ impl jose::KeySource for ClientKeys<'_> {
     async fn keys(&self, refresh: bool) -> std::result::Result<KeySet, OAuthError> {
         let invalid = |why: String| oauth("invalid_client", why);
         let client = self.client;
-        let fresh = client
-            .jwks_fetched_at
-            .is_some_and(|t| (chrono::Utc::now() - t).num_seconds() < CIMD_CACHE_SECS);
+        let age = |t: chrono::DateTime<chrono::Utc>| (chrono::Utc::now() - t).num_seconds();
+        let fresh = client.jwks_fetched_at.is_some_and(|t| age(t) < CIMD_CACHE_SECS);
+        // A fetch, failed or not, is not repeated within the minute: the keys kept serve
+        // meanwhile, and a client with none is told to try again.
+        let tried_recently = client.jwks_tried_at.is_some_and(|t| age(t) < JWKS_REFRESH_SECS);
         let cached = match (&client.jwks, &client.jwks_uri) {
             (Some(keys), None) => Some(keys.clone()),
-            (Some(keys), Some(_)) if fresh && !refresh => Some(keys.clone()),
+            (Some(keys), Some(_)) if (fresh && !refresh) || tried_recently => Some(keys.clone()),
             _ => None,
         };
         let keys = match cached {
@@ -1064,16 +1066,33 @@ impl jose::KeySource for ClientKeys<'_> {
                     .jwks_uri
                     .as_deref()
                     .ok_or_else(|| invalid("the client publishes no keys".into()))?;
-                let body = guarded_fetch(uri, self.policy)
-                    .await
-                    .map_err(|why| invalid(format!("jwks_uri {uri}: {why}")))?;
-                let keys: serde_json::Value = serde_json::from_slice(&body)
-                    .map_err(|_| invalid(format!("jwks_uri {uri}: not JSON")))?;
-                // Only a key set is kept: a glitch on the client's host does not lock it out.
-                KeySet::parse(&keys)
-                    .ok_or_else(|| invalid(format!("jwks_uri {uri}: not a JWK set")))?;
-                self.ds.preauth_oauth_client_jwks_put(&client.client_id, &keys).await?;
-                keys
+                if tried_recently {
+                    return Err(invalid(format!(
+                        "jwks_uri {uri} could not be fetched a moment ago; publish the key set there and try again in a minute"
+                    )));
+                }
+                let fetched = async {
+                    let body = guarded_fetch(uri, self.policy)
+                        .await
+                        .map_err(|why| invalid(format!("jwks_uri {uri}: {why}")))?;
+                    let keys: serde_json::Value = serde_json::from_slice(&body)
+                        .map_err(|_| invalid(format!("jwks_uri {uri}: not JSON")))?;
+                    KeySet::parse(&keys)
+                        .ok_or_else(|| invalid(format!("jwks_uri {uri}: not a JWK set")))?;
+                    Ok::<_, OAuthError>(keys)
+                }
+                .await;
+                match fetched {
+                    // Only a key set is kept: a glitch on the client's host does not lock it out.
+                    Ok(keys) => {
+                        self.ds.preauth_oauth_client_jwks_put(&client.client_id, &keys).await?;
+                        keys
+                    }
+                    Err(refusal) => {
+                        self.ds.preauth_oauth_client_jwks_tried(&client.client_id).await?;
+                        return Err(refusal);
+                    }
+                }
             }
         };
         KeySet::parse(&keys).ok_or_else(|| invalid("the client's key set is not a JWK set".into()))
@@ -1082,11 +1101,9 @@ impl jose::KeySource for ClientKeys<'_> {
     /// The client may have rotated its keys: an unknown `kid` refetches at most once a
     /// minute, so forged assertions cannot make the server fetch on every request.
     fn may_refresh(&self) -> bool {
+        let last = self.client.jwks_tried_at.or(self.client.jwks_fetched_at);
         self.client.jwks_uri.is_some()
-            && self
-                .client
-                .jwks_fetched_at
-                .is_none_or(|t| (chrono::Utc::now() - t).num_seconds() >= JWKS_REFRESH_SECS)
+            && last.is_none_or(|t| (chrono::Utc::now() - t).num_seconds() >= JWKS_REFRESH_SECS)
     }
 }
 
