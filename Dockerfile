@@ -6,7 +6,7 @@ RUN cargo build --release --locked -p control-plane -p worker \
  && strip target/release/control-plane target/release/worker target/release/gatehousectl
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates tzdata \
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates tzdata libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home gatehouse
 COPY --from=build /src/target/release/control-plane /src/target/release/worker /src/target/release/gatehousectl /usr/local/bin/

@@ -32,6 +32,9 @@ ensure_packages() {
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
   [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+  # Passkeys (webauthn-rs) build on OpenSSL.
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
   if [ ${#missing[@]} -gt 0 ]; then
     # shellcheck disable=SC2207
     missing=($(printf '%s\n' "${missing[@]}" | sort -u))

@@ -123,7 +123,8 @@ impl IntoResponse for ApiError {
             Error::Forbidden { .. }
             | Error::NoActor
             | Error::NotInToolset { .. }
-            | Error::TurnedOff { .. } => StatusCode::FORBIDDEN,
+            | Error::TurnedOff { .. }
+            | Error::PasskeyRequired { .. } => StatusCode::FORBIDDEN,
             Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict { .. }
             | Error::Duplicate { .. }

@@ -29,6 +29,8 @@ pub struct AppState {
     pub fetch: shared::services::oauth::FetchPolicy,
     /// Whether the client's address comes from `X-Forwarded-For` (behind a proxy).
     pub trust_forwarded_for: bool,
+    /// The WebAuthn relying party (the console's origin) for passkeys.
+    pub passkeys: shared::services::passkeys::RelyingParty,
 }
 
 pub struct Metrics {
@@ -143,6 +145,10 @@ pub fn public_app(state: Arc<AppState>) -> Router {
         .route(
             "/static/console.js",
             get(|| async { static_file("text/javascript", console::layout::SCRIPT) }),
+        )
+        .route(
+            "/static/passkeys.js",
+            get(|| async { static_file("text/javascript", console::PASSKEY_SCRIPT) }),
         )
         .with_state(state)
 }

@@ -98,7 +98,9 @@ async fn main() -> anyhow::Result<()> {
     let ds = Services::connect(common.database_url.expose(), common.db_max_connections)
         .await?
         .with_bus(shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas));
+    let passkeys = shared::services::passkeys::RelyingParty::new(&args.public_url)?;
     let state = Arc::new(AppState {
+        passkeys,
         ds,
         public_url: args.public_url.trim_end_matches('/').to_owned(),
         metrics: Metrics::new(),

@@ -244,7 +244,7 @@ async fn authorize(
                 button type="submit" class="plain" { "Not you? Sign out and use another account" }
             }
         }
-        form method="post" action="/oauth/authorize" class="card" {
+        form method="post" action="/oauth/authorize" class="card" data-passkey {
             (csrf)
             input type="hidden" name="request" value=(request);
             p { strong { (client.client_name) } " asks to act for you in " strong { (tenant) } ". It will be able to:" }
@@ -375,6 +375,25 @@ async fn decide(
     }
     let Some(ctx) = shared::services::console::session_ctx(&session.row) else {
         return Redirect::to("/tenants").into_response();
+    };
+    // Under the tenant's passkey policy, consent beyond reading carries an assertion made for
+    // it; the service checks it (a wrong one ends this consent request).
+    let ctx = match (one("passkey_ceremony"), one("passkey_assertion")) {
+        (Some(ceremony), Some(assertion)) if !ceremony.is_empty() => {
+            match shared::services::passkeys::prove(
+                &state.ds,
+                &state.passkeys,
+                &session.row,
+                ceremony,
+                assertion,
+            )
+            .await
+            {
+                Ok(proof) => ctx.with_proof(proof),
+                Err(e) => return show_error(e.into()),
+            }
+        }
+        _ => ctx,
     };
     let names: Vec<&str> =
         form.iter().filter(|(k, _)| k == "right").map(|(_, v)| v.as_str()).collect();

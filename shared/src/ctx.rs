@@ -77,11 +77,23 @@ pub struct Operator {
     handle: PersonHandle,
     email: String,
     channel: Channel,
+    proof: Option<Proof>,
 }
 
 impl Operator {
     pub(crate) fn verified(id: i64, handle: PersonHandle, email: String, channel: Channel) -> Self {
-        Operator { id, handle, email, channel }
+        Operator { id, handle, email, channel, proof: None }
+    }
+
+    /// The same operator carrying a passkey assertion (the console's way to turn agents back
+    /// on everywhere).
+    pub fn with_proof(mut self, proof: Proof) -> Self {
+        self.proof = Some(proof);
+        self
+    }
+
+    pub fn proof(&self) -> Option<&Proof> {
+        self.proof.as_ref()
     }
 
     pub fn email(&self) -> &str {
@@ -111,6 +123,113 @@ pub struct OpCtx {
     /// that asked for it to take once. Opaque here: the context knows no row type (the slot is
     /// `auth::ReadAheadRow`).
     read_ahead: Option<std::sync::Arc<dyn ReadAheadSlot>>,
+    /// How the person proved themself, for the policy check and the audit.
+    proof: Option<Proof>,
+}
+
+/// How the person behind a request proved themself: the way their console session began, or
+/// a passkey assertion made for one decision (`services::passkeys::prove`). Only the library
+/// makes one, so an adapter cannot claim a passkey it did not verify; the audit row of every
+/// decision records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proof {
+    method: ProofMethod,
+    person_id: i64,
+    /// For a passkey: which credential, whether the authenticator verified the user, the
+    /// digest of the decision the assertion was made for, and when (Unix seconds).
+    passkey: Option<(String, bool, String, i64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofMethod {
+    Password,
+    Passkey,
+    SingleSignOn,
+}
+
+impl ProofMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProofMethod::Password => "password",
+            ProofMethod::Passkey => "passkey",
+            ProofMethod::SingleSignOn => "sso",
+        }
+    }
+
+    pub(crate) fn parse(raw: &str) -> ProofMethod {
+        match raw {
+            "passkey" => ProofMethod::Passkey,
+            "sso" => ProofMethod::SingleSignOn,
+            _ => ProofMethod::Password,
+        }
+    }
+}
+
+impl Proof {
+    /// The way a console session began (its sign-in), which proves nothing about a decision.
+    pub(crate) fn session(person_id: i64, method: ProofMethod) -> Self {
+        Proof { method, person_id, passkey: None }
+    }
+
+    /// A verified passkey assertion made for the decision `digest`.
+    pub(crate) fn passkey(
+        person_id: i64,
+        passkey: String,
+        user_verified: bool,
+        digest: String,
+        at: i64,
+    ) -> Self {
+        Proof {
+            method: ProofMethod::Passkey,
+            person_id,
+            passkey: Some((passkey, user_verified, digest, at)),
+        }
+    }
+
+    /// Whether this is a user-verified assertion by `person` for the decision `digest`, made
+    /// no more than `max_age_secs` before `now` (Unix seconds).
+    pub(crate) fn covers(&self, person: i64, digest: &str, now: i64, max_age_secs: i64) -> bool {
+        match &self.passkey {
+            Some((_, verified, d, at)) => {
+                *verified
+                    && self.person_id == person
+                    && crate::secret::tokens_match(d, digest)
+                    && now - at <= max_age_secs
+                    && *at <= now + 5
+            }
+            None => false,
+        }
+    }
+
+    pub fn method(&self) -> ProofMethod {
+        self.method
+    }
+
+    /// The passkey's public handle, for a passkey assertion.
+    pub fn passkey_handle(&self) -> Option<&str> {
+        self.passkey.as_ref().map(|p| p.0.as_str())
+    }
+
+    /// What the audit row keeps: the method, and for an assertion the credential and whether
+    /// the user was verified (the decision's digest stays out: the row itself says what).
+    pub fn audit_json(&self) -> serde_json::Value {
+        match &self.passkey {
+            Some((handle, verified, _, _)) => serde_json::json!({
+                "method": "passkey", "passkey": handle, "user_verified": verified,
+            }),
+            None => serde_json::json!({ "method": self.method.as_str(), "session": true }),
+        }
+    }
+
+    /// How people read it: "with a passkey", "with a password".
+    pub fn phrase(&self) -> &'static str {
+        match (&self.passkey, self.method) {
+            (Some(_), _) => "with a passkey",
+            (None, ProofMethod::Passkey) => "in a session signed in with a passkey",
+            (None, ProofMethod::Password) => "in a session signed in with a password",
+            (None, ProofMethod::SingleSignOn) => "in a session signed in through single sign-on",
+        }
+    }
 }
 
 /// A read that came with the context, taken at most once by the service that asked for it.
@@ -136,10 +255,23 @@ impl OpCtx {
             api_token: None,
             request_id: new_request_id(),
             read_ahead: None,
+            proof: None,
         }
     }
 
     /// Whether a read came with this context (`None`), and whether its service used it.
+    /// The same context carrying how its person proved themself (a passkey assertion from
+    /// `services::passkeys::prove`, or the session's sign-in). Services that widen what agents
+    /// can do check it against the tenant's policy; every audit row written with it keeps it.
+    pub fn with_proof(mut self, proof: Proof) -> Self {
+        self.proof = Some(proof);
+        self
+    }
+
+    pub fn proof(&self) -> Option<&Proof> {
+        self.proof.as_ref()
+    }
+
     pub fn read_ahead_used(&self) -> Option<bool> {
         self.read_ahead.as_ref().map(|r| r.used())
     }

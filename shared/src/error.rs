@@ -121,6 +121,11 @@ pub enum Error {
     #[error("{0}")]
     Unauthenticated(String),
 
+    /// The tenant's policy needs a passkey assertion made for this decision, and the request
+    /// carried none that holds (missing, for another decision, expired, or another person's).
+    #[error("{decision} needs a passkey: {problem}")]
+    PasskeyRequired { decision: String, problem: String },
+
     /// An internal failure; the message is for logs only.
     #[error("internal error")]
     Internal(String),
@@ -164,6 +169,7 @@ impl Error {
             Error::NotInToolset { .. } => "not_in_toolset",
             Error::TurnedOff { .. } => "turned_off_by_policy",
             Error::Unauthenticated(_) => "unauthenticated",
+            Error::PasskeyRequired { .. } => "passkey_required",
             Error::Internal(_) => "internal",
         }
     }

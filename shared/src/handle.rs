@@ -39,6 +39,7 @@ kinds! {
     NoteKind => "bnt", "booking note", NoteHandle;
     ConnectionKind => "con", "connection", ConnectionHandle;
     ApiTokenKind => "apt", "API token", ApiTokenHandle;
+    PasskeyKind => "pky", "passkey", PasskeyHandle;
 }
 
 const ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";

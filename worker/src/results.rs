@@ -308,6 +308,12 @@ impl ErrorBody {
                 body.retry_after_secs = Some(*retry_after_secs);
                 body
             }
+            // Decisions are people's, in the console; an agent's call never makes one.
+            Error::PasskeyRequired { .. } => ErrorBody::new(
+                error.code(),
+                error.to_string(),
+                "Tell the user: a person decides this in the Gatehouse console with their passkey.".to_owned(),
+            ),
             Error::TurnedOff { tool, class } => ErrorBody::new(
                 error.code(),
                 format!("A tenant admin turned {class} actions off for agents, so {tool} prepares nothing here."),

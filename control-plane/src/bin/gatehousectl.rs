@@ -92,6 +92,19 @@ enum Command {
         #[arg(long, env = "GATEHOUSE_PASSWORD", hide_env_values = true)]
         password: String,
     },
+    /// People's passkeys: the operator's recovery for a person who lost theirs.
+    #[command(subcommand)]
+    Passkey(PasskeyCmd),
+    /// A tenant's policy "decisions need a passkey": every decision that widens what agents can
+    /// do (approving, consenting beyond reading, creating a connection, raising a role, a rate
+    /// limit or the approval policy, agent access back on) needs a passkey in the console.
+    PasskeyPolicy {
+        #[command(flatten)]
+        t: InTenant,
+        /// `on`, `off`, or `show`.
+        #[arg(value_parser = ["on", "off", "show"], default_value = "show")]
+        to: String,
+    },
     /// Read the audit log of a tenant: tool, outcome, public ids, channel, connection, client.
     Audit {
         #[command(flatten)]
@@ -102,6 +115,17 @@ enum Command {
         /// At most this many rows, newest first.
         #[arg(long, default_value_t = 50)]
         limit: i64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PasskeyCmd {
+    /// Remove every passkey of a person and end their console sessions (audited). They sign in
+    /// again with their password or their organization's sign-in and add a new passkey; under
+    /// a tenant's passkey policy that is the way back for someone who lost their last one.
+    Reset {
+        #[arg(long)]
+        email: String,
     },
 }
 
@@ -416,6 +440,27 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let p = operators::reset_password(&ds, operator.as_ref(), &email, &password).await?;
             let text = format!("{} has a new password; their console sessions ended", p.email);
             Ok((json!({"person": p.handle, "email": p.email, "password_reset": true}), text))
+        }
+        Command::Passkey(PasskeyCmd::Reset { email }) => {
+            let removed = shared::services::passkeys::reset(&ds, need()?, &email).await?;
+            let text = format!(
+                "{email}: {removed} passkey(s) removed and every console session ended; they sign in with their password or single sign-on and add a new passkey"
+            );
+            Ok((json!({"email": email, "passkeys_removed": removed, "sessions_ended": true}), text))
+        }
+        Command::PasskeyPolicy { t, to } => {
+            let ctx = in_tenant(&ds, operator.as_ref(), &t.tenant).await?;
+            let on = match to.as_str() {
+                "on" => shared::services::passkeys::policy_set(&ds, &ctx, true).await?,
+                "off" => shared::services::passkeys::policy_set(&ds, &ctx, false).await?,
+                _ => shared::services::passkeys::policy(&ds, &ctx).await?,
+            };
+            let text = if on {
+                format!("{}: decisions that widen what agents can do need a passkey", t.tenant)
+            } else {
+                format!("{}: decisions need no passkey", t.tenant)
+            };
+            Ok((json!({"tenant": t.tenant, "decisions_need_passkey": on}), text))
         }
         Command::Person(cmd) => {
             let slug = match &cmd {

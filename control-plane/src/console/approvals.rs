@@ -32,7 +32,9 @@ fn decided(q: &BTreeMap<String, String>) -> Markup {
     html! {
         @match (decided, q.get("outcome").map(String::as_str)) {
             (Some(a), Some("executed")) => p class="ok" role="status" {
-                "Approved and executed " (a) "; the agent sees the result when it asks."
+                "Approved and executed " (a)
+                @if q.get("with").map(String::as_str) == Some("passkey") { ", by you with a passkey" }
+                "; the agent sees the result when it asks."
             },
             (Some(a), Some("denied")) => p class="ok" role="status" {
                 "Denied " (a) "; the agent is told, with your reason."
@@ -68,7 +70,7 @@ pub(super) async fn page(
                     summary { "Exactly what will be sent or changed" }
                     pre { (serde_json::to_string_pretty(&a.effect).unwrap_or_default()) }
                 }
-                form method="post" action={ "/approvals/" (action) "/approve" } {
+                form method="post" action={ "/approvals/" (action) "/approve" } data-passkey {
                     (csrf)
                     label { "Reason to approve " input type="text" name="reason" required maxlength="500" aria-label={ "Reason to approve " (a.action) }; }
                     button type="submit" { "Approve" }
@@ -104,15 +106,25 @@ pub(super) async fn decide(
 ) -> Answer {
     let reason = form.get("reason").unwrap_or_default();
     let now = jiff::Timestamp::now();
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let decided = match decision.as_str() {
-        "approve" => approvals::approve(&state.ds, &t.ctx, &action, reason, now).await?,
+        "approve" => approvals::approve(&state.ds, &ctx, &action, reason, now).await?,
         "deny" => approvals::deny(&state.ds, &t.ctx, &action, reason, now).await?,
         _ => return Err(no_such_decision().into()),
     };
     // Post, redirect, get: a reload never sends the decision again.
     let target = match decided {
-        approvals::Decided::Executed { action, .. } => {
-            format!("/approvals?decided={}&outcome=executed", segment(&action))
+        approvals::Decided::Executed { action, result } => {
+            let passkey = result
+                .approved
+                .as_ref()
+                .and_then(|a| a.proven.as_deref())
+                .is_some_and(|p| p == "with a passkey");
+            format!(
+                "/approvals?decided={}&outcome=executed{}",
+                segment(&action),
+                if passkey { "&with=passkey" } else { "" }
+            )
         }
         approvals::Decided::Denied { action } => {
             format!("/approvals?decided={}&outcome=denied", segment(&action))

@@ -144,7 +144,7 @@ pub(super) async fn page(
             a href=(search.csv_href()) download { "Export everything that matches as CSV" }
         }
         table {
-            thead { tr { th { "When (UTC)" } th { "Channel" } th { "Action" } th { "Outcome" } th { "Records" } th { "Connection" } th { "Client" } } }
+            thead { tr { th { "When (UTC)" } th { "Channel" } th { "Action" } th { "Outcome" } th { "Records" } th { "Connection" } th { "Client" } th { "Proven by" } } }
             tbody {
                 @for r in &found.rows {
                     tr {
@@ -155,6 +155,7 @@ pub(super) async fn page(
                         td { (r.targets.join(", ")) }
                         td { (r.connection_name.as_deref().unwrap_or("")) " " (r.connection.as_deref().unwrap_or("")) }
                         td { (r.client_name.as_deref().unwrap_or("")) }
+                        td { (r.proven.as_deref().unwrap_or("")) }
                     }
                 }
             }
@@ -193,6 +194,7 @@ fn csv_rows(page: &admin::AuditPage) -> String {
                 r.connection_name.as_deref().unwrap_or(""),
                 r.client_name.as_deref().unwrap_or(""),
                 r.reason.as_deref().unwrap_or(""),
+                r.proven.as_deref().unwrap_or(""),
             ]
             .iter()
             .map(|c| csv_cell(c))
@@ -221,8 +223,7 @@ pub(super) async fn csv(
         }
         Err(e) => return Err(e.into()),
     };
-    let header =
-        "at,channel,action,outcome,records,connection,connection_name,client_name,reason\r\n";
+    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven\r\n";
     let first_chunk = format!("{header}{}", csv_rows(&first));
     let slug: String =
         ctx.tenant().slug.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();

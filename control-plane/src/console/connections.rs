@@ -50,7 +50,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
-        form method="post" action="/connections" class="card" {
+        form method="post" action="/connections" class="card" data-passkey {
             h2 { "New connection" }
             (csrf_field(t.csrf()))
             label { "Name " input type="text" name="name" required maxlength="80" placeholder="Claude Code on my laptop"; }
@@ -82,7 +82,8 @@ pub(super) async fn create(
         rights,
         toolset: form.get("toolset").unwrap_or("full"),
     };
-    let c = admin::connection_create(&state.ds, &t.ctx, new).await?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let c = admin::connection_create(&state.ds, &ctx, new).await?;
     let mcp = state.mcp_resources.first().cloned().unwrap_or_default();
     let claude = format!(
         "claude mcp add --transport http gatehouse {mcp} --header \"Authorization: Bearer {}\"",

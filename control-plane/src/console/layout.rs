@@ -42,6 +42,7 @@ pub fn page(title: &str, nav: Option<&Nav<'_>>, body: Markup) -> Markup {
                 title { (title) " · Gatehouse" }
                 link rel="stylesheet" href="/static/console.css";
                 script src="/static/console.js" defer {}
+                script src="/static/passkeys.js" defer {}
             }
             body {
                 header {
@@ -75,7 +76,7 @@ fn navigation(n: &Nav<'_>) -> Markup {
         }
         @if n.operator { (link("/operator", html! { "Operator" })) }
         span {
-            (n.person)
+            a href="/account/passkeys" title="Your passkeys" { (n.person) }
             @if let Some(t) = n.tenant { " · " a href="/tenants" { (t) } }
         }
         form method="post" action="/logout" {

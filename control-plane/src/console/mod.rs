@@ -17,6 +17,7 @@ mod connections;
 mod extract;
 mod messages;
 mod operator;
+mod passkeys;
 mod people;
 mod settings;
 mod sign_in;
@@ -32,6 +33,7 @@ use shared::error::Error;
 use shared::{OpCtx, time};
 
 pub use extract::{Session, Source};
+pub use passkeys::SCRIPT as PASSKEY_SCRIPT;
 
 use crate::AppState;
 use layout::{error_box, page};
@@ -53,6 +55,13 @@ pub fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/", get(sign_in::home))
         .route("/login", get(sign_in::login_form).post(sign_in::login))
+        .route("/login/passkey/options", post(passkeys::sign_in_options))
+        .route("/login/passkey", post(passkeys::sign_in))
+        .route("/account/passkeys", get(passkeys::page).post(passkeys::register))
+        .route("/account/passkeys/options", post(passkeys::register_options))
+        .route("/account/passkeys/{passkey}/remove", post(passkeys::remove))
+        .route("/passkeys/decision", post(passkeys::decision))
+        .route("/settings/passkey-policy", post(passkeys::set_policy))
         .route("/logout", post(sign_in::logout))
         .route("/tenants", get(sign_in::tenants).post(sign_in::pick_tenant))
         .route("/connections", get(connections::list).post(connections::create))
@@ -112,7 +121,9 @@ pub type Answer<T = Response> = Result<T, Fail>;
 /// The one mapping of a service error to a console page.
 fn fail(e: Error) -> Response {
     let status = match &e {
-        Error::Forbidden { .. } | Error::NoActor => StatusCode::FORBIDDEN,
+        Error::Forbidden { .. } | Error::NoActor | Error::PasskeyRequired { .. } => {
+            StatusCode::FORBIDDEN
+        }
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
         Error::Internal(d) => {
             tracing::error!(error = %d, "console request failed");

@@ -24,7 +24,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, s: Session) -> Answ
                 @if on { "The global kill switch is ON: every agent request answers 503." }
                 @else { "Agents are served." }
             }
-            form method="post" action="/operator/kill-switch" {
+            form method="post" action="/operator/kill-switch" data-passkey {
                 (csrf_field(s.csrf()))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 label { "Reason " input type="text" name="reason" required maxlength="300"; }
@@ -43,7 +43,18 @@ pub(super) async fn global_switch(
     s: Session,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let operator = operators::from_session(&state.ds, &s.row).await?;
+    let mut operator = operators::from_session(&state.ds, &s.row).await?;
+    if let Some((ceremony, assertion)) = super::passkeys::assertion(&form) {
+        let proof = shared::services::passkeys::prove(
+            &state.ds,
+            &state.passkeys,
+            &s.row,
+            ceremony,
+            assertion,
+        )
+        .await?;
+        operator = operator.with_proof(proof);
+    }
     // The kill switch `on` refuses every agent.
     let kill = direction(&form)?;
     let reason = form.get("reason").unwrap_or("");

@@ -29,7 +29,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                         td { (p.role) }
                         td {
                             @if p.active {
-                                form method="post" action="/people/role" {
+                                form method="post" action="/people/role" data-passkey {
                                     (csrf_field(t.csrf()))
                                     input type="hidden" name="email" value=(p.email);
                                     label {
@@ -65,7 +65,8 @@ pub(super) async fn set_role(
         Some(r) => r?,
         None => return Err(Error::invalid("role", "pick a role").into()),
     };
-    admin::person_set_role(&state.ds, &t.ctx, form.get("email").unwrap_or_default(), role).await?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    admin::person_set_role(&state.ds, &ctx, form.get("email").unwrap_or_default(), role).await?;
     Ok(Redirect::to("/people").into_response())
 }
 

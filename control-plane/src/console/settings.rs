@@ -10,7 +10,7 @@ use shared::error::Error;
 use shared::services::rates::{self, Limit};
 use shared::services::{admin, approvals};
 
-use super::extract::{CsrfForm, Tenant};
+use super::extract::{CsrfForm, Fields, Tenant};
 use super::layout::csrf_field;
 use super::{Answer, direction, shown};
 use crate::AppState;
@@ -18,6 +18,7 @@ use crate::AppState;
 pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
     let policy = approvals::policy(&state.ds, &t.ctx).await?;
     let limits = rates::limits(&state.ds, &t.ctx).await?;
+    let passkey_policy = shared::services::passkeys::policy(&state.ds, &t.ctx).await?;
     let on = t.session.row.tenant_agent_access().unwrap_or(true);
     let body = html! {
         div class="card" {
@@ -25,7 +26,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 @if on { "Agents can use this tenant's connections." }
                 @else { "Agent access is OFF: every agent request for this tenant is refused." }
             }
-            form method="post" action="/settings/agent-access" {
+            form method="post" action="/settings/agent-access" data-passkey {
                 (csrf_field(t.csrf()))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 label { "Reason " input type="text" name="reason" required maxlength="300"; }
@@ -37,6 +38,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
             }
         }
         p { "Tenant: " (t.ctx.tenant().slug) }
+        (super::passkeys::policy_card(passkey_policy, t.csrf()))
         (policy_form(&policy, t.csrf()))
         (limits_form(&limits, t.csrf()))
     };
@@ -51,7 +53,8 @@ pub(super) async fn agent_access(
     // Agent access `on` lets agents in; `off` is the kill switch for the tenant.
     let kill = !direction(&form)?;
     let reason = form.get("reason").unwrap_or_default();
-    admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&t.ctx), kill, reason).await?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&ctx), kill, reason).await?;
     Ok(Redirect::to("/settings").into_response())
 }
 
@@ -77,7 +80,7 @@ fn policy_form(policy: &approvals::Policy, csrf: &str) -> Markup {
                 @let class = class.as_str();
                 @let rule = policy.rules.iter().find(|r| r.scope == format!("class:{class}"));
                 @let mode = rule.map(|r| r.mode).unwrap_or(approvals::DEFAULT);
-                form method="post" action="/settings/approval-policy" class="policy-row" {
+                form method="post" action="/settings/approval-policy" class="policy-row" data-passkey {
                     (csrf_field(csrf))
                     input type="hidden" name="scope" value=(class);
                     label {
@@ -122,7 +125,7 @@ fn limits_form(limits: &[Limit], csrf: &str) -> Markup {
                             td { @if l.counted == "per_worker" { "on each worker" } @else { "across all workers" } }
                             td { (l.default) }
                             td {
-                                form method="post" action="/settings/rate-limit" class="inline" {
+                                form method="post" action="/settings/rate-limit" class="inline" data-passkey {
                                     (csrf_field(csrf))
                                     input type="hidden" name="class" value=(l.class);
                                     input type="number" name="per_minute" min="1" max=(rates::MAX_PER_MINUTE) value=(l.per_minute) aria-label={ "Calls per minute for " (l.class) } required;
@@ -131,7 +134,7 @@ fn limits_form(limits: &[Limit], csrf: &str) -> Markup {
                                 }
                                 @if l.overridden {
                                     " "
-                                    form method="post" action="/settings/rate-limit" class="inline" {
+                                    form method="post" action="/settings/rate-limit" class="inline" data-passkey {
                                         (csrf_field(csrf))
                                         input type="hidden" name="class" value=(l.class);
                                         input type="hidden" name="per_minute" value="default";
@@ -152,6 +155,14 @@ pub(super) async fn set_rate_limit(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
+    let (class, per_minute) = rate_fields(&form)?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    rates::set_limit(&state.ds, &ctx, class, per_minute).await?;
+    Ok(Redirect::to("/settings").into_response())
+}
+
+/// A rate-limit form's class and allowance (`None`: back to the default).
+pub(super) fn rate_fields(form: &Fields) -> Result<(&str, Option<i32>), Error> {
     let per_minute = match form.get("per_minute").map(str::trim) {
         Some("default") => None,
         Some(n) => Some(
@@ -159,14 +170,23 @@ pub(super) async fn set_rate_limit(
                 .map_err(|_| Error::invalid("per_minute", "a whole number of calls per minute"))?,
         ),
         None => {
-            return Err(
-                Error::invalid("per_minute", "say how many calls per minute, or default").into()
-            );
+            return Err(Error::invalid("per_minute", "say how many calls per minute, or default"));
         }
     };
-    let class = form.get("class").unwrap_or_default();
-    rates::set_limit(&state.ds, &t.ctx, class, per_minute).await?;
-    Ok(Redirect::to("/settings").into_response())
+    Ok((form.get("class").unwrap_or_default(), per_minute))
+}
+
+/// A policy form's scope, mode and approver condition.
+pub(super) fn policy_fields(form: &Fields) -> Result<(&str, approvals::Completion, bool), Error> {
+    // A form names its mode; a missing or unknown one changes nothing.
+    let mode = match form.get("mode").map(|m| approvals::Completion::parse("mode", m)) {
+        Some(mode) => mode?,
+        None => return Err(Error::invalid("mode", "choose who completes these actions")),
+    };
+    let scope = form.get("scope").unwrap_or_default();
+    let not_creator = form.get("approver_not_creator") == Some("yes")
+        && mode == approvals::Completion::PersonApproves;
+    Ok((scope, mode, not_creator))
 }
 
 pub(super) async fn set_policy(
@@ -174,14 +194,8 @@ pub(super) async fn set_policy(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    // A form names its mode; a missing or unknown one changes nothing.
-    let mode = match form.get("mode").map(|m| approvals::Completion::parse("mode", m)) {
-        Some(mode) => mode?,
-        None => return Err(Error::invalid("mode", "choose who completes these actions").into()),
-    };
-    let scope = form.get("scope").unwrap_or_default();
-    let not_creator = form.get("approver_not_creator") == Some("yes")
-        && mode == approvals::Completion::PersonApproves;
-    approvals::policy_set(&state.ds, &t.ctx, scope, Some(mode), not_creator).await?;
+    let (scope, mode, not_creator) = policy_fields(&form)?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await?;
     Ok(Redirect::to("/settings").into_response())
 }

@@ -62,8 +62,37 @@ fn login_page(next: &str, csrf: &str, error: Option<&str>) -> Markup {
                 label { "Password " input type="password" name="password" autocomplete="current-password" required maxlength="1024"; }
                 button type="submit" { "Sign in" }
             }
+            form method="post" action="/login/passkey" class="card" data-passkey-signin id="passkey-sign-in" {
+                input type="hidden" name="next" value=(next);
+                input type="hidden" name="login_csrf" value=(csrf);
+                p { "Or sign in with a passkey on this device or your phone; no email or password needed." }
+                button type="submit" class="plain" { "Sign in with a passkey" }
+            }
         },
     )
+}
+
+/// The sign-in page again with a reason, and a fresh form token.
+pub(super) fn refuse_login(state: &AppState, next: &str, message: &str) -> Response {
+    let token = login_token();
+    let page = login_page(next, &token, Some(message));
+    with_login_cookie(state, &token, (StatusCode::UNAUTHORIZED, page).into_response())
+}
+
+/// A new session's cookie, and on to where the person was going.
+pub(super) fn signed_in(state: &AppState, token: &str, next: &str) -> Response {
+    let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+    let cookie = format!(
+        "{}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
+        session_cookie(state),
+        token,
+        console::SESSION_TTL_SECS
+    );
+    let mut response = Redirect::to(next).into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    response
 }
 
 pub(super) async fn login(
@@ -87,20 +116,7 @@ pub(super) async fn login(
         form.get("password").cloned().unwrap_or_default(),
     );
     match console::sign_in(&state.ds, &email, &password, &source).await {
-        Ok(signed) => {
-            let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
-            let cookie = format!(
-                "{}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{secure}",
-                session_cookie(&state),
-                signed.token,
-                console::SESSION_TTL_SECS
-            );
-            let mut response = Redirect::to(&next).into_response();
-            if let Ok(v) = HeaderValue::from_str(&cookie) {
-                response.headers_mut().insert(header::SET_COOKIE, v);
-            }
-            response
-        }
+        Ok(signed) => signed_in(&state, &signed.token, &next),
         Err(Error::Unauthenticated(message)) => {
             (StatusCode::UNAUTHORIZED, login_page(&next, &csrf, Some(&message))).into_response()
         }

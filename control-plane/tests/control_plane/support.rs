@@ -34,6 +34,7 @@ impl Api {
             mcp_resources: vec!["http://127.0.0.1:9/mcp".into()],
             fetch,
             trust_forwarded_for: true,
+            passkeys: shared::services::passkeys::RelyingParty::new(&url).expect("relying party"),
         });
         tokio::spawn(async move {
             axum::serve(

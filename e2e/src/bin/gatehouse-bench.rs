@@ -541,6 +541,7 @@ fn pgbench_write(
                     quoted("bench"),
                     s("NULL"),
                     s("NULL"),
+                    s("NULL"),
                 ],
             ) + ";",
             "COMMIT;".to_owned(),

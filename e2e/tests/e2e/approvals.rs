@@ -543,7 +543,7 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
 }
 
 /// A connection of the first tenant's dispatcher named "Dispatch agent", with these rights; its token.
-fn dispatch_agent(stack: &Stack, rights: &str) -> String {
+pub(crate) fn dispatch_agent(stack: &Stack, rights: &str) -> String {
     let slug = stack.tenant(0)["slug"].as_str().expect("slug");
     let dispatcher = stack.tenant(0)["dispatcher"]["email"].as_str().expect("email");
     let agent = stack
@@ -564,7 +564,7 @@ fn dispatch_agent(stack: &Stack, rights: &str) -> String {
 }
 
 /// The first customer of a tenant who has an email address.
-fn emailed_customer(stack: &Stack, slug: &str) -> String {
+pub(crate) fn emailed_customer(stack: &Stack, slug: &str) -> String {
     psql_text(
         stack,
         &format!(

@@ -8,6 +8,7 @@ mod bench;
 mod clients;
 mod console;
 mod fleet;
+mod identity;
 mod oauth;
 mod support;
 mod traces;

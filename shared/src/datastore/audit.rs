@@ -46,6 +46,8 @@ pub struct AuditListRow {
     pub connection_name: Option<String>,
     pub client_name: Option<String>,
     pub reason: Option<String>,
+    /// How the person proved themself (passkey, or the session's sign-in).
+    pub proof: Option<serde_json::Value>,
 }
 
 /// What an audit search asks for, already checked by the service.
@@ -73,7 +75,7 @@ impl Services {
     ) -> Result<Vec<AuditListRow>> {
         Ok(sqlx::query_as::<_, AuditListRow>(
             "SELECT a.id, a.at, a.channel, a.action, a.outcome, a.targets, c.handle AS connection_handle,
-                    a.connection_name, a.client_name, a.reason
+                    a.connection_name, a.client_name, a.reason, a.proof
              FROM audit_log a LEFT JOIN connections c ON c.id = a.connection_id
              WHERE a.tenant_id = $1
                AND ($2::text IS NULL OR a.connection_id = (SELECT id FROM connections WHERE tenant_id = $1 AND handle = $2))
@@ -123,9 +125,9 @@ impl<'a> AuditEntry<'a> {
 /// written outside a connection (a person approving it in the console) names the connection
 /// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
 pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
-                                client_name, action, outcome, targets, request_id, pending_action_id, reason)
+                                client_name, action, outcome, targets, request_id, pending_action_id, reason, proof)
          SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
-                $7, $8, $9, $10, $11, $12
+                $7, $8, $9, $10, $11, $12, $13
          FROM (SELECT 1) one
          LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
          LEFT JOIN connections c ON c.id = p.connection_id";
@@ -149,6 +151,7 @@ pub(crate) async fn audit_insert(
         .bind(ctx.request_id())
         .bind(entry.pending_action)
         .bind(entry.reason)
+        .bind(ctx.proof().map(|p| p.audit_json()))
         .execute(&mut **tx)
         .await?;
     Ok(())

@@ -388,6 +388,26 @@ impl Services {
 }
 
 impl Services {
+    /// Reads a consent request without using it (to name it in a passkey ceremony).
+    pub(crate) async fn preauth_oauth_request_peek(
+        &self,
+        handle: &str,
+        session_id: i64,
+        tenant_id: i64,
+    ) -> Result<Option<crate::services::oauth::AuthorizeRequest>> {
+        Ok(sqlx::query_as(
+            "SELECT client_id, redirect_uri, code_challenge, state, resource, scope FROM oauth_requests
+             WHERE handle = $1 AND session_id = $2 AND tenant_id = $3 AND used_at IS NULL AND expires_at > now()",
+        )
+        .bind(handle)
+        .bind(session_id)
+        .bind(tenant_id)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+}
+
+impl Services {
     /// Counts one use of a throttled key in its window and returns the count with the window's
     /// age in seconds, in one statement (concurrent uses serialize on the row). A window older
     /// than `window_secs` starts again at one. Shares the sign-in counters' table.

@@ -22,6 +22,9 @@ pub struct SessionRow {
     pub tenant_agent_access: Option<bool>,
     pub role: Option<String>,
     pub membership_active: Option<bool>,
+    /// How the session began: `password`, `passkey` or `sso`.
+    pub signed_in_with: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Services {
@@ -32,16 +35,20 @@ impl Services {
         tenant_id: Option<i64>,
         csrf: &str,
         ttl_secs: i64,
+        signed_in_with: (&str, Option<i64>),
     ) -> Result<()> {
         sqlx::query(
-            "INSERT INTO console_sessions (token_hash, person_id, tenant_id, csrf_token, expires_at)
-             VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))",
+            "INSERT INTO console_sessions (token_hash, person_id, tenant_id, csrf_token, expires_at,
+                                           signed_in_with, passkey_id)
+             VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7)",
         )
         .bind(token_hash)
         .bind(person_id)
         .bind(tenant_id)
         .bind(csrf)
         .bind(ttl_secs as f64)
+        .bind(signed_in_with.0)
+        .bind(signed_in_with.1)
         .execute(self.pool())
         .await?;
         Ok(())
@@ -56,7 +63,7 @@ impl Services {
                     p.active AS person_active, p.is_operator, s.csrf_token,
                     t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug, t.name AS tenant_name,
                     t.zone AS tenant_zone, t.currency::text AS tenant_currency, t.agent_access AS tenant_agent_access,
-                    m.role, m.active AS membership_active
+                    m.role, m.active AS membership_active, s.signed_in_with, s.created_at
              FROM console_sessions s
              JOIN people p ON p.id = s.person_id
              LEFT JOIN tenants t ON t.id = s.tenant_id

@@ -30,6 +30,7 @@ use crate::services::outcome::{
     Approval, Changed, Executed, ExecutedResult, ExecutedStatus, NothingChanged, Outcome, Preview,
     PreviewStatus, Rejected,
 };
+use crate::services::passkeys::Decision;
 use crate::services::planners::plan;
 use crate::services::rails::args_digest;
 use crate::services::two_step::{Apply, At, Plan};
@@ -570,6 +571,7 @@ async fn run_once(
             approved: approved.map(|(_, reason)| Approval {
                 by: ctx.actor_handle().map(str::to_owned),
                 reason: reason.to_owned(),
+                proven: ctx.proof().map(|p| p.phrase().to_owned()),
             }),
         };
         if let Some((person, reason)) = approved {
@@ -709,6 +711,11 @@ pub(crate) async fn decide(
         return Err(error);
     }
     let action = format!("{}.{}", p.tool, if approve { "approve" } else { "deny" });
+    if approve {
+        // Under the passkey policy, an assertion made for this action as it is now.
+        let decision = Decision::approve_action(&p.handle, &p.content_hash);
+        crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
+    }
     if !approve {
         db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
         db::pending_decided_by(&mut tx, ctx, p.id, Some(person), &reason).await?;

@@ -11,6 +11,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::{ApiTokenHandle, ConnectionHandle, PersonHandle, TenantHandle};
 use crate::rights::{Right, RightSet, Role};
 use crate::secret::{self, CredentialKind};
+use crate::services::passkeys::{self, Decision};
 use crate::time;
 
 pub fn tenant_ref(t: &TenantRow) -> Result<TenantRef> {
@@ -205,6 +206,26 @@ async fn member(ds: &Services, ctx: &OpCtx, email: &str) -> Result<crate::datast
     }
 }
 
+/// The decision a role change is when it gives the person rights they do not hold now
+/// (`None` when it keeps or lowers them: narrowing never waits for a passkey).
+pub async fn role_decision(
+    ds: &Services,
+    ctx: &OpCtx,
+    email: &str,
+    role: Role,
+) -> Result<Option<Decision>> {
+    let person = member(ds, ctx, email).await?;
+    let held = ds
+        .membership_get(ctx, person.id)
+        .await?
+        .filter(|m| m.active)
+        .and_then(|m| m.role.parse::<Role>().ok())
+        .map(|r| r.rights())
+        .unwrap_or_default();
+    Ok((!role.rights().is_subset_of(held))
+        .then(|| Decision::raise_role(&person.handle, role.as_str())))
+}
+
 /// Changes a person's role. Their connections keep their stored rights, but the live rights
 /// of every call are cut to the new role from the next call on (R4).
 pub async fn person_set_role(
@@ -215,9 +236,13 @@ pub async fn person_set_role(
 ) -> Result<PersonCreated> {
     ctx.require(Right::PeopleManage)?;
     let person = member(ds, ctx, email).await?;
+    let raise = role_decision(ds, ctx, email, role).await?;
     // A role change never brings a deactivated person back: that is adding them again, which
     // is its own audited act with fresh credentials.
     let mut tx = ds.begin().await?;
+    if let Some(decision) = raise {
+        passkeys::require(&mut tx, ctx, &decision).await?;
+    }
     // Only an active membership changes role, decided in the statement itself, so a
     // deactivation committed meanwhile is never undone.
     if !ds_fns::membership_set_role(&mut tx, ctx, person.id, role.as_str()).await? {
@@ -302,6 +327,14 @@ pub struct NewConnection<'a> {
     pub toolset: &'a str,
 }
 
+/// The decision creating a connection is, as a passkey ceremony names it: the name as the
+/// connection will carry it, its rights and its toolset.
+pub fn connection_decision(name: &str, rights: RightSet, toolset: &str) -> Decision {
+    let names = rights.names();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    Decision::create_connection(name.trim(), &names, toolset)
+}
+
 /// Creates a static connection for a person of the tenant, with the rights and toolset given
 /// (never more rights than the creator holds); the token is returned once.
 pub async fn connection_create(
@@ -357,6 +390,7 @@ pub async fn connection_create(
     let token = secret::generate(CredentialKind::Mcp);
     let handle = ConnectionHandle::generate();
     let mut tx = ds.begin().await?;
+    passkeys::require(&mut tx, ctx, &connection_decision(name, rights, toolset)).await?;
     // Decided again under the membership's row lock: a deactivation running now either revokes
     // this connection too or is seen here, so none is left to wake if the person came back.
     if !ds_fns::membership_active_held(&mut tx, ctx, creator.id).await? {
@@ -683,6 +717,13 @@ pub async fn kill_switch_set(
     let mut tx = ds.begin().await?;
     let (label, changed, event) = match scope {
         SwitchScope::Global(operator) => {
+            if !kill && operator.channel() == Channel::Console {
+                passkeys::require_for_platform(
+                    operator.proof(),
+                    operator.id(),
+                    &Decision::global_switch_on(),
+                )?;
+            }
             let was = ds_fns::platform_kill_set(
                 &mut tx,
                 kill,
@@ -696,6 +737,9 @@ pub async fn kill_switch_set(
         }
         SwitchScope::Tenant(ctx) => {
             ctx.require(Right::TenantSwitch)?;
+            if !kill {
+                passkeys::require(&mut tx, ctx, &Decision::agent_access_on()).await?;
+            }
             let was_on = ds_fns::tenant_agent_access_set(&mut tx, ctx, !kill).await?;
             let action = if kill { "agent_access.off" } else { "agent_access.on" };
             let mut entry = AuditEntry::ok(action, vec![ctx.tenant().handle.to_string()]);
@@ -725,6 +769,28 @@ pub struct AuditView {
     pub connection_name: Option<String>,
     pub client_name: Option<String>,
     pub reason: Option<String>,
+    /// How the person behind it proved themself: `passkey pky_… (user verified)`, or the way
+    /// their console session began (`password session`).
+    pub proven: Option<String>,
+}
+
+/// What an audit row's proof says, as people read it.
+fn proven(proof: Option<&serde_json::Value>) -> Option<String> {
+    let p = proof?;
+    let method = p.get("method")?.as_str()?;
+    Some(match p.get("passkey").and_then(|k| k.as_str()) {
+        Some(handle) => {
+            let verified = p.get("user_verified").and_then(|v| v.as_bool()) == Some(true);
+            format!("passkey {handle}{}", if verified { " (user verified)" } else { "" })
+        }
+        None => format!(
+            "{} session",
+            match method {
+                "sso" => "single sign-on",
+                other => other,
+            }
+        ),
+    })
 }
 
 /// What an admin searches the audit log for; every field as it came from outside.
@@ -888,6 +954,7 @@ pub async fn audit_search(
             connection_name: r.connection_name,
             client_name: r.client_name,
             reason: r.reason,
+            proven: proven(r.proof.as_ref()),
         })
         .collect();
     Ok(AuditPage { rows, next })

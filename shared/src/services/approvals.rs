@@ -107,6 +107,28 @@ impl Policy {
             .unwrap_or((DEFAULT, false))
     }
 
+    /// How a scope (`class:…` or `tool:…`) is completed now: its own rule, else what it
+    /// falls back to.
+    pub fn for_scope(&self, scope: &str) -> (Completion, bool) {
+        self.rules
+            .iter()
+            .find(|r| r.scope == scope)
+            .map(|r| (r.mode, r.approver_not_creator))
+            .unwrap_or_else(|| (self.fallback_for(scope), false))
+    }
+
+    /// What a scope falls back to without its own rule: a tool to its class's rule, a class
+    /// to the default.
+    pub fn fallback_for(&self, scope: &str) -> Completion {
+        scope
+            .strip_prefix("tool:")
+            .and_then(Op::by_name)
+            .map(|op| format!("class:{}", op.class().as_str()))
+            .and_then(|class| self.rules.iter().find(|r| r.scope == class))
+            .map(|r| r.mode)
+            .unwrap_or(DEFAULT)
+    }
+
     /// How a tool is completed, by name; `None` for tools that are not two-step.
     pub fn for_tool(&self, tool: &str) -> Option<Completion> {
         Op::by_name(tool).map(|op| self.for_op(op).0)
@@ -151,6 +173,50 @@ pub struct PolicySet {
     pub approver_not_creator: bool,
 }
 
+/// Whether a rule lets agents do more than the one before: a less strict mode (off, then a
+/// person approves, then the agent confirms), or the same person_approves without the
+/// approver-is-not-the-creator condition.
+fn looser(will: (Completion, bool), was: (Completion, bool)) -> bool {
+    let strictness = |m: Completion| match m {
+        Completion::Off => 2,
+        Completion::PersonApproves => 1,
+        Completion::AgentConfirms => 0,
+    };
+    strictness(will.0) < strictness(was.0)
+        || (will.0 == was.0 && will.0 == Completion::PersonApproves && was.1 && !will.1)
+}
+
+/// The decision a rule is when it loosens the policy of its scope (`None` when it keeps or
+/// tightens it).
+pub async fn policy_decision(
+    ds: &Services,
+    ctx: &OpCtx,
+    scope: &str,
+    mode: Option<Completion>,
+    approver_not_creator: bool,
+) -> Result<Option<crate::services::passkeys::Decision>> {
+    loosening(ds, ctx, &parse_scope(scope)?, mode, approver_not_creator).await
+}
+
+async fn loosening(
+    ds: &Services,
+    ctx: &OpCtx,
+    scope: &str,
+    mode: Option<Completion>,
+    approver_not_creator: bool,
+) -> Result<Option<crate::services::passkeys::Decision>> {
+    let before = policy(ds, ctx).await?;
+    let was = before.for_scope(scope);
+    let will = (mode.unwrap_or_else(|| before.fallback_for(scope)), approver_not_creator);
+    Ok(looser(will, was).then(|| {
+        crate::services::passkeys::Decision::loosen_approval_policy(
+            scope,
+            will.0.as_str(),
+            approver_not_creator,
+        )
+    }))
+}
+
 /// Sets the rule of one scope (`mode: None` removes it, so the default applies), audited. The
 /// change holds from the next call on every worker: the policy is read on every prepare.
 pub async fn policy_set(
@@ -168,7 +234,11 @@ pub async fn policy_set(
             "only a person_approves rule names who may approve",
         ));
     }
+    let loosen = loosening(ds, ctx, &scope, mode, approver_not_creator).await?;
     let mut tx = ds.begin().await?;
+    if let Some(decision) = loosen {
+        crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
+    }
     db::approval_policy_put(&mut tx, ctx, &scope, mode.map(|m| (m.as_str(), approver_not_creator)))
         .await?;
     let mode = mode.unwrap_or(DEFAULT);
@@ -282,6 +352,27 @@ pub async fn approve(
     now: jiff::Timestamp,
 ) -> Result<Decided> {
     crate::services::actions::decide(ds, ctx, handle, reason, true, now).await
+}
+
+/// The decision approving a waiting action is, as a passkey ceremony names it: its handle
+/// and the content hash of what it would do now. An action that changes after the ceremony
+/// began no longer matches, so the assertion cannot approve the new version.
+pub async fn decision_for(
+    ds: &Services,
+    ctx: &OpCtx,
+    raw: &str,
+) -> Result<crate::services::passkeys::Decision> {
+    let handle = raw.trim();
+    if !handle.starts_with("pac_") || handle.len() > 64 {
+        return Err(no_such_action(raw));
+    }
+    let mut tx = ds.begin().await?;
+    let p = db::pending_lock_by_handle(&mut tx, ctx, handle)
+        .await?
+        .filter(|p| p.completion == Completion::PersonApproves.as_str())
+        .ok_or_else(|| no_such_action(raw))?;
+    tx.rollback().await?;
+    Ok(crate::services::passkeys::Decision::approve_action(&p.handle, &p.content_hash))
 }
 
 /// A person denies a waiting action; the agent is told, with the reason.

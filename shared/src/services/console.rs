@@ -3,7 +3,7 @@
 //! A session is a `gh_ses_…` secret in an HttpOnly cookie, stored hashed, carrying a CSRF token
 //! that every console form must echo.
 
-use crate::ctx::{OpCtx, TenantRef};
+use crate::ctx::{OpCtx, Proof, ProofMethod, TenantRef};
 use crate::datastore::Services;
 use crate::datastore::SessionRow;
 pub use crate::datastore::{MembershipListRow, OutboxListRow, PersonListRow};
@@ -59,16 +59,27 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
         return Err(wrong());
     };
     ds.preauth_login_attempts_clear(&pair).await?;
-    let memberships = ds.preauth_memberships_of(person.id).await?;
+    session_begin(ds, person.id, ("password", None)).await
+}
+
+/// Starts a console session for a person the caller verified (by password, passkey or the
+/// tenant's identity provider), in their one tenant when they have exactly one.
+pub(crate) async fn session_begin(
+    ds: &Services,
+    person_id: i64,
+    signed_in_with: (&str, Option<i64>),
+) -> Result<SignedIn> {
+    let memberships = ds.preauth_memberships_of(person_id).await?;
     let tenant = (memberships.len() == 1).then(|| memberships[0].tenant_id);
     let token = secret::generate(CredentialKind::Session);
     let csrf = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
     ds.preauth_session_create(
         &secret::hash_token(&token),
-        person.id,
+        person_id,
         tenant,
         &csrf,
         SESSION_TTL_SECS,
+        signed_in_with,
     )
     .await?;
     Ok(SignedIn { token })
@@ -91,11 +102,15 @@ pub fn session_ctx(s: &ConsoleSession) -> Option<OpCtx> {
         zone_name,
         currency: s.tenant_currency.clone()?,
     };
-    Some(OpCtx::for_session(
-        (s.person_id, PersonHandle::from_db(s.person_handle.clone())),
-        tenant,
-        role,
-    ))
+    let proof = Proof::session(s.person_id, ProofMethod::parse(&s.signed_in_with));
+    Some(
+        OpCtx::for_session(
+            (s.person_id, PersonHandle::from_db(s.person_handle.clone())),
+            tenant,
+            role,
+        )
+        .with_proof(proof),
+    )
 }
 
 /// Rights a person holds in the session's tenant.
@@ -136,6 +151,21 @@ impl ConsoleSession {
     /// page; the operator services check again).
     pub fn is_operator(&self) -> bool {
         self.row.is_operator
+    }
+
+    /// The person signed in.
+    pub fn person_id(&self) -> i64 {
+        self.row.person_id
+    }
+
+    /// How the session began.
+    pub fn signed_in_with(&self) -> ProofMethod {
+        ProofMethod::parse(&self.row.signed_in_with)
+    }
+
+    /// Seconds since the session began.
+    pub fn age_secs(&self) -> i64 {
+        (chrono::Utc::now() - self.row.created_at).num_seconds()
     }
 
     pub(crate) fn row(&self) -> &SessionRow {

@@ -20,6 +20,7 @@ pub mod oauth;
 pub mod operators;
 pub mod outbox;
 pub mod outcome;
+pub mod passkeys;
 mod planners;
 mod rails;
 pub mod rates;

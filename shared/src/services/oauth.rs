@@ -484,6 +484,43 @@ pub async fn consent_take(
     ds.preauth_oauth_request_take(handle, session.id, tenant).await
 }
 
+/// The decision a consent form would make, for its passkey ceremony: `None` when it grants
+/// reading only (no passkey asked) or the request is gone.
+pub async fn consent_form_decision(
+    ds: &Services,
+    session: &ConsoleSession,
+    ctx: &OpCtx,
+    handle: &str,
+    rights: &[&str],
+) -> Result<Option<crate::services::passkeys::Decision>> {
+    let row = session.row();
+    let Some(tenant) = row.tenant_id else { return Ok(None) };
+    if !handle.starts_with("areq_") || handle.len() > 64 {
+        return Ok(None);
+    }
+    let Some(req) = ds.preauth_oauth_request_peek(handle, row.id, tenant).await? else {
+        return Ok(None);
+    };
+    let granted = RightSet::parse_lenient(rights).intersect(ctx.rights());
+    if granted.is_subset_of(crate::rights::read_only()) {
+        return Ok(None);
+    }
+    Ok(Some(consent_decision(&req, granted)))
+}
+
+/// The decision a consent is, as a passkey ceremony names it: the client, where the code
+/// goes, the resource and the rights granted (cut to what the person holds).
+pub fn consent_decision(
+    req: &AuthorizeRequest,
+    granted: RightSet,
+) -> crate::services::passkeys::Decision {
+    crate::services::passkeys::Decision::consent(
+        &format!("{} {}", req.redirect_uri, req.resource),
+        &req.client_id,
+        &granted.names().join(" "),
+    )
+}
+
 /// The person approved: create or update the client's connection in this tenant with the
 /// granted rights (never more than the person holds) and issue a code.
 pub async fn approve(
@@ -499,6 +536,9 @@ pub async fn approve(
         return Err(Error::invalid("rights", "grant at least one right"));
     }
     let mut tx = ds.begin().await?;
+    if !granted.is_subset_of(crate::rights::read_only()) {
+        crate::services::passkeys::require(&mut tx, ctx, &consent_decision(req, granted)).await?;
+    }
     // The person approving is still an active member, under the membership's row lock, so a
     // deactivation running now either revokes what this creates or is seen here.
     if !db::membership_active_held(&mut tx, ctx, person_id).await? {

@@ -67,6 +67,10 @@ pub struct Approval {
     /// The approving person's handle.
     pub by: Option<String>,
     pub reason: String,
+    /// How the approving person proved themself: `with a passkey`, or the way their
+    /// console session began when the tenant does not ask for a passkey.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proven: Option<String>,
 }
 
 /// What an executed action changed.

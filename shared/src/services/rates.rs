@@ -126,6 +126,26 @@ pub async fn limits(ds: &Services, ctx: &OpCtx) -> Result<Vec<Limit>> {
         .collect())
 }
 
+/// The decision setting a class's allowance is when it raises it (`None` when it keeps or
+/// lowers it).
+pub async fn limit_decision(
+    ds: &Services,
+    ctx: &OpCtx,
+    class: &str,
+    per_minute: Option<i32>,
+) -> Result<Option<crate::services::passkeys::Decision>> {
+    let now = ds
+        .rate_overrides(ctx)
+        .await?
+        .iter()
+        .find(|(c, _)| c == class)
+        .map(|(_, n)| *n)
+        .unwrap_or_else(|| default_per_minute(class));
+    let will = per_minute.unwrap_or_else(|| default_per_minute(class));
+    Ok((will > now)
+        .then(|| crate::services::passkeys::Decision::raise_rate_limit(class, per_minute)))
+}
+
 /// Sets a class's allowance for the tenant (`None`: back to the default), audited. Holds from
 /// the next call on every worker (read with the context, or in the shared window's statement).
 pub async fn set_limit(
@@ -157,7 +177,11 @@ pub async fn set_limit(
             ),
         ));
     }
+    let raise = limit_decision(ds, ctx, class, per_minute).await?;
     let mut tx = ds.begin().await?;
+    if let Some(decision) = raise {
+        crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
+    }
     db::rate_override_put(&mut tx, ctx, class, per_minute).await?;
     let reason = match per_minute {
         Some(n) => format!("{class}: {n} per minute"),

@@ -1,0 +1,112 @@
+// Passkeys in the console: adding one, signing in with one, and confirming a decision with
+// one. The server keeps every ceremony's state; this script only carries the browser's
+// WebAuthn answers to it, as JSON with base64url binary fields.
+(() => {
+  const enc = (buf) => btoa(String.fromCharCode(...new Uint8Array(buf)))
+    .replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+  const dec = (s) => Uint8Array.from(atob(s.replace(/-/g, '+').replace(/_/g, '/')), (c) => c.charCodeAt(0));
+
+  const creationOptions = (o) => {
+    const pk = o.publicKey;
+    pk.challenge = dec(pk.challenge);
+    pk.user.id = dec(pk.user.id);
+    (pk.excludeCredentials || []).forEach((c) => { c.id = dec(c.id); });
+    return { publicKey: pk };
+  };
+  const requestOptions = (o) => {
+    const pk = o.publicKey;
+    pk.challenge = dec(pk.challenge);
+    (pk.allowCredentials || []).forEach((c) => { c.id = dec(c.id); });
+    return { publicKey: pk };
+  };
+  const credentialJson = (c) => ({
+    id: c.id, rawId: enc(c.rawId), type: c.type,
+    response: {
+      attestationObject: enc(c.response.attestationObject),
+      clientDataJSON: enc(c.response.clientDataJSON),
+    },
+    extensions: c.getClientExtensionResults(),
+  });
+  const assertionJson = (c) => ({
+    id: c.id, rawId: enc(c.rawId), type: c.type,
+    response: {
+      authenticatorData: enc(c.response.authenticatorData),
+      clientDataJSON: enc(c.response.clientDataJSON),
+      signature: enc(c.response.signature),
+      userHandle: c.response.userHandle ? enc(c.response.userHandle) : null,
+    },
+    extensions: c.getClientExtensionResults(),
+  });
+
+  const say = (form, text) => {
+    let el = form.querySelector('[data-passkey-status]');
+    if (!el) {
+      el = document.createElement('p');
+      el.setAttribute('data-passkey-status', '');
+      el.setAttribute('role', 'alert');
+      el.className = 'error';
+      form.appendChild(el);
+    }
+    el.textContent = text;
+  };
+  const setField = (form, name, value) => {
+    let input = form.querySelector(`input[name="${name}"]`);
+    if (!input) {
+      input = document.createElement('input');
+      input.type = 'hidden';
+      input.name = name;
+      form.appendChild(input);
+    }
+    input.value = value;
+  };
+  const post = async (url, form, extra) => {
+    const body = new URLSearchParams(new FormData(form));
+    Object.entries(extra || {}).forEach(([k, v]) => body.set(k, v));
+    const r = await fetch(url, { method: 'POST', body, credentials: 'same-origin' });
+    const data = await r.json().catch(() => ({ error: `the server answered ${r.status}` }));
+    if (!r.ok) throw new Error(data.error || `the server answered ${r.status}`);
+    return data;
+  };
+
+  // A decision under the tenant's passkey policy: ask for a ceremony made for this form's
+  // decision, sign it, and send the assertion with the form.
+  const prove = async (form, submitter) => {
+    const extra = { for: new URL(form.action, location.href).pathname };
+    if (submitter && submitter.name) extra[submitter.name] = submitter.value;
+    const answer = await post('/passkeys/decision', form, extra);
+    if (!answer.needed) return;
+    const cred = await navigator.credentials.get(requestOptions(answer.options));
+    setField(form, 'passkey_ceremony', answer.ceremony);
+    setField(form, 'passkey_assertion', JSON.stringify(assertionJson(cred)));
+  };
+
+  document.addEventListener('submit', async (e) => {
+    const form = e.target;
+    if (form.dataset.passkeyDone) return;
+    if (!('passkey' in form.dataset) && !('passkeyRegister' in form.dataset) && !('passkeySignin' in form.dataset)) return;
+    e.preventDefault();
+    const submitter = e.submitter;
+    try {
+      if ('passkeySignin' in form.dataset) {
+        const answer = await post('/login/passkey/options', form);
+        const cred = await navigator.credentials.get(requestOptions(answer.options));
+        setField(form, 'ceremony', answer.ceremony);
+        setField(form, 'assertion', JSON.stringify(assertionJson(cred)));
+      } else if ('passkeyRegister' in form.dataset) {
+        if ('passkey' in form.dataset) await prove(form, submitter);
+        const answer = await post('/account/passkeys/options', form);
+        const cred = await navigator.credentials.create(creationOptions(answer.options));
+        setField(form, 'ceremony', answer.ceremony);
+        setField(form, 'credential', JSON.stringify(credentialJson(cred)));
+        form.action = '/account/passkeys';
+      } else {
+        await prove(form, submitter);
+      }
+      if (submitter && submitter.name) setField(form, submitter.name, submitter.value);
+      form.dataset.passkeyDone = '1';
+      form.submit();
+    } catch (err) {
+      say(form, `Not done: ${err.message || err}. Nothing changed; try again.`);
+    }
+  });
+})();

@@ -1,0 +1,101 @@
+//! Knowing the person: passkeys driven through Chromium's virtual authenticator, from adding
+//! one to approving an agent's action under the tenant's policy, with every hostile case the
+//! policy must refuse.
+
+use crate::approvals::{dispatch_agent, emailed_customer};
+use crate::support::*;
+
+#[tokio::test]
+async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
+    let stack = Stack::start(Options::for_test("passkeys", 1)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let other = stack.tenant(1).clone();
+    let slug = tenant["slug"].as_str().expect("slug").to_owned();
+    let agent_token = dispatch_agent(&stack, "customers:read,bookings:read,bookings:notify");
+    stack
+        .ctl(&[
+            "approval-policy",
+            "set",
+            "--tenant",
+            &slug,
+            "--scope",
+            "notify",
+            "--mode",
+            "person_approves",
+        ])
+        .expect("policy");
+    let customer = emailed_customer(&stack, &slug);
+    let customer_email =
+        psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/passkeys.mjs"))
+        .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
+        .args(["--token", &agent_token, "--customer", &customer])
+        .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+        .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .args(["--other-email", other["admin"]["email"].as_str().expect("email")])
+        .args(["--other-password", other["admin"]["password"].as_str().expect("password")])
+        .args(["--db", &stack.database_url])
+        .arg("--shots")
+        .arg(stack.run_dir.join("passkey-shots"))
+        .output()
+        .expect("node (scripts/test installs playwright-core and Chromium)");
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "browser passkeys failed:\n{line}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value =
+        serde_json::from_str(line.trim().lines().last().unwrap_or_default()).expect("json");
+    // The ceremony as people meet it.
+    assert_eq!(seen["registered"], true, "{seen}");
+    assert_eq!(seen["passkey_sign_in"], "passkey", "the session began with the passkey: {seen}");
+    assert_eq!(seen["approved_status"], "executed", "{seen}");
+    assert!(
+        seen["approved_flash"].as_str().unwrap_or_default().contains("with a passkey"),
+        "the Approvals page says how it was approved: {seen}"
+    );
+    assert_eq!(seen["agent_status"], "EXECUTED", "{seen}");
+    assert_eq!(seen["agent_sees_proof"], "with a passkey", "{seen}");
+    // Every hostile case refused, with the target still waiting.
+    for case in [
+        "replayed_other",
+        "forged",
+        "expired",
+        "unverified",
+        "counter_backwards",
+        "foreign_credential",
+    ] {
+        assert_eq!(seen[case]["status"], 403, "{case} must be refused: {seen}");
+        assert_eq!(seen[case]["target"], "pending", "{case} executed nothing: {seen}");
+    }
+    assert_eq!(seen["replayed_same"]["status"], 403, "a used ceremony is refused: {seen}");
+    assert_eq!(seen["replayed_same"]["source"], "pending", "{seen}");
+    assert_eq!(seen["forged"]["says"], true, "the refusal names the passkey: {seen}");
+    assert_eq!(seen["policy_off_without_passkey"]["status"], 403, "{seen}");
+    assert_eq!(seen["policy_off_without_passkey"]["still_on"], "t", "{seen}");
+    // Narrowing stays one step: a deny without a passkey goes through.
+    assert_eq!(seen["deny_without_passkey"]["target"], "rejected", "{seen}");
+    // Exactly one email reached the customer: the approved one.
+    assert_eq!(
+        psql_count(
+            &stack,
+            &format!("SELECT count(*) FROM outbox WHERE recipient = '{customer_email}'")
+        ),
+        1
+    );
+    // The audit row of the approval records the passkey and user verification.
+    let approved = seen["approved_action"].as_str().expect("action");
+    let proof = psql_text(
+        &stack,
+        &format!(
+            "SELECT a.proof::text FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id
+             WHERE p.handle = '{approved}' AND a.action = 'send_customer_message' AND a.outcome = 'ok'"
+        ),
+    );
+    let proof: serde_json::Value = serde_json::from_str(&proof).expect("proof json");
+    assert_eq!(proof["method"], "passkey", "{proof}");
+    assert_eq!(proof["user_verified"], true, "{proof}");
+    assert!(proof["passkey"].as_str().unwrap_or_default().starts_with("pky_"), "{proof}");
+}
