@@ -244,7 +244,7 @@ async fn authorize(
                 button type="submit" class="plain" { "Not you? Sign out and use another account" }
             }
         }
-        form method="post" action="/oauth/authorize" class="card" data-passkey {
+        form method="post" action="/oauth/authorize" class="card" data-passkey[session.row.passkey_policy()] {
             (csrf)
             input type="hidden" name="request" value=(request);
             p { strong { (client.client_name) } " asks to act for you in " strong { (tenant) } ". It will be able to:" }

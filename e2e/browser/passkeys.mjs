@@ -16,7 +16,7 @@ import { join } from "node:path";
 const args = Object.fromEntries(
   process.argv.slice(2).reduce((pairs, v, i, all) => (i % 2 === 0 ? [...pairs, [v.replace(/^--/, ""), all[i + 1]]] : pairs), []),
 );
-for (const name of ["control", "mcp", "token", "customer", "email", "password", "other-email", "other-password", "db"]) {
+for (const name of ["control", "mcp", "token", "customer", "email", "password", "dispatcher-email", "other-email", "other-password", "db"]) {
   if (!args[name]) {
     console.error(`missing --${name}\nusage: node passkeys.mjs --control URL --mcp URL --token T --customer cus_… --email E --password P --other-email E --other-password P --db URL --shots DIR`);
     process.exit(2);
@@ -235,11 +235,52 @@ try {
   out.foreign_credential = { status: foreign.status, target: status(c.action) };
   await other.context.close();
 
+  // Every other widening decision, through its own form, confirmed with the passkey: the
+  // ceremony the script asks for names the decision the service then checks.
+  step = "create a connection with the passkey";
+  await page.goto(`${control}/connections`);
+  await page.fill('form[action="/connections"] input[name="name"]', "Made with a passkey");
+  await Promise.all([page.waitForNavigation(), page.click('form[action="/connections"] button[type="submit"]')]);
+  out.connection_created = sql(`SELECT count(*) FROM connections WHERE name = 'Made with a passkey'`);
+
+  step = "raise a role with the passkey";
+  await page.goto(`${control}/people`);
+  const row = page.locator(`form[action="/people/role"]:has(input[value="${args["dispatcher-email"]}"])`);
+  await row.locator('select[name="role"]').selectOption("admin");
+  await Promise.all([page.waitForNavigation(), row.locator('button[type="submit"]').click()]);
+  out.role_raised = sql(`SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id WHERE lower(p.email) = lower('${args["dispatcher-email"]}') AND t.id = (SELECT tenant_id FROM memberships m2 JOIN people p2 ON p2.id = m2.person_id WHERE lower(p2.email) = lower('${args.email}') LIMIT 1)`);
+
+  step = "raise a rate limit with the passkey";
+  await page.goto(`${control}/settings`);
+  const notifyLimit = page.locator('form[action="/settings/rate-limit"]:has(input[name="class"][value="notify"])').first();
+  await notifyLimit.locator('input[name="per_minute"]').fill("60");
+  await Promise.all([page.waitForNavigation(), notifyLimit.locator('button[type="submit"]').click()]);
+  out.rate_raised = sql(`SELECT per_minute FROM tenant_rate_limits WHERE class = 'notify'`);
+
+  step = "loosen the approval policy with the passkey";
+  const notifyPolicy = page.locator('form[action="/settings/approval-policy"]:has(input[name="scope"][value="notify"])');
+  await notifyPolicy.locator('select[name="mode"]').selectOption("agent_confirms");
+  await Promise.all([page.waitForNavigation(), notifyPolicy.locator('button[type="submit"]').click()]);
+  out.policy_loosened = sql(`SELECT count(*) FROM approval_policies WHERE scope = 'class:notify' AND mode = 'agent_confirms'`);
+
+  step = "agent access off without a passkey, on again with it";
+  await page.fill('form[action="/settings/agent-access"] input[name="reason"]', "drill");
+  await Promise.all([page.waitForNavigation(), page.click('form[action="/settings/agent-access"] button[type="submit"]')]);
+  out.access_off = await page.locator("#agent-access-state").textContent();
+  await page.fill('form[action="/settings/agent-access"] input[name="reason"]', "drill over");
+  await Promise.all([page.waitForNavigation(), page.click('form[action="/settings/agent-access"] button[type="submit"]')]);
+  out.access_on = await page.locator("#agent-access-state").textContent();
+
   step = "the passkey policy needs a passkey to turn off; narrowing does not";
   const off = await postFrom(page, "/settings/passkey-policy", { csrf, to: "off" });
   out.policy_off_without_passkey = { status: off.status, still_on: sql(`SELECT decisions_need_passkey FROM tenants t JOIN memberships m ON m.tenant_id = t.id JOIN people p ON p.id = m.person_id WHERE lower(p.email) = lower('${args.email}') LIMIT 1`) };
   const deny = await postFrom(page, `/approvals/${c.action}/deny`, { csrf, reason: "not now" });
   out.deny_without_passkey = { status: deny.status, target: status(c.action) };
+
+  step = "the policy off, with the passkey";
+  await page.goto(`${control}/settings`);
+  await Promise.all([page.waitForNavigation(), page.click('#passkey-policy button[type="submit"]')]);
+  out.policy_off = sql(`SELECT decisions_need_passkey FROM tenants t JOIN memberships m ON m.tenant_id = t.id JOIN people p ON p.id = m.person_id WHERE lower(p.email) = lower('${args.email}') LIMIT 1`);
 
   await page.screenshot({ path: join(shots, "passkeys.png"), fullPage: true });
   console.log(JSON.stringify(out));

@@ -70,7 +70,7 @@ pub(super) async fn page(
                     summary { "Exactly what will be sent or changed" }
                     pre { (serde_json::to_string_pretty(&a.effect).unwrap_or_default()) }
                 }
-                form method="post" action={ "/approvals/" (action) "/approve" } data-passkey {
+                form method="post" action={ "/approvals/" (action) "/approve" } data-passkey[t.session.row.passkey_policy()] {
                     (csrf)
                     label { "Reason to approve " input type="text" name="reason" required maxlength="500" aria-label={ "Reason to approve " (a.action) }; }
                     button type="submit" { "Approve" }

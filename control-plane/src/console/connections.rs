@@ -50,7 +50,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
-        form method="post" action="/connections" class="card" data-passkey {
+        form method="post" action="/connections" class="card" data-passkey[t.session.row.passkey_policy()] {
             h2 { "New connection" }
             (csrf_field(t.csrf()))
             label { "Name " input type="text" name="name" required maxlength="80" placeholder="Claude Code on my laptop"; }

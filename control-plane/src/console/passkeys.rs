@@ -348,7 +348,7 @@ pub(super) fn policy_card(on: bool, csrf: &str) -> maud::Markup {
             } @else {
                 p { "Off: a signed-in session decides alone. Turn it on so a stolen session or password cannot approve or widen anything." }
             }
-            form method="post" action="/settings/passkey-policy" data-passkey {
+            form method="post" action="/settings/passkey-policy" data-passkey[on] {
                 (csrf_field(csrf))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 button type="submit" class=(if on { "danger" } else { "" }) {

@@ -29,7 +29,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                         td { (p.role) }
                         td {
                             @if p.active {
-                                form method="post" action="/people/role" data-passkey {
+                                form method="post" action="/people/role" data-passkey[t.session.row.passkey_policy()] {
                                     (csrf_field(t.csrf()))
                                     input type="hidden" name="email" value=(p.email);
                                     label {

@@ -26,7 +26,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 @if on { "Agents can use this tenant's connections." }
                 @else { "Agent access is OFF: every agent request for this tenant is refused." }
             }
-            form method="post" action="/settings/agent-access" data-passkey {
+            form method="post" action="/settings/agent-access" data-passkey[t.session.row.passkey_policy()] {
                 (csrf_field(t.csrf()))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 label { "Reason " input type="text" name="reason" required maxlength="300"; }
@@ -39,8 +39,8 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
         }
         p { "Tenant: " (t.ctx.tenant().slug) }
         (super::passkeys::policy_card(passkey_policy, t.csrf()))
-        (policy_form(&policy, t.csrf()))
-        (limits_form(&limits, t.csrf()))
+        (policy_form(&policy, t.csrf(), passkey_policy))
+        (limits_form(&limits, t.csrf(), passkey_policy))
     };
     Ok(shown("Agent access", &t.nav("/settings"), body))
 }
@@ -66,7 +66,7 @@ const COMPLETIONS: [(approvals::Completion, &str); 3] = [
 ];
 
 /// The approval policy as a form: one row per effect class.
-fn policy_form(policy: &approvals::Policy, csrf: &str) -> Markup {
+fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup {
     let tools: Vec<_> = policy.rules.iter().filter(|r| r.scope.starts_with("tool:")).collect();
     html! {
         div class="card" {
@@ -80,7 +80,7 @@ fn policy_form(policy: &approvals::Policy, csrf: &str) -> Markup {
                 @let class = class.as_str();
                 @let rule = policy.rules.iter().find(|r| r.scope == format!("class:{class}"));
                 @let mode = rule.map(|r| r.mode).unwrap_or(approvals::DEFAULT);
-                form method="post" action="/settings/approval-policy" class="policy-row" data-passkey {
+                form method="post" action="/settings/approval-policy" class="policy-row" data-passkey[passkey] {
                     (csrf_field(csrf))
                     input type="hidden" name="scope" value=(class);
                     label {
@@ -111,7 +111,7 @@ fn policy_form(policy: &approvals::Policy, csrf: &str) -> Markup {
 }
 
 /// The rate buckets as a form: one row per class.
-fn limits_form(limits: &[Limit], csrf: &str) -> Markup {
+fn limits_form(limits: &[Limit], csrf: &str, passkey: bool) -> Markup {
     html! {
         div class="card" {
             h2 { "Rate limits per connection" }
@@ -125,7 +125,7 @@ fn limits_form(limits: &[Limit], csrf: &str) -> Markup {
                             td { @if l.counted == "per_worker" { "on each worker" } @else { "across all workers" } }
                             td { (l.default) }
                             td {
-                                form method="post" action="/settings/rate-limit" class="inline" data-passkey {
+                                form method="post" action="/settings/rate-limit" class="inline" data-passkey[passkey] {
                                     (csrf_field(csrf))
                                     input type="hidden" name="class" value=(l.class);
                                     input type="number" name="per_minute" min="1" max=(rates::MAX_PER_MINUTE) value=(l.per_minute) aria-label={ "Calls per minute for " (l.class) } required;
@@ -134,7 +134,7 @@ fn limits_form(limits: &[Limit], csrf: &str) -> Markup {
                                 }
                                 @if l.overridden {
                                     " "
-                                    form method="post" action="/settings/rate-limit" class="inline" data-passkey {
+                                    form method="post" action="/settings/rate-limit" class="inline" data-passkey[passkey] {
                                         (csrf_field(csrf))
                                         input type="hidden" name="class" value=(l.class);
                                         input type="hidden" name="per_minute" value="default";

@@ -66,7 +66,7 @@ fn login_page(next: &str, csrf: &str, error: Option<&str>) -> Markup {
                 input type="hidden" name="next" value=(next);
                 input type="hidden" name="login_csrf" value=(csrf);
                 p { "Or sign in with a passkey on this device or your phone; no email or password needed." }
-                button type="submit" class="plain" { "Sign in with a passkey" }
+                button type="submit" class="plain" { "Use a passkey" }
             }
         },
     )

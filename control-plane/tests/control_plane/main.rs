@@ -13,6 +13,7 @@ mod audit_and_activity;
 mod console_security;
 mod gatehousectl;
 mod oauth;
+mod passkey_policy;
 mod people_and_sessions;
 mod rest_api;
 mod support;

@@ -33,6 +33,7 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
         .args(["--token", &agent_token, "--customer", &customer])
         .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
         .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .args(["--dispatcher-email", tenant["dispatcher"]["email"].as_str().expect("email")])
         .args(["--other-email", other["admin"]["email"].as_str().expect("email")])
         .args(["--other-password", other["admin"]["password"].as_str().expect("password")])
         .args(["--db", &stack.database_url])
@@ -75,6 +76,14 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
     assert_eq!(seen["forged"]["says"], true, "the refusal names the passkey: {seen}");
     assert_eq!(seen["policy_off_without_passkey"]["status"], 403, "{seen}");
     assert_eq!(seen["policy_off_without_passkey"]["still_on"], "t", "{seen}");
+    // Every other widening decision went through its own form with the passkey.
+    assert_eq!(seen["connection_created"], "1", "{seen}");
+    assert_eq!(seen["role_raised"], "admin", "{seen}");
+    assert_eq!(seen["rate_raised"], "60", "{seen}");
+    assert_eq!(seen["policy_loosened"], "1", "{seen}");
+    assert!(seen["access_off"].as_str().unwrap_or_default().contains("OFF"), "{seen}");
+    assert!(seen["access_on"].as_str().unwrap_or_default().contains("can use"), "{seen}");
+    assert_eq!(seen["policy_off"], "f", "{seen}");
     // Narrowing stays one step: a deny without a passkey goes through.
     assert_eq!(seen["deny_without_passkey"]["target"], "rejected", "{seen}");
     // Exactly one email reached the customer: the approved one.

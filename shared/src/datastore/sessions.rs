@@ -20,6 +20,8 @@ pub struct SessionRow {
     pub tenant_zone: Option<String>,
     pub tenant_currency: Option<String>,
     pub tenant_agent_access: Option<bool>,
+    /// The tenant's policy "decisions need a passkey", for pages to ask for one up front.
+    pub tenant_passkey_policy: Option<bool>,
     pub role: Option<String>,
     pub membership_active: Option<bool>,
     /// How the session began: `password`, `passkey` or `sso`.
@@ -63,6 +65,7 @@ impl Services {
                     p.active AS person_active, p.is_operator, s.csrf_token,
                     t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug, t.name AS tenant_name,
                     t.zone AS tenant_zone, t.currency::text AS tenant_currency, t.agent_access AS tenant_agent_access,
+                    t.decisions_need_passkey AS tenant_passkey_policy,
                     m.role, m.active AS membership_active, s.signed_in_with, s.created_at
              FROM console_sessions s
              JOIN people p ON p.id = s.person_id

@@ -147,6 +147,12 @@ impl ConsoleSession {
         self.row.tenant_agent_access
     }
 
+    /// Whether the session's tenant asks for a passkey on widening decisions (for showing
+    /// the page; the services check the policy again in the decision's transaction).
+    pub fn passkey_policy(&self) -> bool {
+        self.row.tenant_passkey_policy == Some(true)
+    }
+
     /// Whether the person held the operator role when the session was read (for showing the
     /// page; the operator services check again).
     pub fn is_operator(&self) -> bool {
