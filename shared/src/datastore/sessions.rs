@@ -22,6 +22,11 @@ pub struct SessionRow {
     pub tenant_agent_access: Option<bool>,
     pub role: Option<String>,
     pub membership_active: Option<bool>,
+    /// The identity provider that started the session, if one did.
+    pub idp_id: Option<i64>,
+    /// The session's tenant's identity provider, and whether it takes only sessions it started.
+    pub tenant_idp_id: Option<i64>,
+    pub tenant_sso_required: Option<bool>,
 }
 
 impl Services {
@@ -56,11 +61,13 @@ impl Services {
                     p.active AS person_active, p.is_operator, s.csrf_token,
                     t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug, t.name AS tenant_name,
                     t.zone AS tenant_zone, t.currency::text AS tenant_currency, t.agent_access AS tenant_agent_access,
-                    m.role, m.active AS membership_active
+                    m.role, m.active AS membership_active,
+                    s.idp_id, i.id AS tenant_idp_id, i.sso_required AS tenant_sso_required
              FROM console_sessions s
              JOIN people p ON p.id = s.person_id
              LEFT JOIN tenants t ON t.id = s.tenant_id
              LEFT JOIN memberships m ON m.tenant_id = s.tenant_id AND m.person_id = s.person_id
+             LEFT JOIN tenant_idps i ON i.tenant_id = s.tenant_id
              WHERE s.token_hash = $1 AND s.expires_at > now()",
         )
         .bind(token_hash)

@@ -60,7 +60,9 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
     };
     ds.preauth_login_attempts_clear(&pair).await?;
     let memberships = ds.preauth_memberships_of(person.id).await?;
-    let tenant = (memberships.len() == 1).then(|| memberships[0].tenant_id);
+    // A tenant that requires single sign-on is never entered with a password.
+    let tenant =
+        (memberships.len() == 1 && !memberships[0].sso_required).then(|| memberships[0].tenant_id);
     let token = secret::generate(CredentialKind::Session);
     let csrf = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
     ds.preauth_session_create(
@@ -80,6 +82,10 @@ pub fn session_ctx(s: &ConsoleSession) -> Option<OpCtx> {
     let s = s.row();
     let role: Role = s.role.as_deref()?.parse().ok()?;
     if !(s.person_active && s.membership_active == Some(true)) {
+        return None;
+    }
+    // A tenant that requires single sign-on takes only the sessions its IdP started.
+    if s.tenant_sso_required == Some(true) && s.idp_id != s.tenant_idp_id {
         return None;
     }
     let zone_name = s.tenant_zone.clone()?;
@@ -166,8 +172,15 @@ pub async fn tenants_of(svc: &Services, s: &ConsoleSession) -> Result<Vec<Member
 /// Moves the session into a tenant the person is a member of; any other is refused.
 pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> Result<()> {
     let s = s.row();
-    if !svc.preauth_memberships_of(s.person_id).await?.iter().any(|m| m.tenant_id == tenant_id) {
+    let memberships = svc.preauth_memberships_of(s.person_id).await?;
+    let Some(m) = memberships.iter().find(|m| m.tenant_id == tenant_id) else {
         return Err(Error::invalid("tenant", "you are not a member of that tenant"));
+    };
+    if m.sso_required && !svc.preauth_session_from_idp_of(s.id, tenant_id).await? {
+        return Err(Error::Unauthenticated(format!(
+            "{} requires single sign-on: sign out, then choose \"Sign in with single sign-on\" and give your work email or {}.",
+            m.name, m.slug
+        )));
     }
     svc.preauth_session_set_tenant(s.id, tenant_id).await
 }

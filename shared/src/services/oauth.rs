@@ -556,7 +556,9 @@ pub struct TokenResponse {
     pub access_token: String,
     pub token_type: &'static str,
     pub expires_in: i64,
-    pub refresh_token: String,
+    /// None for grants that carry no refresh (an ID-JAG: the client asks its IdP again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refresh_token: Option<String>,
     /// The rights granted, space-separated: a narrowed grant says so (RFC 6749 §5.1).
     pub scope: String,
 }
@@ -606,7 +608,7 @@ async fn issue(
         access_token: access,
         token_type: "Bearer",
         expires_in: ACCESS_TTL_SECS,
-        refresh_token: refresh,
+        refresh_token: Some(refresh),
         scope,
     })
 }
@@ -748,10 +750,10 @@ pub async fn revoke(
 ) -> std::result::Result<(), OAuthError> {
     let hash = secret::hash_token(token);
     if let Some((issued_to, method)) = ds.preauth_token_client(&hash).await? {
-        if method == "private_key_jwt" && client != Some(issued_to.as_str()) {
+        if method != "none" && client != Some(issued_to.as_str()) {
             return Err(oauth(
                 "invalid_client",
-                "this client authenticates with private_key_jwt: revoke with client_assertion",
+                "this client is confidential: revoke with its client_assertion or client secret",
             ));
         }
         if client.is_some_and(|c| c != issued_to) {
@@ -858,7 +860,35 @@ pub struct FetchPolicy {
 /// development), every resolved address public (unless in development), the connection
 /// pinned to the checked address, never through a proxy, five seconds and 64 KiB at most, no
 /// redirects. The error says why, for the client's `error_description`.
-async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<Vec<u8>, String> {
+pub(crate) async fn guarded_fetch(
+    url: &str,
+    policy: &FetchPolicy,
+) -> std::result::Result<Vec<u8>, String> {
+    guarded(url, policy, Outbound::Get).await.map(|(_, body)| body)
+}
+
+/// POSTs a form behind the same guard as [`guarded_fetch`] (a tenant IdP's token endpoint),
+/// with HTTP Basic client authentication when `basic` names a client id and secret. A JSON
+/// answer is returned whatever its status: token endpoints explain refusals in the body.
+pub(crate) async fn guarded_post(
+    url: &str,
+    policy: &FetchPolicy,
+    form: &[(&str, &str)],
+    basic: Option<(&str, &str)>,
+) -> std::result::Result<(u16, Vec<u8>), String> {
+    guarded(url, policy, Outbound::Post { form, basic }).await
+}
+
+enum Outbound<'a> {
+    Get,
+    Post { form: &'a [(&'a str, &'a str)], basic: Option<(&'a str, &'a str)> },
+}
+
+async fn guarded(
+    url: &str,
+    policy: &FetchPolicy,
+    how: Outbound<'_>,
+) -> std::result::Result<(u16, Vec<u8>), String> {
     let parsed = url::Url::parse(url).map_err(|_| "not a URL".to_owned())?;
     if parsed.scheme() != "https" && !(policy.dev && parsed.scheme() == "http") {
         return Err("documents are fetched over https only".into());
@@ -898,18 +928,30 @@ async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<V
         builder = builder.add_root_certificate(root.clone());
     }
     let client = builder.build().map_err(|_| "cannot build the HTTP client".to_owned())?;
-    let mut response = client
-        .get(parsed)
+    let (request, any_status) = match how {
+        Outbound::Get => (client.get(parsed), false),
+        Outbound::Post { form, basic } => {
+            let mut request = client.post(parsed).form(form);
+            if let Some((id, secret)) = basic {
+                // RFC 6749 §2.3.1: each part form-urlencoded before the Basic encoding.
+                let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+                request = request.basic_auth(enc(id), Some(enc(secret)));
+            }
+            (request, true)
+        }
+    };
+    let mut response = request
         .header(reqwest::header::ACCEPT, "application/json")
         .send()
         .await
         .map_err(|e| {
-            tracing::warn!(error = ?e, url = %url, "client document fetch failed");
+            tracing::warn!(error = ?e, url = %url, "outbound fetch failed");
             "fetching it failed".to_owned()
         })?;
-    if !response.status().is_success() {
+    if !any_status && !response.status().is_success() {
         return Err(format!("fetching it answered {}", response.status()));
     }
+    let status = response.status().as_u16();
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|_| "reading it failed".to_owned())? {
         body.extend_from_slice(&chunk);
@@ -917,7 +959,7 @@ async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<V
             return Err("it is larger than 64 KiB".into());
         }
     }
-    Ok(body)
+    Ok((status, body))
 }
 
 /// Fetches a client ID metadata document behind the SSRF guard; results are cached for an hour.
@@ -965,6 +1007,9 @@ pub async fn resolve_client(
 #[derive(Debug, Default)]
 pub struct ClientCredentials<'a> {
     pub client_id: Option<&'a str>,
+    /// A confidential client's secret (`client_secret_post`, or `client_secret_basic` as the
+    /// adapter decoded it from the Authorization header).
+    pub client_secret: Option<&'a str>,
     pub assertion_type: Option<&'a str>,
     pub assertion: Option<&'a str>,
 }
@@ -1004,11 +1049,34 @@ pub async fn authenticate_client(
     let Some(client) = client else {
         // Unknown clients fall through to the grant's own check (the code or refresh token
         // names its client), which answers invalid_grant as before.
-        return match asserted {
-            Some(_) => Err(invalid("unknown client".into())),
-            None => Ok(client_id),
+        return match (asserted, creds.client_secret) {
+            (None, None) => Ok(client_id),
+            _ => Err(invalid("unknown client".into())),
         };
     };
+    if client.token_endpoint_auth_method == "client_secret" {
+        // A confidential client a tenant admin registered: its secret, and nothing else.
+        return match (creds.client_secret, asserted, &client.client_secret_hash) {
+            (Some(given), None, Some(hash))
+                if secret::tokens_match(&hex(&secret::hash_token(given)), &hex(hash)) =>
+            {
+                Ok(client_id)
+            }
+            (Some(_), None, _) => Err(invalid("the client secret is wrong".into())),
+            (_, Some(_), _) => Err(invalid(
+                "this client authenticates with its client secret (client_secret_basic or client_secret_post), not an assertion".into(),
+            )),
+            (None, None, _) => Err(invalid(
+                "this client is confidential: send its client_secret (client_secret_basic or client_secret_post)".into(),
+            )),
+        };
+    }
+    if creds.client_secret.is_some() {
+        return Err(invalid(format!(
+            "this client authenticates with {}; it has no client secret",
+            client.token_endpoint_auth_method
+        )));
+    }
     match (client.token_endpoint_auth_method.as_str(), asserted) {
         ("none", None) => Ok(client_id),
         ("none", Some(_)) => Err(invalid(
@@ -1033,6 +1101,10 @@ pub async fn authenticate_client(
         }
         _ => Err(invalid("the client's authentication method is unknown".into())),
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The key set of a `private_key_jwt` client: inline in its document, else from its
