@@ -36,7 +36,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
-        p { "Tenant: " (t.ctx.tenant().slug) }
+        p { "Tenant: " (t.ctx.tenant().slug) " · " a href="/settings/sso" { "Single sign-on and ID-JAG" } }
         (policy_form(&policy, t.csrf()))
         (limits_form(&limits, t.csrf()))
     };

@@ -62,6 +62,7 @@ fn login_page(next: &str, csrf: &str, error: Option<&str>) -> Markup {
                 label { "Password " input type="password" name="password" autocomplete="current-password" required maxlength="1024"; }
                 button type="submit" { "Sign in" }
             }
+            (super::sso::sign_in_card(next))
         },
     )
 }

@@ -60,7 +60,15 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
     };
     ds.preauth_login_attempts_clear(&pair).await?;
     let memberships = ds.preauth_memberships_of(person.id).await?;
-    // A tenant that requires single sign-on is never entered with a password.
+    // A tenant that requires single sign-on is never entered with a password; a person whose
+    // every tenant requires it is told where to sign in instead.
+    if !memberships.is_empty() && memberships.iter().all(|m| m.sso_required) {
+        let names: Vec<&str> = memberships.iter().map(|m| m.name.as_str()).collect();
+        return Err(Error::Unauthenticated(format!(
+            "{} requires single sign-on: use \"Continue with single sign-on\" below with your work email.",
+            names.join(", ")
+        )));
+    }
     let tenant =
         (memberships.len() == 1 && !memberships[0].sso_required).then(|| memberships[0].tenant_id);
     let token = secret::generate(CredentialKind::Session);
