@@ -14,8 +14,8 @@ use axum::{Form, Json, Router};
 use maud::{Markup, html};
 use serde_json::json;
 use shared::rights::RightSet;
-use shared::services::{client_assertion, id_jag};
 use shared::services::oauth::{self, AuthorizeRequest, ClientCredentials, ClientRow, OAuthError};
+use shared::services::{client_assertion, id_jag};
 
 use crate::AppState;
 use crate::console::layout::{csrf_field, error_box, page};
@@ -408,7 +408,8 @@ fn basic_credentials(headers: &HeaderMap) -> Result<Option<(String, String)>, OA
     };
     let unreadable = || OAuthError {
         error: "invalid_client",
-        error_description: "the Basic authorization header is not base64 of client_id:client_secret".into(),
+        error_description:
+            "the Basic authorization header is not base64 of client_id:client_secret".into(),
     };
     use base64::Engine;
     let decoded = base64::engine::general_purpose::STANDARD
@@ -502,8 +503,14 @@ async fn token(
                 scope: form.get("scope").map(String::as_str),
                 resource,
             };
-            id_jag::exchange(&state.ds, &state.fetch, &state.public_url, &state.mcp_resources, request)
-                .await
+            id_jag::exchange(
+                &state.ds,
+                &state.fetch,
+                &state.public_url,
+                &state.mcp_resources,
+                request,
+            )
+            .await
         }
         other => Err(OAuthError {
             error: "unsupported_grant_type",

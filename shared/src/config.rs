@@ -78,7 +78,10 @@ impl Common {
             nats_replicas,
             db_max_connections,
             db_pipe,
-            secret_keys: std::env::var("GATEHOUSE_SECRET_KEYS").ok().filter(|v| !v.trim().is_empty()).map(Secret),
+            secret_keys: std::env::var("GATEHOUSE_SECRET_KEYS")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(Secret),
         })
     }
 }

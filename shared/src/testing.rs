@@ -83,12 +83,9 @@ impl TestDb {
             }
         }
         let url = format!("{}/{name}", server_url());
-        let ds = Services::connect(&url, 8)
-            .await
-            .expect("connect test database")
-            .with_secret_keys(std::sync::Arc::new(
-                crate::seal::SealKeys::parse(TEST_SECRET_KEYS).expect("test keys"),
-            ));
+        let ds = Services::connect(&url, 8).await.expect("connect test database").with_secret_keys(
+            std::sync::Arc::new(crate::seal::SealKeys::parse(TEST_SECRET_KEYS).expect("test keys")),
+        );
         TestDb { name, url, ds }
     }
 

@@ -834,7 +834,8 @@ async fn idp(ds: &Services, operator: &Operator, cmd: IdpCmd) -> shared::Result<
             dev_mode,
             ..
         } => {
-            let policy = shared::services::oauth::FetchPolicy { dev: dev_mode, ..Default::default() };
+            let policy =
+                shared::services::oauth::FetchPolicy { dev: dev_mode, ..Default::default() };
             let input = sso::IdpInput {
                 issuer,
                 client_id,

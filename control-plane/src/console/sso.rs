@@ -88,26 +88,25 @@ pub(super) async fn callback(
         error: get("error"),
         browser_state: browser.as_deref(),
     };
-    let mut response = match sso::sign_in_finish(&state.ds, &state.fetch, &state.public_url, cb)
-        .await
-    {
-        Ok(signed) => {
-            let mut r = Redirect::to(&safe_next(Some(&signed.next))).into_response();
-            let c = format!(
-                "{}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{}",
-                session_cookie(&state),
-                signed.token,
-                signed.ttl_secs,
-                secure(&state)
-            );
-            if let Ok(v) = HeaderValue::from_str(&c) {
-                r.headers_mut().append(header::SET_COOKIE, v);
+    let mut response =
+        match sso::sign_in_finish(&state.ds, &state.fetch, &state.public_url, cb).await {
+            Ok(signed) => {
+                let mut r = Redirect::to(&safe_next(Some(&signed.next))).into_response();
+                let c = format!(
+                    "{}={}; HttpOnly; SameSite=Lax; Path=/; Max-Age={}{}",
+                    session_cookie(&state),
+                    signed.token,
+                    signed.ttl_secs,
+                    secure(&state)
+                );
+                if let Ok(v) = HeaderValue::from_str(&c) {
+                    r.headers_mut().append(header::SET_COOKIE, v);
+                }
+                r
             }
-            r
-        }
-        Err(Error::Unauthenticated(m)) => refused_page(StatusCode::UNAUTHORIZED, &m),
-        Err(e) => super::fail(e),
-    };
+            Err(Error::Unauthenticated(m)) => refused_page(StatusCode::UNAUTHORIZED, &m),
+            Err(e) => super::fail(e),
+        };
     // The state is used once, whatever happened.
     let gone = format!(
         "{}=; HttpOnly; SameSite=Lax; Path=/; Max-Age=0{}",
@@ -137,7 +136,9 @@ pub(super) async fn backchannel_logout(
         }
         Err(e) => (
             StatusCode::BAD_REQUEST,
-            axum::Json(serde_json::json!({"error": "invalid_request", "error_description": e.to_string()})),
+            axum::Json(
+                serde_json::json!({"error": "invalid_request", "error_description": e.to_string()}),
+            ),
         )
             .into_response(),
     };
@@ -150,7 +151,11 @@ pub(super) async fn backchannel_logout(
 pub(super) async fn settings(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
     let idp = sso::idp_show(&state.ds, &t.ctx).await?;
     let clients = id_jag::client_list(&state.ds, &t.ctx).await.unwrap_or_default();
-    Ok(shown("Single sign-on", &t.nav("/settings"), settings_body(&state, &t, idp.as_ref(), &clients, None)))
+    Ok(shown(
+        "Single sign-on",
+        &t.nav("/settings"),
+        settings_body(&state, &t, idp.as_ref(), &clients, None),
+    ))
 }
 
 fn yes_no(name: &str, label: &str, on: bool) -> Markup {

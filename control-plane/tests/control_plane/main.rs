@@ -15,5 +15,6 @@ mod gatehousectl;
 mod oauth;
 mod people_and_sessions;
 mod rest_api;
+mod sso;
 mod support;
 mod tenant_settings;

@@ -102,7 +102,11 @@ impl Services {
     }
 
     /// Keeps a key set fetched from an IdP's `jwks_uri`.
-    pub(crate) async fn preauth_idp_jwks_put(&self, id: i64, jwks: &serde_json::Value) -> Result<()> {
+    pub(crate) async fn preauth_idp_jwks_put(
+        &self,
+        id: i64,
+        jwks: &serde_json::Value,
+    ) -> Result<()> {
         sqlx::query(
             "UPDATE tenant_idps SET jwks = $2, jwks_fetched_at = now(), jwks_tried_at = now() WHERE id = $1",
         )
@@ -248,13 +252,16 @@ impl Services {
 
 /// Sets the context tenant's IdP; returns whether SSO was required before (`None`: no IdP was
 /// set). An issuer another tenant uses fails on the unique index.
-pub(crate) async fn idp_upsert(tx: &mut Tx<'_>, ctx: &OpCtx, i: NewIdp<'_>) -> Result<Option<bool>> {
-    let before: Option<bool> = sqlx::query_scalar(
-        "SELECT sso_required FROM tenant_idps WHERE tenant_id = $1 FOR UPDATE",
-    )
-    .bind(ctx.tenant_id())
-    .fetch_optional(&mut **tx)
-    .await?;
+pub(crate) async fn idp_upsert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    i: NewIdp<'_>,
+) -> Result<Option<bool>> {
+    let before: Option<bool> =
+        sqlx::query_scalar("SELECT sso_required FROM tenant_idps WHERE tenant_id = $1 FOR UPDATE")
+            .bind(ctx.tenant_id())
+            .fetch_optional(&mut **tx)
+            .await?;
     sqlx::query(
         "INSERT INTO tenant_idps (tenant_id, issuer, client_id, client_secret_sealed, authorization_endpoint,
              token_endpoint, jwks_uri, token_auth_method, email_domains, allow_join, sso_required, id_jag, session_hours)

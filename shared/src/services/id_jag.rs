@@ -98,7 +98,8 @@ pub async fn exchange(
         .ok_or_else(|| grant_refused("the assertion is not a JWT naming its issuer".into()))?;
     let idp = sso::id_jag_issuer(ds, &iss).await?.ok_or_else(|| {
         grant_refused(
-            "the ID-JAG's issuer is not an identity provider a tenant here trusts for ID-JAGs".into(),
+            "the ID-JAG's issuer is not an identity provider a tenant here trusts for ID-JAGs"
+                .into(),
         )
     })?;
     if client.tenant_id.is_some_and(|t| t != idp.tenant_id) {
@@ -140,9 +141,11 @@ pub async fn exchange(
         (Some(r), _) | (None, Some(r)) => r.to_owned(),
         (None, None) => mcp_resources.first().cloned().unwrap_or_default(),
     };
-    let Some(resource) = mcp_resources.iter().find(|a| same_resource(a, &resource)).cloned()
-    else {
-        return Err(oauth("invalid_target", format!("{resource} is not a resource of this server")));
+    let Some(resource) = mcp_resources.iter().find(|a| same_resource(a, &resource)).cloned() else {
+        return Err(oauth(
+            "invalid_target",
+            format!("{resource} is not a resource of this server"),
+        ));
     };
     let sub = &verified.registered.sub;
     let person_id = match ds.preauth_identity_get(&idp.issuer, sub).await? {
@@ -156,11 +159,14 @@ pub async fn exchange(
     let mut tx = ds.begin().await?;
     let tenant = db::entry_tenant_by_id(&mut tx, idp.tenant_id).await?;
     drop(tx);
-    let ctx = OpCtx::for_job("id-jag-grant", admin::tenant_ref(&tenant)?, &[Right::ConnectionsManage]);
+    let ctx =
+        OpCtx::for_job("id-jag-grant", admin::tenant_ref(&tenant)?, &[Right::ConnectionsManage]);
     let role = match ds.membership_get(&ctx, person_id).await? {
         Some(m) if m.active => m.role.parse::<Role>().map_err(OAuthError::from)?,
         _ => {
-            return Err(grant_refused("the ID-JAG's person is no longer a member of this tenant".into()));
+            return Err(grant_refused(
+                "the ID-JAG's person is no longer a member of this tenant".into(),
+            ));
         }
     };
     let holds = role.rights();
@@ -214,27 +220,27 @@ async fn grant(
     if !db::membership_active_held(&mut tx, ctx, person_id).await? {
         return Err(Error::Unauthenticated("the person is no longer an active member".into()));
     }
-    let (connection_id, handle) = match db::oauth_connection_find(&mut tx, ctx, person_id, client_id)
-        .await?
-    {
-        Some(found) => found,
-        None => {
-            let handle = ConnectionHandle::generate();
-            let id = db::connection_insert(
-                &mut tx,
-                ctx,
-                handle.as_str(),
-                person_id,
-                client_name,
-                client_name,
-                &rights.names(),
-            )
-            .await?;
-            (id, handle.to_string())
-        }
-    };
+    let (connection_id, handle) =
+        match db::oauth_connection_find(&mut tx, ctx, person_id, client_id).await? {
+            Some(found) => found,
+            None => {
+                let handle = ConnectionHandle::generate();
+                let id = db::connection_insert(
+                    &mut tx,
+                    ctx,
+                    handle.as_str(),
+                    person_id,
+                    client_name,
+                    client_name,
+                    &rights.names(),
+                )
+                .await?;
+                (id, handle.to_string())
+            }
+        };
     // Tokens of an earlier grant with other rights end, so none of them gains what this one adds.
-    if db::connection_set_idp_grant(&mut tx, ctx, connection_id, client_id, &rights.names()).await? {
+    if db::connection_set_idp_grant(&mut tx, ctx, connection_id, client_id, &rights.names()).await?
+    {
         db::connection_tokens_end(&mut tx, ctx, connection_id).await?;
     }
     let access = secret::generate(CredentialKind::Mcp);
@@ -287,8 +293,10 @@ pub struct ClientView {
 pub async fn client_register(ds: &Services, ctx: &OpCtx, name: &str) -> Result<ClientRegistered> {
     ctx.require(Right::ConnectionsManage)?;
     let name = crate::services::fields::name("name", name)?;
-    let client_id = format!("ghcc_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
-    let client_secret = format!("ghcs_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..]);
+    let client_id =
+        format!("ghcc_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..][..24]);
+    let client_secret =
+        format!("ghcs_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..]);
     let mut tx = ds.begin().await?;
     db::oauth_confidential_client_insert(
         &mut tx,
@@ -298,8 +306,12 @@ pub async fn client_register(ds: &Services, ctx: &OpCtx, name: &str) -> Result<C
         &secret::hash_token(&client_secret),
     )
     .await?;
-    db::audit_insert(&mut tx, ctx, AuditEntry::ok("oauth_client.register", vec![client_id.clone()]))
-        .await?;
+    db::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry::ok("oauth_client.register", vec![client_id.clone()]),
+    )
+    .await?;
     tx.commit().await?;
     Ok(ClientRegistered {
         client_id,

@@ -299,11 +299,10 @@ pub fn verify_with<C: DeserializeOwned>(
             refused(format!("{what}'s signature matches no key of the issuer's key set"))
         })?
         .claims;
-    let registered: Registered = serde_json::from_value(payload.clone())
-        .map_err(|_| {
-            let jti = if expect.jti == Jti::Required { " and jti" } else { "" };
-            refused(format!("{what} needs the claims iss, sub, aud, exp{jti}"))
-        })?;
+    let registered: Registered = serde_json::from_value(payload.clone()).map_err(|_| {
+        let jti = if expect.jti == Jti::Required { " and jti" } else { "" };
+        refused(format!("{what} needs the claims iss, sub, aud, exp{jti}"))
+    })?;
     if let Some(iss) = expect.issuer
         && registered.iss != iss
     {

@@ -934,17 +934,16 @@ async fn guarded(
             let mut request = client.post(parsed).form(form);
             if let Some((id, secret)) = basic {
                 // RFC 6749 §2.3.1: each part form-urlencoded before the Basic encoding.
-                let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+                let enc = |s: &str| {
+                    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+                };
                 request = request.basic_auth(enc(id), Some(enc(secret)));
             }
             (request, true)
         }
     };
-    let mut response = request
-        .header(reqwest::header::ACCEPT, "application/json")
-        .send()
-        .await
-        .map_err(|e| {
+    let mut response =
+        request.header(reqwest::header::ACCEPT, "application/json").send().await.map_err(|e| {
             tracing::warn!(error = ?e, url = %url, "outbound fetch failed");
             "fetching it failed".to_owned()
         })?;

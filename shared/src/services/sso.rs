@@ -104,8 +104,8 @@ pub async fn idp_show(ds: &Services, ctx: &OpCtx) -> Result<Option<IdpView>> {
 
 /// A URL the IdP names: https (http too in development), a host, no credentials or fragment.
 fn endpoint(field: &str, raw: &str, policy: &FetchPolicy) -> Result<url::Url> {
-    let url = url::Url::parse(raw)
-        .map_err(|_| Error::invalid(field, format!("{raw:?} is not a URL")))?;
+    let url =
+        url::Url::parse(raw).map_err(|_| Error::invalid(field, format!("{raw:?} is not a URL")))?;
     let scheme_ok = url.scheme() == "https" || (policy.dev && url.scheme() == "http");
     if !scheme_ok || url.host_str().is_none() {
         return Err(Error::invalid(field, format!("{raw} must be an https URL")));
@@ -152,8 +152,9 @@ async fn discover(issuer: &str, policy: &FetchPolicy) -> Result<(Discovery, serd
     let keys = guarded_fetch(&doc.jwks_uri, policy)
         .await
         .map_err(|why| Error::invalid("issuer", format!("its jwks_uri {}: {why}", doc.jwks_uri)))?;
-    let keys: serde_json::Value = serde_json::from_slice(&keys)
-        .map_err(|_| Error::invalid("issuer", format!("its jwks_uri {}: not JSON", doc.jwks_uri)))?;
+    let keys: serde_json::Value = serde_json::from_slice(&keys).map_err(|_| {
+        Error::invalid("issuer", format!("its jwks_uri {}: not JSON", doc.jwks_uri))
+    })?;
     KeySet::parse(&keys).ok_or_else(|| {
         Error::invalid(
             "issuer",
@@ -222,7 +223,10 @@ pub async fn idp_set(
     }
     let client_id = input.client_id.trim().to_owned();
     if client_id.is_empty() || client_id.len() > 255 {
-        return Err(Error::invalid("client_id", "give the client id the IdP issued (1 to 255 characters)"));
+        return Err(Error::invalid(
+            "client_id",
+            "give the client id the IdP issued (1 to 255 characters)",
+        ));
     }
     if !(1..=MAX_SESSION_HOURS).contains(&input.session_hours) {
         return Err(Error::invalid(
@@ -302,7 +306,8 @@ pub async fn idp_set(
     let tenant = ctx.tenant().handle.to_string();
     db::audit_insert(&mut tx, ctx, AuditEntry::ok("idp.set", vec![tenant.clone()])).await?;
     if before.unwrap_or(false) != input.sso_required {
-        let action = if input.sso_required { "idp.sso_required.on" } else { "idp.sso_required.off" };
+        let action =
+            if input.sso_required { "idp.sso_required.on" } else { "idp.sso_required.off" };
         db::audit_insert(&mut tx, ctx, AuditEntry::ok(action, vec![tenant])).await?;
     }
     tx.commit().await?;
@@ -455,9 +460,10 @@ pub async fn sign_in_finish(
     cb: Callback<'_>,
 ) -> Result<SsoSignedIn> {
     let again = "start again from the sign-in page";
-    let state = cb.state.filter(|s| !s.is_empty() && s.len() <= 200).ok_or_else(|| {
-        refused(format!("The identity provider sent no sign-in state; {again}."))
-    })?;
+    let state = cb
+        .state
+        .filter(|s| !s.is_empty() && s.len() <= 200)
+        .ok_or_else(|| refused(format!("The identity provider sent no sign-in state; {again}.")))?;
     if !cb.browser_state.is_some_and(|b| secret::tokens_match(b, state)) {
         return Err(refused(format!("This sign-in was not started in this browser; {again}.")));
     }
@@ -492,9 +498,10 @@ pub async fn sign_in_finish(
     } else {
         Some((idp.client_id.as_str(), client_secret.as_str()))
     };
-    let (status, body) = guarded_post(&idp.token_endpoint, policy, &form, basic)
-        .await
-        .map_err(|why| refused(format!("The identity provider's token endpoint: {why}; {again}.")))?;
+    let (status, body) =
+        guarded_post(&idp.token_endpoint, policy, &form, basic).await.map_err(|why| {
+            refused(format!("The identity provider's token endpoint: {why}; {again}."))
+        })?;
     let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let Some(id_token) = answer.get("id_token").and_then(|t| t.as_str()).filter(|_| status == 200)
     else {
@@ -518,7 +525,9 @@ pub async fn sign_in_finish(
     let keys = IdpKeys { ds, policy, idp: &idp, refuse: refused };
     let jtis = IdpJtis { ds, refuse: refused };
     let verified = jose::verify::<IdClaims, Error>(id_token, &expect, &keys, &jtis, |why| {
-        refused(format!("Your identity provider's answer was refused: {why}. Ask your administrator."))
+        refused(format!(
+            "Your identity provider's answer was refused: {why}. Ask your administrator."
+        ))
     })
     .await?;
     let claims = &verified.claims;
@@ -527,7 +536,9 @@ pub async fn sign_in_finish(
         return Err(refused(format!("The ID token is not for this sign-in (nonce); {again}.")));
     }
     if claims.azp.as_deref().is_some_and(|azp| azp != idp.client_id) {
-        return Err(refused("The ID token was issued to another client (azp). Ask your administrator."));
+        return Err(refused(
+            "The ID token was issued to another client (azp). Ask your administrator.",
+        ));
     }
     let verified_email = match &claims.email_verified {
         Some(serde_json::Value::Bool(b)) => *b,
@@ -698,7 +709,8 @@ pub async fn backchannel_logout(
     };
     let keys = IdpKeys { ds, policy, idp: &idp, refuse: bad };
     let jtis = IdpJtis { ds, refuse: bad };
-    let verified = jose::verify::<LogoutClaims, Error>(logout_token, &expect, &keys, &jtis, bad).await?;
+    let verified =
+        jose::verify::<LogoutClaims, Error>(logout_token, &expect, &keys, &jtis, bad).await?;
     let claims = verified.claims;
     if !claims.events.as_ref().is_some_and(|e| e.contains_key(BACKCHANNEL_LOGOUT_EVENT)) {
         return Err(bad(format!("the logout token's events must name {BACKCHANNEL_LOGOUT_EVENT}")));
@@ -794,7 +806,12 @@ pub(crate) struct IdpJtis<'a, E> {
 impl<E: From<Error>> jose::JtiStore for IdpJtis<'_, E> {
     type Error = E;
 
-    async fn first_use(&self, issuer: &str, jti: &str, expires: i64) -> std::result::Result<bool, E> {
+    async fn first_use(
+        &self,
+        issuer: &str,
+        jti: &str,
+        expires: i64,
+    ) -> std::result::Result<bool, E> {
         let expires = chrono::DateTime::from_timestamp(expires, 0)
             .ok_or_else(|| (self.refuse)("exp is out of range".into()))?;
         Ok(self.ds.preauth_idp_jti_use(issuer, jti, expires).await?)
