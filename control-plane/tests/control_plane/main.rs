@@ -12,6 +12,7 @@ mod api_tokens;
 mod audit_and_activity;
 mod console_security;
 mod gatehousectl;
+mod id_jag;
 mod oauth;
 mod people_and_sessions;
 mod rest_api;
