@@ -9,6 +9,7 @@ mod clients;
 mod console;
 mod fleet;
 mod oauth;
+mod sso;
 mod support;
 mod traces;
 mod writes;
