@@ -156,7 +156,8 @@ async fn hostile_id_jags_are_refused_and_create_nothing() {
         db.scalar_i64("SELECT count(*) FROM connections").await,
         db.scalar_i64("SELECT count(*) FROM connection_tokens").await,
     );
-    let cases: Vec<(&str, String, Vec<(&str, &str)>)> = vec![
+    type Extra<'a> = Vec<(&'a str, &'a str)>;
+    let cases: Vec<(&str, String, Extra)> = vec![
         ("unsigned", unsigned, vec![]),
         ("HMAC-signed with the IdP's public key", hmac, vec![]),
         (
