@@ -440,10 +440,22 @@ struct IdClaims {
     email: Option<String>,
     #[serde(default)]
     email_verified: Option<serde_json::Value>,
+    /// Entra ID's "email domain owner verified" (it sends no `email_verified`).
+    #[serde(default)]
+    xms_edov: Option<serde_json::Value>,
     #[serde(default)]
     name: Option<String>,
     #[serde(default)]
     sid: Option<String>,
+}
+
+/// Whether a claim says yes (a boolean, or the string some IdPs send).
+fn yes(claim: Option<&serde_json::Value>) -> bool {
+    match claim {
+        Some(serde_json::Value::Bool(b)) => *b,
+        Some(serde_json::Value::String(s)) => s == "true",
+        _ => false,
+    }
 }
 
 fn refused(why: impl Into<String>) -> Error {
@@ -541,9 +553,8 @@ pub async fn sign_in_finish(
         ));
     }
     let verified_email = match &claims.email_verified {
-        Some(serde_json::Value::Bool(b)) => *b,
-        Some(serde_json::Value::String(s)) => s == "true",
-        _ => false,
+        Some(said) => yes(Some(said)),
+        None => yes(claims.xms_edov.as_ref()),
     };
     let person_id = link(
         ds,
