@@ -597,3 +597,72 @@ async fn gatehousectl_sets_shows_and_removes_the_idp_audited_as_cli() {
     let (ok, out) = ctl(db, &["tenant", "idp", "show", "--tenant", &slug]);
     assert!(ok && out["idp"].is_null(), "{out}");
 }
+
+#[tokio::test]
+async fn a_tenant_admin_connects_the_idp_in_the_console_and_others_cannot() {
+    let api = Api::start_with(FetchPolicy { dev: true, ..Default::default() }).await;
+    let idp = FakeIdp::start().await;
+    let t = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t.admin.email, &t.admin.password).await;
+    let page = admin.get("/settings/sso").await.text().await.expect("html");
+    assert!(page.contains(&format!("{}/sso/callback", api.url)), "the redirect URI to register");
+    let mut form = form_fields(&page, "/settings/sso");
+    let fill = |form: &mut Vec<(String, String)>, extra: &[(&str, &str)]| {
+        form.retain(|(k, _)| k == "csrf");
+        for (k, v) in extra {
+            form.push(((*k).into(), (*v).into()));
+        }
+    };
+    let fields = [
+        ("issuer", idp.issuer.as_str()),
+        ("client_id", CLIENT_ID),
+        ("client_secret", CLIENT_SECRET),
+        ("email_domains", "northwind.example"),
+        ("allow_join", "no"),
+        ("id_jag", "yes"),
+        ("session_hours", "4"),
+    ];
+    // A form that does not say whether SSO is required changes nothing.
+    fill(&mut form, &fields);
+    let r = admin.post("/settings/sso", &form).await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 0);
+    // A forged form (no CSRF token) neither.
+    let forged: Vec<(String, String)> = form.iter().filter(|(k, _)| k != "csrf").cloned().collect();
+    assert_eq!(admin.post("/settings/sso", &forged).await.status(), 403);
+    let mut with_choice = fields.to_vec();
+    with_choice.push(("sso_required", "no"));
+    fill(&mut form, &with_choice);
+    let r = admin.post("/settings/sso", &form).await;
+    assert_eq!(r.status(), 303, "{:?}", r.text().await);
+    assert_eq!(
+        api._db
+            .scalar_i64(
+                "SELECT count(*) FROM audit_log WHERE action = 'idp.set' AND channel = 'console'"
+            )
+            .await,
+        1
+    );
+    // Registering an agent platform shows its secret once.
+    let page = admin.get("/settings/sso").await.text().await.expect("html");
+    let mut register = form_fields(&page, "/settings/sso/clients");
+    register.push(("name".into(), "Acme agents".into()));
+    let shown = admin.post("/settings/sso/clients", &register).await.text().await.expect("html");
+    assert!(shown.contains("ghcs_"), "the secret, once");
+    assert!(!admin.get("/settings/sso").await.text().await.expect("html").contains("ghcs_"));
+    // A dispatcher cannot see or change it.
+    let dispatcher = Browser::sign_in(&api, &t.dispatcher.email, &t.dispatcher.password).await;
+    assert_eq!(dispatcher.get("/settings/sso").await.status(), 403);
+    let d_page = dispatcher.get("/approvals").await.text().await.expect("html");
+    let csrf = d_page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .expect("csrf")
+        .split('"')
+        .next()
+        .expect("end");
+    let mut d_form = vec![("csrf".to_owned(), csrf.to_owned())];
+    d_form.extend(with_choice.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    assert_eq!(dispatcher.post("/settings/sso/remove", &d_form).await.status(), 403);
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+}
