@@ -421,6 +421,9 @@ async fn sso_required_turns_password_sign_in_off_for_the_tenant() {
     let api = Api::start_with(FetchPolicy { dev: true, ..Default::default() }).await;
     let idp = FakeIdp::start().await;
     let t = &api.seed.tenants[0];
+    // A password session working in the tenant before the switch...
+    let before = Browser::sign_in(&api, &t.dispatcher.email, &t.dispatcher.password).await;
+    assert_eq!(before.get("/approvals").await.status(), 200);
     connect(&api, &idp, &t.slug, "northwind.example", true, false).await.expect("connected");
     assert_eq!(
         api._db
@@ -428,6 +431,8 @@ async fn sso_required_turns_password_sign_in_off_for_the_tenant() {
             .await,
         1
     );
+    // ...works there no more.
+    assert_eq!(before.get("/approvals").await.status(), 303, "a password session left the tenant");
     let http = no_redirects();
     let r = post_login(
         &http,
