@@ -58,6 +58,11 @@ pub(crate) struct FakeIdp {
 
 impl FakeIdp {
     pub(crate) async fn start() -> FakeIdp {
+        FakeIdp::pointing(None).await
+    }
+
+    /// An IdP whose discovery document names these token endpoint and key set URLs.
+    pub(crate) async fn pointing(endpoints: Option<(&str, &str)>) -> FakeIdp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let issuer = format!("http://{}/idp", listener.local_addr().expect("addr"));
         let signer = Signer::new("idp-1");
@@ -66,8 +71,8 @@ impl FakeIdp {
         let discovery = json!({
             "issuer": issuer,
             "authorization_endpoint": format!("{issuer}/authorize"),
-            "token_endpoint": format!("{issuer}/token"),
-            "jwks_uri": format!("{issuer}/jwks"),
+            "token_endpoint": endpoints.map_or(format!("{issuer}/token"), |e| e.0.to_owned()),
+            "jwks_uri": endpoints.map_or(format!("{issuer}/jwks"), |e| e.1.to_owned()),
             "token_endpoint_auth_methods_supported": ["client_secret_basic"],
         });
         let jwks = json!({"keys": [signer.jwk.clone()]});
@@ -414,6 +419,18 @@ async fn an_issuer_serves_one_tenant_and_a_private_idp_is_refused_outside_develo
         .expect_err("a private address");
     assert!(err.to_string().contains("private, loopback or link-local"), "{err}");
     assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+    // Metadata that points at the cloud metadata service is refused even in development,
+    // whether it names the key set or the token endpoint there.
+    let metadata = "http://169.254.169.254/latest/meta-data/iam";
+    let jwks_there = FakeIdp::pointing(Some((&format!("{}/token", idp.issuer), metadata))).await;
+    let token_there = FakeIdp::pointing(Some((metadata, &format!("{}/jwks", idp.issuer)))).await;
+    for hostile in [&jwks_there, &token_there] {
+        let err = connect(&api, hostile, &api.seed.tenants[1].slug, "harbor.example", false, false)
+            .await
+            .expect_err("metadata pointing at a link-local address");
+        assert!(err.to_string().contains("link-local"), "{err}");
+    }
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1, "nothing stored");
 }
 
 #[tokio::test]
@@ -670,4 +687,57 @@ async fn a_tenant_admin_connects_the_idp_in_the_console_and_others_cannot() {
     d_form.extend(with_choice.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     assert_eq!(dispatcher.post("/settings/sso/remove", &d_form).await.status(), 403);
     assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+}
+
+#[tokio::test]
+async fn with_join_allowed_a_verified_newcomer_joins_as_viewer_and_a_removed_member_does_not() {
+    let api = Api::start_with(FetchPolicy { dev: true, ..Default::default() }).await;
+    let idp = FakeIdp::start().await;
+    let t = &api.seed.tenants[0];
+    let ctx = operator_in(&api._db.ds, &t.admin.email, &t.slug).await;
+    let input = sso::IdpInput {
+        issuer: idp.issuer.clone(),
+        client_id: CLIENT_ID.into(),
+        client_secret: Some(CLIENT_SECRET.into()),
+        email_domains: vec!["northwind.example".into()],
+        allow_join: true,
+        sso_required: false,
+        id_jag: false,
+        session_hours: 2,
+    };
+    let policy = FetchPolicy { dev: true, ..Default::default() };
+    sso::idp_set(&api._db.ds, &ctx, &policy, input).await.expect("set");
+    let db = &api._db;
+    let joins =
+        "SELECT count(*) FROM audit_log WHERE action = 'person.create' AND channel = 'system'";
+    let joined_before = db.scalar_i64(joins).await;
+    let cookie = sign_in(&api, &idp, "sub-newcomer", "newcomer@northwind.example").await;
+    assert_eq!(
+        db.scalar_string("SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'newcomer@northwind.example'").await,
+        "viewer",
+        "the lowest role"
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM console_sessions WHERE idp_id IS NOT NULL AND expires_at <= now() + interval '2 hours 1 minute'").await,
+        1,
+        "the tenant's session lifetime"
+    );
+    let home = no_redirects()
+        .get(format!("{}/", api.url))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("home");
+    assert_eq!(home.status(), 200, "a viewer's home page in the tenant");
+    assert_eq!(db.scalar_i64(joins).await, joined_before + 1, "the join is audited");
+    // A member an admin removed does not come back through the IdP.
+    shared::services::admin::person_deactivate(&db.ds, &ctx, &t.dispatcher.email)
+        .await
+        .expect("deactivate");
+    let started = start(&api, &t.dispatcher.email).await;
+    let token =
+        idp.id_token(&claims(&idp, "sub-removed", &t.dispatcher.email, &started.params["nonce"]));
+    let r = finish(&api, &idp, &started, token).await;
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.expect("html").contains("ended"));
 }

@@ -788,6 +788,18 @@ pub fn forbidden_ip(ip: IpAddr) -> bool {
     }
 }
 
+/// Link-local addresses (169.254/16, fe80::/10, and IPv4 ones embedded in IPv6): where cloud
+/// metadata services answer; refused even in development.
+fn link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.octets()[..2] == [169, 254],
+        IpAddr::V6(v6) => {
+            v6.to_ipv4_mapped().is_some_and(|v4| v4.octets()[..2] == [169, 254])
+                || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
+    }
+}
+
 /// The IANA IPv4 special-purpose registry's ranges that are not globally reachable, plus
 /// multicast and the reserved block: none is ever fetched.
 fn forbidden_v4(ip: std::net::Ipv4Addr) -> bool {
@@ -879,7 +891,17 @@ pub(crate) async fn guarded_post(
     guarded(url, policy, Outbound::Post { form, basic }).await
 }
 
+/// Checks that a URL could be fetched behind the guard (scheme, host, addresses) without
+/// fetching it: an endpoint named now and called later (an IdP's token endpoint).
+pub(crate) async fn guarded_target(
+    url: &str,
+    policy: &FetchPolicy,
+) -> std::result::Result<(), String> {
+    guarded(url, policy, Outbound::CheckOnly).await.map(|_| ())
+}
+
 enum Outbound<'a> {
+    CheckOnly,
     Get,
     Post { form: &'a [(&'a str, &'a str)], basic: Option<(&'a str, &'a str)> },
 }
@@ -912,7 +934,9 @@ async fn guarded(
     if addrs.is_empty() {
         return Err("the host does not resolve".into());
     }
-    if !policy.dev && addrs.iter().any(|a| forbidden_ip(a.ip())) {
+    // Development lets loopback and private addresses through, never link-local ones (cloud
+    // metadata services live there, and no development server does).
+    if addrs.iter().any(|a| forbidden_ip(a.ip()) && (!policy.dev || link_local(a.ip()))) {
         return Err(
             "the host resolves to a private, loopback or link-local address, which is never fetched"
                 .into(),
@@ -929,6 +953,7 @@ async fn guarded(
     }
     let client = builder.build().map_err(|_| "cannot build the HTTP client".to_owned())?;
     let (request, any_status) = match how {
+        Outbound::CheckOnly => return Ok((0, Vec::new())),
         Outbound::Get => (client.get(parsed), false),
         Outbound::Post { form, basic } => {
             let mut request = client.post(parsed).form(form);
@@ -1241,6 +1266,13 @@ mod tests {
         );
         for ip in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"] {
             assert!(!forbidden_ip(ip.parse().expect("ip")), "{ip}");
+        }
+        // Development lets private addresses through, never link-local ones (cloud metadata).
+        for ip in ["169.254.169.254", "fe80::1", "::ffff:169.254.169.254"] {
+            assert!(link_local(ip.parse().expect("ip")), "{ip}");
+        }
+        for ip in ["127.0.0.1", "10.1.2.3", "::1", "fd00::1"] {
+            assert!(!link_local(ip.parse().expect("ip")), "{ip}");
         }
     }
 

@@ -32,7 +32,7 @@ use crate::secret::{self, CredentialKind};
 use crate::services::admin;
 use crate::services::console::SESSION_TTL_SECS;
 use crate::services::jose::{self, Expect, Jti, KeySet, Typ};
-use crate::services::oauth::{FetchPolicy, guarded_fetch, guarded_post};
+use crate::services::oauth::{FetchPolicy, guarded_fetch, guarded_post, guarded_target};
 
 /// How long a person has to come back from the IdP.
 pub const SIGN_IN_TTL_SECS: i64 = 600;
@@ -149,6 +149,10 @@ async fn discover(issuer: &str, policy: &FetchPolicy) -> Result<(Discovery, serd
     endpoint("authorization_endpoint", &doc.authorization_endpoint, policy)?;
     endpoint("token_endpoint", &doc.token_endpoint, policy)?;
     endpoint("jwks_uri", &doc.jwks_uri, policy)?;
+    // The token endpoint is called at every sign-in: it must pass the guard now too.
+    guarded_target(&doc.token_endpoint, policy).await.map_err(|why| {
+        Error::invalid("issuer", format!("its token_endpoint {}: {why}", doc.token_endpoint))
+    })?;
     let keys = guarded_fetch(&doc.jwks_uri, policy)
         .await
         .map_err(|why| Error::invalid("issuer", format!("its jwks_uri {}: {why}", doc.jwks_uri)))?;
