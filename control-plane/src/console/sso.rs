@@ -35,7 +35,7 @@ pub(super) fn sign_in_card(next: &str) -> Markup {
         form method="post" action="/sso/start" class="card" id="sso" {
             input type="hidden" name="next" value=(next);
             p { strong { "Sign in with single sign-on" } " — if your organization signs in through its identity provider (and always when it requires single sign-on)." }
-            label { "Work email or organization " input type="text" name="who" autocomplete="username" required maxlength="254" placeholder="you@example.com"; }
+            label { "Organization or work address " input type="text" name="who" autocomplete="username" required maxlength="254" placeholder="you@example.com"; }
             button type="submit" { "Continue with single sign-on" }
         }
     }
