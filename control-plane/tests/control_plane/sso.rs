@@ -395,6 +395,13 @@ async fn an_issuer_serves_one_tenant_and_a_private_idp_is_refused_outside_develo
         .expect_err("the same issuer for a second tenant");
     assert!(err.to_string().contains("another tenant"), "{err}");
     assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+    // Nor may a second tenant claim the first one's email domain, to receive its people.
+    let own = FakeIdp::start().await;
+    let err = connect(&api, &own, &api.seed.tenants[1].slug, "northwind.example", false, false)
+        .await
+        .expect_err("another tenant's domain");
+    assert!(err.to_string().contains("northwind.example"), "{err}");
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
     assert_eq!(
         api._db.scalar_i64("SELECT count(*) FROM audit_log").await,
         audits,

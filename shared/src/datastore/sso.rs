@@ -417,3 +417,21 @@ impl Services {
         .await?)
     }
 }
+
+impl Services {
+    /// The email domains of `domains` another tenant's IdP vouches for already.
+    pub(crate) async fn idp_domains_taken(
+        &self,
+        ctx: &OpCtx,
+        domains: &[String],
+    ) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT DISTINCT d FROM tenant_idps, unnest(email_domains) AS d
+             WHERE tenant_id <> $1 AND d = ANY ($2) ORDER BY d",
+        )
+        .bind(ctx.tenant_id())
+        .bind(domains)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

@@ -245,6 +245,18 @@ pub async fn idp_set(
             "name the email domains the IdP vouches for (e.g. example.com)",
         ));
     }
+    // A domain picks the tenant a person signing in is sent to: one tenant per domain, so no
+    // tenant can send another's people to its own IdP.
+    let taken = ds.idp_domains_taken(ctx, &domains).await?;
+    if !taken.is_empty() {
+        return Err(Error::invalid(
+            "email_domains",
+            format!(
+                "{} is signed in through another tenant's identity provider already; each email domain belongs to one tenant",
+                taken.join(", ")
+            ),
+        ));
+    }
     if let Some(other) = ds.preauth_idp_by_issuer(&issuer).await?
         && other.tenant_id != ctx.tenant_id()
     {
