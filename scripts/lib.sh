@@ -139,5 +139,11 @@ ensure_mcp_tools() {
     say "installing the TypeScript MCP client SDK into e2e/ts-client"
     (cd "$REPO/e2e/ts-client" && PATH="$NODE22_BIN:$PATH" npm ci --no-audit --no-fund --loglevel=error >/dev/null)
   fi
+  # oidc-provider (pinned in e2e/idp/package-lock.json): a real OpenID provider as a tenant's
+  # identity provider in the single sign-on tests.
+  if [ ! -d "$REPO/e2e/idp/node_modules/oidc-provider" ]; then
+    say "installing oidc-provider into e2e/idp"
+    (cd "$REPO/e2e/idp" && PATH="$NODE22_BIN:$PATH" npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  fi
   command -v openssl >/dev/null || apt_install openssl
 }

@@ -95,9 +95,12 @@ async fn main() -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--dev-ca-cert {}: {e}", path.display()))?;
         fetch.extra_roots.push(reqwest::Certificate::from_pem(&pem)?);
     }
-    let ds = Services::connect(common.database_url.expose(), common.db_max_connections)
+    let mut ds = Services::connect(common.database_url.expose(), common.db_max_connections)
         .await?
         .with_bus(shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas));
+    if let Some(keys) = common.seal_keys()? {
+        ds = ds.with_secret_keys(keys);
+    }
     let passkeys = shared::services::passkeys::RelyingParty::new(&args.public_url)?;
     let state = Arc::new(AppState {
         passkeys,

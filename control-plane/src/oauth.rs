@@ -7,15 +7,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
 use maud::{Markup, html};
 use serde_json::json;
 use shared::rights::RightSet;
-use shared::services::client_assertion;
 use shared::services::oauth::{self, AuthorizeRequest, ClientCredentials, ClientRow, OAuthError};
+use shared::services::{client_assertion, id_jag};
 
 use crate::AppState;
 use crate::console::layout::{csrf_field, error_box, page};
@@ -39,9 +39,10 @@ async fn metadata(State(state): State<Arc<AppState>>) -> Json<serde_json::Value>
         "registration_endpoint": format!("{issuer}/oauth/register"),
         "revocation_endpoint": format!("{issuer}/oauth/revoke"),
         "response_types_supported": ["code"],
-        "grant_types_supported": ["authorization_code", "refresh_token"],
+        "grant_types_supported": ["authorization_code", "refresh_token", id_jag::GRANT_TYPE],
+        "authorization_grant_profiles_supported": [id_jag::PROFILE],
         "code_challenge_methods_supported": ["S256"],
-        "token_endpoint_auth_methods_supported": ["none", "private_key_jwt"],
+        "token_endpoint_auth_methods_supported": ["none", "private_key_jwt", "client_secret_basic", "client_secret_post"],
         "token_endpoint_auth_signing_alg_values_supported": client_assertion::SIGNING_ALGS,
         "revocation_endpoint_auth_methods_supported": ["none"],
         "scopes_supported": oauth::scopes_supported(),
@@ -414,16 +415,83 @@ async fn decide(
 
 // ---------------------------------------------------------------- token and revoke
 
+/// A client's id and secret from `Authorization: Basic` (RFC 6749 §2.3.1: each part
+/// form-urlencoded, then base64); `Err` for a header that is Basic but unreadable.
+fn basic_credentials(headers: &HeaderMap) -> Result<Option<(String, String)>, OAuthError> {
+    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let Some(encoded) = value.strip_prefix("Basic ").or_else(|| value.strip_prefix("basic "))
+    else {
+        return Ok(None);
+    };
+    let unreadable = || OAuthError {
+        error: "invalid_client",
+        error_description:
+            "the Basic authorization header is not base64 of client_id:client_secret".into(),
+    };
+    use base64::Engine;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(unreadable)?;
+    let (id, secret) = decoded.split_once(':').ok_or_else(unreadable)?;
+    let decode = |s: &str| {
+        url::form_urlencoded::parse(format!("x={s}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default()
+    };
+    Ok(Some((decode(id), decode(secret))))
+}
+
+/// The client credentials of a token or revocation request: the form's, or Basic's.
+fn credentials<'a>(
+    form: &'a BTreeMap<String, String>,
+    basic: &'a Option<(String, String)>,
+) -> Result<ClientCredentials<'a>, OAuthError> {
+    let form_id = form.get("client_id").map(String::as_str);
+    if let Some((id, _)) = basic {
+        if form_id.is_some_and(|f| f != id) {
+            return Err(OAuthError {
+                error: "invalid_client",
+                error_description: "client_id differs from the Basic authorization header".into(),
+            });
+        }
+        if form.contains_key("client_secret") {
+            return Err(OAuthError {
+                error: "invalid_request",
+                error_description: "send the client secret once: Basic or client_secret, not both"
+                    .into(),
+            });
+        }
+    }
+    Ok(ClientCredentials {
+        client_id: basic.as_ref().map(|(id, _)| id.as_str()).or(form_id),
+        client_secret: basic
+            .as_ref()
+            .map(|(_, s)| s.as_str())
+            .or(form.get("client_secret").map(String::as_str)),
+        assertion_type: form.get("client_assertion_type").map(String::as_str),
+        assertion: form.get("client_assertion").map(String::as_str),
+    })
+}
+
 async fn token(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
     let get = |k: &str| form.get(k).map(String::as_str).unwrap_or_default();
     let resource = form.get("resource").map(String::as_str);
-    let creds = ClientCredentials {
-        client_id: form.get("client_id").map(String::as_str),
-        assertion_type: form.get("client_assertion_type").map(String::as_str),
-        assertion: form.get("client_assertion").map(String::as_str),
+    let basic = match basic_credentials(&headers) {
+        Ok(b) => b,
+        Err(e) => return oauth_error(StatusCode::UNAUTHORIZED, e),
+    };
+    let creds = match credentials(&form, &basic) {
+        Ok(c) => c,
+        Err(e) => return oauth_error(StatusCode::UNAUTHORIZED, e),
     };
     let audiences = [format!("{}/oauth/token", state.public_url), state.public_url.clone()];
     let client_id =
@@ -447,6 +515,22 @@ async fn token(
         "refresh_token" => {
             oauth::refresh(&state.ds, get("refresh_token"), &client_id, resource).await
         }
+        id_jag::GRANT_TYPE => {
+            let request = id_jag::Request {
+                client_id: &client_id,
+                assertion: get("assertion"),
+                scope: form.get("scope").map(String::as_str),
+                resource,
+            };
+            id_jag::exchange(
+                &state.ds,
+                &state.fetch,
+                &state.public_url,
+                &state.mcp_resources,
+                request,
+            )
+            .await
+        }
         other => Err(OAuthError {
             error: "unsupported_grant_type",
             error_description: format!("{other:?} is not supported"),
@@ -465,13 +549,17 @@ async fn token(
 
 async fn revoke(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
     // A client that names itself is authenticated as at the token endpoint (RFC 7009 §2.1).
-    let creds = ClientCredentials {
-        client_id: form.get("client_id").map(String::as_str),
-        assertion_type: form.get("client_assertion_type").map(String::as_str),
-        assertion: form.get("client_assertion").map(String::as_str),
+    let basic = match basic_credentials(&headers) {
+        Ok(b) => b,
+        Err(e) => return oauth_error(StatusCode::UNAUTHORIZED, e),
+    };
+    let creds = match credentials(&form, &basic) {
+        Ok(c) => c,
+        Err(e) => return oauth_error(StatusCode::UNAUTHORIZED, e),
     };
     let client = if creds.client_id.is_some() || creds.assertion.is_some() {
         let audiences = [

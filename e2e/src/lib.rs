@@ -255,12 +255,17 @@ pub fn gatehousectl(database_url: &str, args: &[&str]) -> Result<Value> {
     gatehousectl_with(database_url, "nats://127.0.0.1:4222", args)
 }
 
+/// The keys every stack's control plane and `gatehousectl` seal kept secrets with (a tenant
+/// IdP's client secret): fixed and public, for test stacks only.
+pub const SECRET_KEYS: &str = "e2e1:ZTJlLW9ubHktc2VhbC1rZXktZm9yLWdhdGVob3VzZSE";
+
 pub fn gatehousectl_with(database_url: &str, nats_url: &str, args: &[&str]) -> Result<Value> {
     let out = Command::new(bin("gatehousectl")?)
         .args(args)
         .arg("--json")
         .env("DATABASE_URL", database_url)
         .env("NATS_URL", nats_url)
+        .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
         .output()?;
     let value: Value = serde_json::from_slice(&out.stdout).with_context(|| {
         format!("gatehousectl {args:?}: {}", String::from_utf8_lossy(&out.stderr))
@@ -345,6 +350,7 @@ impl Stack {
             .env("NATS_URL", &nats_url)
             .env("RUST_LOG", &opts.log_level)
             .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string())
+            .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
             .envs(env.iter().map(|(k, v)| (k, v)));
         stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
         for i in 0..opts.workers {

@@ -30,9 +30,24 @@ pub struct Common {
     pub db_max_connections: u32,
     /// Connections in a worker's hot-path pipe (`GATEHOUSE_DB_PIPE`); `None`: one per four cores.
     pub db_pipe: Option<u32>,
+    /// The keys that seal secrets kept in Postgres (`GATEHOUSE_SECRET_KEYS`,
+    /// `kid:base64url-32-bytes[,…]`, the first sealing): a tenant IdP's client secret.
+    pub secret_keys: Option<Secret>,
 }
 
 impl Common {
+    /// The secret-sealing keys, parsed; an error names what is wrong, never the key.
+    pub fn seal_keys(&self) -> Result<Option<std::sync::Arc<crate::seal::SealKeys>>> {
+        self.secret_keys
+            .as_ref()
+            .map(|spec| {
+                crate::seal::SealKeys::parse(spec.expose())
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| Error::invalid("GATEHOUSE_SECRET_KEYS", e))
+            })
+            .transpose()
+    }
+
     pub fn from_env() -> Result<Self> {
         let database_url = std::env::var("DATABASE_URL").map_err(|_| Error::Invalid {
             field: "DATABASE_URL".into(),
@@ -63,6 +78,10 @@ impl Common {
             nats_replicas,
             db_max_connections,
             db_pipe,
+            secret_keys: std::env::var("GATEHOUSE_SECRET_KEYS")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(Secret),
         })
     }
 }

@@ -48,6 +48,10 @@ async fn template() -> &'static str {
         .await
 }
 
+/// The secret-sealing keys of test databases (`GATEHOUSE_SECRET_KEYS` for the binaries a
+/// test runs beside them): a fixed, public key, for tests only.
+pub const TEST_SECRET_KEYS: &str = "test1:dGVzdC1vbmx5LXNlYWwta2V5LWZvci1nYXRlaG91c2U";
+
 /// A database of its own for one test, cloned from the migrated template.
 pub struct TestDb {
     pub name: String,
@@ -79,7 +83,9 @@ impl TestDb {
             }
         }
         let url = format!("{}/{name}", server_url());
-        let ds = Services::connect(&url, 8).await.expect("connect test database");
+        let ds = Services::connect(&url, 8).await.expect("connect test database").with_secret_keys(
+            std::sync::Arc::new(crate::seal::SealKeys::parse(TEST_SECRET_KEYS).expect("test keys")),
+        );
         TestDb { name, url, ds }
     }
 

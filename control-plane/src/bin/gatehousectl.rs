@@ -146,6 +146,75 @@ enum TenantCmd {
         #[arg(long, default_value = "Europe/Berlin")]
         zone: String,
     },
+    /// The tenant's identity provider: single sign-on (OpenID Connect) and ID-JAG.
+    #[command(subcommand)]
+    Idp(IdpCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum IdpCmd {
+    /// Connect the tenant's identity provider, or change it (its discovery document and key
+    /// set are checked first). Register at the IdP the redirect URI
+    /// <control plane URL>/sso/callback and, if it sends one, the back-channel logout URI
+    /// <control plane URL>/sso/backchannel-logout.
+    Set {
+        #[command(flatten)]
+        t: InTenant,
+        /// The IdP's issuer, exactly as its discovery document names it
+        /// (e.g. https://example.okta.com, https://login.microsoftonline.com/TENANT/v2.0,
+        /// https://accounts.google.com).
+        #[arg(long)]
+        issuer: String,
+        /// The client id the IdP issued for Gatehouse.
+        #[arg(long)]
+        client_id: String,
+        /// The client secret; read from GATEHOUSE_IDP_CLIENT_SECRET if unset; may be left out
+        /// when changing other settings of the same client.
+        #[arg(long, env = "GATEHOUSE_IDP_CLIENT_SECRET", hide_env_values = true)]
+        client_secret: Option<String>,
+        /// Email domains the IdP vouches for (comma-separated): a first sign-in links a member
+        /// by a verified email of these domains.
+        #[arg(long = "email-domain", value_delimiter = ',', required = true)]
+        email_domains: Vec<String>,
+        /// `on`: verified people of these domains who are not members join as viewers.
+        #[arg(long, value_parser = ["on", "off"])]
+        allow_join: String,
+        /// `on`: password sign-in is off for the tenant; only sessions the IdP started enter it.
+        #[arg(long, value_parser = ["on", "off"])]
+        sso_required: String,
+        /// `on`: the IdP may grant agents access with ID-JAGs (enterprise-managed authorization).
+        #[arg(long, value_parser = ["on", "off"])]
+        id_jag: String,
+        /// How long a console session started by the IdP lives (1 to 12 hours).
+        #[arg(long, default_value_t = shared::services::sso::DEFAULT_SESSION_HOURS)]
+        session_hours: i32,
+        /// Development: fetch the IdP over http and from loopback or private addresses.
+        #[arg(long)]
+        dev_mode: bool,
+    },
+    /// Show the tenant's identity provider (never its secret).
+    Show {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Disconnect the tenant's identity provider; the sessions it started end.
+    Remove {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Register a confidential client (an agent platform presenting ID-JAGs from the tenant's
+    /// IdP); prints its client id and secret once.
+    ClientAdd {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        name: String,
+    },
+    /// List the tenant's confidential clients.
+    Clients {
+        #[command(flatten)]
+        t: InTenant,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -391,6 +460,9 @@ async fn in_tenant(
 async fn run(cli: Cli) -> shared::Result<(Value, String)> {
     let common = Common::from_env()?;
     let mut ds = Services::connect(common.database_url.expose(), 4).await?;
+    if let Some(keys) = common.seal_keys()? {
+        ds = ds.with_secret_keys(keys);
+    }
     if cli.command.pushes() {
         match shared::bus::Bus::connect(
             &common.nats_url,
@@ -417,6 +489,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let applied = ds.migrate().await?;
             Ok((json!({"applied": applied}), format!("migrations applied: {applied}")))
         }
+        Command::Tenant(TenantCmd::Idp(cmd)) => idp(&ds, need()?, cmd).await,
         Command::Tenant(TenantCmd::Create { slug, name, currency, zone }) => {
             let t = admin::tenant_create(
                 &ds,
@@ -546,12 +619,17 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                         .iter()
                         .map(|c| {
                             format!(
-                                "{}  {:8}  {}  by {}  [{}]",
+                                "{}  {:8}  {}  by {}  [{}]{}",
                                 c.connection,
                                 c.status,
                                 c.name,
                                 c.creator,
-                                c.rights.join(",")
+                                c.rights.join(","),
+                                if c.granted_by.as_deref() == Some("idp") {
+                                    "  granted by the IdP"
+                                } else {
+                                    ""
+                                }
                             )
                         })
                         .collect::<Vec<_>>()
@@ -762,6 +840,95 @@ impl Command {
                 | Command::Connection(ConnectionCmd::Revoke { .. })
                 | Command::Person(PersonCmd::Deactivate { .. })
         )
+    }
+}
+
+async fn idp(ds: &Services, operator: &Operator, cmd: IdpCmd) -> shared::Result<(Value, String)> {
+    use shared::services::{id_jag, sso};
+    let slug = match &cmd {
+        IdpCmd::Set { t, .. }
+        | IdpCmd::Show { t }
+        | IdpCmd::Remove { t }
+        | IdpCmd::ClientAdd { t, .. }
+        | IdpCmd::Clients { t } => t.tenant.clone(),
+    };
+    let ctx = in_tenant(ds, Some(operator), &slug).await?;
+    let describe = |i: &sso::IdpView| {
+        format!(
+            "issuer {}\nclient id {} ({})\nemail domains {}\njoin as viewer {}\nsso required {}\nid-jag {}\nsession hours {}",
+            i.issuer,
+            i.client_id,
+            i.token_auth_method,
+            i.email_domains.join(","),
+            if i.allow_join { "on" } else { "off" },
+            if i.sso_required { "on" } else { "off" },
+            if i.id_jag { "on" } else { "off" },
+            i.session_hours
+        )
+    };
+    match cmd {
+        IdpCmd::Set {
+            issuer,
+            client_id,
+            client_secret,
+            email_domains,
+            allow_join,
+            sso_required,
+            id_jag,
+            session_hours,
+            dev_mode,
+            ..
+        } => {
+            let policy =
+                shared::services::oauth::FetchPolicy { dev: dev_mode, ..Default::default() };
+            let input = sso::IdpInput {
+                issuer,
+                client_id,
+                client_secret,
+                email_domains,
+                allow_join: allow_join == "on",
+                sso_required: sso_required == "on",
+                id_jag: id_jag == "on",
+                session_hours,
+            };
+            let v = sso::idp_set(ds, &ctx, &policy, input).await?;
+            let text = format!("identity provider of {slug} set\n{}", describe(&v));
+            Ok((json!({"tenant": slug, "idp": v}), text))
+        }
+        IdpCmd::Show { .. } => {
+            let v = sso::idp_show(ds, &ctx).await?;
+            let text = match &v {
+                Some(v) => describe(v),
+                None => format!("{slug} has no identity provider; people sign in with passwords"),
+            };
+            Ok((json!({"tenant": slug, "idp": v}), text))
+        }
+        IdpCmd::Remove { .. } => {
+            let removed = sso::idp_remove(ds, &ctx).await?;
+            let text = if removed {
+                format!("identity provider of {slug} removed; its sessions ended")
+            } else {
+                format!("{slug} had no identity provider")
+            };
+            Ok((json!({"tenant": slug, "removed": removed}), text))
+        }
+        IdpCmd::ClientAdd { name, .. } => {
+            let r = id_jag::client_register(ds, &ctx, &name).await?;
+            let text = format!(
+                "registered {} for {slug}\nclient id     {}\nclient secret {} (shown once)",
+                r.name, r.client_id, r.client_secret
+            );
+            Ok((to_json(&r), text))
+        }
+        IdpCmd::Clients { .. } => {
+            let list = id_jag::client_list(ds, &ctx).await?;
+            let text = list
+                .iter()
+                .map(|c| format!("{}  {}  {}", c.client_id, c.name, c.created_at))
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok((json!({"clients": list}), if text.is_empty() { "no clients".into() } else { text }))
+        }
     }
 }
 

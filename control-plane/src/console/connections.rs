@@ -40,7 +40,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 @for c in &list {
                     tr {
                         td { a href={ "/connections/" (c.connection) } { (c.name) } br; code { (c.connection) } }
-                        td { (c.client_name) }
+                        td { (c.client_name) @if c.granted_by.as_deref() == Some("idp") { br; small class="granted-by-idp" { "granted by the IdP (ID-JAG)" } } }
                         td { (c.creator) }
                         td { (c.rights.join(", ")) br; small { "toolset " (c.toolset) } }
                         td { (local(ctx, &c.created_at)) }
@@ -123,6 +123,7 @@ pub(super) async fn detail(
         div class="card" {
             p {
                 code { (c.connection) } " · client " (c.client_name) " · created by " (c.creator)
+                @if c.granted_by.as_deref() == Some("idp") { " · granted by the tenant's identity provider (ID-JAG)" }
                 " on " (local(ctx, &c.created_at)) " · last used " (used) " · "
                 span class={ "status-" (c.status) } { (c.status) }
             }

@@ -21,6 +21,7 @@ mod passkeys;
 mod people;
 mod settings;
 mod sign_in;
+mod sso;
 
 use std::sync::Arc;
 
@@ -91,6 +92,12 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/messages", get(messages::page))
         .route("/operator", get(operator::page))
         .route("/operator/kill-switch", post(operator::global_switch))
+        .route("/sso/start", post(sso::start))
+        .route("/sso/callback", get(sso::callback))
+        .route("/sso/backchannel-logout", post(sso::backchannel_logout))
+        .route("/settings/sso", get(sso::settings).post(sso::save))
+        .route("/settings/sso/remove", post(sso::remove))
+        .route("/settings/sso/clients", post(sso::register_client))
 }
 
 /// A console request that did not succeed, as the response to send: a service's error

@@ -37,7 +37,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
-        p { "Tenant: " (t.ctx.tenant().slug) }
+        p { "Tenant: " (t.ctx.tenant().slug) " · " a href="/settings/sso" { "Single sign-on and ID-JAG" } }
         (super::passkeys::policy_card(passkey_policy, t.csrf()))
         (policy_form(&policy, t.csrf(), passkey_policy))
         (limits_form(&limits, t.csrf(), passkey_policy))

@@ -68,6 +68,7 @@ fn login_page(next: &str, csrf: &str, error: Option<&str>) -> Markup {
                 p { "Or sign in with a passkey on this device or your phone; no email or password needed." }
                 button type="submit" class="plain" { "Use a passkey" }
             }
+            (super::sso::sign_in_card(next))
         },
     )
 }

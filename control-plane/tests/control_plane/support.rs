@@ -68,7 +68,12 @@ pub(crate) fn ctl(db: &TestDb, args: &[&str]) -> (bool, Value) {
 
 pub(crate) fn ctl_as(db: &TestDb, operator: Option<&str>, args: &[&str]) -> (bool, Value) {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"));
-    command.args(args).arg("--json").env("DATABASE_URL", &db.url).env_remove("GATEHOUSE_OPERATOR");
+    command
+        .args(args)
+        .arg("--json")
+        .env("DATABASE_URL", &db.url)
+        .env("GATEHOUSE_SECRET_KEYS", shared::testing::TEST_SECRET_KEYS)
+        .env_remove("GATEHOUSE_OPERATOR");
     if let Some(email) = operator {
         command.env("GATEHOUSE_OPERATOR", email);
     }

@@ -10,6 +10,7 @@ mod console;
 mod fleet;
 mod identity;
 mod oauth;
+mod sso;
 mod support;
 mod traces;
 mod writes;

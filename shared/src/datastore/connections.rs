@@ -17,13 +17,15 @@ pub struct ConnectionRow {
     pub creator_email: String,
     pub created_at: DateTime<Utc>,
     pub last_used_at: Option<DateTime<Utc>>,
+    /// `idp` when the tenant's identity provider granted it (an ID-JAG).
+    pub granted_by: Option<String>,
 }
 
 impl Services {
     pub(crate) async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
         Ok(sqlx::query_as::<_, ConnectionRow>(
             "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,
-                    p.email AS creator_email, c.created_at, c.last_used_at
+                    p.email AS creator_email, c.created_at, c.last_used_at, c.granted_by
              FROM connections c JOIN people p ON p.id = c.creator_id
              WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
         )

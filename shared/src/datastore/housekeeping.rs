@@ -21,6 +21,8 @@ impl Services {
                AND NOT EXISTS (SELECT 1 FROM connections x WHERE x.oauth_client_id = c.client_id)",
             "DELETE FROM oauth_codes WHERE expires_at < now() - interval '1 hour'",
             "DELETE FROM oauth_client_assertions WHERE expires_at < now() - interval '1 hour'",
+            "DELETE FROM idp_jtis WHERE expires_at < now() - interval '1 hour'",
+            "DELETE FROM sso_sign_ins WHERE expires_at < now() - interval '1 hour'",
             // Expired access and refresh tokens (a used refresh token is kept until it expires,
             // to detect reuse).
             "DELETE FROM connection_tokens WHERE expires_at < now() - interval '1 day'",

@@ -43,6 +43,7 @@ mod rates;
 mod replay;
 mod service_catalog;
 mod sessions;
+mod sso;
 mod technicians;
 mod tenants;
 
@@ -63,6 +64,7 @@ pub(crate) use rates::*;
 pub(crate) use replay::*;
 pub use service_catalog::*;
 pub use sessions::*;
+pub use sso::*;
 pub use technicians::*;
 pub use tenants::*;
 
@@ -96,6 +98,9 @@ pub struct Services {
     policy: Policy,
     /// Where committed switch flips and revocations are pushed; `None` without NATS.
     bus: Option<crate::bus::Bus>,
+    /// The keys that seal secrets kept in Postgres (a tenant IdP's client secret);
+    /// `GATEHOUSE_SECRET_KEYS`. `None`: features that keep such a secret say what to set.
+    secret_keys: Option<std::sync::Arc<crate::seal::SealKeys>>,
 }
 
 /// Time windows of the write rails; defaults suit production, tests shorten them.
@@ -211,6 +216,7 @@ impl Services {
             hashing,
             policy: Policy::default(),
             bus: None,
+            secret_keys: None,
         }
     }
 
@@ -257,6 +263,16 @@ impl Services {
 
     pub(crate) fn bus(&self) -> Option<&crate::bus::Bus> {
         self.bus.as_ref()
+    }
+
+    /// With the keys that seal secrets kept in Postgres (`GATEHOUSE_SECRET_KEYS`).
+    pub fn with_secret_keys(mut self, keys: std::sync::Arc<crate::seal::SealKeys>) -> Self {
+        self.secret_keys = Some(keys);
+        self
+    }
+
+    pub(crate) fn secret_keys(&self) -> Option<&crate::seal::SealKeys> {
+        self.secret_keys.as_deref()
     }
 
     /// Applies every pending migration from `migrations/`.

@@ -21,6 +21,10 @@ pub struct ClientRow {
     pub jwks_fetched_at: Option<DateTime<Utc>>,
     /// The last attempt to fetch `jwks_uri`, successful or not.
     pub jwks_tried_at: Option<DateTime<Utc>>,
+    /// A confidential client's secret, hashed (`client_secret`).
+    pub client_secret_hash: Option<Vec<u8>>,
+    /// The tenant that registered a confidential client; it serves no other.
+    pub tenant_id: Option<i64>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -54,7 +58,7 @@ impl Services {
     ) -> Result<Option<ClientRow>> {
         Ok(sqlx::query_as::<_, ClientRow>(
             "SELECT client_id, client_name, redirect_uris, kind, fetched_at, token_endpoint_auth_method,
-                    jwks_uri, jwks, jwks_fetched_at, jwks_tried_at
+                    jwks_uri, jwks, jwks_fetched_at, jwks_tried_at, client_secret_hash, tenant_id
              FROM oauth_clients WHERE client_id = $1",
         )
         .bind(client_id)

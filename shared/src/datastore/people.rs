@@ -247,6 +247,8 @@ pub struct MembershipListRow {
     pub slug: String,
     pub name: String,
     pub role: String,
+    /// The tenant takes console sessions from its identity provider only.
+    pub sso_required: bool,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -323,7 +325,9 @@ impl Services {
         person_id: i64,
     ) -> Result<Vec<MembershipListRow>> {
         Ok(sqlx::query_as::<_, MembershipListRow>(
-            "SELECT t.id AS tenant_id, t.slug, t.name, m.role FROM memberships m JOIN tenants t ON t.id = m.tenant_id
+            "SELECT t.id AS tenant_id, t.slug, t.name, m.role, COALESCE(i.sso_required, false) AS sso_required
+             FROM memberships m JOIN tenants t ON t.id = m.tenant_id
+             LEFT JOIN tenant_idps i ON i.tenant_id = t.id
              WHERE m.person_id = $1 AND m.active ORDER BY t.name",
         )
         .bind(person_id)

@@ -27,6 +27,11 @@ pub struct SessionRow {
     /// How the session began: `password`, `passkey` or `sso`.
     pub signed_in_with: String,
     pub created_at: chrono::DateTime<chrono::Utc>,
+    /// The identity provider that started the session, if one did.
+    pub idp_id: Option<i64>,
+    /// The session's tenant's identity provider, and whether it takes only sessions it started.
+    pub tenant_idp_id: Option<i64>,
+    pub tenant_sso_required: Option<bool>,
 }
 
 impl Services {
@@ -66,11 +71,13 @@ impl Services {
                     t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug, t.name AS tenant_name,
                     t.zone AS tenant_zone, t.currency::text AS tenant_currency, t.agent_access AS tenant_agent_access,
                     t.decisions_need_passkey AS tenant_passkey_policy,
-                    m.role, m.active AS membership_active, s.signed_in_with, s.created_at
+                    m.role, m.active AS membership_active, s.signed_in_with, s.created_at,
+                    s.idp_id, i.id AS tenant_idp_id, i.sso_required AS tenant_sso_required
              FROM console_sessions s
              JOIN people p ON p.id = s.person_id
              LEFT JOIN tenants t ON t.id = s.tenant_id
              LEFT JOIN memberships m ON m.tenant_id = s.tenant_id AND m.person_id = s.person_id
+             LEFT JOIN tenant_idps i ON i.tenant_id = s.tenant_id
              WHERE s.token_hash = $1 AND s.expires_at > now()",
         )
         .bind(token_hash)

@@ -645,6 +645,9 @@ pub struct ConnectionSummary {
     pub rights: Vec<String>,
     pub created_at: String,
     pub last_used_at: Option<String>,
+    /// `idp` when the tenant's identity provider granted it (an ID-JAG), else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted_by: Option<String>,
 }
 
 /// One connection of the tenant, by a handle as it came from outside (a URL path segment):
@@ -679,6 +682,7 @@ pub async fn connection_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<Connectio
             rights: c.rights,
             created_at: fmt(c.created_at),
             last_used_at: c.last_used_at.map(fmt),
+            granted_by: c.granted_by,
         })
         .collect())
 }

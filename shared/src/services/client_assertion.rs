@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use super::jose::{self, Expect, JtiStore, KeySource, Typ, Verified};
+use super::jose::{self, Expect, Jti, JtiStore, KeySource, Typ, Verified};
 
 /// The `client_assertion_type` of a JWT client assertion.
 pub const ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
@@ -40,6 +40,7 @@ pub async fn verify<E>(
         subject: Some(client_id),
         audiences,
         max_lifetime_secs: MAX_LIFETIME_SECS,
+        jti: Jti::Required,
         now,
     };
     jose::verify(assertion, &expect, keys, jtis, refuse).await

@@ -62,15 +62,25 @@ pub async fn sign_in(ds: &Services, email: &str, password: &str, source: &str) -
     session_begin(ds, person.id, ("password", None)).await
 }
 
-/// Starts a console session for a person the caller verified (by password, passkey or the
-/// tenant's identity provider), in their one tenant when they have exactly one.
+/// Starts a console session for a person the caller verified (by password or passkey), in
+/// their one tenant when they have exactly one.
 pub(crate) async fn session_begin(
     ds: &Services,
     person_id: i64,
     signed_in_with: (&str, Option<i64>),
 ) -> Result<SignedIn> {
     let memberships = ds.preauth_memberships_of(person_id).await?;
-    let tenant = (memberships.len() == 1).then(|| memberships[0].tenant_id);
+    // A tenant that requires single sign-on is never entered without it; a person whose
+    // every tenant requires it is told where to sign in instead.
+    if !memberships.is_empty() && memberships.iter().all(|m| m.sso_required) {
+        let names: Vec<&str> = memberships.iter().map(|m| m.name.as_str()).collect();
+        return Err(Error::Unauthenticated(format!(
+            "{} requires single sign-on: use \"Continue with single sign-on\" below with your work email.",
+            names.join(", ")
+        )));
+    }
+    let tenant =
+        (memberships.len() == 1 && !memberships[0].sso_required).then(|| memberships[0].tenant_id);
     let token = secret::generate(CredentialKind::Session);
     let csrf = secret::generate(CredentialKind::Session)["gh_ses_".len()..].to_owned();
     ds.preauth_session_create(
@@ -91,6 +101,10 @@ pub fn session_ctx(s: &ConsoleSession) -> Option<OpCtx> {
     let s = s.row();
     let role: Role = s.role.as_deref()?.parse().ok()?;
     if !(s.person_active && s.membership_active == Some(true)) {
+        return None;
+    }
+    // A tenant that requires single sign-on takes only the sessions its IdP started.
+    if s.tenant_sso_required == Some(true) && s.idp_id != s.tenant_idp_id {
         return None;
     }
     let zone_name = s.tenant_zone.clone()?;
@@ -202,8 +216,15 @@ pub async fn tenants_of(svc: &Services, s: &ConsoleSession) -> Result<Vec<Member
 /// Moves the session into a tenant the person is a member of; any other is refused.
 pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> Result<()> {
     let s = s.row();
-    if !svc.preauth_memberships_of(s.person_id).await?.iter().any(|m| m.tenant_id == tenant_id) {
+    let memberships = svc.preauth_memberships_of(s.person_id).await?;
+    let Some(m) = memberships.iter().find(|m| m.tenant_id == tenant_id) else {
         return Err(Error::invalid("tenant", "you are not a member of that tenant"));
+    };
+    if m.sso_required && !svc.preauth_session_from_idp_of(s.id, tenant_id).await? {
+        return Err(Error::Unauthenticated(format!(
+            "{} requires single sign-on: sign out, then choose \"Sign in with single sign-on\" and give your work email or {}.",
+            m.name, m.slug
+        )));
     }
     svc.preauth_session_set_tenant(s.id, tenant_id).await
 }

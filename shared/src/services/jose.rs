@@ -12,7 +12,8 @@
 //!   a flood of forged `kid`s cannot make the server fetch on every request.
 //! - **Claims**: the `typ`s the profile accepts, issuer, subject, an audience among ours,
 //!   unexpired (with a minute of skew), not valid later (`nbf`), at most `max_lifetime_secs`
-//!   ahead, and a `jti` of 1 to 200 characters used once ([`JtiStore`], in Postgres).
+//!   ahead, and (when the profile requires one, [`Jti`]) a `jti` of 1 to 200 characters used
+//!   once ([`JtiStore`], in Postgres).
 //!
 //! Every refusal is a sentence for the `error_description` that says what to change.
 
@@ -127,6 +128,16 @@ pub enum Typ<'a> {
     AbsentOr(&'a [&'a str]),
 }
 
+/// Whether a profile needs a `jti`, and so keeps single use through [`JtiStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Jti {
+    /// A `jti` of 1 to 200 characters, used once (assertions, ID-JAGs, logout tokens).
+    Required,
+    /// None needed: the caller carries single use another way (an ID token's `nonce`, which
+    /// the sign-in row holds and consumes once). A `jti` present is still length-checked.
+    NotRequired,
+}
+
 /// What a verified JWT must say, beyond its signature.
 pub struct Expect<'a> {
     /// What the JWT is, for refusals ("the assertion", "the ID-JAG").
@@ -141,6 +152,8 @@ pub struct Expect<'a> {
     pub audiences: &'a [String],
     /// How far ahead `exp` may lie: single use of the `jti` is kept that long.
     pub max_lifetime_secs: i64,
+    /// Whether a `jti` is required and recorded.
+    pub jti: Jti,
     /// The current time, in seconds since the epoch.
     pub now: i64,
 }
@@ -161,7 +174,8 @@ pub struct Registered {
     pub exp: i64,
     #[serde(default)]
     nbf: Option<i64>,
-    pub jti: String,
+    #[serde(default)]
+    pub jti: Option<String>,
 }
 
 /// A verified JWT: its registered claims, the profile's own claims, and the key that signed.
@@ -233,6 +247,19 @@ pub fn unverified_subject(jwt: &str) -> Option<String> {
     jsonwebtoken::dangerous::insecure_decode_claims::<Sub>(jwt).ok().map(|c| c.sub)
 }
 
+/// The issuer a JWT names, before it is verified: only to find whose keys to verify it with
+/// (an ID-JAG or a logout token names the identity provider that signed it).
+pub fn unverified_issuer(jwt: &str) -> Option<String> {
+    if jwt.len() > MAX_JWT_BYTES {
+        return None;
+    }
+    #[derive(Deserialize)]
+    struct Iss {
+        iss: String,
+    }
+    jsonwebtoken::dangerous::insecure_decode_claims::<Iss>(jwt).ok().map(|c| c.iss)
+}
+
 /// Checks the signature with the given keys and then every claim `expect` names; no key
 /// fetching and no `jti` bookkeeping (see [`verify`]).
 pub fn verify_with<C: DeserializeOwned>(
@@ -272,8 +299,10 @@ pub fn verify_with<C: DeserializeOwned>(
             refused(format!("{what}'s signature matches no key of the issuer's key set"))
         })?
         .claims;
-    let registered: Registered = serde_json::from_value(payload.clone())
-        .map_err(|_| refused(format!("{what} needs the claims iss, sub, aud, exp and jti")))?;
+    let registered: Registered = serde_json::from_value(payload.clone()).map_err(|_| {
+        let jti = if expect.jti == Jti::Required { " and jti" } else { "" };
+        refused(format!("{what} needs the claims iss, sub, aud, exp{jti}"))
+    })?;
     if let Some(iss) = expect.issuer
         && registered.iss != iss
     {
@@ -307,7 +336,11 @@ pub fn verify_with<C: DeserializeOwned>(
     if registered.nbf.is_some_and(|nbf| nbf > now + SKEW_SECS) {
         return Err(refused(format!("{what} is not valid yet (nbf)")));
     }
-    if registered.jti.is_empty() || registered.jti.len() > 200 {
+    let jti_ok = match registered.jti.as_deref() {
+        Some(jti) => !jti.is_empty() && jti.len() <= 200,
+        None => expect.jti == Jti::NotRequired,
+    };
+    if !jti_ok {
         return Err(refused(format!("{what} needs a jti of 1 to 200 characters")));
     }
     let claims = serde_json::from_value(payload)
@@ -338,7 +371,10 @@ where
     }
     let verified = verify_with::<C>(jwt, &keys, expect).map_err(|r| refuse(r.0))?;
     let r = &verified.registered;
-    if !jtis.first_use(&r.iss, &r.jti, r.exp).await? {
+    if expect.jti == Jti::Required
+        && let Some(jti) = r.jti.as_deref()
+        && !jtis.first_use(&r.iss, jti, r.exp).await?
+    {
         return Err(refuse(format!("{} was used already; sign a new one", expect.what)));
     }
     Ok(verified)
@@ -401,6 +437,7 @@ mod tests {
             subject: Some(ISSUER),
             audiences,
             max_lifetime_secs: 600,
+            jti: Jti::Required,
             now: NOW,
         }
     }
@@ -415,7 +452,7 @@ mod tests {
         let keys = set(&[&jwk]);
         let header = json!({"alg": "ES256", "kid": "k1", "typ": "JWT"});
         let ok = check(&signer.sign(header.clone(), claims()), &keys).expect("verifies");
-        assert_eq!(ok.registered.jti, "j-1");
+        assert_eq!(ok.registered.jti.as_deref(), Some("j-1"));
         assert_eq!(ok.kid.as_deref(), Some("k1"));
         let mut aud_list = claims();
         aud_list["aud"] = json!(["https://other.example", AUD]);
@@ -457,6 +494,7 @@ mod tests {
             ("another issuer", with(&|c| c["iss"] = "https://evil.example/client".into())),
             ("another subject", with(&|c| c["sub"] = "https://evil.example/client".into())),
             ("no jti", with(&|c| c["jti"] = "".into())),
+            ("jti left out", with(&|c| _ = c.as_object_mut().map(|m| m.remove("jti")))),
             ("no exp", with(&|c| _ = c.as_object_mut().map(|m| m.remove("exp")))),
             ("unknown kid", signer.sign(json!({"alg": "ES256", "kid": "k9"}), claims())),
             ("alg none", {
@@ -509,6 +547,14 @@ mod tests {
         let jag =
             signer.sign(json!({"alg": "ES256", "kid": "k1", "typ": "oauth-id-jag+jwt"}), claims());
         assert!(verify_with::<Value>(&jag, &keys, &typed).is_ok());
+        // A profile that carries single use another way (an ID token's nonce) takes no jti.
+        let mut no_jti = expect(&audiences);
+        no_jti.jti = Jti::NotRequired;
+        let mut without = claims();
+        without.as_object_mut().map(|m| m.remove("jti"));
+        let id_token = signer.sign(header.clone(), without);
+        assert!(verify_with::<Value>(&id_token, &keys, &no_jti).is_ok());
+        assert!(check(&id_token, &keys).is_err(), "required when the profile says so");
         // A profile without a typ of its own still refuses another profile's.
         assert!(check(&jag, &keys).expect_err("an ID-JAG as an assertion").0.contains("typ"));
     }

@@ -15,6 +15,7 @@ pub mod console;
 pub mod customers;
 pub mod demo;
 mod fields;
+pub mod id_jag;
 pub mod jose;
 pub mod oauth;
 pub mod operators;
@@ -24,6 +25,7 @@ pub mod passkeys;
 mod planners;
 mod rails;
 pub mod rates;
+pub mod sso;
 pub mod technicians;
 pub mod two_step;
 

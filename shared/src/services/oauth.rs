@@ -596,7 +596,9 @@ pub struct TokenResponse {
     pub access_token: String,
     pub token_type: &'static str,
     pub expires_in: i64,
-    pub refresh_token: String,
+    /// None for grants that carry no refresh (an ID-JAG: the client asks its IdP again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refresh_token: Option<String>,
     /// The rights granted, space-separated: a narrowed grant says so (RFC 6749 §5.1).
     pub scope: String,
 }
@@ -646,7 +648,7 @@ async fn issue(
         access_token: access,
         token_type: "Bearer",
         expires_in: ACCESS_TTL_SECS,
-        refresh_token: refresh,
+        refresh_token: Some(refresh),
         scope,
     })
 }
@@ -788,10 +790,10 @@ pub async fn revoke(
 ) -> std::result::Result<(), OAuthError> {
     let hash = secret::hash_token(token);
     if let Some((issued_to, method)) = ds.preauth_token_client(&hash).await? {
-        if method == "private_key_jwt" && client != Some(issued_to.as_str()) {
+        if method != "none" && client != Some(issued_to.as_str()) {
             return Err(oauth(
                 "invalid_client",
-                "this client authenticates with private_key_jwt: revoke with client_assertion",
+                "this client is confidential: revoke with its client_assertion or client secret",
             ));
         }
         if client.is_some_and(|c| c != issued_to) {
@@ -823,6 +825,18 @@ pub fn forbidden_ip(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
         IpAddr::V6(v6) => forbidden_v6(v6),
+    }
+}
+
+/// Link-local addresses (169.254/16, fe80::/10, and IPv4 ones embedded in IPv6): where cloud
+/// metadata services answer; refused even in development.
+fn link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.octets()[..2] == [169, 254],
+        IpAddr::V6(v6) => {
+            v6.to_ipv4_mapped().is_some_and(|v4| v4.octets()[..2] == [169, 254])
+                || (v6.segments()[0] & 0xffc0) == 0xfe80
+        }
     }
 }
 
@@ -898,7 +912,45 @@ pub struct FetchPolicy {
 /// development), every resolved address public (unless in development), the connection
 /// pinned to the checked address, never through a proxy, five seconds and 64 KiB at most, no
 /// redirects. The error says why, for the client's `error_description`.
-async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<Vec<u8>, String> {
+pub(crate) async fn guarded_fetch(
+    url: &str,
+    policy: &FetchPolicy,
+) -> std::result::Result<Vec<u8>, String> {
+    guarded(url, policy, Outbound::Get).await.map(|(_, body)| body)
+}
+
+/// POSTs a form behind the same guard as [`guarded_fetch`] (a tenant IdP's token endpoint),
+/// with HTTP Basic client authentication when `basic` names a client id and secret. A JSON
+/// answer is returned whatever its status: token endpoints explain refusals in the body.
+pub(crate) async fn guarded_post(
+    url: &str,
+    policy: &FetchPolicy,
+    form: &[(&str, &str)],
+    basic: Option<(&str, &str)>,
+) -> std::result::Result<(u16, Vec<u8>), String> {
+    guarded(url, policy, Outbound::Post { form, basic }).await
+}
+
+/// Checks that a URL could be fetched behind the guard (scheme, host, addresses) without
+/// fetching it: an endpoint named now and called later (an IdP's token endpoint).
+pub(crate) async fn guarded_target(
+    url: &str,
+    policy: &FetchPolicy,
+) -> std::result::Result<(), String> {
+    guarded(url, policy, Outbound::CheckOnly).await.map(|_| ())
+}
+
+enum Outbound<'a> {
+    CheckOnly,
+    Get,
+    Post { form: &'a [(&'a str, &'a str)], basic: Option<(&'a str, &'a str)> },
+}
+
+async fn guarded(
+    url: &str,
+    policy: &FetchPolicy,
+    how: Outbound<'_>,
+) -> std::result::Result<(u16, Vec<u8>), String> {
     let parsed = url::Url::parse(url).map_err(|_| "not a URL".to_owned())?;
     if parsed.scheme() != "https" && !(policy.dev && parsed.scheme() == "http") {
         return Err("documents are fetched over https only".into());
@@ -922,7 +974,9 @@ async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<V
     if addrs.is_empty() {
         return Err("the host does not resolve".into());
     }
-    if !policy.dev && addrs.iter().any(|a| forbidden_ip(a.ip())) {
+    // Development lets loopback and private addresses through, never link-local ones (cloud
+    // metadata services live there, and no development server does).
+    if addrs.iter().any(|a| forbidden_ip(a.ip()) && (!policy.dev || link_local(a.ip()))) {
         return Err(
             "the host resolves to a private, loopback or link-local address, which is never fetched"
                 .into(),
@@ -938,18 +992,30 @@ async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<V
         builder = builder.add_root_certificate(root.clone());
     }
     let client = builder.build().map_err(|_| "cannot build the HTTP client".to_owned())?;
-    let mut response = client
-        .get(parsed)
-        .header(reqwest::header::ACCEPT, "application/json")
-        .send()
-        .await
-        .map_err(|e| {
-            tracing::warn!(error = ?e, url = %url, "client document fetch failed");
+    let (request, any_status) = match how {
+        Outbound::CheckOnly => return Ok((0, Vec::new())),
+        Outbound::Get => (client.get(parsed), false),
+        Outbound::Post { form, basic } => {
+            let mut request = client.post(parsed).form(form);
+            if let Some((id, secret)) = basic {
+                // RFC 6749 §2.3.1: each part form-urlencoded before the Basic encoding.
+                let enc = |s: &str| {
+                    url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
+                };
+                request = request.basic_auth(enc(id), Some(enc(secret)));
+            }
+            (request, true)
+        }
+    };
+    let mut response =
+        request.header(reqwest::header::ACCEPT, "application/json").send().await.map_err(|e| {
+            tracing::warn!(error = ?e, url = %url, "outbound fetch failed");
             "fetching it failed".to_owned()
         })?;
-    if !response.status().is_success() {
+    if !any_status && !response.status().is_success() {
         return Err(format!("fetching it answered {}", response.status()));
     }
+    let status = response.status().as_u16();
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.map_err(|_| "reading it failed".to_owned())? {
         body.extend_from_slice(&chunk);
@@ -957,7 +1023,7 @@ async fn guarded_fetch(url: &str, policy: &FetchPolicy) -> std::result::Result<V
             return Err("it is larger than 64 KiB".into());
         }
     }
-    Ok(body)
+    Ok((status, body))
 }
 
 /// Fetches a client ID metadata document behind the SSRF guard; results are cached for an hour.
@@ -1005,6 +1071,9 @@ pub async fn resolve_client(
 #[derive(Debug, Default)]
 pub struct ClientCredentials<'a> {
     pub client_id: Option<&'a str>,
+    /// A confidential client's secret (`client_secret_post`, or `client_secret_basic` as the
+    /// adapter decoded it from the Authorization header).
+    pub client_secret: Option<&'a str>,
     pub assertion_type: Option<&'a str>,
     pub assertion: Option<&'a str>,
 }
@@ -1044,11 +1113,34 @@ pub async fn authenticate_client(
     let Some(client) = client else {
         // Unknown clients fall through to the grant's own check (the code or refresh token
         // names its client), which answers invalid_grant as before.
-        return match asserted {
-            Some(_) => Err(invalid("unknown client".into())),
-            None => Ok(client_id),
+        return match (asserted, creds.client_secret) {
+            (None, None) => Ok(client_id),
+            _ => Err(invalid("unknown client".into())),
         };
     };
+    if client.token_endpoint_auth_method == "client_secret" {
+        // A confidential client a tenant admin registered: its secret, and nothing else.
+        return match (creds.client_secret, asserted, &client.client_secret_hash) {
+            (Some(given), None, Some(hash))
+                if secret::tokens_match(&hex(&secret::hash_token(given)), &hex(hash)) =>
+            {
+                Ok(client_id)
+            }
+            (Some(_), None, _) => Err(invalid("the client secret is wrong".into())),
+            (_, Some(_), _) => Err(invalid(
+                "this client authenticates with its client secret (client_secret_basic or client_secret_post), not an assertion".into(),
+            )),
+            (None, None, _) => Err(invalid(
+                "this client is confidential: send its client_secret (client_secret_basic or client_secret_post)".into(),
+            )),
+        };
+    }
+    if creds.client_secret.is_some() {
+        return Err(invalid(format!(
+            "this client authenticates with {}; it has no client secret",
+            client.token_endpoint_auth_method
+        )));
+    }
     match (client.token_endpoint_auth_method.as_str(), asserted) {
         ("none", None) => Ok(client_id),
         ("none", Some(_)) => Err(invalid(
@@ -1073,6 +1165,10 @@ pub async fn authenticate_client(
         }
         _ => Err(invalid("the client's authentication method is unknown".into())),
     }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The key set of a `private_key_jwt` client: inline in its document, else from its
@@ -1210,6 +1306,13 @@ mod tests {
         );
         for ip in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946"] {
             assert!(!forbidden_ip(ip.parse().expect("ip")), "{ip}");
+        }
+        // Development lets private addresses through, never link-local ones (cloud metadata).
+        for ip in ["169.254.169.254", "fe80::1", "::ffff:169.254.169.254"] {
+            assert!(link_local(ip.parse().expect("ip")), "{ip}");
+        }
+        for ip in ["127.0.0.1", "10.1.2.3", "::1", "fd00::1"] {
+            assert!(!link_local(ip.parse().expect("ip")), "{ip}");
         }
     }
 
