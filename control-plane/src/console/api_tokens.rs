@@ -38,7 +38,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
-        form method="post" action="/api-tokens" class="card" {
+        form method="post" action="/api-tokens" class="card" data-passkey[t.session.row.passkey_policy()] {
             h2 { "New API token" }
             (csrf_field(t.csrf()))
             label { "Name " input type="text" name="name" required maxlength=(admin::API_TOKEN_NAME_CHARS) placeholder="Nightly export"; }
@@ -71,7 +71,8 @@ pub(super) async fn create(
     // that speaks as someone else and outlives the admin's own membership.
     let name = form.get("name").unwrap_or_default();
     let email = t.session.row.email();
-    let k = admin::api_token_create(&state.ds, &t.ctx, email, name, Some(days)).await?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let k = admin::api_token_create(&state.ds, &ctx, email, name, Some(days)).await?;
     let body = html! {
         p class="ok" role="status" {
             "API token " code { (k.api_token) } " created for " (k.person) "; it expires " (local(&t.ctx, &k.expires_at)) "."

@@ -69,6 +69,9 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
     Ok(shown("Connections", &t.nav("/connections"), body))
 }
 
+/// The client name of connections made in the console.
+pub(super) const CONSOLE_CLIENT: &str = "console";
+
 pub(super) async fn create(
     State(state): State<Arc<AppState>>,
     t: Tenant,
@@ -78,7 +81,7 @@ pub(super) async fn create(
     let new = admin::NewConnection {
         creator_email: t.session.row.email(),
         name: form.get("name").unwrap_or_default(),
-        client_name: "console",
+        client_name: CONSOLE_CLIENT,
         rights,
         toolset: form.get("toolset").unwrap_or("full"),
     };

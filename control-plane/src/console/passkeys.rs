@@ -18,9 +18,9 @@ use shared::OpCtx;
 use shared::error::Error;
 use shared::rights::{RightSet, Role};
 use shared::services::passkeys::{self, Decision, StepUp};
-use shared::services::{admin, approvals, oauth, rates};
+use shared::services::{admin, approvals, id_jag, oauth, rates, sso};
 
-use super::extract::{CsrfForm, Fields, Session, Tenant, cookie};
+use super::extract::{CsrfForm, Fields, Session, Source, Tenant, cookie};
 use super::layout::csrf_field;
 use super::{Answer, Fail, login_cookie, safe_next, segment, shown};
 use crate::AppState;
@@ -95,7 +95,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, s: Session) -> Answ
                                 td { (p.created_at) }
                                 td { (p.last_used_at.as_deref().unwrap_or("never")) }
                                 td {
-                                    form method="post" action={ "/account/passkeys/" (segment(&p.passkey)) "/remove" } class="inline" {
+                                    form method="post" action={ "/account/passkeys/" (segment(&p.passkey)) "/remove" } class="inline" data-passkey {
                                         (csrf_field(s.csrf()))
                                         button type="submit" class="danger" aria-label={ "Remove " (p.name) } { "Remove" }
                                     }
@@ -166,9 +166,15 @@ pub(super) async fn remove(
     State(state): State<Arc<AppState>>,
     s: Session,
     Path(handle): Path<String>,
-    _: CsrfForm,
+    CsrfForm(form): CsrfForm,
 ) -> Answer {
-    passkeys::remove(&state.ds, &s.row, &handle).await?;
+    let proof = match assertion(&form) {
+        Some((ceremony, assertion)) => {
+            Some(passkeys::prove(&state.ds, &state.passkeys, &s.row, ceremony, assertion).await?)
+        }
+        None => None,
+    };
+    passkeys::remove(&state.ds, &s.row, &handle, proof.as_ref()).await?;
     Ok(Redirect::to("/account/passkeys").into_response())
 }
 
@@ -183,6 +189,7 @@ fn login_checked(state: &AppState, headers: &HeaderMap, form: &BTreeMap<String, 
 
 pub(super) async fn sign_in_options(
     State(state): State<Arc<AppState>>,
+    Source(source): Source,
     headers: HeaderMap,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
@@ -191,7 +198,7 @@ pub(super) async fn sign_in_options(
             "This sign-in form expired; reload the page.".into(),
         ));
     }
-    match passkeys::sign_in_begin(&state.ds, &state.passkeys).await {
+    match passkeys::sign_in_begin(&state.ds, &state.passkeys, &source).await {
         Ok((ceremony, options)) => {
             Json(json!({ "ceremony": ceremony, "options": options })).into_response()
         }
@@ -247,7 +254,19 @@ async fn decision_of(
             form.get("name").unwrap_or_default(),
             RightSet::parse(&form.all("right"))?,
             form.get("toolset").unwrap_or("full"),
+            s.row.email(),
+            super::connections::CONSOLE_CLIENT,
         )),
+        ["api-tokens"] => {
+            let days = form.get("expires_in_days").and_then(|d| d.trim().parse().ok()).unwrap_or(0);
+            Some(Decision::create_api_token(form.get("name").unwrap_or_default(), days))
+        }
+        ["settings", "sso"] => Some(sso::set_decision(&super::sso::input_of(form)?)),
+        ["settings", "sso", "remove"] => Some(sso::remove_decision()),
+        ["settings", "sso", "clients"] => {
+            Some(id_jag::client_decision(form.get("name").unwrap_or_default()))
+        }
+        ["account", "passkeys", handle, "remove"] => Some(Decision::remove_passkey(handle)),
         ["people", "role"] => {
             let role: Role = form.get("role").unwrap_or_default().parse()?;
             admin::role_decision(ds, need_ctx()?, form.get("email").unwrap_or_default(), role)
@@ -304,7 +323,7 @@ pub(super) async fn decision(
     };
     let Some(decision) = decision else { return Json(json!({ "needed": false })).into_response() };
     // The global switch and a further passkey always ask; a tenant's decisions under its policy.
-    let always = path.starts_with("/operator/") || path == "/account/passkeys";
+    let always = path.starts_with("/operator/") || path.starts_with("/account/passkeys");
     let needed = always
         || match &ctx {
             Some(ctx) => match passkeys::policy(&state.ds, ctx).await {

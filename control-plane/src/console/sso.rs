@@ -201,7 +201,7 @@ fn settings_body(
                 None => { p id="sso-state" { "No identity provider is connected; people sign in with passwords." } }
             }
         }
-        form method="post" action="/settings/sso" class="card" {
+        form method="post" action="/settings/sso" class="card" data-passkey[t.session.row.passkey_policy()] {
             (csrf_field(csrf))
             h2 { @if idp.is_some() { "Change the identity provider" } @else { "Connect an identity provider" } }
             label { "Issuer " input type="text" name="issuer" required maxlength="500" value=(idp.map(|i| i.issuer.as_str()).unwrap_or_default()) placeholder="https://example.okta.com"; }
@@ -215,7 +215,7 @@ fn settings_body(
             button type="submit" { "Save" }
         }
         @if idp.is_some() {
-            form method="post" action="/settings/sso/remove" class="card" {
+            form method="post" action="/settings/sso/remove" class="card" data-passkey[t.session.row.passkey_policy()] {
                 (csrf_field(csrf))
                 p { "Disconnecting ends every session the IdP started; people sign in with passwords again (an operator can set one with " code { "gatehousectl password-reset" } ")." }
                 button type="submit" class="danger" { "Disconnect the identity provider" }
@@ -233,7 +233,7 @@ fn settings_body(
             @if !clients.is_empty() {
                 ul { @for c in clients { li { (c.name) " · " code { (c.client_id) } } } }
             }
-            form method="post" action="/settings/sso/clients" {
+            form method="post" action="/settings/sso/clients" data-passkey[t.session.row.passkey_policy()] {
                 (csrf_field(csrf))
                 label { "Name " input type="text" name="name" required maxlength="80" placeholder="Acme agent platform"; }
                 button type="submit" { "Register a client" }
@@ -250,34 +250,41 @@ fn required_choice(form: &super::extract::Fields, name: &str) -> Result<bool, Er
     }
 }
 
+/// The settings form as the service's input.
+pub(super) fn input_of(form: &super::extract::Fields) -> Result<sso::IdpInput, Error> {
+    Ok(sso::IdpInput {
+        issuer: form.get("issuer").unwrap_or_default().to_owned(),
+        client_id: form.get("client_id").unwrap_or_default().to_owned(),
+        client_secret: form.get("client_secret").map(str::to_owned),
+        email_domains: vec![form.get("email_domains").unwrap_or_default().to_owned()],
+        allow_join: required_choice(form, "allow_join")?,
+        sso_required: required_choice(form, "sso_required")?,
+        id_jag: required_choice(form, "id_jag")?,
+        session_hours: form
+            .get("session_hours")
+            .and_then(|h| h.trim().parse().ok())
+            .ok_or_else(|| Error::invalid("session_hours", "give a whole number of hours"))?,
+    })
+}
+
 pub(super) async fn save(
     State(state): State<Arc<AppState>>,
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let input = sso::IdpInput {
-        issuer: form.get("issuer").unwrap_or_default().to_owned(),
-        client_id: form.get("client_id").unwrap_or_default().to_owned(),
-        client_secret: form.get("client_secret").map(str::to_owned),
-        email_domains: vec![form.get("email_domains").unwrap_or_default().to_owned()],
-        allow_join: required_choice(&form, "allow_join")?,
-        sso_required: required_choice(&form, "sso_required")?,
-        id_jag: required_choice(&form, "id_jag")?,
-        session_hours: form
-            .get("session_hours")
-            .and_then(|h| h.trim().parse().ok())
-            .ok_or_else(|| Error::invalid("session_hours", "give a whole number of hours"))?,
-    };
-    sso::idp_set(&state.ds, &t.ctx, &state.fetch, input).await?;
+    let input = input_of(&form)?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    sso::idp_set(&state.ds, &ctx, &state.fetch, input).await?;
     Ok(Redirect::to("/settings/sso").into_response())
 }
 
 pub(super) async fn remove(
     State(state): State<Arc<AppState>>,
     t: Tenant,
-    CsrfForm(_): CsrfForm,
+    CsrfForm(form): CsrfForm,
 ) -> Answer {
-    sso::idp_remove(&state.ds, &t.ctx).await?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    sso::idp_remove(&state.ds, &ctx).await?;
     Ok(Redirect::to("/settings/sso").into_response())
 }
 
@@ -286,8 +293,9 @@ pub(super) async fn register_client(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let registered =
-        id_jag::client_register(&state.ds, &t.ctx, form.get("name").unwrap_or_default()).await?;
+        id_jag::client_register(&state.ds, &ctx, form.get("name").unwrap_or_default()).await?;
     let idp = sso::idp_show(&state.ds, &t.ctx).await?;
     let clients = id_jag::client_list(&state.ds, &t.ctx).await?;
     let body = settings_body(&state, &t, idp.as_ref(), &clients, Some(&registered));

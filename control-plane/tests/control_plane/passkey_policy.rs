@@ -140,6 +140,18 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         "false"
     );
 
+    // An API token, and single sign-on settings, are credentials and who vouches for people.
+    let r = admin
+        .post("/api-tokens", &form(&csrf, &[("name", "Script"), ("expires_in_days", "30")]))
+        .await;
+    let status = r.status().as_u16();
+    refused("an API token")(status, &r.text().await.expect("body"));
+    assert_eq!(count("SELECT count(*) FROM api_tokens WHERE name = 'Script'").await, 0);
+    let r =
+        admin.post("/settings/sso/clients", &form(&csrf, &[("name", "Enterprise agent")])).await;
+    let status = r.status().as_u16();
+    refused("a confidential client")(status, &r.text().await.expect("body"));
+
     // The policy itself: off needs a passkey.
     let r = admin.post("/settings/passkey-policy", &form(&csrf, &[("to", "off")])).await;
     let status = r.status().as_u16();

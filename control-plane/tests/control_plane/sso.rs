@@ -10,9 +10,10 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::rand::SystemRandom;
 use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+use shared::rights::Role;
 use shared::services::oauth::FetchPolicy;
 use shared::services::sso;
-use shared::testing::operator_in;
+use shared::testing::{Person, operator_in};
 
 use crate::support::*;
 
@@ -747,4 +748,110 @@ async fn with_join_allowed_a_verified_newcomer_joins_as_viewer_and_a_removed_mem
     let r = finish(&api, &idp, &started, token).await;
     assert_eq!(r.status(), 401);
     assert!(r.text().await.expect("html").contains("ended"));
+}
+
+/// A tenant's IdP vouches for that tenant's people only: a session it started never works in
+/// another tenant the person belongs to, never reaches the operator's page, never adds a
+/// first passkey that would sign in elsewhere, and an account of another tenant is never
+/// joined here by its email alone (a tenant admin who controls the IdP cannot take it over).
+#[tokio::test]
+async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewhere() {
+    let api = Api::start_with(FetchPolicy { dev: true, ..Default::default() }).await;
+    let idp = FakeIdp::start().await;
+    let t0 = &api.seed.tenants[0];
+    let t1 = &api.seed.tenants[1];
+    let db = &api._db;
+    let ctx0 = operator_in(&db.ds, &t0.admin.email, &t0.slug).await;
+    let input = sso::IdpInput {
+        issuer: idp.issuer.clone(),
+        client_id: CLIENT_ID.into(),
+        client_secret: Some(CLIENT_SECRET.into()),
+        email_domains: vec!["northwind.example".into()],
+        allow_join: true,
+        sso_required: false,
+        id_jag: false,
+        session_hours: 8,
+    };
+    let policy = FetchPolicy { dev: true, ..Default::default() };
+    sso::idp_set(&db.ds, &ctx0, &policy, input).await.expect("set");
+    // The dispatcher of tenant 0 is also an admin of tenant 1 and a platform operator.
+    let ctx1 = operator_in(&db.ds, &t0.admin.email, &t1.slug).await;
+    Person::new(&db.ds, &ctx1, &t0.dispatcher.email).role(Role::Admin).create().await;
+    db.exec(&format!(
+        "UPDATE people SET is_operator = true WHERE lower(email) = lower('{}')",
+        t0.dispatcher.email
+    ))
+    .await;
+    let cookie = sign_in(&api, &idp, "sub-two-homes", &t0.dispatcher.email).await;
+    let get = |path: &'static str| {
+        let cookie = cookie.clone();
+        let url = format!("{}{path}", api.url);
+        async move { no_redirects().get(url).header("cookie", cookie).send().await.expect("get") }
+    };
+    assert_eq!(get("/approvals").await.status(), 200, "the session works in its own tenant");
+    assert_eq!(get("/operator").await.status(), 403, "an IdP session is no operator");
+    // Picking the other tenant is refused; a session moved there anyway has no context.
+    let html = get("/tenants").await.text().await.expect("html");
+    let csrf = form_fields(&html, "/tenants")
+        .into_iter()
+        .find(|(k, _)| k == "csrf")
+        .map(|(_, v)| v)
+        .expect("csrf");
+    let t1_id = db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", t1.slug)).await;
+    let picked = no_redirects()
+        .post(format!("{}/tenants", api.url))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str()), ("tenant", &t1_id.to_string()), ("next", "/")])
+        .send()
+        .await
+        .expect("pick");
+    assert_eq!(picked.status(), 422, "another tenant is refused to an IdP session");
+    db.exec(&format!("UPDATE console_sessions SET tenant_id = {t1_id} WHERE idp_id IS NOT NULL"))
+        .await;
+    let moved = get("/connections").await;
+    assert_eq!(moved.status(), 303, "no context in another tenant");
+    assert_eq!(moved.headers()["location"], "/tenants");
+    // Back in its tenant: a first passkey is refused, since the person belongs elsewhere too.
+    let t0_id = db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", t0.slug)).await;
+    db.exec(&format!("UPDATE console_sessions SET tenant_id = {t0_id} WHERE idp_id IS NOT NULL"))
+        .await;
+    db.exec(&format!(
+        "UPDATE people SET password_hash = NULL WHERE lower(email) = lower('{}')",
+        t0.dispatcher.email
+    ))
+    .await;
+    let r = no_redirects()
+        .post(format!("{}/account/passkeys/options", api.url))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str()), ("name", "Thief's key")])
+        .send()
+        .await
+        .expect("options");
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.expect("body").contains("set a password first"));
+    // An account of tenant 1 only is not joined to tenant 0 by its email, join or not.
+    let ctx1 = operator_in(&db.ds, &t0.admin.email, &t1.slug).await;
+    Person::new(&db.ds, &ctx1, "outsider@northwind.example").role(Role::Admin).create().await;
+    let started = start(&api, "outsider@northwind.example").await;
+    let token = idp.id_token(&claims(
+        &idp,
+        "sub-outsider",
+        "outsider@northwind.example",
+        &started.params["nonce"],
+    ));
+    let r = finish(&api, &idp, &started, token).await;
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.expect("html").contains("account already"));
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'outsider@northwind.example' AND m.tenant_id = {t0_id}"
+        ))
+        .await,
+        0
+    );
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM person_identities WHERE subject = 'sub-outsider'")
+            .await,
+        0
+    );
 }

@@ -329,10 +329,16 @@ pub struct NewConnection<'a> {
 
 /// The decision creating a connection is, as a passkey ceremony names it: the name as the
 /// connection will carry it, its rights and its toolset.
-pub fn connection_decision(name: &str, rights: RightSet, toolset: &str) -> Decision {
+pub fn connection_decision(
+    name: &str,
+    rights: RightSet,
+    toolset: &str,
+    creator_email: &str,
+    client_name: &str,
+) -> Decision {
     let names = rights.names();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    Decision::create_connection(name.trim(), &names, toolset)
+    Decision::create_connection(name.trim(), &names, toolset, creator_email, client_name)
 }
 
 /// Creates a static connection for a person of the tenant, with the rights and toolset given
@@ -390,7 +396,8 @@ pub async fn connection_create(
     let token = secret::generate(CredentialKind::Mcp);
     let handle = ConnectionHandle::generate();
     let mut tx = ds.begin().await?;
-    passkeys::require(&mut tx, ctx, &connection_decision(name, rights, toolset)).await?;
+    let decision = connection_decision(name, rights, toolset, creator_email, client_name);
+    passkeys::require(&mut tx, ctx, &decision).await?;
     // Decided again under the membership's row lock: a deactivation running now either revokes
     // this connection too or is seen here, so none is left to wake if the person came back.
     if !ds_fns::membership_active_held(&mut tx, ctx, creator.id).await? {
@@ -534,6 +541,7 @@ pub async fn api_token_create(
     let token = secret::generate(CredentialKind::Api);
     let handle = ApiTokenHandle::generate();
     let mut tx = ds.begin().await?;
+    passkeys::require(&mut tx, ctx, &Decision::create_api_token(name, days)).await?;
     // A deactivated member gets no credential: it would lie dormant and wake if they were
     // added again. Decided under the membership's row lock, so a deactivation running now
     // either ends this token too or is seen here.

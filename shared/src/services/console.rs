@@ -103,8 +103,13 @@ pub fn session_ctx(s: &ConsoleSession) -> Option<OpCtx> {
     if !(s.person_active && s.membership_active == Some(true)) {
         return None;
     }
-    // A tenant that requires single sign-on takes only the sessions its IdP started.
+    // A tenant that requires single sign-on takes only the sessions its IdP started, and a
+    // session an IdP started works only in that IdP's tenant: a tenant's IdP vouches for
+    // nobody elsewhere.
     if s.tenant_sso_required == Some(true) && s.idp_id != s.tenant_idp_id {
+        return None;
+    }
+    if s.idp_id.is_some() && s.idp_id != s.tenant_idp_id {
         return None;
     }
     let zone_name = s.tenant_zone.clone()?;
@@ -170,12 +175,22 @@ impl ConsoleSession {
     /// Whether the person held the operator role when the session was read (for showing the
     /// page; the operator services check again).
     pub fn is_operator(&self) -> bool {
-        self.row.is_operator
+        self.row.is_operator && self.row.idp_id.is_none()
     }
 
     /// The person signed in.
     pub fn person_id(&self) -> i64 {
         self.row.person_id
+    }
+
+    /// The tenant the session works in, if one is picked.
+    pub fn tenant_id(&self) -> Option<i64> {
+        self.row.tenant_id
+    }
+
+    /// The identity provider that started the session, if one did.
+    pub fn idp_id(&self) -> Option<i64> {
+        self.row.idp_id
     }
 
     /// How the session began.
@@ -220,6 +235,15 @@ pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> 
     let Some(m) = memberships.iter().find(|m| m.tenant_id == tenant_id) else {
         return Err(Error::invalid("tenant", "you are not a member of that tenant"));
     };
+    if s.idp_id.is_some() && !svc.preauth_session_from_idp_of(s.id, tenant_id).await? {
+        return Err(Error::invalid(
+            "tenant",
+            format!(
+                "this session began at another tenant's identity provider; sign out and sign in again to work in {}",
+                m.name
+            ),
+        ));
+    }
     if m.sso_required && !svc.preauth_session_from_idp_of(s.id, tenant_id).await? {
         return Err(Error::Unauthenticated(format!(
             "{} requires single sign-on: sign out, then choose \"Sign in with single sign-on\" and give your work email or {}.",

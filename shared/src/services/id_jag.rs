@@ -290,6 +290,14 @@ pub struct ClientView {
 
 /// Registers a confidential client for the tenant (an agent platform that presents ID-JAGs
 /// from the tenant's IdP); audited as `oauth_client.register`.
+/// The decision registering a confidential client is (it may then trade ID-JAGs for tokens).
+pub fn client_decision(name: &str) -> crate::services::passkeys::Decision {
+    crate::services::passkeys::Decision::identity_provider(
+        "register_client",
+        &[("name", name.trim().to_owned())],
+    )
+}
+
 pub async fn client_register(ds: &Services, ctx: &OpCtx, name: &str) -> Result<ClientRegistered> {
     ctx.require(Right::ConnectionsManage)?;
     let name = crate::services::fields::name("name", name)?;
@@ -298,6 +306,7 @@ pub async fn client_register(ds: &Services, ctx: &OpCtx, name: &str) -> Result<C
     let client_secret =
         format!("ghcs_{}", &secret::generate(CredentialKind::Session)["gh_ses_".len()..]);
     let mut tx = ds.begin().await?;
+    crate::services::passkeys::require(&mut tx, ctx, &client_decision(&name)).await?;
     db::oauth_confidential_client_insert(
         &mut tx,
         ctx,

@@ -515,7 +515,7 @@ pub fn consent_decision(
     granted: RightSet,
 ) -> crate::services::passkeys::Decision {
     crate::services::passkeys::Decision::consent(
-        &format!("{} {}", req.redirect_uri, req.resource),
+        &format!("{} {} {}", req.code_challenge, req.redirect_uri, req.resource),
         &req.client_id,
         &granted.names().join(" "),
     )

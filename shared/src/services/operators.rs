@@ -36,6 +36,10 @@ pub async fn authenticate(svc: &Services, email: &str, channel: Channel) -> Resu
 /// The signed-in console person, if they hold the operator role now.
 pub async fn from_session(svc: &Services, s: &ConsoleSession) -> Result<Operator> {
     let s = s.row();
+    // A tenant's IdP vouches for that tenant's people, never for the platform's operators.
+    if s.idp_id.is_some() {
+        return Err(Error::Forbidden { right: Right::TenantSwitch });
+    }
     let row = db::entry_operator_by_id(svc, s.person_id)
         .await?
         .ok_or(Error::Forbidden { right: Right::TenantSwitch })?;

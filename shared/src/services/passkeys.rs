@@ -33,6 +33,8 @@ const CEREMONY_TTL_SECS: i64 = 5 * 60;
 /// A session this young may add a first passkey without a password (people who sign in only
 /// through their organization's identity provider have none).
 const FRESH_SESSION_SECS: i64 = 10 * 60;
+/// Passkey sign-ins one address may start a minute.
+const SIGN_INS_PER_MINUTE: i32 = 30;
 /// The largest credential or assertion a browser sends, in bytes.
 const MAX_CREDENTIAL_BYTES: usize = 16 * 1024;
 
@@ -73,11 +75,21 @@ pub struct Decision {
     kind: &'static str,
     subject: String,
     facts: BTreeMap<&'static str, String>,
+    /// A person's own credentials and the platform's switch belong to no tenant; every other
+    /// decision is made in one, and its digest names the tenant, so an assertion made while
+    /// working in one tenant cannot decide in another.
+    #[serde(skip)]
+    tenantless: bool,
 }
 
 impl Decision {
     fn new(kind: &'static str, subject: impl Into<String>) -> Self {
-        Decision { kind, subject: subject.into(), facts: BTreeMap::new() }
+        Decision { kind, subject: subject.into(), facts: BTreeMap::new(), tenantless: false }
+    }
+
+    fn tenantless(mut self) -> Self {
+        self.tenantless = true;
+        self
     }
 
     fn with(mut self, fact: &'static str, value: impl Into<String>) -> Self {
@@ -95,14 +107,37 @@ impl Decision {
         Decision::new("oauth_consent", request).with("client_id", client_id).with("scope", scope)
     }
 
-    /// Creating a connection with these rights and toolset.
-    pub fn create_connection(name: &str, rights: &[&str], toolset: &str) -> Self {
+    /// Creating a connection for a creator, with these rights, toolset and client name.
+    pub fn create_connection(
+        name: &str,
+        rights: &[&str],
+        toolset: &str,
+        creator: &str,
+        client_name: &str,
+    ) -> Self {
         let mut rights: Vec<&str> = rights.to_vec();
         rights.sort_unstable();
         rights.dedup();
         Decision::new("create_connection", name)
             .with("rights", rights.join(" "))
             .with("toolset", toolset)
+            .with("creator", creator.trim().to_lowercase())
+            .with("client_name", client_name)
+    }
+
+    /// Creating an API token for oneself, living this many days.
+    pub fn create_api_token(name: &str, days: i64) -> Self {
+        Decision::new("create_api_token", name.trim()).with("days", days.to_string())
+    }
+
+    /// Changing how the tenant's people sign in or which IdP vouches for them (connecting,
+    /// changing or removing its IdP, registering a confidential client).
+    pub fn identity_provider(change: &str, facts: &[(&'static str, String)]) -> Self {
+        let mut d = Decision::new("identity_provider", change);
+        for (k, v) in facts {
+            d = d.with(k, v.clone());
+        }
+        d
     }
 
     /// Giving a person a role with more rights than they hold.
@@ -117,7 +152,7 @@ impl Decision {
 
     /// Turning the platform's kill switch off again (agents back on everywhere).
     pub fn global_switch_on() -> Self {
-        Decision::new("global_switch_on", "platform")
+        Decision::new("global_switch_on", "platform").tenantless()
     }
 
     /// Raising a class's rate limit (or removing a lower override).
@@ -140,9 +175,14 @@ impl Decision {
         Decision::new("passkey_policy_off", "tenant")
     }
 
+    /// Removing one of one's own passkeys.
+    pub fn remove_passkey(handle: &str) -> Self {
+        Decision::new("remove_passkey", handle).tenantless()
+    }
+
     /// Adding a passkey to one's own account while holding others.
     pub fn add_passkey(name: &str) -> Self {
-        Decision::new("add_passkey", name)
+        Decision::new("add_passkey", name).tenantless()
     }
 
     /// What people read: "approve act_…", "create connection Claude".
@@ -150,10 +190,12 @@ impl Decision {
         format!("{} {}", self.kind.replace('_', " "), self.subject)
     }
 
-    /// The digest a ceremony binds: SHA-256 of the decision's canonical JSON.
-    pub fn digest(&self) -> String {
+    /// The digest a ceremony binds: SHA-256 of the decision's canonical JSON and, for a
+    /// decision made in a tenant, that tenant's handle.
+    pub fn digest(&self, tenant: Option<&str>) -> String {
         let json = serde_json::to_vec(self).unwrap_or_default();
-        hex::encode(secret::hash_token(&String::from_utf8_lossy(&json)))
+        let tenant = if self.tenantless { "" } else { tenant.unwrap_or("(no tenant)") };
+        hex::encode(secret::hash_token(&format!("{tenant}|{}", String::from_utf8_lossy(&json))))
     }
 }
 
@@ -177,7 +219,16 @@ fn check(ctx: &OpCtx, decision: &Decision) -> Result<()> {
     let person = ctx.actor_person_id().ok_or(Error::NoActor)?;
     let now = jiff::Timestamp::now().as_second();
     let problem = match ctx.proof() {
-        Some(p) if p.covers(person, &decision.digest(), now, PROOF_MAX_AGE_SECS) => return Ok(()),
+        Some(p)
+            if p.covers(
+                person,
+                &decision.digest(Some(ctx.tenant().handle.as_str())),
+                now,
+                PROOF_MAX_AGE_SECS,
+            ) =>
+        {
+            return Ok(());
+        }
         Some(p) if p.passkey_handle().is_some() => {
             "the passkey check was made for another decision or is older than five minutes; confirm again"
         }
@@ -196,7 +247,8 @@ pub(crate) fn require_for_platform(
     decision: &Decision,
 ) -> Result<()> {
     let now = jiff::Timestamp::now().as_second();
-    if ctx_proof.is_some_and(|p| p.covers(person, &decision.digest(), now, PROOF_MAX_AGE_SECS)) {
+    if ctx_proof.is_some_and(|p| p.covers(person, &decision.digest(None), now, PROOF_MAX_AGE_SECS))
+    {
         return Ok(());
     }
     Err(Error::PasskeyRequired {
@@ -302,7 +354,7 @@ pub async fn register_begin(
                     problem: "you hold a passkey already; confirm with it to add another".into(),
                 });
             };
-            if !proof.covers(person.id, &decision.digest(), now, PROOF_MAX_AGE_SECS) {
+            if !proof.covers(person.id, &decision.digest(None), now, PROOF_MAX_AGE_SECS) {
                 return Err(Error::PasskeyRequired {
                     decision: decision.label(),
                     problem: "the passkey check was made for another decision; confirm again"
@@ -325,13 +377,28 @@ pub async fn register_begin(
                 "enter your password to add your first passkey",
             ));
         }
-        _ if session.age_secs() > FRESH_SESSION_SECS => {
-            return Err(Error::invalid(
-                "session",
-                "sign out and in again, then add your first passkey within ten minutes",
-            ));
+        // No password: only a session the person's own organization just started, and only
+        // when every tenant they belong to is that organization's (a passkey signs in
+        // everywhere the person is a member; one IdP vouches for its own tenant alone).
+        _ => {
+            let memberships = ds.preauth_memberships_of(person.id).await?;
+            let home = session.tenant_id();
+            let one_home = session.idp_id().is_some()
+                && home.is_some()
+                && memberships.iter().all(|m| Some(m.tenant_id) == home);
+            if !one_home {
+                return Err(Error::invalid(
+                    "password",
+                    "set a password first (an operator can: gatehousectl password-reset), then add your first passkey with it",
+                ));
+            }
+            if session.age_secs() > FRESH_SESSION_SECS {
+                return Err(Error::invalid(
+                    "session",
+                    "sign out and in again through your organization, then add your first passkey within ten minutes",
+                ));
+            }
         }
-        _ => {}
     }
     let uuid = Uuid::parse_str(&person.webauthn_id).map_err(|e| Error::Internal(e.to_string()))?;
     let exclude: Vec<CredentialID> = existing
@@ -392,9 +459,25 @@ pub async fn register_finish(
     Ok(summary(&stored))
 }
 
-/// Removes one of the person's own passkeys (narrowing: one step), audited.
-pub async fn remove(ds: &Services, session: &ConsoleSession, handle: &str) -> Result<()> {
+/// Removes one of the person's own passkeys, audited. It needs an assertion by one of their
+/// passkeys made for this removal: a stolen session cannot strip a person of their keys (one
+/// who lost them all asks an operator, `gatehousectl passkey reset`).
+pub async fn remove(
+    ds: &Services,
+    session: &ConsoleSession,
+    handle: &str,
+    proof: Option<&Proof>,
+) -> Result<()> {
     let handle = PasskeyHandle::parse("passkey", handle)?;
+    let decision = Decision::remove_passkey(handle.as_str());
+    let now = jiff::Timestamp::now().as_second();
+    let digest = decision.digest(None);
+    if !proof.is_some_and(|p| p.covers(session.person_id(), &digest, now, PROOF_MAX_AGE_SECS)) {
+        return Err(Error::PasskeyRequired {
+            decision: decision.label(),
+            problem: "confirm with one of your passkeys; lost them all? an operator resets them (gatehousectl passkey reset)".into(),
+        });
+    }
     let row = ds
         .preauth_passkey_delete(session.person_id(), handle.as_str())
         .await?
@@ -439,7 +522,16 @@ async fn audit_person(
 pub async fn sign_in_begin(
     ds: &Services,
     rp: &RelyingParty,
+    source: &str,
 ) -> Result<(String, serde_json::Value)> {
+    // Anyone may start one, so each address starts a bounded number a minute.
+    let key = format!("passkey_sign_in:{}", source.chars().take(64).collect::<String>());
+    let (count, _) = ds.preauth_throttle_take(&key, 60).await?;
+    if count > SIGN_INS_PER_MINUTE {
+        return Err(Error::Unauthenticated(
+            "Too many passkey sign-ins from this address; wait a minute and try again.".into(),
+        ));
+    }
     let (options, state) = rp
         .webauthn
         .start_discoverable_authentication()
@@ -549,11 +641,13 @@ pub async fn decision_begin(
         .start_passkey_authentication(&keys)
         .map_err(|e| Error::Internal(format!("passkey check: {e}")))?;
     let (id, hash) = ceremony_id();
+    let tenant =
+        crate::services::console::session_ctx(session).map(|c| c.tenant().handle.to_string());
     ds.preauth_ceremony_create(
         &hash,
         "decision",
         Some(session.person_id()),
-        Some(&decision.digest()),
+        Some(&decision.digest(tenant.as_deref())),
         &to_json(&state)?,
         CEREMONY_TTL_SECS,
     )
@@ -672,5 +766,44 @@ pub fn method_phrase(method: ProofMethod) -> &'static str {
         ProofMethod::Passkey => "passkey",
         ProofMethod::Password => "password",
         ProofMethod::SingleSignOn => "single sign-on",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decision;
+
+    /// A decision's digest names its tenant (an assertion made while working in one tenant
+    /// decides nothing in another) and every fact it sets; a person's own credentials and
+    /// the platform's switch belong to no tenant.
+    #[test]
+    fn a_digest_binds_the_tenant_and_every_fact() {
+        let on = Decision::agent_access_on();
+        assert_ne!(on.digest(Some("ten_a")), on.digest(Some("ten_b")));
+        assert_ne!(on.digest(Some("ten_a")), Decision::passkey_policy_off().digest(Some("ten_a")));
+        let a = Decision::approve_action("pac_1", "hash-1");
+        assert_ne!(
+            a.digest(Some("t")),
+            Decision::approve_action("pac_2", "hash-1").digest(Some("t"))
+        );
+        assert_ne!(
+            a.digest(Some("t")),
+            Decision::approve_action("pac_1", "hash-2").digest(Some("t"))
+        );
+        let c = |creator: &str, client: &str| {
+            Decision::create_connection("n", &["bookings:read"], "full", creator, client)
+                .digest(Some("t"))
+        };
+        assert_ne!(c("a@x", "console"), c("b@x", "console"));
+        assert_ne!(c("a@x", "console"), c("a@x", "other"));
+        assert_eq!(
+            Decision::create_connection("n", &["b", "a", "a"], "full", "A@X ", "c").digest(None),
+            Decision::create_connection("n", &["a", "b"], "full", "a@x", "c").digest(None),
+            "the same decision however its rights are listed"
+        );
+        let g = Decision::global_switch_on();
+        assert_eq!(g.digest(Some("ten_a")), g.digest(None));
+        let r = Decision::remove_passkey("pky_1");
+        assert_eq!(r.digest(Some("ten_a")), r.digest(Some("ten_b")));
     }
 }

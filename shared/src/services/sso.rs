@@ -210,6 +210,28 @@ fn email_domains(raw: &[String]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// The decision connecting or changing the IdP is, as a passkey ceremony names it: every
+/// setting it stores (never the secret itself, only whether one is given).
+pub fn set_decision(input: &IdpInput) -> crate::services::passkeys::Decision {
+    let domains = email_domains(&input.email_domains).unwrap_or_default().join(" ");
+    crate::services::passkeys::Decision::identity_provider(
+        "set",
+        &[
+            ("issuer", input.issuer.trim().to_owned()),
+            ("client_id", input.client_id.trim().to_owned()),
+            (
+                "new_secret",
+                input.client_secret.as_deref().is_some_and(|s| !s.trim().is_empty()).to_string(),
+            ),
+            ("email_domains", domains),
+            ("allow_join", input.allow_join.to_string()),
+            ("sso_required", input.sso_required.to_string()),
+            ("id_jag", input.id_jag.to_string()),
+            ("session_hours", input.session_hours.to_string()),
+        ],
+    )
+}
+
 /// Connects (or changes) the tenant's identity provider after checking its discovery
 /// document and key set; audited as `idp.set`, and a change of "SSO required" as
 /// `idp.sso_required.on` / `.off`.
@@ -294,6 +316,9 @@ pub async fn idp_set(
     let (doc, jwks) = discover(&issuer, policy).await?;
     let method = auth_method(&doc)?;
     let mut tx = ds.begin().await?;
+    // Which IdP vouches for the tenant's people decides who can become them: under the
+    // passkey policy every change is a decision with a passkey.
+    crate::services::passkeys::require(&mut tx, ctx, &set_decision(&input)).await?;
     let before = db::idp_upsert(
         &mut tx,
         ctx,
@@ -332,12 +357,22 @@ pub async fn idp_set(
     Ok(view(&row))
 }
 
+/// The decision removing an IdP the tenant requires is.
+pub fn remove_decision() -> crate::services::passkeys::Decision {
+    crate::services::passkeys::Decision::identity_provider("remove", &[])
+}
+
 /// Disconnects the tenant's identity provider: the sessions it started end; the identities
 /// linked through it stay (so another tenant taking the issuer cannot take these people).
 /// Audited as `idp.remove`.
 pub async fn idp_remove(ds: &Services, ctx: &OpCtx) -> Result<bool> {
     ctx.require(Right::PeopleManage)?;
+    let required = ds.idp_get(ctx).await?.is_some_and(|i| i.sso_required);
     let mut tx = ds.begin().await?;
+    // Removing an IdP that the tenant required turns password sign-in back on.
+    if required {
+        crate::services::passkeys::require(&mut tx, ctx, &remove_decision()).await?;
+    }
     let removed = db::idp_delete(&mut tx, ctx).await?;
     if removed {
         db::audit_insert(
@@ -669,7 +704,14 @@ async fn link(
         (Some(p), None) if !p.active => {
             return Err(refused("This account is deactivated; ask your administrator."));
         }
-        (_, None) if idp.allow_join => {
+        // An account that exists elsewhere is never joined here by its email alone: the
+        // tenant's IdP vouches for this tenant's people, not for another tenant's.
+        (Some(_), None) => {
+            return Err(refused(format!(
+                "You have a Gatehouse account already, and you are not a member of {tenant}; ask one of its admins to add you, then sign in here again."
+            )));
+        }
+        (None, None) if idp.allow_join => {
             let name = name.map(str::trim).filter(|n| !n.is_empty()).unwrap_or(&email);
             let name: String = name.chars().filter(|c| !c.is_control()).take(100).collect();
             admin::person_create(ds, &ctx, &email, &name, Role::Viewer, None).await?;
