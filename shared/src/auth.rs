@@ -123,6 +123,9 @@ pub struct McpContext {
     /// Reads a connection may make per minute on one worker: the tenant's override or the
     /// default, read in the same statement as the rest of the context.
     pub read_limit: i32,
+    /// When the credential stops working (OAuth access tokens); `None` for static tokens. A
+    /// listen stream ends then at the latest.
+    pub expires_at: Option<jiff::Timestamp>,
 }
 
 /// The credential of an `Authorization` header value: `Bearer <token>`, the scheme matched
@@ -268,6 +271,7 @@ pub(crate) fn mcp_context(
         tenant_agent_access: row.tenant_agent_access,
         global_kill: row.global_kill,
         grantable,
+        expires_at: row.token_expires_at.map(to_ts),
         read_limit: row
             .read_per_minute
             .unwrap_or_else(|| crate::services::rates::default_per_minute("read")),

@@ -32,13 +32,22 @@ pub const BUCKET: &str = "gatehouse";
 
 /// One change the bucket carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Events name what they concern by public handles (`ten_…`, `con_…`: random, so unique to
+/// this installation), never by serial ids: a NATS that also served another database (a
+/// second deployment, or this one restored from a backup) would otherwise replay one
+/// installation's revocation onto another's connection that reuses the id.
 pub enum Event {
     /// The global kill switch is on (`true`) or off.
     GlobalKill(bool),
     /// A tenant's agent access is on or off.
-    TenantAccess { tenant_id: i64, on: bool },
+    TenantAccess { tenant: String, on: bool },
     /// A connection was revoked or ended.
-    Revoked { connection_id: i64 },
+    Revoked { connection: String },
+    /// Something that decides what a tenant's connections may see changed: a person's role or
+    /// membership, a connection's rights or toolset, the approval policy. Workers re-check the
+    /// tool lists their listen streams showed.
+    TenantChanged { tenant: String },
 }
 
 /// Where the fast path publishes: `gatehouse.push.<key>` on core NATS.
@@ -83,8 +92,9 @@ impl Event {
     pub fn key(&self) -> String {
         match self {
             Event::GlobalKill(_) => "switch.global".into(),
-            Event::TenantAccess { tenant_id, .. } => format!("switch.tenant.{tenant_id}"),
-            Event::Revoked { connection_id } => format!("revoked.{connection_id}"),
+            Event::TenantAccess { tenant, .. } => format!("switch.tenant.{tenant}"),
+            Event::Revoked { connection } => format!("revoked.{connection}"),
+            Event::TenantChanged { tenant } => format!("changed.tenant.{tenant}"),
         }
     }
 
@@ -95,6 +105,7 @@ impl Event {
             Event::TenantAccess { on: true, .. } => "on",
             Event::TenantAccess { on: false, .. } => "off",
             Event::Revoked { .. } => "revoked",
+            Event::TenantChanged { .. } => "changed",
         }
     }
 
@@ -105,12 +116,22 @@ impl Event {
         if key == "switch.global" {
             return Some(Event::GlobalKill(on));
         }
-        if let Some(id) = key.strip_prefix("switch.tenant.") {
-            return id.parse().ok().map(|tenant_id| Event::TenantAccess { tenant_id, on });
+        // Only handles are accepted: a key of the serial-id era (`revoked.42`) names nothing.
+        let handle = |raw: &str, prefix: &str| {
+            (raw.starts_with(prefix)
+                && raw.len() <= 64
+                && raw.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .then(|| raw.to_owned())
+        };
+        if let Some(raw) = key.strip_prefix("switch.tenant.") {
+            return handle(raw, "ten_").map(|tenant| Event::TenantAccess { tenant, on });
+        }
+        if let Some(raw) = key.strip_prefix("changed.tenant.") {
+            return handle(raw, "ten_").map(|tenant| Event::TenantChanged { tenant });
         }
         key.strip_prefix("revoked.")
-            .and_then(|id| id.parse().ok())
-            .map(|connection_id| Event::Revoked { connection_id })
+            .and_then(|raw| handle(raw, "con_"))
+            .map(|connection| Event::Revoked { connection })
     }
 }
 
@@ -314,8 +335,9 @@ mod tests {
         for e in [
             Event::GlobalKill(true),
             Event::GlobalKill(false),
-            Event::TenantAccess { tenant_id: 7, on: false },
-            Event::Revoked { connection_id: 42 },
+            Event::TenantAccess { tenant: "ten_7abc".into(), on: false },
+            Event::Revoked { connection: "con_42xyz".into() },
+            Event::TenantChanged { tenant: "ten_7abc".into() },
         ] {
             assert_eq!(Event::parse(&e.key(), e.value().as_bytes()), Some(e.clone()));
             let stamped = format!("{};1764600000000000042", e.value());
@@ -323,6 +345,11 @@ mod tests {
             assert_eq!((pushed.event, pushed.sent_ns), (e, 1764600000000000042));
         }
         assert_eq!(Event::parse("switch.tenant.x", b"on"), None);
+        // Keys of the serial-id era name nothing: a bucket shared with another installation
+        // (or restored from a backup) cannot revoke this one's connection 42.
+        assert_eq!(Event::parse("revoked.42", b"revoked"), None);
+        assert_eq!(Event::parse("switch.tenant.7", b"off"), None);
+        assert_eq!(Event::parse("revoked.con_a.b", b"revoked"), None);
         assert_eq!(Pushed::parse("probe", b"1"), None, "the probe key is no event");
         assert_eq!(Pushed::parse("switch.global", b"on;garbage").map(|p| p.sent_ns), Some(0));
     }

@@ -118,7 +118,7 @@ pub async fn authenticate(
             unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
         );
     }
-    if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant().id) {
+    if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant().handle.as_str()) {
         let body = serde_json::json!({
             "error": "agent_access_off",
             "error_description": "Agent access for this tenant is turned off (by a tenant admin or a platform operator); a tenant admin can turn it back on in the console under Agent access, and the audit log names who turned it off.",
@@ -126,11 +126,11 @@ pub async fn authenticate(
         refused(&state, received, &parts.headers, "agent_access_off");
         return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
     }
-    let connection_id = context.ctx.connection().map(|c| c.id).unwrap_or_default();
     let context: Arc<McpContext> = Arc::new(context);
     // A revocation pushed while this request runs cancels it: registered before anything else
     // of the request is read, so no part of it (a slow body included) outlives a revocation.
-    let inflight = state.live.register(connection_id);
+    let connection = context.ctx.connection().map(|c| c.handle.as_str()).unwrap_or_default();
+    let inflight = state.live.register(connection);
     let work = async {
         // Every body is read here, within a deadline and a size limit, so no request holds a
         // worker longer than that whatever the client does, and a revocation cancels it while

@@ -3,6 +3,7 @@
 //! Postgres with one query, and any worker can answer any request.
 
 pub mod entry;
+pub mod listen;
 pub mod live;
 pub mod mcp;
 pub mod metrics;
@@ -62,6 +63,8 @@ pub struct AppState {
     /// Requests this worker serves at once; past it, 503 with `Retry-After` at once, so
     /// overload sheds instead of queueing without bound.
     pub capacity: Arc<tokio::sync::Semaphore>,
+    /// The `subscriptions/listen` streams this worker holds.
+    pub streams: Arc<listen::Streams>,
 }
 
 /// Requests a worker serves at once unless told otherwise (`--max-inflight`).
@@ -78,7 +81,14 @@ impl AppState {
             reads: Default::default(),
             activity: Default::default(),
             capacity: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_INFLIGHT)),
+            streams: Arc::new(listen::Streams::default()),
         }
+    }
+
+    /// With room for `n` listen streams at once (at least one).
+    pub fn with_max_listen_streams(mut self, n: usize) -> Self {
+        self.streams = Arc::new(listen::Streams::new(n));
+        self
     }
 
     /// With room for `n` requests at once (at least one).

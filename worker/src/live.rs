@@ -19,8 +19,10 @@ use tokio_util::sync::CancellationToken;
 pub struct Live {
     global_kill: AtomicBool,
     nats_connected: AtomicBool,
-    tenants_off: Mutex<HashSet<i64>>,
-    inflight: Mutex<HashMap<i64, Vec<(u64, CancellationToken)>>>,
+    /// Tenants (by handle) whose agent access NATS last said is off.
+    tenants_off: Mutex<HashSet<String>>,
+    /// In-flight requests by connection handle.
+    inflight: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
     next_id: AtomicU64,
     /// The stamp of the latest change applied per key: a change arrives over the fast path and
     /// from the bucket, and an older copy arriving late must not undo a newer one.
@@ -30,7 +32,7 @@ pub struct Live {
 /// Unregisters an in-flight request when it ends.
 pub struct InFlight {
     live: Arc<Live>,
-    connection_id: i64,
+    connection: String,
     id: u64,
     pub token: CancellationToken,
 }
@@ -38,10 +40,10 @@ pub struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let mut map = self.live.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(list) = map.get_mut(&self.connection_id) {
+        if let Some(list) = map.get_mut(&self.connection) {
             list.retain(|(id, _)| *id != self.id);
             if list.is_empty() {
-                map.remove(&self.connection_id);
+                map.remove(&self.connection);
             }
         }
     }
@@ -53,25 +55,25 @@ impl Live {
         self.nats_connected.load(Ordering::Acquire) && self.global_kill.load(Ordering::Acquire)
     }
 
-    pub fn tenant_off(&self, tenant_id: i64) -> bool {
+    pub fn tenant_off(&self, tenant: &str) -> bool {
         self.nats_connected.load(Ordering::Acquire)
-            && self.tenants_off.lock().unwrap_or_else(|p| p.into_inner()).contains(&tenant_id)
+            && self.tenants_off.lock().unwrap_or_else(|p| p.into_inner()).contains(tenant)
     }
 
     pub fn nats_connected(&self) -> bool {
         self.nats_connected.load(Ordering::Acquire)
     }
 
-    pub fn register(self: &Arc<Self>, connection_id: i64) -> InFlight {
+    pub fn register(self: &Arc<Self>, connection: &str) -> InFlight {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token = CancellationToken::new();
         self.inflight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(connection_id)
+            .entry(connection.to_owned())
             .or_default()
             .push((id, token.clone()));
-        InFlight { live: self.clone(), connection_id, id, token }
+        InFlight { live: self.clone(), connection: connection.to_owned(), id, token }
     }
 
     /// Applies a change unless a newer one of its key was applied; true when applied.
@@ -89,29 +91,31 @@ impl Live {
     }
 
     fn apply(&self, event: &Event) {
-        match *event {
-            Event::GlobalKill(on) => self.global_kill.store(on, Ordering::Release),
-            Event::TenantAccess { tenant_id, on } => {
+        match event {
+            Event::GlobalKill(on) => self.global_kill.store(*on, Ordering::Release),
+            Event::TenantAccess { tenant, on } => {
                 let mut off = self.tenants_off.lock().unwrap_or_else(|p| p.into_inner());
-                if on {
-                    off.remove(&tenant_id);
+                if *on {
+                    off.remove(tenant);
                 } else {
-                    off.insert(tenant_id);
+                    off.insert(tenant.clone());
                 }
             }
-            Event::Revoked { connection_id } => {
+            // Nothing in memory depends on it; listen streams re-check (see `follow`).
+            Event::TenantChanged { .. } => {}
+            Event::Revoked { connection } => {
                 let cancelled = self
                     .inflight
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .remove(&connection_id)
+                    .remove(connection)
                     .unwrap_or_default();
                 for (_, token) in &cancelled {
                     token.cancel();
                 }
                 if !cancelled.is_empty() {
                     tracing::info!(
-                        connection.id = connection_id,
+                        connection.handle = %connection,
                         requests = cancelled.len(),
                         "cancelled in-flight requests of a revoked connection"
                     );
@@ -123,7 +127,12 @@ impl Live {
 
 /// Follows the bucket for the life of the worker: replays its history on every (re)connect,
 /// then applies each change; notices a lost connection within a second and watches again.
-pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metrics>) {
+pub async fn follow(
+    bus: Bus,
+    live: Arc<Live>,
+    metrics: Arc<crate::metrics::Metrics>,
+    streams: Arc<crate::listen::Streams>,
+) {
     loop {
         let stream = match bus.watch().await {
             Some(Ok(stream)) => stream,
@@ -139,6 +148,8 @@ pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metr
         };
         live.nats_connected.store(true, Ordering::Release);
         metrics.nats_connected.set(1);
+        // Pushes may have been missed while NATS was away: every stream checks again.
+        streams.poke_all();
         // Changes stamped before the watch began are history being replayed, not pushes.
         let watching_since = shared::bus::now_ns();
         let mut stream = std::pin::pin!(stream);
@@ -150,10 +161,13 @@ pub async fn follow(bus: Bus, live: Arc<Live>, metrics: Arc<crate::metrics::Metr
                         if !live.apply_pushed(&pushed) {
                             continue;
                         }
+                        tracing::debug!(bus.key = %pushed.event.key(), "push applied");
+                        streams.poke(&pushed.event);
                         let kind = match pushed.event {
                             Event::GlobalKill(_) => "global_kill",
                             Event::TenantAccess { .. } => "tenant_access",
                             Event::Revoked { .. } => "revoked",
+                            Event::TenantChanged { .. } => "tenant_changed",
                         };
                         metrics.bus_events.with_label_values(&[kind]).inc();
                         if pushed.sent_ns >= watching_since {

@@ -46,6 +46,10 @@ struct Args {
     /// (load shedding), so overload costs retries, not unbounded queues and latency.
     #[arg(long, env = "GATEHOUSE_MAX_INFLIGHT", default_value_t = worker::DEFAULT_MAX_INFLIGHT)]
     max_inflight: usize,
+    /// `subscriptions/listen` streams this worker holds at once (each an idle task until a
+    /// change concerns it); past it a listen request is refused with a JSON-RPC error.
+    #[arg(long, env = "GATEHOUSE_MAX_LISTEN_STREAMS", default_value_t = worker::listen::DEFAULT_MAX_PER_WORKER)]
+    max_listen_streams: usize,
     /// Keys sealing multi round-trip confirmation state: `kid:base64url-32-bytes[,…]`, the
     /// first sealing; the same on every worker. Without them clients confirm with confirm_action.
     #[arg(long, env = "GATEHOUSE_MRTR_KEYS", hide_env_values = true)]
@@ -89,8 +93,17 @@ async fn main() -> anyhow::Result<()> {
         },
     };
     let bus = shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas);
-    let state = Arc::new(AppState::new(ds, settings).with_max_inflight(args.max_inflight));
-    tokio::spawn(worker::live::follow(bus, state.live.clone(), state.metrics.clone()));
+    let state = Arc::new(
+        AppState::new(ds, settings)
+            .with_max_inflight(args.max_inflight)
+            .with_max_listen_streams(args.max_listen_streams),
+    );
+    tokio::spawn(worker::live::follow(
+        bus,
+        state.live.clone(),
+        state.metrics.clone(),
+        state.streams.clone(),
+    ));
     tokio::spawn(worker::record_activity(state.clone()));
     let last_flush = state.clone();
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;

@@ -11,9 +11,10 @@ use std::time::Instant;
 
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, ServerNotification,
+    SubscriptionFilter, Tool, ToolListChangedNotification,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::Value;
 use shared::auth::McpContext;
@@ -78,14 +79,173 @@ impl Server {
     }
 }
 
+impl Server {
+    /// The tools a connection sees now: its live rights, its toolset, and the tenant's
+    /// approval policy (which hides what it turned off and says who completes the rest).
+    async fn visible_tools(&self, ctx: &shared::OpCtx) -> Result<Vec<Tool>, ErrorData> {
+        let policy =
+            shared::services::approvals::policy(&self.state.ds, ctx).await.map_err(|e| {
+                tracing::error!(error = %e, "approval policy lookup failed");
+                ErrorData::internal_error("the tool list is unavailable; retry", None)
+            })?;
+        Ok(self
+            .state
+            .tools
+            .all()
+            .iter()
+            .filter(|t| t.access.missing(ctx.rights()).is_none())
+            .filter(|t| t.toolsets.contains(&toolset(ctx)))
+            .filter_map(|t| match policy.for_tool(t.name) {
+                Some(Completion::Off) => None,
+                Some(Completion::PersonApproves) => {
+                    let mut tool = t.tool.clone();
+                    let described = tool.description.as_deref().unwrap_or_default();
+                    tool.description = Some(format!("{described} In this tenant a person must approve it in the Gatehouse console: the agent cannot complete it, and confirm_action only reports the outcome.").into());
+                    Some(tool)
+                }
+                _ => Some(t.tool.clone()),
+            })
+            .collect())
+    }
+
+    /// What a listen stream compares: the list a connection would see, or that agents are
+    /// turned away (a switch off: every call is refused, so the usable list is empty).
+    async fn list_digest(&self, context: &McpContext) -> Result<Vec<u8>, ErrorData> {
+        let tenant = context.ctx.tenant().handle.as_str();
+        if context.global_kill
+            || !context.tenant_agent_access
+            || self.state.live.killed()
+            || self.state.live.tenant_off(tenant)
+        {
+            return Ok(b"agents turned away".to_vec());
+        }
+        let tools = self.visible_tools(&context.ctx).await?;
+        let listed = serde_json::to_vec(&tools).unwrap_or_default();
+        Ok(shared::secret::hash_token(&String::from_utf8_lossy(&listed)))
+    }
+
+    /// One listen stream: told when the tool list its connection sees changes, ended when its
+    /// credential stops working (see [`crate::listen`]).
+    async fn follow_tool_list(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        let request = subscription.request_context();
+        let first = bound(request)?;
+        let authorization = request
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let tenant = first.ctx.tenant().handle.to_string();
+        let connection = first.ctx.connection().map(|c| c.handle.to_string()).unwrap_or_default();
+        let metrics = &self.state.metrics;
+        let registered = match self.state.streams.open(&tenant, &connection) {
+            Ok(r) => r,
+            Err(full) => {
+                metrics.listen_events.with_label_values(&["refused"]).inc();
+                return Err(ErrorData::invalid_request(full.message(), None));
+            }
+        };
+        metrics.listen_events.with_label_values(&["opened"]).inc();
+        metrics.listen_streams.set(self.state.streams.open_count() as i64);
+        let _gauge = scopeguard(self.state.clone());
+        let mut seen = self.list_digest(&first).await?;
+        let mut expires_at = first.expires_at;
+        loop {
+            let until_expiry = expires_at.map(|at| {
+                let left = at.as_millisecond() - jiff::Timestamp::now().as_millisecond();
+                std::time::Duration::from_millis(left.max(0) as u64)
+            });
+            tokio::select! {
+                _ = subscription.cancelled() => return Ok(()),
+                _ = registered.wake.notified() => {}
+                _ = tokio::time::sleep(until_expiry.unwrap_or(std::time::Duration::MAX)),
+                    if until_expiry.is_some() => {}
+            }
+            // As a new request would: the credential, its rights, the creator, the switches.
+            let fresh = match shared::auth::authenticate_mcp(
+                &self.state.ds,
+                authorization.as_deref(),
+                &self.state.settings.mcp_url(),
+                jiff::Timestamp::now(),
+                None,
+            )
+            .await
+            {
+                Ok(Ok(fresh)) => fresh,
+                Ok(Err(failure)) => {
+                    tracing::info!(connection = %connection, reason = ?failure, "listen stream ended: its credential stopped working");
+                    metrics.listen_events.with_label_values(&["ended"]).inc();
+                    return Ok(());
+                }
+                Err(e) => {
+                    // The database is away: the next change, or NATS coming back, looks again.
+                    tracing::warn!(error = %e, "listen stream could not re-read its context");
+                    continue;
+                }
+            };
+            expires_at = fresh.expires_at;
+            let now = self.list_digest(&fresh).await?;
+            if now == seen {
+                metrics.listen_events.with_label_values(&["unchanged"]).inc();
+                tracing::debug!(connection = %connection, "listen stream woken; tool list unchanged");
+                continue;
+            }
+            tracing::debug!(connection = %connection, "listen stream woken; tool list changed");
+            seen = now;
+            let changed = ServerNotification::ToolListChangedNotification(
+                ToolListChangedNotification::default(),
+            );
+            if subscription.sink().send(changed).await.is_err() {
+                return Ok(());
+            }
+            metrics.listen_events.with_label_values(&["changed"]).inc();
+        }
+    }
+}
+
+/// Keeps the open-streams gauge right when a stream ends, however it ends.
+fn scopeguard(state: Arc<AppState>) -> impl Drop {
+    struct Gauge(Arc<AppState>);
+    impl Drop for Gauge {
+        fn drop(&mut self) {
+            // The stream's own registration is dropped after this guard: count it out.
+            let open = self.0.streams.open_count().saturating_sub(1);
+            self.0.metrics.listen_streams.set(open as i64);
+        }
+    }
+    Gauge(state)
+}
+
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Gatehouse serves one tenant's bookings (customers, technicians, bookings). \
+        // Tool lists change with the connection's live rights and the tenant's policy; clients
+        // learn it on a `subscriptions/listen` stream.
+        ServerConfig::new(
+            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build(),
+        )
+        .with_server_info(Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Gatehouse serves one tenant's bookings (customers, technicians, bookings). \
                  The tenant is fixed by the connection. Handles look like cus_…, tec_…, bkg_….",
-            )
+        )
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        // Tools are what Gatehouse lists; prompts and resources it has none of.
+        let mut accepted = SubscriptionFilter::default();
+        accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);
+        Some(accepted)
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        if subscription.accepted().tools_list_changed != Some(true) {
+            subscription.cancelled().await;
+            return Ok(());
+        }
+        self.follow_tool_list(subscription).await
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
@@ -98,30 +258,7 @@ impl ServerHandler for Server {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let bound = bound(&context)?;
-        // The tenant's approval policy hides what it turned off and says who completes the rest.
-        let policy =
-            shared::services::approvals::policy(&self.state.ds, &bound.ctx).await.map_err(|e| {
-                tracing::error!(error = %e, "approval policy lookup failed");
-                ErrorData::internal_error("the tool list is unavailable; retry", None)
-            })?;
-        let tools = self
-            .state
-            .tools
-            .all()
-            .iter()
-            .filter(|t| t.access.missing(bound.ctx.rights()).is_none())
-            .filter(|t| t.toolsets.contains(&toolset(&bound.ctx)))
-            .filter_map(|t| match policy.for_tool(t.name) {
-                Some(Completion::Off) => None,
-                Some(Completion::PersonApproves) => {
-                    let mut tool = t.tool.clone();
-                    let described = tool.description.as_deref().unwrap_or_default();
-                    tool.description = Some(format!("{described} In this tenant a person must approve it in the Gatehouse console: the agent cannot complete it, and confirm_action only reports the outcome.").into());
-                    Some(tool)
-                }
-                _ => Some(t.tool.clone()),
-            })
-            .collect();
+        let tools = self.visible_tools(&bound.ctx).await?;
         // The list depends on this caller's live rights: cache it briefly and privately.
         Ok(ListToolsResult::with_all_items(tools)
             .with_ttl_ms(0)

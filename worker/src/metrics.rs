@@ -18,6 +18,11 @@ pub struct Metrics {
     pub confirm_duration: HistogramVec,
     pub activity_flush_failures: prometheus::IntCounter,
     pub read_ahead: IntCounterVec,
+    /// Open `subscriptions/listen` streams.
+    pub listen_streams: IntGauge,
+    /// What listen streams did: `opened`, `refused`, `changed` (toolsListChanged sent),
+    /// `unchanged` (woken, same list), `ended` (the credential stopped working).
+    pub listen_events: IntCounterVec,
 }
 
 /// The refusal family an outcome belongs to (the `reason` of `refusals_total`), or `None`
@@ -117,9 +122,21 @@ impl Metrics {
             &["outcome"],
         )
         .expect("valid metric");
+        let listen_streams = IntGauge::new("listen_streams", "Open subscriptions/listen streams")
+            .expect("valid metric");
+        let listen_events = IntCounterVec::new(
+            Opts::new(
+                "listen_events_total",
+                "Listen streams opened, refused past a bound, told of a changed tool list, woken with the list unchanged, or ended because their credential stopped working",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(listen_streams.clone())).expect("register once");
         registry.register(Box::new(nats_connected.clone())).expect("register once");
         registry.register(Box::new(activity_flush_failures.clone())).expect("register once");
-        for c in [&http_requests, &tool_calls, &bus_events, &refusals, &read_ahead] {
+        for c in [&http_requests, &tool_calls, &bus_events, &refusals, &read_ahead, &listen_events]
+        {
             registry.register(Box::new(c.clone())).expect("register once");
         }
         for h in [&tool_duration, &auth_duration, &bus_push_lag, &confirm_duration] {
@@ -138,6 +155,8 @@ impl Metrics {
             confirm_duration,
             activity_flush_failures,
             read_ahead,
+            listen_streams,
+            listen_events,
         }
     }
 

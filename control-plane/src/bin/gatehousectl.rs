@@ -839,6 +839,9 @@ impl Command {
             Command::KillSwitch { .. }
                 | Command::Connection(ConnectionCmd::Revoke { .. })
                 | Command::Person(PersonCmd::Deactivate { .. })
+                // What connections may see changes: listen streams are told.
+                | Command::Person(PersonCmd::SetRole { .. })
+                | Command::ApprovalPolicy(ApprovalPolicyCmd::Set { .. })
         )
     }
 }

@@ -9,6 +9,7 @@ mod clients;
 mod console;
 mod fleet;
 mod identity;
+mod listen;
 mod oauth;
 mod sso;
 mod support;

@@ -260,6 +260,8 @@ pub async fn person_set_role(
     )
     .await?;
     tx.commit().await?;
+    // Every connection of the person sees another tool list from now on.
+    bus::publish(ds.bus(), Event::TenantChanged { tenant: ctx.tenant().handle.to_string() }).await;
     Ok(PersonCreated {
         person: person.handle,
         email: person.email,
@@ -294,8 +296,9 @@ pub async fn person_deactivate(
     targets.extend(api_tokens.iter().cloned());
     ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.deactivate", targets)).await?;
     tx.commit().await?;
-    for (id, _) in &revoked {
-        bus::publish(ds.bus(), Event::Revoked { connection_id: *id }).await;
+    bus::publish(ds.bus(), Event::TenantChanged { tenant: ctx.tenant().handle.to_string() }).await;
+    for (_, handle) in &revoked {
+        bus::publish(ds.bus(), Event::Revoked { connection: handle.clone() }).await;
     }
     let revoked_connections = revoked.into_iter().map(|(_, h)| h).collect();
     Ok(PersonDeactivated {
@@ -470,8 +473,8 @@ pub async fn connection_revoke(
     entry.reason = Some(reason);
     ds_fns::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
-    for (id, _) in &revoked {
-        bus::publish(ds.bus(), Event::Revoked { connection_id: *id }).await;
+    for (_, handle) in &revoked {
+        bus::publish(ds.bus(), Event::Revoked { connection: handle.clone() }).await;
     }
     Ok(ConnectionRevoked { connection: handle.to_string(), revoked: !revoked.is_empty() })
 }
@@ -760,7 +763,7 @@ pub async fn kill_switch_set(
             (
                 format!("tenant {}", ctx.tenant().slug),
                 was_on == kill,
-                Event::TenantAccess { tenant_id: ctx.tenant().id, on: !kill },
+                Event::TenantAccess { tenant: ctx.tenant().handle.to_string(), on: !kill },
             )
         }
     };

@@ -251,6 +251,12 @@ pub async fn policy_set(
     entry.reason = Some(&reason);
     db::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
+    // Tools turned off leave the lists, and descriptions say who completes the rest.
+    crate::bus::publish(
+        ds.bus(),
+        crate::bus::Event::TenantChanged { tenant: ctx.tenant().handle.to_string() },
+    )
+    .await;
     Ok(PolicySet { scope, mode, approver_not_creator })
 }
 

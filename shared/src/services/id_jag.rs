@@ -239,8 +239,10 @@ async fn grant(
             }
         };
     // Tokens of an earlier grant with other rights end, so none of them gains what this one adds.
-    if db::connection_set_idp_grant(&mut tx, ctx, connection_id, client_id, &rights.names()).await?
-    {
+    let regranted =
+        db::connection_set_idp_grant(&mut tx, ctx, connection_id, client_id, &rights.names())
+            .await?;
+    if regranted {
         db::connection_tokens_end(&mut tx, ctx, connection_id).await?;
     }
     let access = secret::generate(CredentialKind::Mcp);
@@ -260,6 +262,13 @@ async fn grant(
     db::audit_insert(&mut tx, ctx, AuditEntry::ok("connection.id_jag", vec![handle, person]))
         .await?;
     tx.commit().await?;
+    if regranted {
+        crate::bus::publish(
+            ds.bus(),
+            crate::bus::Event::TenantChanged { tenant: ctx.tenant().handle.to_string() },
+        )
+        .await;
+    }
     Ok(TokenResponse {
         access_token: access,
         token_type: "Bearer",

@@ -588,6 +588,12 @@ pub async fn approve(
     .await?;
     db::audit_insert(&mut tx, ctx, AuditEntry::ok("connection.authorize", vec![handle])).await?;
     tx.commit().await?;
+    // A consent that changed an existing grant changes what its streams list.
+    crate::bus::publish(
+        ds.bus(),
+        crate::bus::Event::TenantChanged { tenant: ctx.tenant().handle.to_string() },
+    )
+    .await;
     Ok(code)
 }
 

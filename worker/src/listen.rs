@@ -1,0 +1,203 @@
+//! Live tool lists: the `subscriptions/listen` streams a worker holds (MCP 2026-07-28,
+//! SEP-2575), and what wakes them.
+//!
+//! A stream is one listen request's response. It is told `toolsListChanged` when, and only
+//! when, the tool list its connection would see now differs from the one it saw last. What
+//! wakes it is the push the worker already receives over NATS (a tenant's people, policy or
+//! connections changed, a switch flipped, a connection revoked), never polling; a woken
+//! stream re-reads its connection's context exactly as a new request would (the credential,
+//! its rights, the creator's role, the switches) and compares digests of the list. A worker
+//! that lost NATS wakes every stream when it watches again, so missed pushes are made up.
+//! A credential that stopped working (revoked, expired, its creator gone) ends the stream with
+//! its final result; an OAuth access token's stream ends when the token expires.
+//!
+//! Streams are bounded per connection and per worker; past a bound the listen request is
+//! refused with a JSON-RPC error that says which bound and what to do. An idle stream is a
+//! parked task and a map entry: no timer, no query.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use shared::bus::Event;
+use tokio::sync::Notify;
+
+/// Listen streams one connection may hold open at once, on one worker.
+pub const MAX_PER_CONNECTION: usize = 8;
+/// Listen streams one worker holds at most unless told otherwise (`--max-listen-streams`).
+pub const DEFAULT_MAX_PER_WORKER: usize = 20_000;
+
+/// The streams this worker holds, by tenant and by connection (both by handle).
+pub struct Streams {
+    inner: Mutex<Inner>,
+    max_per_worker: usize,
+    next: AtomicU64,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_tenant: HashMap<String, HashMap<u64, Arc<Notify>>>,
+    by_connection: HashMap<String, HashMap<u64, Arc<Notify>>>,
+    total: usize,
+}
+
+/// Why a listen request was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Full {
+    Connection,
+    Worker,
+}
+
+impl Full {
+    pub fn message(&self) -> String {
+        match self {
+            Full::Connection => format!(
+                "This connection holds {MAX_PER_CONNECTION} listen streams on this server already; close one (one stream per client is enough) and listen again."
+            ),
+            Full::Worker => {
+                "This server holds as many listen streams as it takes; retry in a minute (the balancer may send you to another).".into()
+            }
+        }
+    }
+}
+
+/// One open stream's place in the maps; leaving it (the stream ended) takes it out.
+pub struct Registered {
+    streams: Arc<Streams>,
+    id: u64,
+    tenant: String,
+    connection: String,
+    pub wake: Arc<Notify>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let mut guard = self.streams.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let inner: &mut Inner = &mut guard;
+        for (map, key) in
+            [(&mut inner.by_tenant, &self.tenant), (&mut inner.by_connection, &self.connection)]
+        {
+            if let Some(streams) = map.get_mut(key) {
+                streams.remove(&self.id);
+                if streams.is_empty() {
+                    map.remove(key);
+                }
+            }
+        }
+        inner.total = inner.total.saturating_sub(1);
+    }
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams::new(DEFAULT_MAX_PER_WORKER)
+    }
+}
+
+impl Streams {
+    pub fn new(max_per_worker: usize) -> Self {
+        Streams {
+            inner: Mutex::default(),
+            max_per_worker: max_per_worker.max(1),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Registers a stream of a connection of a tenant, within the bounds.
+    pub fn open(self: &Arc<Self>, tenant: &str, connection: &str) -> Result<Registered, Full> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.total >= self.max_per_worker {
+            return Err(Full::Worker);
+        }
+        if inner.by_connection.get(connection).map_or(0, HashMap::len) >= MAX_PER_CONNECTION {
+            return Err(Full::Connection);
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        inner.by_tenant.entry(tenant.to_owned()).or_default().insert(id, wake.clone());
+        inner.by_connection.entry(connection.to_owned()).or_default().insert(id, wake.clone());
+        inner.total += 1;
+        Ok(Registered {
+            streams: self.clone(),
+            id,
+            tenant: tenant.to_owned(),
+            connection: connection.to_owned(),
+            wake,
+        })
+    }
+
+    /// How many streams this worker holds.
+    pub fn open_count(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+
+    /// Wakes the streams a pushed change may concern. A woken stream re-reads and compares;
+    /// waking one whose list did not change sends nothing.
+    pub fn poke(&self, event: &Event) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let woken = match event {
+            Event::GlobalKill(_) => inner.by_tenant.values().flat_map(HashMap::values).collect(),
+            Event::TenantAccess { tenant, .. } | Event::TenantChanged { tenant } => {
+                inner.by_tenant.get(tenant).map(|s| s.values().collect()).unwrap_or_default()
+            }
+            Event::Revoked { connection } => inner
+                .by_connection
+                .get(connection)
+                .map(|s| s.values().collect())
+                .unwrap_or_default(),
+        };
+        wake(woken);
+    }
+
+    /// Wakes every stream (NATS came back: pushes may have been missed).
+    pub fn poke_all(&self) {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        wake(inner.by_tenant.values().flat_map(HashMap::values).collect());
+    }
+}
+
+/// `notify_one` keeps a permit for a stream busy re-reading, so a change arriving meanwhile
+/// is never lost; many changes before it looks again make one re-read.
+fn wake(streams: Vec<&Arc<Notify>>) {
+    for s in streams {
+        s.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn streams_are_bounded_and_woken_by_what_concerns_them() {
+        let streams = Arc::new(Streams::new(10));
+        let a: Vec<_> = (0..MAX_PER_CONNECTION)
+            .map(|_| streams.open("ten_a", "con_a").expect("room"))
+            .collect();
+        assert_eq!(streams.open("ten_a", "con_a").err(), Some(Full::Connection));
+        let b = streams.open("ten_b", "con_b").expect("another connection");
+        let _c = streams.open("ten_b", "con_c").expect("room");
+        assert_eq!(streams.open("ten_b", "con_d").err(), Some(Full::Worker));
+        // A change of tenant b wakes b's streams only.
+        streams.poke(&Event::TenantChanged { tenant: "ten_b".into() });
+        tokio::time::timeout(std::time::Duration::from_millis(100), b.wake.notified())
+            .await
+            .expect("b woken");
+        let quiet =
+            tokio::time::timeout(std::time::Duration::from_millis(50), a[0].wake.notified()).await;
+        assert!(quiet.is_err(), "a's streams stay asleep");
+        // A revocation wakes its connection's streams; the global switch wakes all.
+        streams.poke(&Event::Revoked { connection: "con_a".into() });
+        tokio::time::timeout(std::time::Duration::from_millis(100), a[3].wake.notified())
+            .await
+            .expect("a woken");
+        streams.poke(&Event::GlobalKill(true));
+        tokio::time::timeout(std::time::Duration::from_millis(100), b.wake.notified())
+            .await
+            .expect("b woken again");
+        // Ending streams frees their room.
+        drop(a);
+        assert_eq!(streams.open_count(), 2);
+        streams.open("ten_a", "con_a").expect("room again");
+    }
+}
