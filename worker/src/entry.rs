@@ -501,7 +501,9 @@ fn legacy_header_mismatch(headers: &http::HeaderMap, body: &[u8]) -> Option<Resp
                 "resources/read" | "resources/subscribe" | "resources/unsubscribe" => "uri",
                 "tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/update" => "taskId",
                 _ => {
-                    return Err(format!("Mcp-Name header sent for `{method}`, which names nothing"));
+                    return Err(format!(
+                        "Mcp-Name header sent for `{method}`, which names nothing"
+                    ));
                 }
             };
             let named = request.get("params").and_then(|p| p.get(key)).and_then(|v| v.as_str());

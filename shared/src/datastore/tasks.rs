@@ -137,12 +137,22 @@ impl Services {
         handle: &str,
         message: Option<&str>,
     ) -> Result<Option<String>> {
+        // A revoked connection's working task is cancelled here too, so a revocation ends its
+        // tasks even when the push (NATS) that cancels them at once was missed.
         let row: Option<(String,)> = sqlx::query_as(
-            "UPDATE tasks SET heartbeat_at = now(),
-                    status_message = CASE WHEN status = 'working' THEN coalesce($4, status_message)
-                                          ELSE status_message END
-             WHERE handle = $1 AND tenant_id = $2 AND connection_id = $3
-             RETURNING status",
+            "UPDATE tasks t SET heartbeat_at = now(),
+                    status = CASE WHEN t.status = 'working' AND c.status <> 'active' THEN 'cancelled'
+                                  ELSE t.status END,
+                    status_message = CASE
+                        WHEN t.status = 'working' AND c.status <> 'active' THEN 'The connection was revoked.'
+                        WHEN t.status = 'working' THEN coalesce($4, t.status_message)
+                        ELSE t.status_message END,
+                    updated_at = CASE WHEN t.status = 'working' AND c.status <> 'active' THEN now()
+                                      ELSE t.updated_at END
+             FROM connections c
+             WHERE c.id = t.connection_id
+               AND t.handle = $1 AND t.tenant_id = $2 AND t.connection_id = $3
+             RETURNING t.status",
         )
         .bind(handle)
         .bind(ctx.tenant_id())
