@@ -12,5 +12,6 @@ mod identity;
 mod oauth;
 mod sso;
 mod support;
+mod tasks;
 mod traces;
 mod writes;
