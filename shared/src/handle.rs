@@ -40,6 +40,7 @@ kinds! {
     ConnectionKind => "con", "connection", ConnectionHandle;
     ApiTokenKind => "apt", "API token", ApiTokenHandle;
     PasskeyKind => "pky", "passkey", PasskeyHandle;
+    TaskKind => "tsk", "task", TaskHandle;
 }
 
 const ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";

@@ -33,6 +33,12 @@ pub async fn authenticate(
 ) -> Response {
     let started = Instant::now();
     let received = telemetry::enabled().then(std::time::SystemTime::now);
+    // A browser origin not on the allow-list is refused first, whatever the request carries
+    // (R20): the answer never depends on its credentials, the load or the switches.
+    if let Some(refusal) = foreign_origin(&state.settings.allowed_origins, request.headers()) {
+        refused(&state, received, request.headers(), "origin");
+        return finish(&state, before_body(request, refusal));
+    }
     // Step 0: room to serve it. A full worker answers at once rather than queue: the client
     // retries (on another worker behind the balancer) and latency stays bounded.
     let Ok(_permit) = state.capacity.clone().try_acquire_owned() else {
@@ -43,15 +49,14 @@ pub async fn authenticate(
         });
         let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1u32));
-        return finish(&state, response);
+        return finish(&state, before_body(request, response));
     };
     // Step 1: the kill switch as NATS last pushed it, before any database work.
     if state.live.killed() {
         refused(&state, received, request.headers(), "kill_switch");
-        return finish(
-            &state,
-            unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
-        );
+        let response =
+            unavailable("Agent access to Gatehouse is paused by an operator; retry later.");
+        return finish(&state, before_body(request, response));
     }
     // What of the body has already arrived (all of it, for a client that sends a call with its
     // headers) is taken now, without waiting: when it is a call of a tool that reads ahead, the
@@ -94,7 +99,8 @@ pub async fn authenticate(
         Err(e) => {
             tracing::error!(error = %e, "connection context lookup failed");
             refused(&state, received, &parts.headers, "database_unavailable");
-            return finish(&state, unavailable("The database is unreachable; retry shortly."));
+            let response = unavailable("The database is unreachable; retry shortly.");
+            return finish(&state, early.settle(parts.version, response));
         }
     };
     let looked_up = received.map(|at| (at, std::time::SystemTime::now()));
@@ -108,15 +114,14 @@ pub async fn authenticate(
         Ok(context) => context,
         Err(failure) => {
             refused(&state, received, &parts.headers, "unauthenticated");
-            return finish(&state, unauthorized(&state, &failure));
+            return finish(&state, early.settle(parts.version, unauthorized(&state, &failure)));
         }
     };
     if context.global_kill {
         refused(&state, received, &parts.headers, "kill_switch");
-        return finish(
-            &state,
-            unavailable("Agent access to Gatehouse is paused by an operator; retry later."),
-        );
+        let response =
+            unavailable("Agent access to Gatehouse is paused by an operator; retry later.");
+        return finish(&state, early.settle(parts.version, response));
     }
     if !context.tenant_agent_access || state.live.tenant_off(context.ctx.tenant().handle.as_str()) {
         let body = serde_json::json!({
@@ -124,13 +129,15 @@ pub async fn authenticate(
             "error_description": "Agent access for this tenant is turned off (by a tenant admin or a platform operator); a tenant admin can turn it back on in the console under Agent access, and the audit log names who turned it off.",
         });
         refused(&state, received, &parts.headers, "agent_access_off");
-        return finish(&state, (StatusCode::FORBIDDEN, Json(body)).into_response());
+        let response = (StatusCode::FORBIDDEN, Json(body)).into_response();
+        return finish(&state, early.settle(parts.version, response));
     }
     let context: Arc<McpContext> = Arc::new(context);
     // A revocation pushed while this request runs cancels it: registered before anything else
     // of the request is read, so no part of it (a slow body included) outlives a revocation.
     let connection = context.ctx.connection().map(|c| c.handle.as_str()).unwrap_or_default();
     let inflight = state.live.register(connection);
+    let version = parts.version;
     let work = async {
         // Every body is read here, within a deadline and a size limit, so no request holds a
         // worker longer than that whatever the client does, and a revocation cancels it while
@@ -141,12 +148,15 @@ pub async fn authenticate(
         let mut span = None;
         let bytes = match early {
             EarlyBody::Complete(bytes) => bytes,
-            EarlyBody::Refused(refusal) => return refusal,
+            EarlyBody::Refused(refusal) => return closing(version, refusal),
             EarlyBody::Arriving(head, rest) => match read_rest(head, rest).await {
                 Ok(bytes) => bytes,
-                Err(refusal) => return refusal,
+                Err(refusal) => return closing(version, refusal),
             },
         };
+        if let Some(refusal) = legacy_header_mismatch(&parts.headers, &bytes) {
+            return refusal;
+        }
         // Parsed before authentication when it could read ahead; else only when needed.
         let probe = probe.or_else(|| {
             (step_up || looked_up.is_some())
@@ -163,9 +173,7 @@ pub async fn authenticate(
                 context_done,
             ));
         }
-        if step_up
-            && let Some(challenge) = step_up_challenge(&state, &context, &parts, probe.as_ref())
-        {
+        if step_up && let Some(challenge) = step_up_challenge(&state, &context, probe.as_ref()) {
             state.metrics.refusals.with_label_values(&["rights"]).inc();
             if let Some(span) = &span {
                 span.fail(&[
@@ -202,7 +210,8 @@ pub async fn authenticate(
     };
     let response = tokio::select! {
         response = work => response,
-        _ = inflight.token.cancelled() => unauthorized(&state, &AuthFailure::Revoked),
+        // Its body may still be arriving: the connection is not reused.
+        _ = inflight.token.cancelled() => closing(version, unauthorized(&state, &AuthFailure::Revoked)),
     };
     finish(&state, end_stream_on_revocation(response, inflight))
 }
@@ -329,6 +338,207 @@ impl EarlyBody {
     }
 }
 
+impl EarlyBody {
+    /// A refusal given after the body was taken as far as it had arrived: a body read to its
+    /// end leaves the connection for the client's next request, any other closes it.
+    fn settle(self, version: http::Version, response: Response) -> Response {
+        match self {
+            EarlyBody::Complete(_) => response,
+            EarlyBody::Arriving(..) | EarlyBody::Refused(_) => closing(version, response),
+        }
+    }
+}
+
+/// A refusal given before anything of the request's body was read (a foreign origin, a full
+/// worker, the kill switch). What has already arrived of a small body is read and dropped, so
+/// the connection stays usable; a body still arriving, a large one, or one whose client waits
+/// for `100 Continue` is not waited for, and the answer closes the connection instead.
+fn before_body(request: Request, response: Response) -> Response {
+    use axum::body::HttpBody as _;
+    let version = request.version();
+    if request.headers().contains_key(header::EXPECT) {
+        return closing(version, response);
+    }
+    let mut body = request.into_body();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut read = 0;
+    loop {
+        match std::pin::Pin::new(&mut body).poll_frame(&mut cx) {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > PROBE_BEFORE_AUTH {
+                    return closing(version, response);
+                }
+            }
+            std::task::Poll::Ready(None) => return response,
+            std::task::Poll::Ready(Some(Err(_))) | std::task::Poll::Pending => {
+                return closing(version, response);
+            }
+        }
+    }
+}
+
+/// Says `Connection: close` on an HTTP/1 answer given while the request's body was not read
+/// to its end. Without it, hyper notices the unread body only after it has sent the head
+/// without the header, and then closes the connection silently, so the client's next request
+/// on it fails; with it, the client (or nginx) knows not to reuse the connection.
+fn closing(version: http::Version, mut response: Response) -> Response {
+    if version <= http::Version::HTTP_11 {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// 403 for a request whose `Origin` is present and not on the allow-list (R20), matched as
+/// rmcp matches it (RFC 6454: scheme, host, port; an entry's port `*` takes any port, no
+/// port in an entry any port, `null` the opaque origin). rmcp checks again after us; this
+/// check runs first so that the refusal does not depend on the request's credentials.
+fn foreign_origin(allowed: &[String], headers: &http::HeaderMap) -> Option<Response> {
+    let origin = headers.get(header::ORIGIN)?;
+    let forbidden = |message: &'static str| {
+        let body = serde_json::json!({"error": "forbidden_origin", "error_description": message});
+        Some((StatusCode::FORBIDDEN, Json(body)).into_response())
+    };
+    let Some(origin) = origin.to_str().ok().and_then(Origin::parse) else {
+        return forbidden("Forbidden: Invalid Origin header");
+    };
+    if allowed.iter().any(|entry| Origin::allows(entry, &origin)) {
+        None
+    } else {
+        forbidden("Forbidden: Origin header is not allowed")
+    }
+}
+
+/// A browser origin: `null` or (scheme, host, port).
+#[derive(Debug, PartialEq)]
+enum Origin {
+    Null,
+    Tuple { scheme: String, host: String, port: Option<u16> },
+}
+
+impl Origin {
+    fn parse(value: &str) -> Option<Origin> {
+        let value = value.trim();
+        if value.eq_ignore_ascii_case("null") {
+            return Some(Origin::Null);
+        }
+        let uri = http::Uri::try_from(value).ok()?;
+        let authority = uri.authority()?;
+        Some(Origin::Tuple {
+            scheme: uri.scheme_str()?.to_ascii_lowercase(),
+            host: authority.host().trim_matches(['[', ']']).to_ascii_lowercase(),
+            port: authority.port_u16(),
+        })
+    }
+
+    /// Whether the allow-list entry `entry` admits `origin`.
+    fn allows(entry: &str, origin: &Origin) -> bool {
+        let entry = entry.trim();
+        let (base, any_port) = match entry.strip_suffix(":*") {
+            Some(base) => (base, true),
+            None => (entry, false),
+        };
+        match (Origin::parse(base), origin) {
+            (Some(Origin::Null), Origin::Null) => !any_port,
+            (
+                Some(Origin::Tuple { scheme, host, port }),
+                Origin::Tuple { scheme: s, host: h, port: p },
+            ) => {
+                let default = |scheme: &str| match scheme {
+                    "http" => Some(80),
+                    "https" => Some(443),
+                    _ => None,
+                };
+                scheme == *s
+                    && host == *h
+                    && match port {
+                        Some(_) if any_port => false,
+                        Some(port) => p.or_else(|| default(s)) == Some(port),
+                        None => true,
+                    }
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A legacy (2025-11-25 and older) request that carries `Mcp-Method` or `Mcp-Name` headers
+/// disagreeing with its body is refused as 2026-07-28 refuses it (400, -32020). The older
+/// revision does not define these headers, but intermediaries route and filter on them
+/// without reading the body, so a request whose headers say one thing and whose body does
+/// another is refused whatever revision it claims (docs/conformance.md). Headers that are
+/// absent are not required of a legacy client; 2026-07-28 requests are rmcp's to check.
+fn legacy_header_mismatch(headers: &http::HeaderMap, body: &[u8]) -> Option<Response> {
+    let modern = headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v >= rmcp::model::ProtocolVersion::STANDARD_HEADERS.as_str());
+    if modern || !(headers.contains_key("mcp-method") || headers.contains_key("mcp-name")) {
+        return None;
+    }
+    let request: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let method = request.get("method").and_then(|m| m.as_str())?;
+    let single = |name: &str| -> Result<Option<&str>, String> {
+        let mut values = headers.get_all(name).iter();
+        let Some(first) = values.next() else { return Ok(None) };
+        if values.next().is_some() {
+            return Err(format!("duplicate {name} header"));
+        }
+        first.to_str().map(Some).map_err(|_| format!("{name} header contains invalid characters"))
+    };
+    let check = || -> Result<(), String> {
+        if let Some(said) = single("mcp-method")?
+            && said != method
+        {
+            return Err(format!(
+                "Mcp-Method header `{said}` does not match body method `{method}`"
+            ));
+        }
+        if let Some(said) = single("mcp-name")? {
+            let said = decode_header_value(said).ok_or("Mcp-Name header is not valid Base64")?;
+            let key = match method {
+                "tools/call" | "prompts/get" => "name",
+                "resources/read" | "resources/subscribe" | "resources/unsubscribe" => "uri",
+                "tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/update" => "taskId",
+                _ => {
+                    return Err(format!(
+                        "Mcp-Name header sent for `{method}`, which names nothing"
+                    ));
+                }
+            };
+            let named = request.get("params").and_then(|p| p.get(key)).and_then(|v| v.as_str());
+            if named != Some(said.as_str()) {
+                return Err(format!(
+                    "Mcp-Name header `{said}` does not match body value `{}`",
+                    named.unwrap_or("")
+                ));
+            }
+        }
+        Ok(())
+    };
+    let reason = check().err()?;
+    let id = request
+        .get("id")
+        .filter(|id| id.is_string() || id.is_i64() || id.is_u64())
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
+        "code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": format!("Header mismatch: {reason}")}});
+    Some((StatusCode::BAD_REQUEST, Json(body)).into_response())
+}
+
+/// `=?base64?…?=` values (SEP-2243) decoded; anything else as it is.
+fn decode_header_value(value: &str) -> Option<String> {
+    use base64::Engine as _;
+    match value.strip_prefix("=?base64?").and_then(|v| v.strip_suffix("?=")) {
+        Some(inner) => {
+            let bytes = base64::prelude::BASE64_STANDARD.decode(inner).ok()?;
+            String::from_utf8(bytes).ok()
+        }
+        None => Some(value.to_owned()),
+    }
+}
+
 /// Reads the rest of a body (what rmcp would read next), bounded in size and time.
 async fn read_rest(head: Vec<u8>, rest: axum::body::Body) -> Result<axum::body::Bytes, Response> {
     let read = tokio::time::timeout(
@@ -361,17 +571,10 @@ fn too_large() -> Response {
 fn step_up_challenge(
     state: &AppState,
     context: &McpContext,
-    parts: &http::request::Parts,
     probe: Option<&Probe>,
 ) -> Option<Response> {
-    // A browser request from an origin rmcp will refuse gets that refusal, not a challenge.
-    let foreign_origin = parts
-        .headers
-        .get(header::ORIGIN)
-        .and_then(|o| o.to_str().ok())
-        .is_some_and(|o| !state.settings.allowed_origins.iter().any(|a| a == o));
     let needed = probe
-        .filter(|p| !foreign_origin && p.id.is_some() && p.method == "tools/call")
+        .filter(|p| p.id.is_some() && p.method == "tools/call")
         .and_then(|p| p.params.as_ref()?.name.as_deref())
         .and_then(|name| state.tools.get(name))
         .filter(|spec| {

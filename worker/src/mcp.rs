@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig, ServerNotification,
-    SubscriptionFilter, Tool, ToolListChangedNotification,
+    CacheScope, CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams,
+    GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ServerCapabilities, ServerConfig, ServerNotification, SubscriptionFilter, Tool,
+    ToolListChangedNotification, UpdateTaskParams,
 };
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext};
 use rmcp::{ErrorData, ServerHandler};
@@ -219,9 +220,13 @@ fn scopeguard(state: Arc<AppState>) -> impl Drop {
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
         // Tool lists change with the connection's live rights and the tenant's policy; clients
-        // learn it on a `subscriptions/listen` stream.
+        // learn it on a `subscriptions/listen` stream. Slow tools run as tasks.
         ServerConfig::new(
-            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build(),
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_tasks()
+                .build(),
         )
         .with_server_info(Implementation::new("gatehouse", env!("CARGO_PKG_VERSION")))
         .with_instructions(
@@ -265,6 +270,34 @@ impl ServerHandler for Server {
             .with_cache_scope(CacheScope::Private))
     }
 
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let bound = bound(&context)?;
+        crate::tasks::get(&self.state, &bound.ctx, &request.task_id).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let bound = bound(&context)?;
+        crate::tasks::cancel(&self.state, &bound.ctx, &request.task_id).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        // No Gatehouse task waits for input: an update of a visible task changes nothing.
+        let bound = bound(&context)?;
+        crate::tasks::get(&self.state, &bound.ctx, &request.task_id).await.map(|_| ())
+    }
+
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
@@ -299,6 +332,19 @@ impl ServerHandler for Server {
             Err(Error::Forbidden { right })
         } else if let Err(limited) = self.take_rate(spec, &ctx, bound.read_limit).await {
             Err(limited)
+        } else if spec.tasks == crate::tools::TaskSupport::Optional
+            && context.client_capabilities().is_some_and(|c| c.supports_tasks())
+        {
+            // A slow tool, and a client that polls tasks: answered at once with the task.
+            let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+            let created = crate::tasks::start(&self.state, &ctx, spec.name, args).await?;
+            self.state
+                .metrics
+                .tool_calls
+                .with_label_values(&[name, spec.class.as_str(), "task"])
+                .inc();
+            tracing::info!(tool.name = name, outcome = "task", task.id = %created.task.task_id, connection.id = %connection, request.id = %request_id, "tool call");
+            return Ok(CallToolResponse::Task(created));
         } else if let Some(sealed) = request.request_state.as_deref() {
             confirm_path = Some("multi_round_trip");
             // The retry of a multi round-trip confirmation: the person answered.
@@ -313,6 +359,7 @@ impl ServerHandler for Server {
             let progress = crate::tools::Progress {
                 peer: Some(context.peer.clone()),
                 token: context.meta.get_progress_token(),
+                task: None,
             };
             let env = Env {
                 ds: self.state.ds.clone(),

@@ -36,6 +36,8 @@ pub fn refusal_reason(outcome: &str) -> Option<&'static str> {
         "kill_switch" | "agent_access_off" | "turned_off_by_policy" => "switch",
         "rate_limited" => "rate_bucket",
         "overloaded" => "overload",
+        // A browser page of another site: counted apart, it says nothing about a connection.
+        "origin" => "origin",
         "token_used" | "unknown_token" | "foreign_token" | "token_expired" | "replayed" => "replay",
         "conflict"
         | "duplicate"

@@ -13,5 +13,6 @@ mod listen;
 mod oauth;
 mod sso;
 mod support;
+mod tasks;
 mod traces;
 mod writes;

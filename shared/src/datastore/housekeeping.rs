@@ -26,6 +26,13 @@ impl Services {
             // Expired access and refresh tokens (a used refresh token is kept until it expires,
             // to detect reuse).
             "DELETE FROM connection_tokens WHERE expires_at < now() - interval '1 day'",
+            // Tasks past their TTL go with their results (the TTL each task announced).
+            "DELETE FROM tasks WHERE expires_at < now()",
+            // A working task whose worker stopped heartbeating fails (tasks/get does the same
+            // for the task it reads), so no task stays working forever.
+            "UPDATE tasks SET status = 'failed', status_message = NULL, updated_at = now(),
+                    error = '{\"code\": -32603, \"message\": \"The worker running this task stopped; call the tool again.\"}'
+             WHERE status = 'working' AND heartbeat_at < now() - interval '60 seconds'",
             // The console pictures go back a week.
             "DELETE FROM call_activity WHERE hour < now() - interval '8 days'",
         ] {

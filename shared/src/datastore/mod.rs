@@ -44,6 +44,7 @@ mod replay;
 mod service_catalog;
 mod sessions;
 mod sso;
+mod tasks;
 mod technicians;
 mod tenants;
 
@@ -65,6 +66,7 @@ pub(crate) use replay::*;
 pub use service_catalog::*;
 pub use sessions::*;
 pub use sso::*;
+pub use tasks::*;
 pub use technicians::*;
 pub use tenants::*;
 

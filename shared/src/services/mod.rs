@@ -26,6 +26,7 @@ mod planners;
 mod rails;
 pub mod rates;
 pub mod sso;
+pub mod tasks;
 pub mod technicians;
 pub mod two_step;
 

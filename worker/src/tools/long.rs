@@ -1,8 +1,8 @@
 //! Long tools (R22): work that may take longer than a client's timeout sends progress when the
 //! client gave a `progressToken`, stops when the call is cancelled, and is flagged slow in its
-//! `_meta` (there is no slow-tool hint in MCP 2026-07-28) and its description.
+//! `_meta` (there is no slow-tool hint in MCP 2026-07-28) and its description, and is answered
+//! with a task (`crate::tasks`) for a client that declares the tasks extension.
 
-use serde_json::Value;
 use shared::error::Error;
 use shared::rights::Right;
 use shared::services::bookings::{self, ExportBookingsInput};
@@ -10,11 +10,11 @@ use shared::services::bookings::{self, ExportBookingsInput};
 use super::{Access, Def, EffectClass, Env, ToolSpec, tool};
 
 pub fn tools() -> Vec<ToolSpec> {
-    let mut export = tool(
+    let export = tool(
         Def {
             name: "export_bookings",
             title: "Export bookings",
-            description: "Summarize every booking in a time range, however many: counts by status, totals per currency, the first twenty handles and the find_bookings arguments that continue after them. Slow on large ranges: it reads the range in pages and reports progress when the request carries a progressToken.",
+            description: "Summarize every booking in a time range, however many: counts by status, totals per currency, the first twenty handles and the find_bookings arguments that continue after them. Slow on large ranges: it reads the range in pages and reports progress when the request carries a progressToken; a client that declares the tasks extension gets a task to poll instead.",
             class: EffectClass::Read,
             access: Access::Right(Right::BookingsRead),
             refs: &[],
@@ -38,8 +38,5 @@ pub fn tools() -> Vec<ToolSpec> {
             Ok(run.finish(&env.ctx, env.now))
         },
     );
-    if let Some(meta) = export.tool.meta.as_mut() {
-        meta.0.insert("dev.gatehouse/slow".into(), Value::Bool(true));
-    }
-    vec![export]
+    vec![export.slow()]
 }

@@ -62,17 +62,25 @@ pub struct Env {
 }
 
 /// Sends `notifications/progress` for the call, if the client asked for them.
+/// Inside a task, the latest progress is kept for the task's status message instead (the
+/// call's HTTP request has ended; `tasks/get` shows it).
 pub struct Progress {
     pub peer: Option<rmcp::Peer<rmcp::RoleServer>>,
     pub token: Option<rmcp::model::ProgressToken>,
+    pub task: Option<Arc<std::sync::Mutex<Option<String>>>>,
 }
 
 impl Progress {
     pub fn none() -> Self {
-        Progress { peer: None, token: None }
+        Progress { peer: None, token: None, task: None }
     }
 
     pub async fn report(&self, done: i64, total: i64, message: String) {
+        if let Some(latest) = &self.task {
+            let mut latest = latest.lock().unwrap_or_else(|p| p.into_inner());
+            *latest = Some(format!("{message} ({done} of {total})"));
+            return;
+        }
         if let (Some(peer), Some(token)) = (&self.peer, &self.token) {
             let param = rmcp::model::ProgressNotificationParam::new(token.clone(), done as f64)
                 .with_total(total as f64)
@@ -120,6 +128,28 @@ pub struct ToolSpec {
     /// What the tool will read, from its arguments, when the entry point may read it in the
     /// statement that reads the call's context (one round trip for the call).
     read_ahead: Option<AheadFn>,
+    /// Whether a call may be answered with a task (the tasks extension): set for every slow
+    /// tool by [`ToolSpec::slow`], so the rule holds for every tool of its kind.
+    pub tasks: TaskSupport,
+}
+
+/// A tool's support for the tasks extension (SEP-2663), as the registry declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskSupport {
+    /// Always answered in the call: a client asking for tasks still gets the result.
+    Forbidden,
+    /// Answered with a task when the request declares the tasks extension; in the call
+    /// otherwise.
+    Optional,
+}
+
+impl TaskSupport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskSupport::Forbidden => "forbidden",
+            TaskSupport::Optional => "optional",
+        }
+    }
 }
 
 impl ToolSpec {
@@ -135,6 +165,18 @@ impl ToolSpec {
     {
         self.read_ahead =
             Some(Arc::new(move |args| f(&shared::input::parse_input::<I>(args).ok()?)));
+        self
+    }
+
+    /// Marks a consistently slow tool (R22): flagged in its `_meta` (there is no slow-tool
+    /// hint in MCP 2026-07-28) and answered with a task for clients that declare the tasks
+    /// extension (`dev.gatehouse/tasks` says so).
+    pub fn slow(mut self) -> Self {
+        self.tasks = TaskSupport::Optional;
+        if let Some(meta) = self.tool.meta.as_mut() {
+            meta.0.insert("dev.gatehouse/slow".into(), Value::Bool(true));
+            meta.0.insert("dev.gatehouse/tasks".into(), Value::from(self.tasks.as_str()));
+        }
         self
     }
 
@@ -322,6 +364,7 @@ where
         tool,
         handler,
         read_ahead: None,
+        tasks: TaskSupport::Forbidden,
     }
 }
 

@@ -14,6 +14,7 @@ mod operations;
 mod reads;
 mod registry_matrix;
 mod support;
+mod tasks;
 mod two_step;
 mod writes;
 

@@ -978,3 +978,48 @@ async fn every_foreign_credential_is_refused_at_mcp_and_origins_are_checked() {
         stack.raw_at(&strict, Some(&token), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 200, "a client that sends no Origin is served");
 }
+
+#[tokio::test]
+async fn every_slow_tool_answers_with_a_task_and_no_other_tool_does() {
+    let stack = Stack::start().await;
+    let fixture = stack.fixture(0).await;
+    let tokens = Tokens::new(&stack).await;
+    let slow: Vec<&str> = Registry::new()
+        .all()
+        .iter()
+        .filter(|s| s.tool.meta.as_ref().is_some_and(|m| m.0.get("dev.gatehouse/slow").is_some()))
+        .map(|s| s.name)
+        .collect();
+    assert!(slow.contains(&"export_bookings"), "{slow:?}");
+    for spec in Registry::new().all() {
+        let Some(args) = fixture.sample(spec.name) else { continue };
+        let (status, _, body) = stack
+            .raw(
+                Some(tokens.of(spec)),
+                "tools/call",
+                Some(spec.name),
+                json!({"name": spec.name, "arguments": args,
+                    "_meta": {"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 200, "{}: {body}", spec.name);
+        let result = &body["result"];
+        // The registry's declaration, its `_meta` and the answer agree for every tool.
+        let declared = spec.tasks == worker::tools::TaskSupport::Optional;
+        assert_eq!(declared, slow.contains(&spec.name), "{}: slow tools support tasks", spec.name);
+        assert_eq!(
+            spec.tool.meta.as_ref().and_then(|m| m.0.get("dev.gatehouse/tasks")).is_some(),
+            declared,
+            "{}",
+            spec.name
+        );
+        if declared {
+            assert_eq!(result["resultType"], "task", "{}: {body}", spec.name);
+            assert!(result["taskId"].as_str().is_some_and(|t| t.starts_with("tsk_")), "{body}");
+        } else {
+            assert_ne!(result["resultType"], "task", "{}: {body}", spec.name);
+            assert!(result.get("taskId").is_none(), "{}: {body}", spec.name);
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Tasks for slow tools (the tasks extension, SEP-2663): answered at once, state in Postgres,
+//! read on any worker, seen only by the connection that created it, cancelled by the client or
+//! by a revocation, failed when its worker stops.
+
+use crate::support::*;
+
+const TASKS: &str = "io.modelcontextprotocol/tasks";
+
+fn with_tasks(mut params: Value) -> Value {
+    params["_meta"] =
+        json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}}});
+    params
+}
+
+impl Stack {
+    /// `export_bookings` from a client that declares the tasks extension; returns the task.
+    async fn export_task(&self, token: &str) -> Value {
+        let (status, _, body) = self
+            .raw(
+                Some(token),
+                "tools/call",
+                Some("export_bookings"),
+                with_tasks(json!({"name": "export_bookings", "arguments": {"from": "2020-01-01", "to": "2030-01-01"}})),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["result"]["resultType"], "task", "{body}");
+        body["result"].clone()
+    }
+
+    /// `tasks/get` or `tasks/cancel` on the worker at `base`: the result, or the JSON-RPC error.
+    async fn task_request(
+        &self,
+        base: &str,
+        token: &str,
+        method: &str,
+        task: &str,
+    ) -> Result<Value, Value> {
+        let (status, _, body) = self
+            .raw_at(base, Some(token), method, Some(task), with_tasks(json!({"taskId": task})), &[])
+            .await;
+        match body.get("result") {
+            Some(result) => {
+                assert_eq!(status, 200, "{body}");
+                Ok(result.clone())
+            }
+            None => Err(body["error"].clone()),
+        }
+    }
+
+    async fn task_until(&self, base: &str, token: &str, task: &str, done: &[&str]) -> Value {
+        for _ in 0..100 {
+            let got = self.task_request(base, token, "tasks/get", task).await.expect("visible");
+            if done.iter().any(|s| got["status"] == *s) {
+                return got;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("task {task} did not reach {done:?}");
+    }
+}
+
+/// Holds an exclusive lock on the bookings for `secs`, so an export waits (and stays working)
+/// meanwhile.
+fn hold_bookings(secs: u32) -> String {
+    format!("BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep({secs}); COMMIT;")
+}
+
+async fn wait_for_lock(stack: &Stack) {
+    for _ in 0..50 {
+        if stack
+            .db
+            .scalar_i64("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'bookings' AND l.mode = 'AccessExclusiveLock' AND l.granted")
+            .await
+            > 0
+        {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the lock was not taken");
+}
+
+#[tokio::test]
+async fn a_slow_tool_answers_with_a_task_that_any_worker_reads_to_its_result() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (_, _, discover) = stack.raw(Some(&token), "server/discover", None, json!({}), &[]).await;
+    assert!(
+        discover["result"]["capabilities"]["extensions"][TASKS].is_object(),
+        "the extension is advertised: {discover}"
+    );
+    let created = stack.export_task(&token).await;
+    let task = created["taskId"].as_str().expect("taskId").to_owned();
+    // Unguessable: the handle style with 80 random bits.
+    assert!(task.starts_with("tsk_") && task.len() == 20, "{task}");
+    for field in ["status", "createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs"] {
+        assert!(created.get(field).is_some(), "{field}: {created}");
+    }
+    assert_eq!(created["ttlMs"], 3_600_000);
+    assert!(created.get("result").is_none() && created.get("requestState").is_none());
+    // Another worker reads it from Postgres, with the result inlined once completed.
+    let other = stack.another_worker().await;
+    let done = stack.task_until(&other, &token, &task, &["completed", "failed"]).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["resultType"], "complete", "{done}");
+    let summary = &done["result"]["structuredContent"];
+    assert!(summary["count"].as_i64().expect("count") > 0, "{done}");
+    assert_eq!(done["result"]["isError"], false);
+    // The same result as the call answered without the extension.
+    let plain = stack
+        .ok(&token, "export_bookings", json!({"from": "2020-01-01", "to": "2030-01-01"}))
+        .await;
+    assert_eq!(plain["count"], summary["count"]);
+    // Cancel on an ended task is acknowledged and changes nothing.
+    let ack = stack.task_request(&other, &token, "tasks/cancel", &task).await.expect("ack");
+    assert_eq!(ack, json!({"resultType": "complete"}));
+    assert_eq!(
+        stack.task_until(&stack.url, &token, &task, &["completed"]).await["status"],
+        "completed"
+    );
+    // A tool error is a completed task with `isError`, not a failed one.
+    let (_, _, body) = stack
+        .raw(
+            Some(&token),
+            "tools/call",
+            Some("export_bookings"),
+            with_tasks(json!({"name": "export_bookings", "arguments": {"from": "2020-01-01"}})),
+            &[],
+        )
+        .await;
+    let bad = body["result"]["taskId"].as_str().expect("a task").to_owned();
+    let ended = stack.task_until(&stack.url, &token, &bad, &["completed", "failed"]).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert_eq!(ended["result"]["isError"], true, "{ended}");
+    // Without the extension the call is answered in the call, as before.
+    let (_, _, body) = stack
+        .raw(Some(&token), "tools/call", Some("export_bookings"),
+            json!({"name": "export_bookings", "arguments": {"from": "2020-01-01", "to": "2030-01-01"}}), &[])
+        .await;
+    assert!(body["result"].get("taskId").is_none(), "{body}");
+    assert_eq!(body["result"]["structuredContent"]["count"], summary["count"]);
+    // Without the extension, the task methods are refused as the extension says.
+    let (_, _, body) =
+        stack.raw(Some(&token), "tasks/get", Some(&task), json!({"taskId": task}), &[]).await;
+    assert_eq!(body["error"]["code"], -32021, "{body}");
+    // Methods the extension removed are unknown.
+    for method in ["tasks/result", "tasks/list"] {
+        let (_, _, body) =
+            stack.raw(Some(&token), method, None, with_tasks(json!({"taskId": task})), &[]).await;
+        assert_eq!(body["error"]["code"], -32601, "{method}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn a_task_is_not_found_for_any_other_connection_or_a_connection_that_lost_the_right() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
+    stack.task_until(&stack.url, &token, &task, &["completed"]).await;
+    let unknown = |e: &Value| e["code"] == -32602;
+    // Another connection of the same tenant, another tenant's: not found, never forbidden.
+    for other in [stack.token(0, 1), stack.token(1, 0)] {
+        for method in ["tasks/get", "tasks/cancel"] {
+            let err =
+                stack.task_request(&stack.url, &other, method, &task).await.expect_err(method);
+            assert!(unknown(&err), "{method}: {err}");
+        }
+    }
+    // Guessed, malformed and unknown ids read the same.
+    for guess in ["tsk_0000000000000000", "tsk_../../etc", "", &"x".repeat(5000)] {
+        let err =
+            stack.task_request(&stack.url, &token, "tasks/get", guess).await.expect_err("unknown");
+        assert!(unknown(&err), "{err}");
+        assert!(err["message"].as_str().expect("message").len() < 200, "{err}");
+    }
+    // The task's connection loses the right its tool needs: the task is not found either.
+    let connection = &stack.seed.tenants[0].connections[0].connection;
+    stack
+        .db
+        .exec(&format!(
+            "UPDATE connections SET rights = array_remove(rights, 'bookings:read') WHERE handle = '{connection}'"
+        ))
+        .await;
+    let err = stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect_err("hidden");
+    assert!(unknown(&err), "{err}");
+    // Revoked: 401 at the door, whatever the task.
+    let ctx = stack.operator_in(0).await;
+    admin::connection_revoke(&stack.db.ds, &ctx, connection, "test").await.expect("revoke");
+    let (status, _, _) = stack
+        .raw(Some(&token), "tasks/get", Some(&task), with_tasks(json!({"taskId": task})), &[])
+        .await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn a_cancelled_task_stops_on_its_worker_and_stays_cancelled() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let lock = hold_bookings(4);
+    let (task, ()) = tokio::join!(
+        async {
+            wait_for_lock(&stack).await;
+            let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
+            let working =
+                stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect("get");
+            assert_eq!(working["status"], "working", "{working}");
+            assert!(working.get("result").is_none());
+            // Cancelled through another worker; the running worker notices at its next heartbeat.
+            let other = stack.another_worker().await;
+            let ack = stack.task_request(&other, &token, "tasks/cancel", &task).await.expect("ack");
+            assert_eq!(ack, json!({"resultType": "complete"}));
+            let cancelled = stack.task_until(&stack.url, &token, &task, &["cancelled"]).await;
+            assert!(cancelled.get("result").is_none(), "{cancelled}");
+            task
+        },
+        stack.db.exec(&lock)
+    );
+    let stopped = format!("\"task.id\":\"{task}\"");
+    let mut seen = false;
+    for _ in 0..40 {
+        let logs = String::from_utf8_lossy(&logs().lock().expect("logs")).to_string();
+        if logs.lines().any(|l| l.contains(&stopped) && l.contains("\"outcome\":\"cancelled\"")) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the running worker stopped the run");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let after = stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect("get");
+    assert_eq!(after["status"], "cancelled", "the late result is not kept: {after}");
+}
+
+#[tokio::test]
+async fn a_revoked_connections_running_task_is_cancelled() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let lock = hold_bookings(4);
+    let db = &stack.db;
+    let status = move |task: String| async move {
+        db.scalar_string(&format!("SELECT status FROM tasks WHERE handle = '{task}'")).await
+    };
+    let (task, ()) = tokio::join!(
+        async {
+            wait_for_lock(&stack).await;
+            let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
+            let ctx = stack.operator_in(0).await;
+            let connection = &stack.seed.tenants[0].connections[0].connection;
+            admin::connection_revoke(&stack.db.ds, &ctx, connection, "test").await.expect("revoke");
+            let mut last = String::new();
+            for _ in 0..50 {
+                last = status(task.clone()).await;
+                if last == "cancelled" {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            assert_eq!(last, "cancelled");
+            task
+        },
+        stack.db.exec(&lock)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(status(task).await, "cancelled", "no result is written after the revocation");
+}
+
+#[tokio::test]
+async fn a_task_whose_worker_stopped_fails_instead_of_working_forever() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
+    stack.task_until(&stack.url, &token, &task, &["completed"]).await;
+    // As a worker that died mid-run leaves it: working, its heartbeat old.
+    stack
+        .db
+        .exec(&format!(
+            "UPDATE tasks SET status = 'working', result = NULL, heartbeat_at = now() - interval '31 seconds' WHERE handle = '{task}'"
+        ))
+        .await;
+    let failed = stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect("get");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], -32603, "{failed}");
+    assert!(failed.get("result").is_none());
+    // Expired tasks are gone (not found), and housekeeping deletes them.
+    stack
+        .db
+        .exec(&format!(
+            "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE handle = '{task}'"
+        ))
+        .await;
+    let err =
+        stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect_err("expired");
+    assert_eq!(err["code"], -32602);
+    shared::services::housekeeping(&stack.db.ds).await.expect("housekeeping");
+    assert_eq!(
+        stack.db.scalar_i64(&format!("SELECT count(*) FROM tasks WHERE handle = '{task}'")).await,
+        0
+    );
+}
