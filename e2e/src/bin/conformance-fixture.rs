@@ -62,7 +62,21 @@ struct Fixture {
     keys: Arc<SealKeys>,
     /// Request states already answered: each is used once.
     used: Arc<Mutex<HashSet<String>>>,
+    /// The workers' listen-stream registry (`worker::listen::Streams`): a tool-list change
+    /// wakes the streams as a NATS push wakes a worker's.
+    streams: Arc<worker::listen::Streams>,
+    /// Whether the diagnostic tool `test_dynamic_tool` is listed (toggled by
+    /// `test_trigger_tool_change`): the tool list really changes.
+    dynamic: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// The diagnostic tools of the suite's `server-stateless` scenario.
+const DIAGNOSTIC_TOOLS: &[(&str, &str)] = &[
+    ("test_trigger_tool_change", "Adds or removes test_dynamic_tool from the tool list."),
+    ("test_missing_capability", "Needs the client's sampling capability."),
+    ("test_streaming_elicitation", "Asks the user through an input_required result."),
+    ("test_logging_tool", "Logs only at a level the request asked for."),
+];
 
 fn input(value: serde_json::Value) -> InputRequest {
     serde_json::from_value(value).expect("a valid input request")
@@ -275,7 +289,56 @@ fn image() -> ContentBlock {
 
 impl ServerHandler for Fixture {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_prompts().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_prompts()
+                .build(),
+        )
+    }
+
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        let mut accepted = rmcp::model::SubscriptionFilter::default();
+        accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);
+        Some(accepted)
+    }
+
+    /// As a worker's stream: registered with the same registry, woken by a change, and told
+    /// `toolsListChanged` when the list differs from the one it saw.
+    async fn listen(
+        &self,
+        subscription: rmcp::service::SubscriptionContext,
+    ) -> Result<(), ErrorData> {
+        if subscription.accepted().tools_list_changed != Some(true) {
+            subscription.cancelled().await;
+            return Ok(());
+        }
+        let registered = self
+            .streams
+            .open("fixture", "fixture")
+            .map_err(|full| ErrorData::invalid_request(full.message(), None))?;
+        let mut seen = self.dynamic.load(std::sync::atomic::Ordering::Acquire);
+        loop {
+            tokio::select! {
+                _ = subscription.cancelled() => return Ok(()),
+                _ = registered.wake.notified() => {}
+            }
+            let now = self.dynamic.load(std::sync::atomic::Ordering::Acquire);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            let changed = rmcp::model::ServerNotification::ToolListChangedNotification(
+                rmcp::model::ToolListChangedNotification::default(),
+            );
+            if subscription.sink().send(changed).await.is_err() {
+                return Ok(());
+            }
+        }
     }
 
     async fn list_tools(
@@ -290,6 +353,13 @@ impl ServerHandler for Fixture {
             TOOLS
                 .iter()
                 .chain(MRTR_TOOLS)
+                .chain(DIAGNOSTIC_TOOLS)
+                .chain(
+                    self.dynamic
+                        .load(std::sync::atomic::Ordering::Acquire)
+                        .then_some(&("test_dynamic_tool", "Listed after a tool-list change."))
+                        .into_iter(),
+                )
                 .map(|(n, d)| Tool::new(*n, *d, schema.clone()))
                 .collect(),
         ))
@@ -358,6 +428,31 @@ impl ServerHandler for Fixture {
                 image(),
                 resource(),
             ]),
+            "test_trigger_tool_change" => {
+                self.dynamic.fetch_xor(true, std::sync::atomic::Ordering::AcqRel);
+                self.streams.poke_all();
+                CallToolResult::success(vec![ContentBlock::text("The tool list changed.")])
+            }
+            "test_dynamic_tool" => CallToolResult::success(vec![ContentBlock::text("Here.")]),
+            "test_missing_capability" => {
+                let caps = context.client_capabilities().unwrap_or_default();
+                if caps.sampling.is_none() {
+                    let mut required = rmcp::model::ClientCapabilities::default();
+                    required.sampling = Some(Default::default());
+                    return Err(ErrorData::missing_required_client_capability(required));
+                }
+                CallToolResult::success(vec![ContentBlock::text("sampling is declared")])
+            }
+            "test_streaming_elicitation" => {
+                // Asked through an input_required result on the request's own stream, never
+                // as an independent request.
+                return Ok(self.ask(
+                    vec![("name_input", elicit("What is your name?", "name", "string"))],
+                    None,
+                ));
+            }
+            // The request set no log level: nothing is logged, only the result is sent.
+            "test_logging_tool" => CallToolResult::success(vec![ContentBlock::text("done")]),
             "test_error_handling" => CallToolResult::error(vec![ContentBlock::text(
                 "This tool intentionally returns an error for testing",
             )]),
@@ -396,6 +491,8 @@ async fn main() -> anyhow::Result<()> {
     let fixture = Fixture {
         keys: Arc::new(SealKeys::parse(&SealKeys::generate("fx")).map_err(anyhow::Error::msg)?),
         used: Arc::default(),
+        streams: Arc::new(worker::listen::Streams::default()),
+        dynamic: Arc::default(),
     };
     let service = StreamableHttpService::new(
         move || Ok(fixture.clone()),
