@@ -357,8 +357,7 @@ impl ServerHandler for Fixture {
                 .chain(
                     self.dynamic
                         .load(std::sync::atomic::Ordering::Acquire)
-                        .then_some(&("test_dynamic_tool", "Listed after a tool-list change."))
-                        .into_iter(),
+                        .then_some(&("test_dynamic_tool", "Listed after a tool-list change.")),
                 )
                 .map(|(n, d)| Tool::new(*n, *d, schema.clone()))
                 .collect(),
