@@ -154,7 +154,20 @@ async fn the_python_sdk_hears_each_change_to_its_tool_list_and_nothing_else() {
     a.next(20).expect("a told again");
     b.next(20).expect("b told again");
 
-    // 5. Revoking the connection ends its stream at once; the other goes on.
+    // 5. A change made while NATS is down reaches the stream when the worker watches again.
+    let mut stack = stack;
+    stack.stop_nats().expect("stop nats");
+    stack
+        .ctl(&["approval-policy", "set", "--tenant", &slug, "--scope", "notify", "--mode", "off"])
+        .expect("policy while NATS is down");
+    assert_eq!(a.silent(2), Ok(()), "nothing can tell it while NATS is away");
+    stack.start_nats().expect("start nats");
+    let caught_up = a.next(30).expect("re-checked when NATS came back");
+    assert_eq!(caught_up["event"], "changed", "{caught_up}");
+    assert!(!tools(&caught_up).contains(&"send_customer_message".to_owned()), "{caught_up}");
+    assert_eq!(b.silent(2), Ok(()), "a re-check that finds the same list says nothing");
+
+    // 6. Revoking the connection ends its stream at once; the other goes on.
     let connection = psql_text(
         &stack,
         "SELECT handle FROM connections WHERE name = 'Dispatch agent' AND status = 'active'",
