@@ -7,7 +7,8 @@
 --    `gatehouse.audit_retention = 'on'` in its own transaction to delete rows a signed
 --    checkpoint already covers.
 -- 2. The hash chain lives beside the log (audit_chain): the control plane chains each
---    tenant's new rows in order shortly after they commit, so the write path stays one INSERT.
+--    tenant's new rows, in the order it sees them commit, shortly after; the write path stays
+--    one INSERT (a trigger queues the row for the chainer).
 -- 3. Signed checkpoints of each tenant's chain head (Ed25519).
 -- 4. The tenant's SIEM webhook and its delivery cursor.
 
@@ -45,6 +46,25 @@ CREATE TRIGGER audit_chain_append_only BEFORE UPDATE OR DELETE ON audit_chain
     FOR EACH ROW EXECUTE FUNCTION audit_append_only();
 CREATE TRIGGER audit_chain_no_truncate BEFORE TRUNCATE ON audit_chain
     FOR EACH STATEMENT EXECUTE FUNCTION audit_append_only();
+
+-- The rows still to chain: written by a trigger in the statement that inserts the audit row,
+-- so the write path stays one INSERT with no extra round trip. A row inserted with the trigger
+-- off never reaches the chain, and verification names it as inserted.
+CREATE TABLE audit_unchained (
+    audit_id   BIGINT PRIMARY KEY,
+    tenant_id  BIGINT NOT NULL
+);
+CREATE INDEX audit_unchained_tenant_idx ON audit_unchained (tenant_id, audit_id);
+CREATE FUNCTION audit_queue_for_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO audit_unchained (audit_id, tenant_id) VALUES (NEW.id, NEW.tenant_id);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER audit_log_queue_for_chain AFTER INSERT ON audit_log
+    FOR EACH ROW WHEN (NEW.tenant_id IS NOT NULL) EXECUTE FUNCTION audit_queue_for_chain();
+INSERT INTO audit_unchained (audit_id, tenant_id)
+    SELECT id, tenant_id FROM audit_log WHERE tenant_id IS NOT NULL;
 
 -- Where each tenant's chain ends (the chainer's working pointer; verification never trusts it).
 CREATE TABLE audit_chain_heads (
