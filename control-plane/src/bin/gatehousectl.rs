@@ -1019,8 +1019,11 @@ async fn audit(
                 .map(|k| format!("{}  Ed25519  {}", k.kid, k.public_key))
                 .collect::<Vec<_>>()
                 .join("\n");
-            let text =
-                if text.is_empty() { "GATEHOUSE_AUDIT_SIGNING_KEYS is not set".into() } else { text };
+            let text = if text.is_empty() {
+                "GATEHOUSE_AUDIT_SIGNING_KEYS is not set".into()
+            } else {
+                text
+            };
             Ok((json!({"alg": "Ed25519", "keys": keys}), text))
         }
         AuditCmd::Checkpoint => {
@@ -1045,13 +1048,22 @@ async fn audit(
                     t.tenant,
                     v.rows_checked,
                     v.last_seq.map(|s| format!(" up to row {s}")).unwrap_or_default(),
-                    v.verified_until.as_deref().map(|at| format!(" (written {at})")).unwrap_or_default()
+                    v.verified_until
+                        .as_deref()
+                        .map(|at| format!(" (written {at})"))
+                        .unwrap_or_default()
                 ),
                 Some(p) => format!(
                     "{}: TAMPERED ({}) at {}: {}",
                     t.tenant,
-                    serde_json::to_value(p.kind).ok().and_then(|k| k.as_str().map(str::to_owned)).unwrap_or_default(),
-                    p.seq.map(|s| format!("row {s}")).or(p.audit_id.map(|i| format!("audit id {i}"))).unwrap_or_default(),
+                    serde_json::to_value(p.kind)
+                        .ok()
+                        .and_then(|k| k.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    p.seq
+                        .map(|s| format!("row {s}"))
+                        .or(p.audit_id.map(|i| format!("audit id {i}")))
+                        .unwrap_or_default(),
                     p.detail
                 ),
             };
@@ -1083,7 +1095,9 @@ async fn audit(
                             "{slug}: audit events go to {}\nsecret (shown once): {s}",
                             hook.url
                         ),
-                        None => format!("{slug}: audit events go to {} (secret unchanged)", hook.url),
+                        None => {
+                            format!("{slug}: audit events go to {} (secret unchanged)", hook.url)
+                        }
                     };
                     Ok((json!({"webhook": hook, "secret": secret}), text))
                 }
@@ -1096,7 +1110,10 @@ async fn audit(
                             h.url,
                             h.delivered_seq,
                             h.backlog,
-                            h.last_error.as_deref().map(|e| format!(", last error: {e}")).unwrap_or_default(),
+                            h.last_error
+                                .as_deref()
+                                .map(|e| format!(", last error: {e}"))
+                                .unwrap_or_default(),
                             h.dropped_note.as_deref().map(|n| format!("\n{n}")).unwrap_or_default()
                         ),
                     };
@@ -1114,7 +1131,11 @@ async fn audit(
                     let removed = audit::webhook_remove(ds, &ctx).await?;
                     Ok((
                         json!({"removed": removed}),
-                        if removed { format!("{slug}: audit webhook removed") } else { format!("{slug}: no audit webhook") },
+                        if removed {
+                            format!("{slug}: audit webhook removed")
+                        } else {
+                            format!("{slug}: no audit webhook")
+                        },
                     ))
                 }
             }

@@ -11,7 +11,9 @@ use shared::services::audit;
 use crate::support::*;
 
 async fn chained_tenant() -> (Api, String, i64) {
-    let api = Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() }).await;
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
     let slug = api.seed.tenants[0].slug.clone();
     let tenant = api._db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{slug}'")).await;
     api._db
@@ -53,17 +55,28 @@ async fn audit_verify_passes_untouched_and_names_every_kind_of_tampering() {
         let err = db.exec_err(&sql).await;
         assert!(err.is_some_and(|e| e.contains("append-only")), "{sql}");
     }
-    let id_at = |seq: i64| format!("(SELECT audit_id FROM audit_chain WHERE tenant_id = {t} AND seq = {seq})");
-    let kind = |v: &Value| (v["verification"]["problem"]["kind"].clone(), v["verification"]["problem"]["seq"].clone());
-    let off = "ALTER TABLE audit_log DISABLE TRIGGER USER; ALTER TABLE audit_chain DISABLE TRIGGER USER;";
-    let on = "ALTER TABLE audit_log ENABLE TRIGGER USER; ALTER TABLE audit_chain ENABLE TRIGGER USER;";
+    let id_at = |seq: i64| {
+        format!("(SELECT audit_id FROM audit_chain WHERE tenant_id = {t} AND seq = {seq})")
+    };
+    let kind = |v: &Value| {
+        (v["verification"]["problem"]["kind"].clone(), v["verification"]["problem"]["seq"].clone())
+    };
+    let off =
+        "ALTER TABLE audit_log DISABLE TRIGGER USER; ALTER TABLE audit_chain DISABLE TRIGGER USER;";
+    let on =
+        "ALTER TABLE audit_log ENABLE TRIGGER USER; ALTER TABLE audit_chain ENABLE TRIGGER USER;";
 
     // Edited: a reason changed behind the product's back (as a superuser could).
-    db.exec(&format!("{off} UPDATE audit_log SET reason = 'nothing happened' WHERE id = {}; {on}", id_at(5))).await;
+    db.exec(&format!(
+        "{off} UPDATE audit_log SET reason = 'nothing happened' WHERE id = {}; {on}",
+        id_at(5)
+    ))
+    .await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok, "{v}");
     assert_eq!(kind(&v), (json!("edited"), json!(5)), "{v}");
-    db.exec(&format!("{off} UPDATE audit_log SET reason = NULL WHERE id = {}; {on}", id_at(5))).await;
+    db.exec(&format!("{off} UPDATE audit_log SET reason = NULL WHERE id = {}; {on}", id_at(5)))
+        .await;
     assert!(verify(&api, &slug).0);
 
     // Reordered: two rows swapped in the chain.
@@ -137,20 +150,24 @@ async fn receive(
 }
 
 #[tokio::test]
-async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoint_and_a_killed_dispatcher() {
+async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoint_and_a_killed_dispatcher()
+ {
     let (api, slug, t) = chained_tenant().await;
     let ds = api._db.ds.clone();
     let receiver = Arc::new(Receiver::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}/siem/audit", listener.local_addr().expect("addr"));
-    let app = axum::Router::new().route("/siem/audit", axum::routing::post(receive)).with_state(receiver.clone());
+    let app = axum::Router::new()
+        .route("/siem/audit", axum::routing::post(receive))
+        .with_state(receiver.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
 
     // Without --dev the guard refuses a loopback URL, as it does for client metadata documents.
     let (ok, err) = run(&api, &["audit", "webhook", "set", "--tenant", &slug, "--url", &url]);
     assert!(!ok, "{err}");
     audit::chain_round(&ds).await.expect("chain");
-    let (ok, set) = run(&api, &["audit", "webhook", "set", "--tenant", &slug, "--url", &url, "--dev"]);
+    let (ok, set) =
+        run(&api, &["audit", "webhook", "set", "--tenant", &slug, "--url", &url, "--dev"]);
     assert!(ok, "{set}");
     let secret = set["secret"].as_str().expect("secret shown once").to_owned();
     assert!(secret.starts_with("whsec_"));
@@ -192,10 +209,16 @@ async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoi
     }
     slow.abort();
     let _ = slow.await;
-    let head = api._db.scalar_i64(&format!("SELECT seq FROM audit_chain_heads WHERE tenant_id = {t}")).await;
+    let head = api
+        ._db
+        .scalar_i64(&format!("SELECT seq FROM audit_chain_heads WHERE tenant_id = {t}"))
+        .await;
     for _ in 0..200 {
         audit::deliver_round(&ds, &fetch, policy).await.expect("round");
-        let delivered = api._db.scalar_i64(&format!("SELECT delivered_seq FROM audit_webhooks WHERE tenant_id = {t}")).await;
+        let delivered = api
+            ._db
+            .scalar_i64(&format!("SELECT delivered_seq FROM audit_webhooks WHERE tenant_id = {t}"))
+            .await;
         if delivered == head {
             break;
         }
@@ -221,5 +244,8 @@ async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoi
     let webhook_set_seq = api._db.scalar_i64(&format!(
         "SELECT c.seq FROM audit_chain c JOIN audit_log a ON a.id = c.audit_id WHERE c.tenant_id = {t} AND a.action = 'audit_webhook.set'"
     )).await;
-    assert_eq!(start, webhook_set_seq, "deliveries start with the events after the webhook was set");
+    assert_eq!(
+        start, webhook_set_seq,
+        "deliveries start with the events after the webhook was set"
+    );
 }

@@ -148,12 +148,14 @@ pub(crate) async fn job_audit_chain_append(
     .bind(&hashes)
     .execute(&mut **tx)
     .await?;
-    sqlx::query("UPDATE audit_chain_heads SET seq = $2, hash = $3, chained_at = now() WHERE tenant_id = $1")
-        .bind(tenant_id)
-        .bind(last.seq)
-        .bind(&last.hash)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query(
+        "UPDATE audit_chain_heads SET seq = $2, hash = $3, chained_at = now() WHERE tenant_id = $1",
+    )
+    .bind(tenant_id)
+    .bind(last.seq)
+    .bind(&last.hash)
+    .execute(&mut **tx)
+    .await?;
     sqlx::query("DELETE FROM audit_unchained WHERE audit_id = ANY($1)")
         .bind(&ids)
         .execute(&mut **tx)
@@ -361,10 +363,7 @@ impl Services {
     }
 
     /// Handles of connections by id (the webhook's events name connections by handle).
-    pub(crate) async fn job_connection_handles(
-        &self,
-        ids: &[i64],
-    ) -> Result<Vec<(i64, String)>> {
+    pub(crate) async fn job_connection_handles(&self, ids: &[i64]) -> Result<Vec<(i64, String)>> {
         Ok(sqlx::query_as("SELECT id, handle FROM connections WHERE id = ANY($1)")
             .bind(ids)
             .fetch_all(self.pool())

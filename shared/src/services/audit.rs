@@ -165,7 +165,12 @@ impl SigningKeys {
 
 /// What a checkpoint's signature covers: lines of the format, tenant id, sequence, head hash
 /// (hex) and signing time (UTC, microseconds).
-pub fn checkpoint_message(tenant_id: i64, seq: i64, head: &[u8], signed_at: DateTime<Utc>) -> String {
+pub fn checkpoint_message(
+    tenant_id: i64,
+    seq: i64,
+    head: &[u8],
+    signed_at: DateTime<Utc>,
+) -> String {
     format!(
         "gatehouse-audit-checkpoint/v1\n{tenant_id}\n{seq}\n{}\n{}",
         hex::encode(head),
@@ -191,8 +196,12 @@ pub async fn chain_round(ds: &Services) -> Result<usize> {
                 .map(|r| {
                     seq += 1;
                     let hash = link_hash(&prev, &canonical(r));
-                    let link =
-                        db::NewLink { audit_id: r.id, seq, prev_hash: prev.clone(), hash: hash.clone() };
+                    let link = db::NewLink {
+                        audit_id: r.id,
+                        seq,
+                        prev_hash: prev.clone(),
+                        hash: hash.clone(),
+                    };
                     prev = hash;
                     link
                 })
@@ -313,7 +322,10 @@ pub fn check_links(anchor: (i64, &[u8]), links: &[Link]) -> Option<Tamper> {
             return tamper(
                 TamperKind::Deleted,
                 l,
-                format!("row {} (audit id {}) is gone from the log; its link remains", l.seq, l.audit_id),
+                format!(
+                    "row {} (audit id {}) is gone from the log; its link remains",
+                    l.seq, l.audit_id
+                ),
             );
         };
         let content_ok = link_hash(&l.prev_hash, canonical) == l.hash;
@@ -322,7 +334,10 @@ pub fn check_links(anchor: (i64, &[u8]), links: &[Link]) -> Option<Tamper> {
             return tamper(
                 TamperKind::Edited,
                 l,
-                format!("row {} (audit id {}) was edited: its content no longer hashes to its link", l.seq, l.audit_id),
+                format!(
+                    "row {} (audit id {}) was edited: its content no longer hashes to its link",
+                    l.seq, l.audit_id
+                ),
             );
         }
         if !link_ok {
@@ -365,7 +380,10 @@ pub fn check_links(anchor: (i64, &[u8]), links: &[Link]) -> Option<Tamper> {
                     return tamper(
                         TamperKind::Inserted,
                         forged,
-                        format!("row {} (audit id {}) was inserted at the start", forged.seq, forged.audit_id),
+                        format!(
+                            "row {} (audit id {}) was inserted at the start",
+                            forged.seq, forged.audit_id
+                        ),
                     );
                 }
                 None if i > 0 => {
@@ -383,7 +401,10 @@ pub fn check_links(anchor: (i64, &[u8]), links: &[Link]) -> Option<Tamper> {
                     return tamper(
                         TamperKind::Edited,
                         l,
-                        format!("row {} (audit id {}) does not link to the anchor", l.seq, l.audit_id),
+                        format!(
+                            "row {} (audit id {}) does not link to the anchor",
+                            l.seq, l.audit_id
+                        ),
                     );
                 }
             }
@@ -392,7 +413,10 @@ pub fn check_links(anchor: (i64, &[u8]), links: &[Link]) -> Option<Tamper> {
             return tamper(
                 TamperKind::Reordered,
                 l,
-                format!("row {} (audit id {}) was renumbered (expected {expected_seq})", l.seq, l.audit_id),
+                format!(
+                    "row {} (audit id {}) was renumbered (expected {expected_seq})",
+                    l.seq, l.audit_id
+                ),
             );
         }
         prev = &l.hash;
@@ -411,15 +435,26 @@ fn checkpoint_view(c: &CheckpointRow) -> CheckpointView {
     }
 }
 
-fn checkpoint_signature_ok(c: &CheckpointRow, keys: &[PublicKey]) -> std::result::Result<(), String> {
+fn checkpoint_signature_ok(
+    c: &CheckpointRow,
+    keys: &[PublicKey],
+) -> std::result::Result<(), String> {
     let key = keys
         .iter()
         .find(|k| k.kid == c.kid)
         .ok_or_else(|| format!("checkpoint at row {} is signed by unknown key {}", c.seq, c.kid))?;
     let raw = URL_SAFE_NO_PAD.decode(&key.public_key).map_err(|_| "bad public key".to_owned())?;
     UnparsedPublicKey::new(&ED25519, raw)
-        .verify(checkpoint_message(c.tenant_id, c.seq, &c.head_hash, c.signed_at).as_bytes(), &c.signature)
-        .map_err(|_| format!("checkpoint at row {} has a signature that does not verify with key {}", c.seq, c.kid))
+        .verify(
+            checkpoint_message(c.tenant_id, c.seq, &c.head_hash, c.signed_at).as_bytes(),
+            &c.signature,
+        )
+        .map_err(|_| {
+            format!(
+                "checkpoint at row {} has a signature that does not verify with key {}",
+                c.seq, c.kid
+            )
+        })
 }
 
 /// Verifies the tenant's whole chain and every checkpoint against `keys` (when `keys` is
@@ -482,7 +517,12 @@ pub async fn verify(ds: &Services, ctx: &OpCtx, keys: &[PublicKey]) -> Result<Ve
     let problem = problem.or_else(|| {
         checkpoints.iter().find_map(|c| {
             if let Err(detail) = checkpoint_signature_ok(c, keys) {
-                return Some(Tamper { kind: TamperKind::Checkpoint, seq: Some(c.seq), audit_id: None, detail });
+                return Some(Tamper {
+                    kind: TamperKind::Checkpoint,
+                    seq: Some(c.seq),
+                    audit_id: None,
+                    detail,
+                });
             }
             let at = links.iter().find(|l| l.seq == c.seq)?;
             (at.hash != c.head_hash).then(|| Tamper {
@@ -548,7 +588,12 @@ pub async fn status(ds: &Services, ctx: &OpCtx) -> Result<ChainStatus> {
     let (anchor_seq, anchor_hash) = match last {
         Some(c) => {
             if let Err(detail) = checkpoint_signature_ok(c, &keys) {
-                problem = Some(Tamper { kind: TamperKind::Checkpoint, seq: Some(c.seq), audit_id: None, detail });
+                problem = Some(Tamper {
+                    kind: TamperKind::Checkpoint,
+                    seq: Some(c.seq),
+                    audit_id: None,
+                    detail,
+                });
             }
             (c.seq, c.head_hash.clone())
         }
@@ -604,7 +649,11 @@ pub struct ExportLink {
     pub canonical: String,
 }
 
-pub async fn export_links(ds: &Services, ctx: &OpCtx, ids: &[i64]) -> Result<HashMap<i64, ExportLink>> {
+pub async fn export_links(
+    ds: &Services,
+    ctx: &OpCtx,
+    ids: &[i64],
+) -> Result<HashMap<i64, ExportLink>> {
     ctx.require(Right::AuditRead)?;
     let contents: HashMap<i64, AuditContent> =
         ds.audit_contents_of(ctx, ids).await?.into_iter().map(|c| (c.id, c)).collect();
@@ -614,7 +663,15 @@ pub async fn export_links(ds: &Services, ctx: &OpCtx, ids: &[i64]) -> Result<Has
         .into_iter()
         .map(|(id, seq, prev, hash)| {
             let canonical = contents.get(&id).map(canonical).unwrap_or_default();
-            (id, ExportLink { seq: seq.to_string(), prev_hash: hex::encode(prev), hash: hex::encode(hash), canonical })
+            (
+                id,
+                ExportLink {
+                    seq: seq.to_string(),
+                    prev_hash: hex::encode(prev),
+                    hash: hex::encode(hash),
+                    canonical,
+                },
+            )
         })
         .collect())
 }
@@ -736,9 +793,11 @@ pub async fn webhook_set(
     };
     let mut tx = ds.begin().await?;
     db::audit_webhook_put(&mut tx, ctx, url, &sealed).await?;
-    db::audit_insert(&mut tx, ctx, db::AuditEntry::ok("audit_webhook.set", vec![url.to_owned()])).await?;
+    db::audit_insert(&mut tx, ctx, db::AuditEntry::ok("audit_webhook.set", vec![url.to_owned()]))
+        .await?;
     tx.commit().await?;
-    let shown = webhook_show(ds, ctx).await?.ok_or_else(|| Error::Internal("webhook vanished".into()))?;
+    let shown =
+        webhook_show(ds, ctx).await?.ok_or_else(|| Error::Internal("webhook vanished".into()))?;
     Ok((shown, secret))
 }
 
@@ -746,14 +805,16 @@ pub async fn webhook_set(
 pub async fn webhook_rotate(ds: &Services, ctx: &OpCtx) -> Result<WebhookSecret> {
     require_admin(ctx)?;
     let secret = new_secret();
-    let sealed = seal_keys(ds)?.seal(WEBHOOK_PURPOSE, secret.as_bytes()).map_err(Error::Internal)?;
+    let sealed =
+        seal_keys(ds)?.seal(WEBHOOK_PURPOSE, secret.as_bytes()).map_err(Error::Internal)?;
     let mut tx = ds.begin().await?;
     if !db::audit_webhook_rotate(&mut tx, ctx, &sealed, ROTATION_OVERLAP_SECS).await? {
         return Err(Error::invalid("webhook", "no audit webhook is configured; set one first"));
     }
     db::audit_insert(&mut tx, ctx, db::AuditEntry::ok("audit_webhook.rotate", vec![])).await?;
     tx.commit().await?;
-    let webhook = webhook_show(ds, ctx).await?.ok_or_else(|| Error::Internal("webhook vanished".into()))?;
+    let webhook =
+        webhook_show(ds, ctx).await?.ok_or_else(|| Error::Internal("webhook vanished".into()))?;
     Ok(WebhookSecret { webhook, secret })
 }
 
@@ -860,13 +921,13 @@ async fn deliver_tenant(
     tenant: i64,
 ) -> Result<Delivered> {
     let mut done = Delivered::default();
-    let Some((mut tx, hook, events)) = ds.job_audit_webhook_claim(tenant, policy.batch).await? else {
+    let Some((mut tx, hook, events)) = ds.job_audit_webhook_claim(tenant, policy.batch).await?
+    else {
         return Ok(done);
     };
     let keys = seal_keys(ds)?;
-    let open = |sealed: &str| {
-        keys.open(WEBHOOK_PURPOSE, sealed).and_then(|b| String::from_utf8(b).ok())
-    };
+    let open =
+        |sealed: &str| keys.open(WEBHOOK_PURPOSE, sealed).and_then(|b| String::from_utf8(b).ok());
     let mut secrets = vec![open(&hook.secret_sealed).ok_or_else(|| {
         Error::Internal("the audit webhook secret does not open with GATEHOUSE_SECRET_KEYS".into())
     })?];
@@ -893,7 +954,11 @@ async fn deliver_tenant(
             at(last),
             policy.max_age_secs / 86_400
         );
-        tracing::warn!(tenant.id = tenant, dropped = stale.len(), "audit webhook dropped old events");
+        tracing::warn!(
+            tenant.id = tenant,
+            dropped = stale.len(),
+            "audit webhook dropped old events"
+        );
         db::job_audit_webhook_drop(&mut tx, tenant, last.seq, stale.len() as i64, &note).await?;
         cursor = last.seq;
         done.dropped = stale.len();
@@ -933,15 +998,13 @@ async fn deliver_tenant(
     });
     if failure.is_some() {
         done.failed = 1;
-        tracing::warn!(tenant.id = tenant, attempt = hook.attempts + 1, "audit webhook delivery failed; will retry");
+        tracing::warn!(
+            tenant.id = tenant,
+            attempt = hook.attempts + 1,
+            "audit webhook delivery failed; will retry"
+        );
     }
-    db::job_audit_webhook_mark(
-        &mut tx,
-        tenant,
-        cursor,
-        failure.as_deref().zip(backoff),
-    )
-    .await?;
+    db::job_audit_webhook_mark(&mut tx, tenant, cursor, failure.as_deref().zip(backoff)).await?;
     tx.commit().await?;
     Ok(done)
 }
@@ -961,7 +1024,13 @@ mod tests {
             .map(|seq| {
                 let canonical = format!("{{\"row\":{seq}}}");
                 let hash = link_hash(&prev, &canonical);
-                let l = Link { seq, audit_id: seq * 10, prev_hash: prev.clone(), hash: hash.clone(), canonical: Some(canonical) };
+                let l = Link {
+                    seq,
+                    audit_id: seq * 10,
+                    prev_hash: prev.clone(),
+                    hash: hash.clone(),
+                    canonical: Some(canonical),
+                };
                 prev = hash;
                 l
             })
@@ -990,7 +1059,16 @@ mod tests {
         let mut inserted = chain(5);
         let canonical = "{\"row\":\"forged\"}".to_owned();
         let hash = link_hash(&inserted[1].hash, &canonical);
-        inserted.insert(2, Link { seq: 3, audit_id: 999, prev_hash: inserted[1].hash.clone(), hash, canonical: Some(canonical) });
+        inserted.insert(
+            2,
+            Link {
+                seq: 3,
+                audit_id: 999,
+                prev_hash: inserted[1].hash.clone(),
+                hash,
+                canonical: Some(canonical),
+            },
+        );
         for (i, l) in inserted.iter_mut().enumerate() {
             l.seq = i as i64 + 1;
         }
@@ -1014,7 +1092,14 @@ mod tests {
         let keys = SigningKeys::parse(&SigningKeys::generate("a1")).expect("keys");
         let at = DateTime::from_timestamp_micros(1_800_000_000_123_456).expect("time");
         let (kid, signature) = keys.sign(checkpoint_message(7, 3, &[1u8; 32], at).as_bytes());
-        let c = CheckpointRow { tenant_id: 7, seq: 3, head_hash: vec![1u8; 32], signed_at: at, kid, signature };
+        let c = CheckpointRow {
+            tenant_id: 7,
+            seq: 3,
+            head_hash: vec![1u8; 32],
+            signed_at: at,
+            kid,
+            signature,
+        };
         assert!(checkpoint_signature_ok(&c, &keys.public_keys()).is_ok());
         let other = SigningKeys::parse(&SigningKeys::generate("a1")).expect("keys");
         assert!(checkpoint_signature_ok(&c, &other.public_keys()).is_err());
