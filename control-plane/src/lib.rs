@@ -15,7 +15,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use prometheus::{Encoder, Gauge, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 use shared::Services;
 
 pub struct AppState {
@@ -42,6 +44,11 @@ pub struct Metrics {
     pub outbox_queued: IntGauge,
     pub outbox_oldest: Gauge,
     pub outbox_failed: IntGauge,
+    /// Audit webhook attempts by outcome (`sent`, `failed`, `dropped`).
+    pub audit_webhook_deliveries: IntCounterVec,
+    /// Per tenant (slug), read when scraped: audit events not yet delivered to its webhook.
+    pub audit_webhook_backlog: IntGaugeVec,
+    pub audit_webhook_oldest: GaugeVec,
 }
 
 impl Metrics {
@@ -71,6 +78,33 @@ impl Metrics {
         let outbox_failed =
             IntGauge::new("outbox_failed", "Messages given up on after five attempts")
                 .expect("valid metric");
+        let audit_webhook_deliveries = IntCounterVec::new(
+            Opts::new(
+                "audit_webhook_deliveries_total",
+                "Audit webhook deliveries by this process, by outcome (sent, failed, dropped)",
+            ),
+            &["outcome"],
+        )
+        .expect("valid metric");
+        let audit_webhook_backlog = IntGaugeVec::new(
+            Opts::new(
+                "audit_webhook_backlog",
+                "Audit events chained but not yet delivered to the tenant's webhook",
+            ),
+            &["tenant"],
+        )
+        .expect("valid metric");
+        let audit_webhook_oldest = GaugeVec::new(
+            Opts::new(
+                "audit_webhook_oldest_undelivered_seconds",
+                "Age of the oldest audit event waiting for the tenant's webhook",
+            ),
+            &["tenant"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(audit_webhook_deliveries.clone())).expect("register once");
+        registry.register(Box::new(audit_webhook_backlog.clone())).expect("register once");
+        registry.register(Box::new(audit_webhook_oldest.clone())).expect("register once");
         for c in [&api_requests, &outbox_deliveries] {
             registry.register(Box::new(c.clone())).expect("register once");
         }
@@ -85,6 +119,9 @@ impl Metrics {
             outbox_queued,
             outbox_oldest,
             outbox_failed,
+            audit_webhook_deliveries,
+            audit_webhook_backlog,
+            audit_webhook_oldest,
         }
     }
 
@@ -97,6 +134,17 @@ impl Metrics {
                 self.outbox_failed.set(b.failed);
             }
             Err(e) => tracing::warn!(error = %e, "outbox backlog for metrics"),
+        }
+        match shared::services::audit::webhook_backlog(ds).await {
+            Ok(rows) => {
+                self.audit_webhook_backlog.reset();
+                self.audit_webhook_oldest.reset();
+                for (tenant, waiting, oldest) in rows {
+                    self.audit_webhook_backlog.with_label_values(&[&tenant]).set(waiting);
+                    self.audit_webhook_oldest.with_label_values(&[&tenant]).set(oldest);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "audit webhook backlog for metrics"),
         }
         self.render()
     }
@@ -132,6 +180,7 @@ pub fn operator_app(state: Arc<AppState>) -> Router {
 pub fn public_app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/.well-known/gatehouse-audit-keys", get(audit_keys))
         .nest("/api/v1", api::routes(state.clone()))
         .merge(
             console::routes()
@@ -195,4 +244,10 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     let text = state.metrics.scrape(&state.ds).await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The public keys that verify audit checkpoints, by key id (for auditors and SIEMs).
+async fn audit_keys(State(state): State<Arc<AppState>>) -> Response {
+    let keys = shared::services::audit::public_keys(&state.ds);
+    Json(serde_json::json!({"alg": "Ed25519", "keys": keys})).into_response()
 }

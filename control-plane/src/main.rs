@@ -46,9 +46,58 @@ struct Args {
         default_value = "Gatehouse <no-reply@gatehouse.invalid>"
     )]
     smtp_from: String,
-    /// Do not deliver the outbox from this process (another one does).
+    /// Do not deliver the outbox from this process (another one does); also leaves chaining,
+    /// checkpoints and audit webhooks to that one.
     #[arg(long)]
     no_dispatcher: bool,
+    /// Seconds between two checkpoint rounds (each signs every chain head that moved).
+    #[arg(long, env = "GATEHOUSE_AUDIT_CHECKPOINT_SECS", default_value_t = 60)]
+    audit_checkpoint_secs: u64,
+    /// Audit events a tenant's webhook has not taken for this long are dropped (and the console
+    /// says so).
+    #[arg(long, env = "GATEHOUSE_AUDIT_WEBHOOK_MAX_AGE_SECS", default_value_t = 7 * 86_400)]
+    audit_webhook_max_age_secs: i64,
+    /// The longest wait between two attempts to a failing audit webhook.
+    #[arg(long, env = "GATEHOUSE_AUDIT_WEBHOOK_MAX_BACKOFF_MS", default_value_t = 300_000)]
+    audit_webhook_max_backoff_ms: i64,
+}
+
+/// Chains new audit rows, signs chain heads and delivers audit webhooks, beside the outbox
+/// dispatcher: its own task, so a slow endpoint delays neither the outbox nor a request.
+async fn audit_jobs(
+    ds: Services,
+    state: Arc<AppState>,
+    checkpoint_every: std::time::Duration,
+    policy: shared::services::audit::WebhookPolicy,
+) {
+    use shared::services::audit;
+    let mut last_checkpoint = std::time::Instant::now();
+    loop {
+        if let Err(e) = audit::chain_round(&ds).await {
+            tracing::warn!(error = %e, "audit chaining failed; retrying");
+        }
+        if last_checkpoint.elapsed() >= checkpoint_every {
+            last_checkpoint = std::time::Instant::now();
+            match audit::checkpoint_round(&ds).await {
+                Ok(n) if n > 0 => tracing::info!(checkpoints = n, "audit checkpoints signed"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "audit checkpoint failed; retrying"),
+            }
+        }
+        match audit::deliver_round(&ds, &state.fetch, policy).await {
+            Ok(done) => {
+                let m = &state.metrics.audit_webhook_deliveries;
+                m.with_label_values(&["sent"]).inc_by(done.sent as u64);
+                m.with_label_values(&["failed"]).inc_by(done.failed as u64);
+                m.with_label_values(&["dropped"]).inc_by(done.dropped as u64);
+                if done.sent > 0 {
+                    continue;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "audit webhook round failed; retrying"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 /// Delivers queued messages every half second through `sink`.
@@ -101,6 +150,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(keys) = common.seal_keys()? {
         ds = ds.with_secret_keys(keys);
     }
+    match common.audit_keys()? {
+        Some(keys) => ds = ds.with_audit_keys(keys),
+        None => tracing::warn!(
+            "GATEHOUSE_AUDIT_SIGNING_KEYS is not set: audit chains are kept but no checkpoint is signed"
+        ),
+    }
     let passkeys = shared::services::passkeys::RelyingParty::new(&args.public_url)?;
     let state = Arc::new(AppState {
         passkeys,
@@ -116,6 +171,13 @@ async fn main() -> anyhow::Result<()> {
         trust_forwarded_for: args.trust_forwarded_for,
     });
     if !args.no_dispatcher {
+        let policy = shared::services::audit::WebhookPolicy {
+            max_age_secs: args.audit_webhook_max_age_secs,
+            max_backoff_ms: args.audit_webhook_max_backoff_ms,
+            ..Default::default()
+        };
+        let every = std::time::Duration::from_secs(args.audit_checkpoint_secs.max(1));
+        tokio::spawn(audit_jobs(state.ds.clone(), state.clone(), every, policy));
         let ds = state.ds.clone();
         match &args.smtp_url {
             Some(url) => {

@@ -258,6 +258,8 @@ pub fn gatehousectl(database_url: &str, args: &[&str]) -> Result<Value> {
 /// The keys every stack's control plane and `gatehousectl` seal kept secrets with (a tenant
 /// IdP's client secret): fixed and public, for test stacks only.
 pub const SECRET_KEYS: &str = "e2e1:ZTJlLW9ubHktc2VhbC1rZXktZm9yLWdhdGVob3VzZSE";
+/// The stack's audit checkpoint signing key (`GATEHOUSE_AUDIT_SIGNING_KEYS`).
+pub const AUDIT_SIGNING_KEYS: &str = "e2e1:dGVzdC1vbmx5LWF1ZGl0LXNpZ25pbmcta2V5LTMyYnk";
 
 pub fn gatehousectl_with(database_url: &str, nats_url: &str, args: &[&str]) -> Result<Value> {
     let out = Command::new(bin("gatehousectl")?)
@@ -266,6 +268,7 @@ pub fn gatehousectl_with(database_url: &str, nats_url: &str, args: &[&str]) -> R
         .env("DATABASE_URL", database_url)
         .env("NATS_URL", nats_url)
         .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
+        .env("GATEHOUSE_AUDIT_SIGNING_KEYS", AUDIT_SIGNING_KEYS)
         .output()?;
     let value: Value = serde_json::from_slice(&out.stdout).with_context(|| {
         format!("gatehousectl {args:?}: {}", String::from_utf8_lossy(&out.stderr))
@@ -351,6 +354,7 @@ impl Stack {
             .env("RUST_LOG", &opts.log_level)
             .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string())
             .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
+            .env("GATEHOUSE_AUDIT_SIGNING_KEYS", AUDIT_SIGNING_KEYS)
             .envs(env.iter().map(|(k, v)| (k, v)));
         stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
         for i in 0..opts.workers {

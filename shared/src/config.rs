@@ -33,6 +33,9 @@ pub struct Common {
     /// The keys that seal secrets kept in Postgres (`GATEHOUSE_SECRET_KEYS`,
     /// `kid:base64url-32-bytes[,…]`, the first sealing): a tenant IdP's client secret.
     pub secret_keys: Option<Secret>,
+    /// The Ed25519 seeds that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`,
+    /// `kid:base64url-32-byte-seed[,…]`, the first signing, all published).
+    pub audit_signing_keys: Option<Secret>,
 }
 
 impl Common {
@@ -44,6 +47,20 @@ impl Common {
                 crate::seal::SealKeys::parse(spec.expose())
                     .map(std::sync::Arc::new)
                     .map_err(|e| Error::invalid("GATEHOUSE_SECRET_KEYS", e))
+            })
+            .transpose()
+    }
+
+    /// The audit checkpoint signing keys, parsed; an error names what is wrong, never the key.
+    pub fn audit_keys(
+        &self,
+    ) -> Result<Option<std::sync::Arc<crate::services::audit::SigningKeys>>> {
+        self.audit_signing_keys
+            .as_ref()
+            .map(|spec| {
+                crate::services::audit::SigningKeys::parse(spec.expose())
+                    .map(std::sync::Arc::new)
+                    .map_err(|e| Error::invalid("GATEHOUSE_AUDIT_SIGNING_KEYS", e))
             })
             .transpose()
     }
@@ -79,6 +96,10 @@ impl Common {
             db_max_connections,
             db_pipe,
             secret_keys: std::env::var("GATEHOUSE_SECRET_KEYS")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(Secret),
+            audit_signing_keys: std::env::var("GATEHOUSE_AUDIT_SIGNING_KEYS")
                 .ok()
                 .filter(|v| !v.trim().is_empty())
                 .map(Secret),

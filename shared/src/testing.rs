@@ -50,6 +50,8 @@ async fn template() -> &'static str {
 
 /// The secret-sealing keys of test databases (`GATEHOUSE_SECRET_KEYS` for the binaries a
 /// test runs beside them): a fixed, public key, for tests only.
+/// The audit checkpoint signing key of tests (`GATEHOUSE_AUDIT_SIGNING_KEYS`).
+pub const TEST_AUDIT_KEYS: &str = "t1:dGVzdC1vbmx5LWF1ZGl0LXNpZ25pbmcta2V5LTMyYnk";
 pub const TEST_SECRET_KEYS: &str = "test1:dGVzdC1vbmx5LXNlYWwta2V5LWZvci1nYXRlaG91c2U";
 
 /// A database of its own for one test, cloned from the migrated template.
@@ -86,6 +88,9 @@ impl TestDb {
         let ds = Services::connect(&url, 8).await.expect("connect test database").with_secret_keys(
             std::sync::Arc::new(crate::seal::SealKeys::parse(TEST_SECRET_KEYS).expect("test keys")),
         );
+        let ds = ds.with_audit_keys(std::sync::Arc::new(
+            crate::services::audit::SigningKeys::parse(TEST_AUDIT_KEYS).expect("audit keys"),
+        ));
         TestDb { name, url, ds }
     }
 
@@ -95,6 +100,15 @@ impl TestDb {
             .execute(self.ds.pool())
             .await
             .expect("fixture SQL");
+    }
+
+    /// Runs raw SQL expected to fail (a refused write); the error's text, or `None`.
+    pub async fn exec_err(&self, sql: &str) -> Option<String> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(self.ds.pool())
+            .await
+            .err()
+            .map(|e| e.to_string())
     }
 
     pub async fn scalar_i64(&self, sql: &str) -> i64 {

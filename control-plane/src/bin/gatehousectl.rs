@@ -105,16 +105,70 @@ enum Command {
         #[arg(value_parser = ["on", "off", "show"], default_value = "show")]
         to: String,
     },
-    /// Read the audit log of a tenant: tool, outcome, public ids, channel, connection, client.
+    /// Read the audit log of a tenant: tool, outcome, public ids, channel, connection, client;
+    /// verify its hash chain and checkpoints; configure its SIEM webhook.
+    #[command(args_conflicts_with_subcommands = true)]
     Audit {
-        #[command(flatten)]
-        t: InTenant,
+        /// The tenant's slug (to list its rows).
+        #[arg(long)]
+        tenant: Option<String>,
         /// Only this connection (con_…).
         #[arg(long)]
         connection: Option<String>,
         /// At most this many rows, newest first.
         #[arg(long, default_value_t = 50)]
         limit: i64,
+        #[command(subcommand)]
+        cmd: Option<AuditCmd>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCmd {
+    /// Check the tenant's hash chain and signed checkpoints; exits 1 naming the first row that
+    /// was edited, deleted, inserted or reordered.
+    Verify {
+        #[command(flatten)]
+        t: InTenant,
+        /// A public key to check checkpoints with (`kid:base64url`, repeatable); by default the
+        /// keys of GATEHOUSE_AUDIT_SIGNING_KEYS.
+        #[arg(long = "public-key")]
+        public_keys: Vec<String>,
+    },
+    /// The public keys that verify checkpoints (from GATEHOUSE_AUDIT_SIGNING_KEYS).
+    Keys,
+    /// Chain every queued row and sign every chain head now (the control plane does both on
+    /// its own; this is for maintenance and before retention).
+    Checkpoint,
+    /// The tenant's SIEM webhook: every audit event, in order, signed (Standard Webhooks).
+    #[command(subcommand)]
+    Webhook(AuditWebhookCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditWebhookCmd {
+    /// Set the webhook URL (a new webhook prints its secret, once).
+    Set {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        url: String,
+        /// Development: allow http and loopback or private addresses.
+        #[arg(long)]
+        dev: bool,
+    },
+    Show {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// A new secret, printed once; the old one keeps signing beside it for a day.
+    Rotate {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    Remove {
+        #[command(flatten)]
+        t: InTenant,
     },
 }
 
@@ -388,10 +442,15 @@ async fn main() {
     let json_out = cli.json;
     match run(cli).await {
         Ok((value, text)) => {
+            // A verification that found tampering prints its report and fails.
+            let failed = value.pointer("/verification/ok") == Some(&Value::Bool(false));
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
             } else {
                 println!("{text}");
+            }
+            if failed {
+                std::process::exit(1);
             }
         }
         Err(error) => {
@@ -462,6 +521,9 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
     let mut ds = Services::connect(common.database_url.expose(), 4).await?;
     if let Some(keys) = common.seal_keys()? {
         ds = ds.with_secret_keys(keys);
+    }
+    if let Some(keys) = common.audit_keys()? {
+        ds = ds.with_audit_keys(keys);
     }
     if cli.command.pushes() {
         match shared::bus::Bus::connect(
@@ -790,8 +852,12 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             );
             Ok((to_json(&flipped), text))
         }
-        Command::Audit { t, connection, limit } => {
-            let ctx = in_tenant(&ds, operator.as_ref(), &t.tenant).await?;
+        Command::Audit { cmd: Some(cmd), .. } => audit(&ds, operator.as_ref(), cmd).await,
+        Command::Audit { tenant, connection, limit, cmd: None } => {
+            let tenant = tenant.ok_or_else(|| {
+                Error::invalid("tenant", "name the tenant: gatehousectl audit --tenant SLUG")
+            })?;
+            let ctx = in_tenant(&ds, operator.as_ref(), &tenant).await?;
             let rows = admin::audit_list(&ds, &ctx, connection.as_deref(), limit).await?;
             let text = rows
                 .iter()
@@ -937,4 +1003,142 @@ async fn idp(ds: &Services, operator: &Operator, cmd: IdpCmd) -> shared::Result<
 
 fn to_json<T: serde::Serialize>(value: &T) -> Value {
     serde_json::to_value(value).unwrap_or_default()
+}
+
+async fn audit(
+    ds: &Services,
+    operator: Option<&Operator>,
+    cmd: AuditCmd,
+) -> shared::Result<(Value, String)> {
+    use shared::services::audit;
+    match cmd {
+        AuditCmd::Keys => {
+            let keys = audit::public_keys(ds);
+            let text = keys
+                .iter()
+                .map(|k| format!("{}  Ed25519  {}", k.kid, k.public_key))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let text = if text.is_empty() {
+                "GATEHOUSE_AUDIT_SIGNING_KEYS is not set".into()
+            } else {
+                text
+            };
+            Ok((json!({"alg": "Ed25519", "keys": keys}), text))
+        }
+        AuditCmd::Checkpoint => {
+            need_operator(operator)?;
+            let chained = audit::chain_round(ds).await?;
+            let signed = audit::checkpoint_round(ds).await?;
+            Ok((
+                json!({"chained": chained, "checkpoints": signed}),
+                format!("{chained} row(s) chained, {signed} checkpoint(s) signed"),
+            ))
+        }
+        AuditCmd::Verify { t, public_keys } => {
+            let ctx = in_tenant(ds, operator, &t.tenant).await?;
+            let keys = public_keys
+                .iter()
+                .map(|k| audit::PublicKey::parse(k).map_err(|e| Error::invalid("public-key", e)))
+                .collect::<shared::Result<Vec<_>>>()?;
+            let v = audit::verify(ds, &ctx, &keys).await?;
+            let mut text = match &v.problem {
+                None => format!(
+                    "{}: verified {} row(s){}{}",
+                    t.tenant,
+                    v.rows_checked,
+                    v.last_seq.map(|s| format!(" up to row {s}")).unwrap_or_default(),
+                    v.verified_until
+                        .as_deref()
+                        .map(|at| format!(" (written {at})"))
+                        .unwrap_or_default()
+                ),
+                Some(p) => format!(
+                    "{}: TAMPERED ({}) at {}: {}",
+                    t.tenant,
+                    serde_json::to_value(p.kind)
+                        .ok()
+                        .and_then(|k| k.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    p.seq
+                        .map(|s| format!("row {s}"))
+                        .or(p.audit_id.map(|i| format!("audit id {i}")))
+                        .unwrap_or_default(),
+                    p.detail
+                ),
+            };
+            if let Some(c) = &v.last_checkpoint {
+                text.push_str(&format!(
+                    "\n{} checkpoint(s); the last at row {} signed {} by {}",
+                    v.checkpoints_checked, c.seq, c.signed_at, c.kid
+                ));
+            }
+            if v.pending > 0 {
+                text.push_str(&format!("\n{} row(s) not chained yet", v.pending));
+            }
+            Ok((json!({"tenant": t.tenant, "verification": v}), text))
+        }
+        AuditCmd::Webhook(cmd) => {
+            let slug = match &cmd {
+                AuditWebhookCmd::Set { t, .. }
+                | AuditWebhookCmd::Show { t }
+                | AuditWebhookCmd::Rotate { t }
+                | AuditWebhookCmd::Remove { t } => t.tenant.clone(),
+            };
+            let ctx = in_tenant(ds, operator, &slug).await?;
+            match cmd {
+                AuditWebhookCmd::Set { url, dev, .. } => {
+                    let policy = shared::services::oauth::FetchPolicy { dev, ..Default::default() };
+                    let (hook, secret) = audit::webhook_set(ds, &ctx, &url, &policy).await?;
+                    let text = match &secret {
+                        Some(s) => format!(
+                            "{slug}: audit events go to {}\nsecret (shown once): {s}",
+                            hook.url
+                        ),
+                        None => {
+                            format!("{slug}: audit events go to {} (secret unchanged)", hook.url)
+                        }
+                    };
+                    Ok((json!({"webhook": hook, "secret": secret}), text))
+                }
+                AuditWebhookCmd::Show { .. } => {
+                    let hook = audit::webhook_show(ds, &ctx).await?;
+                    let text = match &hook {
+                        None => format!("{slug}: no audit webhook"),
+                        Some(h) => format!(
+                            "{slug}: {}  delivered up to row {}, {} waiting{}{}",
+                            h.url,
+                            h.delivered_seq,
+                            h.backlog,
+                            h.last_error
+                                .as_deref()
+                                .map(|e| format!(", last error: {e}"))
+                                .unwrap_or_default(),
+                            h.dropped_note.as_deref().map(|n| format!("\n{n}")).unwrap_or_default()
+                        ),
+                    };
+                    Ok((json!({"webhook": hook}), text))
+                }
+                AuditWebhookCmd::Rotate { .. } => {
+                    let r = audit::webhook_rotate(ds, &ctx).await?;
+                    let text = format!(
+                        "{slug}: new secret (shown once): {}\nthe previous one keeps signing beside it for a day",
+                        r.secret
+                    );
+                    Ok((json!({"webhook": r.webhook, "secret": r.secret}), text))
+                }
+                AuditWebhookCmd::Remove { .. } => {
+                    let removed = audit::webhook_remove(ds, &ctx).await?;
+                    Ok((
+                        json!({"removed": removed}),
+                        if removed {
+                            format!("{slug}: audit webhook removed")
+                        } else {
+                            format!("{slug}: no audit webhook")
+                        },
+                    ))
+                }
+            }
+        }
+    }
 }

@@ -136,7 +136,9 @@ pub(super) async fn page(
         }
         Err(e) => return Err(e.into()),
     };
+    let status = shared::services::audit::status(&state.ds, &t.ctx).await?;
     let body = html! {
+        (chain_status(&status))
         (form)
         p {
             (found.rows.len()) " rows" @if found.next.is_some() { " on this page" }
@@ -179,11 +181,17 @@ fn csv_cell(value: &str) -> String {
     format!("\"{}\"", value.replace('"', "\"\""))
 }
 
-/// The CSV lines of one page of the search.
-fn csv_rows(page: &admin::AuditPage) -> String {
+/// The CSV lines of one page of the search, each with its chain columns (empty while the
+/// row waits to be chained).
+fn csv_rows(
+    page: &admin::AuditPage,
+    links: &std::collections::HashMap<i64, shared::services::audit::ExportLink>,
+) -> String {
+    let none = shared::services::audit::ExportLink::default();
     page.rows
         .iter()
         .map(|r| {
+            let link = links.get(&r.id).unwrap_or(&none);
             [
                 r.at.as_str(),
                 &r.channel,
@@ -195,6 +203,10 @@ fn csv_rows(page: &admin::AuditPage) -> String {
                 r.client_name.as_deref().unwrap_or(""),
                 r.reason.as_deref().unwrap_or(""),
                 r.proven.as_deref().unwrap_or(""),
+                &link.seq,
+                &link.prev_hash,
+                &link.hash,
+                &link.canonical,
             ]
             .iter()
             .map(|c| csv_cell(c))
@@ -223,8 +235,9 @@ pub(super) async fn csv(
         }
         Err(e) => return Err(e.into()),
     };
-    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven\r\n";
-    let first_chunk = format!("{header}{}", csv_rows(&first));
+    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,seq,prev_hash,hash,canonical\r\n";
+    let links = chain_links(&state.ds, &ctx, &first).await?;
+    let first_chunk = format!("{header}{}", csv_rows(&first, &links));
     let slug: String =
         ctx.tenant().slug.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
     let name = format!("attachment; filename=\"audit-{slug}.csv\"");
@@ -240,7 +253,10 @@ pub(super) async fn csv(
                 }
                 filter.cursor = Some(next?);
                 match admin::audit_search(&ds, &ctx, &filter, 1000).await {
-                    Ok(page) => Some((Ok(csv_rows(&page)), (None, page.next, filter))),
+                    Ok(page) => {
+                        let links = chain_links(&ds, &ctx, &page).await.unwrap_or_default();
+                        Some((Ok(csv_rows(&page, &links)), (None, page.next, filter)))
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "audit export interrupted");
                         Some((
@@ -259,4 +275,40 @@ pub(super) async fn csv(
         headers.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(response)
+}
+
+/// The chain columns of a page's rows.
+async fn chain_links(
+    ds: &shared::Services,
+    ctx: &shared::OpCtx,
+    page: &admin::AuditPage,
+) -> shared::Result<std::collections::HashMap<i64, shared::services::audit::ExportLink>> {
+    let ids: Vec<i64> = page.rows.iter().map(|r| r.id).collect();
+    shared::services::audit::export_links(ds, ctx, &ids).await
+}
+
+/// "Verified up to …": the tail since the last signed checkpoint, checked on each view.
+fn chain_status(status: &shared::services::audit::ChainStatus) -> Markup {
+    html! {
+        @if let Some(p) = &status.problem {
+            p class="card error" role="alert" {
+                strong { "The audit chain does not verify: " } (p.detail)
+                " Run gatehousectl audit verify for the full report."
+            }
+        } @else {
+            p class="card" {
+                @match (&status.verified_until, status.last_seq) {
+                    (Some(at), Some(seq)) => { "Verified up to " (at) " (row " (seq) ")" }
+                    _ => { "Nothing chained yet" }
+                }
+                @if let Some(c) = &status.checkpoint {
+                    ", checkpoint at row " (c.seq) " signed " (c.signed_at) " by key " (c.kid)
+                } @else {
+                    ", no signed checkpoint yet"
+                }
+                @if status.pending > 0 { " · " (status.pending) " row(s) being chained" }
+                "."
+            }
+        }
+    }
 }

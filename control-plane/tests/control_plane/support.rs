@@ -73,6 +73,7 @@ pub(crate) fn ctl_as(db: &TestDb, operator: Option<&str>, args: &[&str]) -> (boo
         .arg("--json")
         .env("DATABASE_URL", &db.url)
         .env("GATEHOUSE_SECRET_KEYS", shared::testing::TEST_SECRET_KEYS)
+        .env("GATEHOUSE_AUDIT_SIGNING_KEYS", shared::testing::TEST_AUDIT_KEYS)
         .env_remove("GATEHOUSE_OPERATOR");
     if let Some(email) = operator {
         command.env("GATEHOUSE_OPERATOR", email);

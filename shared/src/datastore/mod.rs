@@ -28,6 +28,7 @@ mod activity;
 mod alert_rules;
 mod api_tokens;
 mod audit;
+mod audit_chain;
 mod auth;
 mod bookings;
 mod connections;
@@ -52,6 +53,7 @@ pub use activity::*;
 pub use alert_rules::*;
 pub use api_tokens::*;
 pub use audit::*;
+pub use audit_chain::*;
 pub use auth::*;
 pub use bookings::*;
 pub use connections::*;
@@ -103,6 +105,9 @@ pub struct Services {
     /// The keys that seal secrets kept in Postgres (a tenant IdP's client secret);
     /// `GATEHOUSE_SECRET_KEYS`. `None`: features that keep such a secret say what to set.
     secret_keys: Option<std::sync::Arc<crate::seal::SealKeys>>,
+    /// The Ed25519 keys that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`); `None`:
+    /// the chain is kept, no checkpoint is signed.
+    audit_keys: Option<std::sync::Arc<crate::services::audit::SigningKeys>>,
 }
 
 /// Time windows of the write rails; defaults suit production, tests shorten them.
@@ -219,6 +224,7 @@ impl Services {
             policy: Policy::default(),
             bus: None,
             secret_keys: None,
+            audit_keys: None,
         }
     }
 
@@ -275,6 +281,19 @@ impl Services {
 
     pub(crate) fn secret_keys(&self) -> Option<&crate::seal::SealKeys> {
         self.secret_keys.as_deref()
+    }
+
+    /// With the keys that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`).
+    pub fn with_audit_keys(
+        mut self,
+        keys: std::sync::Arc<crate::services::audit::SigningKeys>,
+    ) -> Self {
+        self.audit_keys = Some(keys);
+        self
+    }
+
+    pub(crate) fn audit_keys(&self) -> Option<&crate::services::audit::SigningKeys> {
+        self.audit_keys.as_deref()
     }
 
     /// Applies every pending migration from `migrations/`.

@@ -774,6 +774,9 @@ pub async fn kill_switch_set(
 
 #[derive(Debug, Serialize)]
 pub struct AuditView {
+    /// The row's id, for its chain columns in the export; not shown.
+    #[serde(skip)]
+    pub id: i64,
     pub at: String,
     pub channel: String,
     pub action: String,
@@ -960,6 +963,7 @@ pub async fn audit_search(
     let rows = rows
         .into_iter()
         .map(|r| AuditView {
+            id: r.id,
             at: crate::datastore::to_ts(r.at).strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
             channel: r.channel,
             action: r.action,

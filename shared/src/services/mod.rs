@@ -8,6 +8,7 @@ pub mod actions;
 pub mod activity;
 pub mod admin;
 pub mod approvals;
+pub mod audit;
 pub mod bookings;
 pub mod catalog;
 pub mod client_assertion;

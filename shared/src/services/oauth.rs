@@ -937,6 +937,17 @@ pub(crate) async fn guarded_post(
     guarded(url, policy, Outbound::Post { form, basic }).await
 }
 
+/// POSTs a JSON body with extra headers behind the same guard (a tenant's audit webhook);
+/// returns the status, whatever it is.
+pub(crate) async fn guarded_post_json(
+    url: &str,
+    policy: &FetchPolicy,
+    body: &[u8],
+    headers: &[(&str, String)],
+) -> std::result::Result<u16, String> {
+    guarded(url, policy, Outbound::Json { body, headers }).await.map(|(status, _)| status)
+}
+
 /// Checks that a URL could be fetched behind the guard (scheme, host, addresses) without
 /// fetching it: an endpoint named now and called later (an IdP's token endpoint).
 pub(crate) async fn guarded_target(
@@ -950,6 +961,7 @@ enum Outbound<'a> {
     CheckOnly,
     Get,
     Post { form: &'a [(&'a str, &'a str)], basic: Option<(&'a str, &'a str)> },
+    Json { body: &'a [u8], headers: &'a [(&'a str, String)] },
 }
 
 async fn guarded(
@@ -1009,6 +1021,16 @@ async fn guarded(
                     url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>()
                 };
                 request = request.basic_auth(enc(id), Some(enc(secret)));
+            }
+            (request, true)
+        }
+        Outbound::Json { body, headers } => {
+            let mut request = client
+                .post(parsed)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_vec());
+            for (name, value) in headers {
+                request = request.header(*name, value.as_str());
             }
             (request, true)
         }

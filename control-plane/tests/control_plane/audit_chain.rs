@@ -1,0 +1,251 @@
+//! The tamper-evident audit log: `gatehousectl audit verify` passes on an untouched chain and
+//! names each kind of tampering; the SIEM webhook delivers every event, in order, signed as
+//! Standard Webhooks specify, through a dead endpoint and a dispatcher killed mid-delivery.
+
+use std::sync::Mutex;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use shared::services::audit;
+
+use crate::support::*;
+
+async fn chained_tenant() -> (Api, String, i64) {
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
+    let slug = api.seed.tenants[0].slug.clone();
+    let tenant = api._db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{slug}'")).await;
+    api._db
+        .exec(&format!(
+            "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets, reason)
+             SELECT {tenant}, 'mcp', 'add_booking_note', 'ok', ARRAY['bkg_' || i], NULL FROM generate_series(1, 12) i"
+        ))
+        .await;
+    (api, slug, tenant)
+}
+
+/// `gatehousectl` as the platform's operator (the demo's first admin).
+fn run(api: &Api, args: &[&str]) -> (bool, Value) {
+    ctl_as(&api._db, Some(&api.seed.tenants[0].admin.email), args)
+}
+
+fn verify(api: &Api, slug: &str) -> (bool, Value) {
+    run(api, &["audit", "verify", "--tenant", slug])
+}
+
+#[tokio::test]
+async fn audit_verify_passes_untouched_and_names_every_kind_of_tampering() {
+    let (api, slug, t) = chained_tenant().await;
+    let db = &api._db;
+    let (ok, out) = run(&api, &["audit", "checkpoint"]);
+    assert!(ok, "{out}");
+    let (ok, v) = verify(&api, &slug);
+    assert!(ok, "{v}");
+    let rows = v["verification"]["rows_checked"].as_i64().expect("rows");
+    assert!(rows >= 12, "{v}");
+    assert_eq!(v["verification"]["checkpoints_checked"], 1, "{v}");
+    // The product cannot edit or delete the log, nor can a stray statement.
+    for sql in [
+        format!("UPDATE audit_log SET reason = 'x' WHERE tenant_id = {t}"),
+        format!("DELETE FROM audit_log WHERE tenant_id = {t}"),
+        "TRUNCATE audit_log".to_owned(),
+        format!("DELETE FROM audit_chain WHERE tenant_id = {t}"),
+    ] {
+        let err = db.exec_err(&sql).await;
+        assert!(err.is_some_and(|e| e.contains("append-only")), "{sql}");
+    }
+    let id_at = |seq: i64| {
+        format!("(SELECT audit_id FROM audit_chain WHERE tenant_id = {t} AND seq = {seq})")
+    };
+    let kind = |v: &Value| {
+        (v["verification"]["problem"]["kind"].clone(), v["verification"]["problem"]["seq"].clone())
+    };
+    let off =
+        "ALTER TABLE audit_log DISABLE TRIGGER USER; ALTER TABLE audit_chain DISABLE TRIGGER USER;";
+    let on =
+        "ALTER TABLE audit_log ENABLE TRIGGER USER; ALTER TABLE audit_chain ENABLE TRIGGER USER;";
+
+    // Edited: a reason changed behind the product's back (as a superuser could).
+    db.exec(&format!(
+        "{off} UPDATE audit_log SET reason = 'nothing happened' WHERE id = {}; {on}",
+        id_at(5)
+    ))
+    .await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok, "{v}");
+    assert_eq!(kind(&v), (json!("edited"), json!(5)), "{v}");
+    db.exec(&format!("{off} UPDATE audit_log SET reason = NULL WHERE id = {}; {on}", id_at(5)))
+        .await;
+    assert!(verify(&api, &slug).0);
+
+    // Reordered: two rows swapped in the chain.
+    let swap = format!(
+        "{off} UPDATE audit_chain SET seq = -seq WHERE tenant_id = {t} AND seq IN (3, 4);
+         UPDATE audit_chain SET seq = CASE seq WHEN -3 THEN 4 ELSE 3 END WHERE tenant_id = {t} AND seq IN (-3, -4); {on}"
+    );
+    db.exec(&swap).await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok);
+    assert_eq!(kind(&v), (json!("reordered"), json!(3)), "{v}");
+    db.exec(&swap).await;
+    assert!(verify(&api, &slug).0);
+
+    // Inserted: a forged row written with the chain's trigger off.
+    db.exec(&format!(
+        "{off} INSERT INTO audit_log (tenant_id, at, channel, action, outcome) VALUES ({t}, now() - interval '3 days', 'console', 'person.create', 'ok'); {on}"
+    ))
+    .await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok);
+    assert_eq!(v["verification"]["problem"]["kind"], "inserted", "{v}");
+    db.exec(&format!("{off} DELETE FROM audit_log WHERE tenant_id = {t} AND action = 'person.create' AND at < now() - interval '1 day'; {on}")).await;
+    assert!(verify(&api, &slug).0);
+
+    // Deleted: a row and its link gone.
+    db.exec(&format!("{off} DELETE FROM audit_log WHERE id = {id}; DELETE FROM audit_chain WHERE tenant_id = {t} AND seq = 7; {on}", id = id_at(7))).await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok);
+    assert_eq!(kind(&v), (json!("deleted"), json!(8)), "{v}");
+}
+
+/// A SIEM: verifies every Standard Webhooks signature and records what arrived.
+#[derive(Default)]
+struct Receiver {
+    secret: Mutex<String>,
+    down: std::sync::atomic::AtomicBool,
+    /// (webhook-id, seq, body) in arrival order.
+    got: Mutex<Vec<(String, i64, String)>>,
+    bad_signatures: std::sync::atomic::AtomicUsize,
+}
+
+async fn receive(
+    axum::extract::State(r): axum::extract::State<Arc<Receiver>>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> axum::http::StatusCode {
+    if r.down.load(std::sync::atomic::Ordering::SeqCst) {
+        return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+    }
+    let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let (id, ts, sigs) = (h("webhook-id"), h("webhook-timestamp"), h("webhook-signature"));
+    let secret = r.secret.lock().expect("lock").clone();
+    let key = STANDARD.decode(secret.trim_start_matches("whsec_")).expect("secret");
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key);
+    let signed = format!("{id}.{ts}.{body}");
+    let valid = sigs.split(' ').any(|s| {
+        s.strip_prefix("v1,")
+            .and_then(|b| STANDARD.decode(b).ok())
+            .is_some_and(|sig| ring::hmac::verify(&key, signed.as_bytes(), &sig).is_ok())
+    });
+    if !valid {
+        r.bad_signatures.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        return axum::http::StatusCode::UNAUTHORIZED;
+    }
+    let event: Value = serde_json::from_str(&body).expect("json");
+    let seq = event["data"]["seq"].as_i64().expect("seq");
+    assert_eq!(event["data"]["id"], id.as_str());
+    r.got.lock().expect("lock").push((id, seq, body));
+    axum::http::StatusCode::NO_CONTENT
+}
+
+#[tokio::test]
+async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoint_and_a_killed_dispatcher()
+ {
+    let (api, slug, t) = chained_tenant().await;
+    let ds = api._db.ds.clone();
+    let receiver = Arc::new(Receiver::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/siem/audit", listener.local_addr().expect("addr"));
+    let app = axum::Router::new()
+        .route("/siem/audit", axum::routing::post(receive))
+        .with_state(receiver.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+
+    // Without --dev the guard refuses a loopback URL, as it does for client metadata documents.
+    let (ok, err) = run(&api, &["audit", "webhook", "set", "--tenant", &slug, "--url", &url]);
+    assert!(!ok, "{err}");
+    audit::chain_round(&ds).await.expect("chain");
+    let (ok, set) =
+        run(&api, &["audit", "webhook", "set", "--tenant", &slug, "--url", &url, "--dev"]);
+    assert!(ok, "{set}");
+    let secret = set["secret"].as_str().expect("secret shown once").to_owned();
+    assert!(secret.starts_with("whsec_"));
+    *receiver.secret.lock().expect("lock") = secret;
+    let (_, shown) = run(&api, &["audit", "webhook", "show", "--tenant", &slug]);
+    assert!(!shown.to_string().contains("whsec_"), "never shown again: {shown}");
+
+    // 40 events after the webhook was set (its own audit row among them).
+    api._db
+        .exec(&format!(
+            "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
+             SELECT {t}, 'api', 'booking.update', 'ok', ARRAY['bkg_' || i] FROM generate_series(1, 40) i"
+        ))
+        .await;
+    audit::chain_round(&ds).await.expect("chain");
+    let fetch = shared::services::oauth::FetchPolicy { dev: true, ..Default::default() };
+    let policy = audit::WebhookPolicy { max_backoff_ms: 50, batch: 10, ..Default::default() };
+
+    // The endpoint is down for a while: attempts fail, back off, nothing is lost.
+    receiver.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..3 {
+        let done = audit::deliver_round(&ds, &fetch, policy).await.expect("round");
+        assert_eq!(done.sent, 0);
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    let (_, shown) = run(&api, &["audit", "webhook", "show", "--tenant", &slug]);
+    assert!(shown["webhook"]["last_error"].as_str().is_some_and(|e| e.contains("503")), "{shown}");
+    assert!(shown["webhook"]["backlog"].as_i64().expect("backlog") >= 41, "{shown}");
+    receiver.down.store(false, std::sync::atomic::Ordering::SeqCst);
+
+    // The dispatcher dies mid-round: its cursor was not committed, so those events come again
+    // with the same ids.
+    let slow = {
+        let (ds, fetch) = (ds.clone(), fetch.clone());
+        tokio::spawn(async move { audit::deliver_round(&ds, &fetch, policy).await })
+    };
+    while receiver.got.lock().expect("lock").len() < 4 {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    slow.abort();
+    let _ = slow.await;
+    let head = api
+        ._db
+        .scalar_i64(&format!("SELECT seq FROM audit_chain_heads WHERE tenant_id = {t}"))
+        .await;
+    for _ in 0..200 {
+        audit::deliver_round(&ds, &fetch, policy).await.expect("round");
+        let delivered = api
+            ._db
+            .scalar_i64(&format!("SELECT delivered_seq FROM audit_webhooks WHERE tenant_id = {t}"))
+            .await;
+        if delivered == head {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let got = receiver.got.lock().expect("lock").clone();
+    assert_eq!(receiver.bad_signatures.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // Every event once at least, first arrivals in chain order, duplicates identical.
+    let mut first: Vec<i64> = Vec::new();
+    let mut bodies = std::collections::HashMap::new();
+    for (id, seq, body) in &got {
+        match bodies.get(id) {
+            Some(b) => assert_eq!(b, body, "a duplicate is the same event"),
+            None => {
+                bodies.insert(id.clone(), body.clone());
+                first.push(*seq);
+            }
+        }
+    }
+    let start = first[0];
+    assert_eq!(first, (start..=head).collect::<Vec<_>>(), "every event, in order");
+    assert!(got.len() > first.len(), "the killed round's events came twice");
+    let webhook_set_seq = api._db.scalar_i64(&format!(
+        "SELECT c.seq FROM audit_chain c JOIN audit_log a ON a.id = c.audit_id WHERE c.tenant_id = {t} AND a.action = 'audit_webhook.set'"
+    )).await;
+    assert_eq!(
+        start, webhook_set_seq,
+        "deliveries start with the events after the webhook was set"
+    );
+}
