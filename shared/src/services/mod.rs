@@ -9,6 +9,7 @@ pub mod activity;
 pub mod admin;
 pub mod approvals;
 pub mod bookings;
+pub mod budgets;
 pub mod catalog;
 pub mod client_assertion;
 pub mod console;
