@@ -58,9 +58,11 @@ pub struct BudgetView {
     pub limit: i64,
     /// The rolling window, e.g. `24h`.
     pub window: String,
+    /// The same window in seconds.
     pub window_secs: i64,
     /// Executed in the window, plus what prepared actions the agent may still confirm reserve.
     pub used: i64,
+    /// What the window still allows (0 when used up).
     pub left: i64,
     /// Whether it is the default (the tenant set none).
     pub default: bool,

@@ -119,8 +119,7 @@ pub struct ChangeView {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct RecentChanges {
     pub changes: Vec<ChangeView>,
-    /// This connection's budgets (and the tenant-wide ones the tenant set): an action that
-    /// would pass one waits for a person.
+    /// This connection's budgets (and the tenant-wide ones the tenant set): an action that would pass one waits for a person.
     pub budgets: Vec<crate::services::budgets::BudgetView>,
 }
 

@@ -83,7 +83,7 @@ async fn twenty_concurrent_small_batches_over_two_workers_pass_only_as_far_as_th
     let (ready, waiting): (Vec<_>, Vec<_>) =
         previews.into_iter().partition(|p| p["status"] == "PREVIEW");
     // 7 × 2 = 14 fit in 15; every other batch would pass it and waits for a person.
-    assert_eq!(ready.len(), 7, "{ready:?}");
+    assert_eq!(ready.len(), 7, "7 batches of 2 fit in 15");
     assert_eq!(waiting.len(), 13);
     for w in &waiting {
         assert_eq!(w["status"], "AWAITING_APPROVAL");
