@@ -102,9 +102,9 @@ fn form(
 pub(super) fn fields(form: &Fields) -> Result<BudgetSet<'_>, Error> {
     let limit = match form.get("limit").map(str::trim) {
         Some("default") => None,
-        Some(n) => Some(
-            n.parse::<i64>().map_err(|_| Error::invalid("limit", "a whole number of units"))?,
-        ),
+        Some(n) => {
+            Some(n.parse::<i64>().map_err(|_| Error::invalid("limit", "a whole number of units"))?)
+        }
         None => return Err(Error::invalid("limit", "say how many units, or default")),
     };
     let window_secs = match form.get("window").map(str::trim).filter(|w| !w.is_empty()) {

@@ -10,6 +10,7 @@ mod charts;
 
 mod api_tokens;
 mod audit_and_activity;
+mod budgets;
 mod console_security;
 mod gatehousectl;
 mod id_jag;

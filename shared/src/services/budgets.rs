@@ -80,9 +80,8 @@ pub fn parse_window(raw: &str) -> Result<i64> {
         (Some(n), "d") => n.checked_mul(86_400),
         _ => None,
     };
-    secs.filter(|s| (MIN_WINDOW_SECS..=MAX_WINDOW_SECS).contains(s)).ok_or_else(|| {
-        Error::invalid("window", "give a window of 1m to 30d, e.g. 1h, 24h or 7d")
-    })
+    secs.filter(|s| (MIN_WINDOW_SECS..=MAX_WINDOW_SECS).contains(s))
+        .ok_or_else(|| Error::invalid("window", "give a window of 1m to 30d, e.g. 1h, 24h or 7d"))
 }
 
 /// A window as people read it: the largest unit that divides it.
@@ -345,16 +344,12 @@ async fn change(tx: &mut Tx<'static>, ctx: &OpCtx, set: &BudgetSet<'_>) -> Resul
             let (limit, window, _) = connection_budget(tx, ctx, id, kind).await?;
             Some((limit, window))
         }
-        None => db::budget_get(tx, ctx, None, kind.as_str())
-            .await?
-            .map(|(l, w)| (l, i64::from(w))),
+        None => db::budget_get(tx, ctx, None, kind.as_str()).await?.map(|(l, w)| (l, i64::from(w))),
     };
     let after = match (set.limit, id) {
         (Some(limit), _) => {
-            let window = set
-                .window_secs
-                .or(before.map(|b| b.1))
-                .unwrap_or_else(|| default_budget(kind).1);
+            let window =
+                set.window_secs.or(before.map(|b| b.1)).unwrap_or_else(|| default_budget(kind).1);
             Some((limit, window))
         }
         (None, Some(_)) => Some(default_budget(kind)),

@@ -5,8 +5,8 @@ use serde::Serialize;
 use shared::rights::Right;
 use shared::services::bookings::{self, FindBookingsInput, GetBookingInput};
 use shared::services::catalog::{
-    self, AlertRuleView, FindAlertRulesInput, FindServicesInput,
-    ListRecentChangesInput, ServiceView,
+    self, AlertRuleView, FindAlertRulesInput, FindServicesInput, ListRecentChangesInput,
+    ServiceView,
 };
 use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
 use shared::services::technicians::{self, FindTechniciansInput};
@@ -47,7 +47,6 @@ pub struct ServicesOut {
 pub struct AlertRulesOut {
     pub rules: Vec<AlertRuleView>,
 }
-
 
 pub fn tools() -> Vec<ToolSpec> {
     vec![

@@ -10,7 +10,14 @@ use shared::testing::BulkBookings;
 
 impl Stack {
     /// Sets a budget of tenant `t` as its operator (`connection` `None`: the tenant-wide one).
-    async fn budget(&self, t: usize, connection: Option<&str>, kind: &str, limit: i64, window: &str) {
+    async fn budget(
+        &self,
+        t: usize,
+        connection: Option<&str>,
+        kind: &str,
+        limit: i64,
+        window: &str,
+    ) {
         let ctx = self.operator_in(t).await;
         let set = BudgetSet {
             connection,
@@ -71,8 +78,7 @@ async fn twenty_concurrent_small_batches_over_two_workers_pass_only_as_far_as_th
         let (stack, token) = (stack.clone(), token.clone());
         let base = if i % 2 == 0 { stack.url.clone() } else { second.clone() };
         async move {
-            let bookings: Vec<String> =
-                (1..=2).map(|k| format!("bkg_{:016}", 2 * i + k)).collect();
+            let bookings: Vec<String> = (1..=2).map(|k| format!("bkg_{:016}", 2 * i + k)).collect();
             stack
                 .call_at(&base, &token, "cancel_bookings", json!({ "bookings": bookings }))
                 .await
