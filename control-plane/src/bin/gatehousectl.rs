@@ -10,7 +10,7 @@ use shared::config::Common;
 use shared::ctx::{Channel, Operator};
 use shared::error::{Error, Resource};
 use shared::rights::{RightSet, Role};
-use shared::services::{admin, approvals, demo, operators, rates};
+use shared::services::{admin, approvals, budgets, demo, operators, rates};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +57,11 @@ enum Command {
     /// A tenant's rate buckets: calls per connection and minute, by effect class.
     #[command(subcommand)]
     RateLimit(RateLimitCmd),
+    /// Budgets on effects: how many customers messaged, bookings changed, technicians paged,
+    /// alert-minutes muted and records deleted a connection (or the whole tenant) may cause in a
+    /// rolling window before its agent's actions wait for a person.
+    #[command(subcommand)]
+    Budget(BudgetCmd),
     /// Demo data.
     #[command(subcommand)]
     Demo(DemoCmd),
@@ -427,6 +432,38 @@ enum RateLimitCmd {
         /// Calls per connection and minute (1 to 1000000), or `default`.
         #[arg(long)]
         per_minute: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BudgetCmd {
+    /// Show a connection's budgets (and the tenant-wide ones), used and left; without
+    /// --connection, the tenant-wide budgets only.
+    Show {
+        #[command(flatten)]
+        t: InTenant,
+        /// The connection (con_…).
+        #[arg(long)]
+        connection: Option<String>,
+    },
+    /// Set a budget of one kind for a connection, or with no --connection for the whole tenant.
+    Set {
+        #[command(flatten)]
+        t: InTenant,
+        /// The connection (con_…); without it, the tenant-wide budget.
+        #[arg(long)]
+        connection: Option<String>,
+        /// customers_messaged, bookings_changed, technicians_paged, alert_minutes_muted or
+        /// records_deleted.
+        #[arg(long)]
+        kind: String,
+        /// Units per window, or `default` (a connection's default again; for the tenant, no
+        /// tenant-wide budget).
+        #[arg(long)]
+        limit: String,
+        /// The rolling window: 30m, 1h, 24h, 7d (1m to 30d); unchanged if left out.
+        #[arg(long)]
+        window: Option<String>,
     },
 }
 
@@ -830,6 +867,54 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 .collect::<Vec<_>>()
                 .join("\n");
             Ok((json!({"limits": limits}), text))
+        }
+        Command::Budget(cmd) => {
+            let (slug, connection) = match &cmd {
+                BudgetCmd::Show { t, connection } | BudgetCmd::Set { t, connection, .. } => {
+                    (t.tenant.clone(), connection.clone())
+                }
+            };
+            let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
+            let shown = match cmd {
+                BudgetCmd::Set { kind, limit, window, .. } => {
+                    let limit = match limit.as_str() {
+                        "default" => None,
+                        n => Some(n.parse::<i64>().map_err(|_| {
+                            Error::invalid("limit", "a whole number of units, or `default`")
+                        })?),
+                    };
+                    let window_secs = window.as_deref().map(budgets::parse_window).transpose()?;
+                    let set = budgets::BudgetSet {
+                        connection: connection.as_deref(),
+                        kind: &kind,
+                        limit,
+                        window_secs,
+                    };
+                    budgets::set(&ds, &ctx, &set).await?
+                }
+                BudgetCmd::Show { .. } => budgets::show(&ds, &ctx, connection.as_deref()).await?,
+            };
+            let text = shown
+                .iter()
+                .map(|b| {
+                    format!(
+                        "{:20} {:10} {:>8} per {:4} used {:>8} left {:>8}{}",
+                        b.kind.as_str(),
+                        match b.scope {
+                            budgets::Scope::Connection => "connection",
+                            budgets::Scope::Tenant => "tenant",
+                        },
+                        b.limit,
+                        b.window,
+                        b.used,
+                        b.left,
+                        if b.default { " (default)" } else { "" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            let text = if text.is_empty() { "no tenant-wide budgets".to_owned() } else { text };
+            Ok((json!({"budgets": shown}), text))
         }
         Command::KillSwitch { state, tenant, reason } => {
             let kill = state == "on";

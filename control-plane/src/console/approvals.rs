@@ -61,6 +61,9 @@ pub(super) async fn page(
             @let action = segment(&a.action);
             div class="card approval" data-action=(a.action) {
                 p { strong { (a.summary) } }
+                @if let Some(why) = &a.budget {
+                    p class="budget-reason" { "Waits for a person because it is " (why) "." }
+                }
                 p {
                     "Asked by the connection " strong { (a.connection) } " (client " (a.client) ") of "
                     (a.asked_for_by) "; prepared " (local(&t.ctx, &a.created_at)) "; expires "

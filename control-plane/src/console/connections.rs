@@ -121,6 +121,7 @@ pub(super) async fn detail(
         activity::activity(&state.ds, ctx, Some(&c.connection), span, jiff::Timestamp::now())
             .await?;
     let base = format!("/connections/{}", segment(&c.connection));
+    let budgets = shared::services::budgets::show(&state.ds, ctx, Some(&c.connection)).await?;
     let used = c.last_used_at.as_deref().map(|t| local(ctx, t)).unwrap_or_else(|| "never".into());
     let body = html! {
         div class="card" {
@@ -135,6 +136,7 @@ pub(super) async fn detail(
                 p { a href={ "/connections/" (c.connection) "/revoke" } { "Revoke this connection…" } }
             }
         }
+        (super::budgets::section(&budgets, Some(&c.connection), t.csrf(), t.session.row.passkey_policy()))
         (crate::pictures::section("connection-activity", &base, &found, true))
         h2 { "Recent changes" }
         p { a href={ "/audit?connection=" (c.connection) } { "All of this connection's changes in the audit log" } }

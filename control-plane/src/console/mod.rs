@@ -13,6 +13,7 @@ mod activity;
 mod api_tokens;
 mod approvals;
 mod audit;
+mod budgets;
 mod connections;
 mod extract;
 mod messages;
@@ -84,6 +85,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/approvals/{action}/{decision}", post(approvals::decide))
         .route("/settings/approval-policy", post(settings::set_policy))
         .route("/settings/rate-limit", post(settings::set_rate_limit))
+        .route("/budgets", post(budgets::set))
         .route("/settings", get(settings::page))
         .route("/settings/agent-access", post(settings::agent_access))
         .route("/audit", get(audit::page))

@@ -280,6 +280,10 @@ async fn decision_of(
             let (class, per_minute) = super::settings::rate_fields(form)?;
             rates::limit_decision(ds, need_ctx()?, class, per_minute).await?
         }
+        ["budgets"] => {
+            shared::services::budgets::set_decision(ds, need_ctx()?, &super::budgets::fields(form)?)
+                .await?
+        }
         ["settings", "agent-access"] => to_on.then(Decision::agent_access_on),
         ["settings", "passkey-policy"] => {
             (form.get("to") == Some("off")).then(Decision::passkey_policy_off)
@@ -363,7 +367,7 @@ pub(super) fn policy_card(on: bool, csrf: &str) -> maud::Markup {
         div class="card" id="passkey-policy" {
             h2 { "Decisions need a passkey" }
             @if on {
-                p { "On: approving an agent's action, consenting to an agent beyond reading, creating a connection, raising a role, a rate limit or the approval policy's looseness, and turning agent access back on each need a passkey confirmation made for that decision. Denying, revoking and turning things off stay one step." }
+                p { "On: approving an agent's action, consenting to an agent beyond reading, creating a connection, raising a role, a rate limit, a budget or the approval policy's looseness, and turning agent access back on each need a passkey confirmation made for that decision. Denying, revoking and turning things off stay one step." }
             } @else {
                 p { "Off: a signed-in session decides alone. Turn it on so a stolen session or password cannot approve or widen anything." }
             }

@@ -19,6 +19,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
     let policy = approvals::policy(&state.ds, &t.ctx).await?;
     let limits = rates::limits(&state.ds, &t.ctx).await?;
     let passkey_policy = shared::services::passkeys::policy(&state.ds, &t.ctx).await?;
+    let budgets = shared::services::budgets::show(&state.ds, &t.ctx, None).await?;
     let on = t.session.row.tenant_agent_access().unwrap_or(true);
     let body = html! {
         div class="card" {
@@ -41,6 +42,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
         (super::passkeys::policy_card(passkey_policy, t.csrf()))
         (policy_form(&policy, t.csrf(), passkey_policy))
         (limits_form(&limits, t.csrf(), passkey_policy))
+        (super::budgets::section(&budgets, None, t.csrf(), passkey_policy))
     };
     Ok(shown("Agent access", &t.nav("/settings"), body))
 }

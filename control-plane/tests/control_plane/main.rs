@@ -11,6 +11,7 @@ mod charts;
 mod api_tokens;
 mod audit_and_activity;
 mod audit_chain;
+mod budgets;
 mod console_security;
 mod gatehousectl;
 mod id_jag;

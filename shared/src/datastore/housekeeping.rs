@@ -13,6 +13,8 @@ impl Services {
         for sql in [
             "DELETE FROM rate_windows WHERE window_start < now() - interval '1 hour'",
             "DELETE FROM replay_entries WHERE created_at < now() - interval '1 day'",
+            // Budget ledger rows past the longest window (30 days) count for nothing.
+            "DELETE FROM budget_usage WHERE at < now() - interval '31 days'",
             "DELETE FROM console_sessions WHERE expires_at < now()",
             "DELETE FROM login_throttle WHERE window_start < now() - interval '1 day'",
             "DELETE FROM oauth_requests WHERE expires_at < now() - interval '1 hour'",

@@ -163,6 +163,8 @@ pub struct AwaitingRow {
     pub creator_email: String,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// Why it waits because of a budget, when it does.
+    pub budget_reason: Option<String>,
 }
 
 impl Services {
@@ -175,7 +177,8 @@ impl Services {
     ) -> Result<Vec<AwaitingRow>> {
         Ok(sqlx::query_as::<_, AwaitingRow>(
             "SELECT p.handle, p.tool, p.summary, p.preview, c.name AS connection_name,
-                    c.client_name, pe.email AS creator_email, p.created_at, p.expires_at
+                    c.client_name, pe.email AS creator_email, p.created_at, p.expires_at,
+                    p.budget_reason
              FROM pending_actions p
              JOIN connections c ON c.id = p.connection_id
              JOIN people pe ON pe.id = c.creator_id

@@ -26,6 +26,7 @@ use crate::datastore::{
 use crate::error::{ActionRefusal, Error, Resource, Result};
 use crate::secret;
 use crate::services::approvals::{self, Completion, Decided};
+use crate::services::budgets;
 use crate::services::outcome::{
     Approval, Changed, Executed, ExecutedResult, ExecutedStatus, NothingChanged, Outcome, Preview,
     PreviewStatus, Rejected,
@@ -137,7 +138,7 @@ async fn apply(
                 .ok_or_else(|| Error::not_found(Resource::Booking, handle))?;
             Changed::Booking { booking: Box::new(views::booking(&after, false, now)) }
         }
-        Apply::Mute { id, until } => {
+        Apply::Mute { id, until, .. } => {
             db::alert_rule_mute(tx, ctx, *id, from_ts(*until)).await?;
             let tenant = ctx.tenant();
             Changed::Muted {
@@ -174,6 +175,10 @@ struct Completes {
 
 /// Stores a pending action for `plan` and returns the preview. An action a person must
 /// approve says so, and the members who could approve it are told through the outbox.
+///
+/// Budgets are checked here, under their locks: an action that would pass one waits for a
+/// person whatever the policy; one the agent may confirm reserves its effects, so the next
+/// preview on any worker counts it.
 #[expect(clippy::too_many_arguments, reason = "the rail's one storing step")]
 async fn store_preview(
     tx: &mut Tx<'static>,
@@ -185,6 +190,14 @@ async fn store_preview(
     now: Timestamp,
     completes: Completes,
 ) -> Result<Preview> {
+    let effects = plan.effects();
+    let over = budgets::check(tx, ctx, completes.connection_id, None, &effects).await?;
+    let budget = budgets::reason(&over);
+    let mut completes = completes;
+    if budget.is_some() && completes.mode == Completion::AgentConfirms {
+        completes.mode = Completion::PersonApproves;
+        completes.approver_not_creator = false;
+    }
     let previewed = At::fresh(now).previewed;
     let token =
         format!("cfm_{}", &secret::generate(secret::CredentialKind::Session)["gh_ses_".len()..]);
@@ -214,6 +227,13 @@ async fn store_preview(
         },
     )
     .await?;
+    match &budget {
+        Some(why) => budgets::note(tx, ctx, id, why).await?,
+        None if !person => {
+            budgets::reserve(tx, ctx, completes.connection_id, id, &effects).await?;
+        }
+        None => {}
+    }
     let action = format!("{}.preview", op.name());
     db::audit_insert(
         tx,
@@ -223,7 +243,7 @@ async fn store_preview(
             outcome: if person { "awaiting_approval" } else { "previewed" },
             targets: plan.targets.clone(),
             pending_action: Some(id),
-            reason: None,
+            reason: budget.as_deref(),
         },
     )
     .await?;
@@ -240,12 +260,11 @@ async fn store_preview(
         confirm_summary: summary,
         expires,
         effect: plan.preview.clone(),
-        next: if person {
-            approvals::awaiting_note(completes.approver_not_creator)
-        } else {
-            "Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action."
-        }
-        .to_owned(),
+        next: match (&budget, person) {
+            (Some(why), _) => approvals::over_budget_note(why),
+            (None, true) => approvals::awaiting_note(completes.approver_not_creator).to_owned(),
+            (None, false) => "Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action.".to_owned(),
+        },
         content_hash,
         expires_at: expires_at.timestamp(),
     })
@@ -489,14 +508,7 @@ async fn execute(
             return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
         }
         Completion::PersonApproves => {
-            db::pending_to_person(&mut tx, ctx, p.id, approver_not_creator).await?;
-            let completes =
-                Completes { connection_id: p.connection_id, mode, approver_not_creator };
-            let expires = db::pending_expiry(&mut tx, ctx, p.id).await?;
-            let expires = jiff::Timestamp::from_second(expires).unwrap_or(now);
-            let expires =
-                time::present(expires, &ctx.tenant().zone, &ctx.tenant().zone_name, now).display;
-            tell_approvers(&mut tx, ctx, op, (p.id, &p.handle), completes, &expires).await?;
+            to_person(&mut tx, ctx, op, &p, approver_not_creator, now).await?;
             tx.commit().await?;
             return Err(refused(
                 ActionRefusal::AwaitingApproval,
@@ -543,7 +555,52 @@ async fn execute(
         tx.commit().await?;
         return Err(Error::ChangedSincePreview { preview: Box::new(super::presented(&preview)?) });
     }
+    // The budgets again, under the action's lock and theirs: lowered since the preview, or
+    // used up by actions executed meanwhile, it goes to a person instead.
+    let over = budgets::check(&mut tx, ctx, p.connection_id, Some(p.id), &plan.effects()).await?;
+    if let Some(why) = budgets::reason(&over) {
+        to_person(&mut tx, ctx, op, &p, false, now).await?;
+        budgets::note(&mut tx, ctx, p.id, &why).await?;
+        let action = format!("{}.confirm", p.tool);
+        let entry = AuditEntry {
+            action: &action,
+            outcome: "awaiting_approval",
+            targets: Vec::new(),
+            pending_action: Some(p.id),
+            reason: Some(&why),
+        };
+        db::audit_insert(&mut tx, ctx, entry).await?;
+        tx.commit().await?;
+        return Err(refused(
+            ActionRefusal::AwaitingApproval,
+            format!(
+                "this action would go {why}: action {} now waits for a person's approval in the console",
+                p.handle
+            ),
+        ));
+    }
     run_once(tx, ctx, op, &p, &plan, None, now).await
+}
+
+/// Hands an action the agent was to confirm to a person, and tells who could approve it.
+async fn to_person(
+    tx: &mut Tx<'static>,
+    ctx: &OpCtx,
+    op: Op,
+    p: &db::PendingRow,
+    approver_not_creator: bool,
+    now: Timestamp,
+) -> Result<()> {
+    db::pending_to_person(tx, ctx, p.id, approver_not_creator).await?;
+    let completes = Completes {
+        connection_id: p.connection_id,
+        mode: Completion::PersonApproves,
+        approver_not_creator,
+    };
+    let expires = db::pending_expiry(tx, ctx, p.id).await?;
+    let expires = jiff::Timestamp::from_second(expires).unwrap_or(now);
+    let expires = time::present(expires, &ctx.tenant().zone, &ctx.tenant().zone_name, now).display;
+    tell_approvers(tx, ctx, op, (p.id, &p.handle), completes, &expires).await
 }
 
 /// Executes a re-planned action once and commits: its changes and messages, the action marked
@@ -577,6 +634,8 @@ async fn run_once(
         if let Some((person, reason)) = approved {
             db::pending_decided_by(&mut tx, ctx, p.id, Some(person), reason).await?;
         }
+        // What it did counts against its connection's budgets, whoever completed it.
+        budgets::count(&mut tx, ctx, p.connection_id, p.id, &plan.effects()).await?;
         let stored = serde_json::to_value(&out).map_err(|e| Error::Internal(e.to_string()))?;
         db::pending_decide(&mut tx, ctx, p.id, "executed", Some(&stored)).await?;
         db::audit_insert(

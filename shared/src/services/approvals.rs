@@ -280,6 +280,10 @@ pub struct Awaiting {
     pub asked_for_by: String,
     pub created_at: String,
     pub expires_at: String,
+    /// Why it waits for a person although the policy lets the agent confirm: the budget it
+    /// would pass and by how much ("over the customers_messaged budget by 3 (used 48 of 50 in
+    /// the last 1h)").
+    pub budget: Option<String>,
 }
 
 fn utc(t: chrono::DateTime<chrono::Utc>) -> String {
@@ -316,6 +320,7 @@ pub async fn awaiting(ds: &Services, ctx: &OpCtx) -> Result<Vec<Awaiting>> {
             asked_for_by: r.creator_email,
             created_at: utc(r.created_at),
             expires_at: utc(r.expires_at),
+            budget: r.budget_reason,
         })
         .collect())
 }
@@ -410,6 +415,13 @@ pub(crate) fn decision_reason(raw: &str) -> Result<String> {
 /// Not found, for a handle that names no waiting action of this tenant.
 pub(crate) fn no_such_action(raw: &str) -> Error {
     Error::not_found(Resource::Action, raw.chars().take(40).collect::<String>())
+}
+
+/// The preview shown when an action waits for a person because of a budget.
+pub(crate) fn over_budget_note(why: &str) -> String {
+    format!(
+        "This action would go {why}, so a person in this tenant must approve it in the Gatehouse console (Approvals); the agent cannot complete it. Nothing has happened yet. Call confirm_action with confirm_token and confirm_summary later to learn whether it was approved, denied or expired."
+    )
 }
 
 /// The preview shown when an action waits for a person.

@@ -115,12 +115,20 @@ pub struct ChangeView {
     pub targets: Vec<String>,
 }
 
+/// What this connection changed, and its budgets on effects used and left.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RecentChanges {
+    pub changes: Vec<ChangeView>,
+    /// This connection's budgets (and the tenant-wide ones the tenant set): an action that would pass one waits for a person.
+    pub budgets: Vec<crate::services::budgets::BudgetView>,
+}
+
 pub async fn list_recent_changes(
     ds: &Services,
     ctx: &OpCtx,
     input: &ListRecentChangesInput,
     now: Timestamp,
-) -> Result<Vec<ChangeView>> {
+) -> Result<RecentChanges> {
     let connection = ctx.connection().ok_or_else(|| {
         Error::invalid("connection", "recent changes are listed per agent connection")
     })?;
@@ -128,7 +136,7 @@ pub async fn list_recent_changes(
         n @ 1..=50 => i64::from(n),
         _ => return Err(Error::invalid("limit", "limit must be between 1 and 50")),
     };
-    Ok(ds
+    let changes = ds
         .audit_for_connection(ctx, connection.id, limit)
         .await?
         .into_iter()
@@ -138,7 +146,9 @@ pub async fn list_recent_changes(
             outcome: a.outcome,
             targets: a.targets,
         })
-        .collect())
+        .collect();
+    let budgets = crate::services::budgets::of_this_connection(ds, ctx).await?;
+    Ok(RecentChanges { changes, budgets })
 }
 
 // ------------------------------------------------------------------ two-step operations (R7)
@@ -201,7 +211,7 @@ impl Planned for MuteAlertsInput {
                 muted_until: r.muted_until.map(|m| m.timestamp()),
             })?,
             targets: vec![r.handle.clone()],
-            apply: Apply::Mute { id: r.id, until },
+            apply: Apply::Mute { id: r.id, until, minutes },
             messages: Vec::new(),
         })
     }

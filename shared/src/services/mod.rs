@@ -10,6 +10,7 @@ pub mod admin;
 pub mod approvals;
 pub mod audit;
 pub mod bookings;
+pub mod budgets;
 pub mod catalog;
 pub mod client_assertion;
 pub mod console;

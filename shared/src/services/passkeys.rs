@@ -163,6 +163,18 @@ impl Decision {
         )
     }
 
+    /// Raising a budget on effects (or removing a lower one): whose (a connection's handle or
+    /// `tenant`), its kind, and what it becomes (`none`: no tenant-wide budget).
+    pub fn raise_budget(scope: &str, kind: &str, to: Option<(i64, i64)>) -> Self {
+        let (limit, window) = match to {
+            Some((limit, window)) => (limit.to_string(), window.to_string()),
+            None => ("none".into(), "none".into()),
+        };
+        Decision::new("raise_budget", format!("{kind} for {scope}"))
+            .with("limit", limit)
+            .with("window_secs", window)
+    }
+
     /// Loosening the approval policy of a scope.
     pub fn loosen_approval_policy(scope: &str, mode: &str, approver_not_creator: bool) -> Self {
         Decision::new("loosen_approval_policy", scope)

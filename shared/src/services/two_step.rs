@@ -6,6 +6,7 @@
 //! (`services::planners`), so it knows no resource and no resource knows the rail.
 
 use jiff::Timestamp;
+use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -86,6 +87,74 @@ impl Op {
     pub fn by_name(name: &str) -> Option<Op> {
         Op::ALL.iter().copied().find(|o| o.name() == name)
     }
+
+    /// The kinds of effect the operation's plans count against budgets, its main one first.
+    /// A plan reports only these ([`Plan::effects`]); a registry-generated test checks that the
+    /// sample of every two-step tool counts its main kind.
+    pub fn effect_kinds(self) -> &'static [EffectKind] {
+        match self {
+            Op::SendCustomerMessage => &[EffectKind::CustomersMessaged],
+            Op::ConfirmBooking | Op::RescheduleBooking | Op::CancelBookings => {
+                &[EffectKind::BookingsChanged, EffectKind::CustomersMessaged]
+            }
+            Op::PageTechnician => &[EffectKind::TechniciansPaged],
+            Op::MuteAlerts => &[EffectKind::AlertMinutesMuted],
+            Op::DeleteCustomer | Op::DeleteBooking => &[EffectKind::RecordsDeleted],
+        }
+    }
+}
+
+/// What budgets count: effects, not calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectKind {
+    /// Distinct customers an action emails.
+    CustomersMessaged,
+    /// Bookings confirmed, moved or cancelled.
+    BookingsChanged,
+    /// Distinct technicians paged.
+    TechniciansPaged,
+    /// Alert rules muted × minutes muted.
+    AlertMinutesMuted,
+    /// Customers and bookings deleted.
+    RecordsDeleted,
+}
+
+impl EffectKind {
+    /// In a stable order: budgets are locked in this order, so two actions never wait on
+    /// each other's budget locks.
+    pub const ALL: &'static [EffectKind] = &[
+        EffectKind::CustomersMessaged,
+        EffectKind::BookingsChanged,
+        EffectKind::TechniciansPaged,
+        EffectKind::AlertMinutesMuted,
+        EffectKind::RecordsDeleted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectKind::CustomersMessaged => "customers_messaged",
+            EffectKind::BookingsChanged => "bookings_changed",
+            EffectKind::TechniciansPaged => "technicians_paged",
+            EffectKind::AlertMinutesMuted => "alert_minutes_muted",
+            EffectKind::RecordsDeleted => "records_deleted",
+        }
+    }
+
+    pub fn parse(field: &str, raw: &str) -> Result<EffectKind> {
+        EffectKind::ALL.iter().copied().find(|k| k.as_str() == raw.trim()).ok_or_else(|| {
+            Error::invalid_with_options(
+                field,
+                format!("{:?} is not a kind of effect", raw.chars().take(40).collect::<String>()),
+                EffectKind::ALL.iter().map(|k| k.as_str().to_owned()).collect(),
+            )
+        })
+    }
+
+    /// Its small index, for the budget's advisory lock.
+    pub(crate) fn index(self) -> i32 {
+        EffectKind::ALL.iter().position(|k| *k == self).unwrap_or(0) as i32
+    }
 }
 
 /// One message the effect sends.
@@ -110,6 +179,42 @@ pub(crate) struct Plan {
     pub(crate) messages: Vec<Message>,
 }
 
+impl Plan {
+    /// What the plan does, counted for budgets: derived here from what it sends and changes
+    /// (its messages and its `apply`), never reported by an operation on its own, so a new
+    /// operation cannot forget to count. Kinds without effect are left out.
+    pub(crate) fn effects(&self) -> Vec<(EffectKind, i64)> {
+        let distinct = |channel: &str| {
+            let mut to: Vec<&str> = self
+                .messages
+                .iter()
+                .filter(|m| m.channel == channel)
+                .map(|m| m.recipient.as_str())
+                .collect();
+            to.sort_unstable();
+            to.dedup();
+            to.len() as i64
+        };
+        let (changed, muted, deleted) = match &self.apply {
+            Apply::Nothing => (0, 0, 0),
+            Apply::SetStatus { ids, .. } => (ids.len() as i64, 0, 0),
+            Apply::Reschedule { .. } => (1, 0, 0),
+            Apply::Mute { minutes, .. } => (0, i64::from(*minutes), 0),
+            Apply::DeleteCustomer { .. } | Apply::DeleteBooking { .. } => (0, 0, 1),
+        };
+        [
+            (EffectKind::CustomersMessaged, distinct("email")),
+            (EffectKind::BookingsChanged, changed),
+            (EffectKind::TechniciansPaged, distinct("page")),
+            (EffectKind::AlertMinutesMuted, muted),
+            (EffectKind::RecordsDeleted, deleted),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    }
+}
+
 /// A plan's typed preview, as the object the caller is shown under `effect`.
 pub(crate) fn effect<T: Serialize>(preview: &T) -> Result<Map<String, Value>> {
     match serde_json::to_value(preview) {
@@ -129,7 +234,7 @@ pub(crate) enum Apply {
     Nothing,
     SetStatus { ids: Vec<(i64, String)>, status: &'static str },
     Reschedule { id: i64, handle: String, starts_at: Timestamp },
-    Mute { id: i64, until: Timestamp },
+    Mute { id: i64, until: Timestamp, minutes: u32 },
     DeleteCustomer { id: i64 },
     DeleteBooking { id: i64 },
 }

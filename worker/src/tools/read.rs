@@ -5,8 +5,8 @@ use serde::Serialize;
 use shared::rights::Right;
 use shared::services::bookings::{self, FindBookingsInput, GetBookingInput};
 use shared::services::catalog::{
-    self, AlertRuleView, ChangeView, FindAlertRulesInput, FindServicesInput,
-    ListRecentChangesInput, ServiceView,
+    self, AlertRuleView, FindAlertRulesInput, FindServicesInput, ListRecentChangesInput,
+    ServiceView,
 };
 use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
 use shared::services::technicians::{self, FindTechniciansInput};
@@ -48,11 +48,6 @@ pub struct AlertRulesOut {
     pub rules: Vec<AlertRuleView>,
 }
 
-#[derive(Serialize, JsonSchema)]
-pub struct ChangesOut {
-    pub changes: Vec<ChangeView>,
-}
-
 pub fn tools() -> Vec<ToolSpec> {
     vec![
         tool(
@@ -91,17 +86,14 @@ pub fn tools() -> Vec<ToolSpec> {
             Def {
                 name: "list_recent_changes",
                 title: "List recent changes",
-                description: "What this connection changed, newest first, from the audit log: action, outcome, the handles it touched and when.",
+                description: "What this connection changed, newest first, from the audit log: action, outcome, the handles it touched and when; and this connection's budgets on effects (customers messaged, bookings changed, technicians paged, alert-minutes muted, records deleted): used and left in their rolling window.",
                 class: EffectClass::Read,
                 access: Access::Always,
                 refs: &[],
                 untrusted: &[],
             },
             async |env: Env, input: ListRecentChangesInput| {
-                Ok(ChangesOut {
-                    changes: catalog::list_recent_changes(&env.ds, &env.ctx, &input, env.now)
-                        .await?,
-                })
+                catalog::list_recent_changes(&env.ds, &env.ctx, &input, env.now).await
             },
         ),
         tool(

@@ -6,6 +6,7 @@
 
 mod architecture;
 mod batches;
+mod budgets;
 mod entry;
 mod isolation;
 mod limits;

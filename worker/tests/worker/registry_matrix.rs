@@ -864,6 +864,50 @@ async fn every_two_step_tool_holds_every_confirmation_check() {
     assert_eq!(checked, 8, "every two-step tool");
 }
 
+/// Budgets count effects from every two-step tool's plan: its sample's preview reserves its
+/// main kind of effect and only kinds its operation declares, and executing it counts the same.
+#[tokio::test]
+async fn every_two_step_tool_counts_its_effects_against_the_budgets() {
+    use shared::services::actions::Op;
+    let stack = Stack::start().await;
+    let fixture = stack.fixture(0).await;
+    let token = stack.token(0, 0);
+    let mut checked = 0;
+    for spec in Registry::new().all().iter().filter(|s| two_step(s)) {
+        let name = spec.name;
+        let op = Op::by_name(name).expect("a two-step tool is an operation");
+        let p = stack.ok(&token, name, fixture.sample(name).expect("sample")).await;
+        assert_eq!(p["status"], "PREVIEW", "{name}");
+        let ledger = |counted: bool| {
+            let sql = format!(
+                "SELECT coalesce(string_agg(kind || '=' || amount, ',' ORDER BY kind), '') FROM budget_usage
+                 WHERE counted = {counted} AND pending_action_id = (SELECT id FROM pending_actions WHERE handle = '{}')",
+                p["action"].as_str().expect("h")
+            );
+            let stack = &stack;
+            async move { stack.db.scalar_string(&sql).await }
+        };
+        let reserved = ledger(false).await;
+        let declared: Vec<&str> = op.effect_kinds().iter().map(|k| k.as_str()).collect();
+        let main = declared[0];
+        assert!(
+            reserved.split(',').any(|e| e.starts_with(&format!("{main}="))),
+            "{name}: its preview reserves {main}: {reserved:?}"
+        );
+        for entry in reserved.split(',') {
+            let kind = entry.split('=').next().expect("kind");
+            assert!(declared.contains(&kind), "{name} counts {kind}, which it does not declare");
+        }
+        stack
+            .ok(&token, "confirm_action", json!({"confirm_token": p["confirm_token"], "confirm_summary": p["confirm_summary"]}))
+            .await;
+        assert_eq!(ledger(true).await, reserved, "{name}: what executed counts as reserved");
+        assert_eq!(ledger(false).await, "", "{name}: the reservation is gone");
+        checked += 1;
+    }
+    assert_eq!(checked, Op::ALL.len(), "every two-step tool");
+}
+
 #[tokio::test]
 async fn third_party_text_and_secrets_hold_for_every_tool() {
     let stack = Stack::start().await;

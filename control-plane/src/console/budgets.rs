@@ -1,0 +1,135 @@
+//! Budgets on effects in the console: a connection's (on its page) and the tenant-wide ones
+//! (on Agent access), used and left, and the forms that set them. Raising one is a widening
+//! decision: the forms carry `data-passkey` and `passkeys::decision_of` names it.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Redirect};
+use maud::{Markup, html};
+use shared::error::Error;
+use shared::services::budgets::{self, BudgetSet, BudgetView, Scope};
+
+use super::extract::{CsrfForm, Fields, Tenant};
+use super::layout::csrf_field;
+use super::{Answer, segment};
+use crate::AppState;
+
+/// The budgets as a table with a form per row: a connection's (`connection` given) or the
+/// tenant's. A tenant-wide budget not set yet gets a row to set it.
+pub(super) fn section(
+    shown: &[BudgetView],
+    connection: Option<&str>,
+    csrf: &str,
+    passkey: bool,
+) -> Markup {
+    let scope = if connection.is_some() { Scope::Connection } else { Scope::Tenant };
+    let rows: Vec<&BudgetView> = shown.iter().filter(|b| b.scope == scope).collect();
+    let unset: Vec<&budgets::EffectKind> = budgets::EffectKind::ALL
+        .iter()
+        .filter(|k| scope == Scope::Tenant && !rows.iter().any(|b| b.kind == **k))
+        .collect();
+    html! {
+        div class="card" id={ "budgets-" (if connection.is_some() { "connection" } else { "tenant" }) } {
+            @if connection.is_some() {
+                h2 { "Budgets" }
+                p { "How much this connection may do in a rolling window, counted in effects (customers messaged, bookings confirmed, moved or cancelled, technicians paged, alert-minutes muted, records deleted). An action that would pass a budget waits for a person under Approvals, whatever the approval policy." }
+            } @else {
+                h2 { "Tenant-wide budgets" }
+                p { "Optional: how much all of this tenant's connections together may do in a rolling window. Each connection also has its own budget (on its page)." }
+            }
+            table {
+                thead { tr { th { "Effect" } th { "Used" } th { "Left" } th { "Budget" } } }
+                tbody {
+                    @for b in &rows {
+                        tr data-budget=(b.kind.as_str()) {
+                            td { code { (b.kind.as_str()) } }
+                            td { (b.used) }
+                            td { (b.left) }
+                            td {
+                                (form(connection, b.kind.as_str(), Some((b.limit, &b.window)), csrf, passkey))
+                                @if b.default { " " small { "(default)" } }
+                                @else {
+                                    " "
+                                    form method="post" action="/budgets" class="inline" data-passkey[passkey] {
+                                        (csrf_field(csrf))
+                                        @if let Some(c) = connection { input type="hidden" name="connection" value=(c); }
+                                        input type="hidden" name="kind" value=(b.kind.as_str());
+                                        input type="hidden" name="limit" value="default";
+                                        button type="submit" class="plain" {
+                                            @if connection.is_some() { "Back to default" } @else { "Remove" }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    @for k in &unset {
+                        tr data-budget=(k.as_str()) {
+                            td { code { (k.as_str()) } }
+                            td { "—" } td { "no limit" }
+                            td { (form(None, k.as_str(), None, csrf, passkey)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn form(
+    connection: Option<&str>,
+    kind: &str,
+    now: Option<(i64, &str)>,
+    csrf: &str,
+    passkey: bool,
+) -> Markup {
+    html! {
+        form method="post" action="/budgets" class="inline" data-passkey[passkey] {
+            (csrf_field(csrf))
+            @if let Some(c) = connection { input type="hidden" name="connection" value=(c); }
+            input type="hidden" name="kind" value=(kind);
+            input type="number" name="limit" min="0" max=(budgets::MAX_LIMIT) value=[now.map(|n| n.0)] aria-label={ "Budget of " (kind) } required;
+            " per "
+            input type="text" name="window" size="4" maxlength="6" value=(now.map(|n| n.1).unwrap_or("24h")) aria-label={ "Window of " (kind) } required;
+            " "
+            button type="submit" { "Save" }
+        }
+    }
+}
+
+/// A budget form's fields: a missing limit is an error, never a default.
+pub(super) fn fields(form: &Fields) -> Result<BudgetSet<'_>, Error> {
+    let limit = match form.get("limit").map(str::trim) {
+        Some("default") => None,
+        Some(n) => {
+            Some(n.parse::<i64>().map_err(|_| Error::invalid("limit", "a whole number of units"))?)
+        }
+        None => return Err(Error::invalid("limit", "say how many units, or default")),
+    };
+    let window_secs = match form.get("window").map(str::trim).filter(|w| !w.is_empty()) {
+        Some(w) => Some(budgets::parse_window(w)?),
+        None => None,
+    };
+    Ok(BudgetSet {
+        connection: form.get("connection").map(str::trim).filter(|c| !c.is_empty()),
+        kind: form.get("kind").unwrap_or_default(),
+        limit,
+        window_secs,
+    })
+}
+
+pub(super) async fn set(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    let set = fields(&form)?;
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    budgets::set(&state.ds, &ctx, &set).await?;
+    let back = match set.connection {
+        Some(c) => format!("/connections/{}", segment(c)),
+        None => "/settings".to_owned(),
+    };
+    Ok(Redirect::to(&back).into_response())
+}
