@@ -66,6 +66,8 @@ pub struct AppState {
     pub capacity: Arc<tokio::sync::Semaphore>,
     /// The `subscriptions/listen` streams this worker holds.
     pub streams: Arc<listen::Streams>,
+    /// Listen streams re-reading their context at once (one push may wake thousands).
+    pub rechecks: Arc<tokio::sync::Semaphore>,
 }
 
 /// Requests a worker serves at once unless told otherwise (`--max-inflight`).
@@ -83,6 +85,7 @@ impl AppState {
             activity: Default::default(),
             capacity: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_INFLIGHT)),
             streams: Arc::new(listen::Streams::default()),
+            rechecks: Arc::new(tokio::sync::Semaphore::new(listen::RECHECKS_AT_ONCE)),
         }
     }
 

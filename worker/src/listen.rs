@@ -24,6 +24,9 @@ use tokio::sync::Notify;
 
 /// Listen streams one connection may hold open at once, on one worker.
 pub const MAX_PER_CONNECTION: usize = 8;
+/// Streams re-reading their context at once on one worker: a push that wakes thousands makes
+/// a queue, not a stampede on the database pool.
+pub const RECHECKS_AT_ONCE: usize = 8;
 /// Listen streams one worker holds at most unless told otherwise (`--max-listen-streams`).
 pub const DEFAULT_MAX_PER_WORKER: usize = 20_000;
 

@@ -139,6 +139,9 @@ impl Server {
         let tenant = first.ctx.tenant().handle.to_string();
         let connection = first.ctx.connection().map(|c| c.handle.to_string()).unwrap_or_default();
         let metrics = &self.state.metrics;
+        // Declared before the registration, so it is dropped after it: the gauge is read
+        // once this stream is out of the count.
+        let _gauge = scopeguard(self.state.clone());
         let registered = match self.state.streams.open(&tenant, &connection) {
             Ok(r) => r,
             Err(full) => {
@@ -148,7 +151,7 @@ impl Server {
         };
         metrics.listen_events.with_label_values(&["opened"]).inc();
         metrics.listen_streams.set(self.state.streams.open_count() as i64);
-        let _gauge = scopeguard(self.state.clone());
+        let tells = subscription.accepted().tools_list_changed == Some(true);
         let mut seen = self.list_digest(&first).await?;
         let mut expires_at = first.expires_at;
         loop {
@@ -162,6 +165,13 @@ impl Server {
                 _ = tokio::time::sleep(until_expiry.unwrap_or(std::time::Duration::MAX)),
                     if until_expiry.is_some() => {}
             }
+            // A credential past its expiry ends the stream without asking Postgres.
+            if expires_at.is_some_and(|at| at <= jiff::Timestamp::now()) {
+                metrics.listen_events.with_label_values(&["ended"]).inc();
+                return Ok(());
+            }
+            // Re-reads are bounded per worker: one push may wake thousands of streams.
+            let slot = self.state.rechecks.acquire().await;
             // As a new request would: the credential, its rights, the creator, the switches.
             let fresh = match shared::auth::authenticate_mcp(
                 &self.state.ds,
@@ -179,13 +189,25 @@ impl Server {
                     return Ok(());
                 }
                 Err(e) => {
-                    // The database is away: the next change, or NATS coming back, looks again.
+                    // The database is away: look again in a moment (and at the next change).
                     tracing::warn!(error = %e, "listen stream could not re-read its context");
+                    drop(slot);
+                    registered.wake.notify_one();
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     continue;
                 }
             };
             expires_at = fresh.expires_at;
-            let now = self.list_digest(&fresh).await?;
+            let now = match self.list_digest(&fresh).await {
+                Ok(now) => now,
+                Err(_) => {
+                    drop(slot);
+                    registered.wake.notify_one();
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            drop(slot);
             if now == seen {
                 metrics.listen_events.with_label_values(&["unchanged"]).inc();
                 tracing::debug!(connection = %connection, "listen stream woken; tool list unchanged");
@@ -193,6 +215,9 @@ impl Server {
             }
             tracing::debug!(connection = %connection, "listen stream woken; tool list changed");
             seen = now;
+            if !tells {
+                continue;
+            }
             let changed = ServerNotification::ToolListChangedNotification(
                 ToolListChangedNotification::default(),
             );
@@ -209,9 +234,7 @@ fn scopeguard(state: Arc<AppState>) -> impl Drop {
     struct Gauge(Arc<AppState>);
     impl Drop for Gauge {
         fn drop(&mut self) {
-            // The stream's own registration is dropped after this guard: count it out.
-            let open = self.0.streams.open_count().saturating_sub(1);
-            self.0.metrics.listen_streams.set(open as i64);
+            self.0.metrics.listen_streams.set(self.0.streams.open_count() as i64);
         }
     }
     Gauge(state)
@@ -246,10 +269,8 @@ impl ServerHandler for Server {
     }
 
     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
-        if subscription.accepted().tools_list_changed != Some(true) {
-            subscription.cancelled().await;
-            return Ok(());
-        }
+        // Every stream, whatever it asked for, is registered (bounded) and ends with its
+        // credential; only one that asked for tools is ever told anything.
         self.follow_tool_list(subscription).await
     }
 

@@ -73,9 +73,14 @@ pub async fn start(
     tool: &'static str,
     args: Value,
 ) -> Result<CreateTaskResult, ErrorData> {
-    let view = tasks::create(&state.ds, ctx, tool, &state.settings.worker_id)
-        .await
-        .map_err(|e| unavailable(&e))?;
+    let view = match tasks::create(&state.ds, ctx, tool, &state.settings.worker_id).await {
+        Ok(view) => view,
+        // Past the connection's bound on working tasks: said plainly, nothing started.
+        Err(shared::Error::WrongState { message, .. }) => {
+            return Err(ErrorData::invalid_request(message, None));
+        }
+        Err(e) => return Err(unavailable(&e)),
+    };
     let connection = ctx.connection().map(|c| c.handle.as_str()).unwrap_or_default();
     // Registered before the answer leaves: a revocation pushed from now on cancels the run.
     let inflight = state.live.register(connection);

@@ -313,14 +313,15 @@ impl ServerHandler for Fixture {
         &self,
         subscription: rmcp::service::SubscriptionContext,
     ) -> Result<(), ErrorData> {
-        if subscription.accepted().tools_list_changed != Some(true) {
-            subscription.cancelled().await;
-            return Ok(());
-        }
+        // Registered (bounded) whatever it asked for; told only if it asked for tools.
         let registered = self
             .streams
             .open("fixture", "fixture")
             .map_err(|full| ErrorData::invalid_request(full.message(), None))?;
+        if subscription.accepted().tools_list_changed != Some(true) {
+            subscription.cancelled().await;
+            return Ok(());
+        }
         let mut seen = self.dynamic.load(std::sync::atomic::Ordering::Acquire);
         loop {
             tokio::select! {

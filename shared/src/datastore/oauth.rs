@@ -329,16 +329,21 @@ pub(crate) async fn preauth_token_mark_used(tx: &mut Tx<'_>, id: i64) -> Result<
 }
 
 /// Deletes one access token by hash; returns whether it existed.
+/// Deletes an access token; returns its tenant's handle when there was one (listen streams
+/// opened with it are told to look again).
 pub(crate) async fn preauth_access_token_delete(
     tx: &mut Tx<'_>,
     token_hash: &[u8],
-) -> Result<bool> {
-    Ok(sqlx::query("DELETE FROM connection_tokens WHERE token_hash = $1 AND kind = 'access'")
-        .bind(token_hash)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected()
-        > 0)
+) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar::<_, String>(
+        "WITH gone AS (DELETE FROM connection_tokens WHERE token_hash = $1 AND kind = 'access'
+                       RETURNING connection_id)
+         SELECT t.handle FROM gone JOIN connections c ON c.id = gone.connection_id
+         JOIN tenants t ON t.id = c.tenant_id",
+    )
+    .bind(token_hash)
+    .fetch_optional(&mut **tx)
+    .await?)
 }
 
 impl Services {

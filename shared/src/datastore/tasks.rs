@@ -30,9 +30,15 @@ macro_rules! task_columns {
     };
 }
 
+/// Stores a task unless the connection has `$7` working already (decided in the statement,
+/// under the connection's row lock, so concurrent calls on two workers cannot both pass).
 const TASK_CREATE_SQL: &str = concat!(
-    "INSERT INTO tasks (handle, tenant_id, connection_id, tool, worker, expires_at)
-     VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6::double precision / 1000))
+    "WITH held AS (SELECT id FROM connections WHERE id = $3 AND tenant_id = $2 FOR UPDATE)
+     INSERT INTO tasks (handle, tenant_id, connection_id, tool, worker, expires_at)
+     SELECT $1, $2, $3, $4, $5, now() + make_interval(secs => $6::double precision / 1000)
+     FROM held
+     WHERE (SELECT count(*) FROM tasks WHERE connection_id = $3 AND status = 'working'
+            AND expires_at > now()) < $7
      RETURNING ",
     task_columns!()
 );
@@ -58,16 +64,21 @@ impl Services {
         tool: &str,
         worker: &str,
         ttl_ms: i64,
-    ) -> Result<TaskRow> {
-        Ok(sqlx::query_as::<_, TaskRow>(TASK_CREATE_SQL)
+        max_working: i64,
+    ) -> Result<Option<TaskRow>> {
+        let mut tx = self.begin().await?;
+        let row = sqlx::query_as::<_, TaskRow>(TASK_CREATE_SQL)
             .bind(handle)
             .bind(ctx.tenant_id())
             .bind(connection_of(ctx)?)
             .bind(tool)
             .bind(worker)
             .bind(ttl_ms)
-            .fetch_one(self.pool())
-            .await?)
+            .bind(max_working)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(row)
     }
 
     /// The context's task by handle, unexpired; first failing it when it has been working

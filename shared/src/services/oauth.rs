@@ -546,24 +546,25 @@ pub async fn approve(
             "you are no longer an active member of this tenant".into(),
         ));
     }
-    let (connection_id, handle) =
-        match db::oauth_connection_find(&mut tx, ctx, person_id, &client.client_id).await? {
-            Some(found) => found,
-            None => {
-                let handle = ConnectionHandle::generate();
-                let id = db::connection_insert(
-                    &mut tx,
-                    ctx,
-                    handle.as_str(),
-                    person_id,
-                    &client.client_name,
-                    &client.client_name,
-                    &granted.names(),
-                )
-                .await?;
-                (id, handle.to_string())
-            }
-        };
+    let existing = db::oauth_connection_find(&mut tx, ctx, person_id, &client.client_id).await?;
+    let regranted = existing.is_some();
+    let (connection_id, handle) = match existing {
+        Some(found) => found,
+        None => {
+            let handle = ConnectionHandle::generate();
+            let id = db::connection_insert(
+                &mut tx,
+                ctx,
+                handle.as_str(),
+                person_id,
+                &client.client_name,
+                &client.client_name,
+                &granted.names(),
+            )
+            .await?;
+            (id, handle.to_string())
+        }
+    };
     // A new consent replaces the grant: tokens of an earlier one end, so none of them gains the
     // rights approved now.
     db::connection_tokens_end(&mut tx, ctx, connection_id).await?;
@@ -588,12 +589,15 @@ pub async fn approve(
     .await?;
     db::audit_insert(&mut tx, ctx, AuditEntry::ok("connection.authorize", vec![handle])).await?;
     tx.commit().await?;
-    // A consent that changed an existing grant changes what its streams list.
-    crate::bus::publish(
-        ds.bus(),
-        crate::bus::Event::TenantChanged { tenant: ctx.tenant().handle.to_string() },
-    )
-    .await;
+    // A consent that replaced an existing grant changes what its streams list (a new
+    // connection has none yet).
+    if regranted {
+        crate::bus::publish(
+            ds.bus(),
+            crate::bus::Event::TenantChanged { tenant: ctx.tenant().handle.to_string() },
+        )
+        .await;
+    }
     Ok(code)
 }
 
@@ -808,8 +812,10 @@ pub async fn revoke(
         }
     }
     let mut tx = ds.begin().await?;
-    if db::preauth_access_token_delete(&mut tx, &hash).await? {
+    if let Some(tenant) = db::preauth_access_token_delete(&mut tx, &hash).await? {
         tx.commit().await.map_err(Error::from)?;
+        // A listen stream opened with this token re-reads its context and ends.
+        crate::bus::publish(ds.bus(), crate::bus::Event::TenantChanged { tenant }).await;
         return Ok(());
     }
     match db::preauth_refresh_lock(&mut tx, &hash).await? {

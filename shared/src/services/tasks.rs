@@ -91,8 +91,19 @@ fn require_connection(ctx: &OpCtx) -> Result<()> {
 pub async fn create(ds: &Services, ctx: &OpCtx, tool: &str, worker: &str) -> Result<TaskView> {
     require_connection(ctx)?;
     let handle = TaskHandle::generate();
-    Ok(ds.task_create(ctx, handle.as_str(), tool, worker, TTL_MS).await?.into())
+    match ds.task_create(ctx, handle.as_str(), tool, worker, TTL_MS, MAX_WORKING).await? {
+        Some(row) => Ok(row.into()),
+        None => Err(Error::WrongState {
+            message: format!(
+                "this connection has {MAX_WORKING} tasks working already; wait for one to finish (tasks/get) or cancel one (tasks/cancel), then call again"
+            ),
+            use_instead: None,
+        }),
+    }
 }
+
+/// Tasks one connection may have working at once, across all workers.
+pub const MAX_WORKING: i64 = 4;
 
 /// The context's task, or `None` for a task that is unknown, expired, malformed or another
 /// connection's: the caller cannot tell these apart.
