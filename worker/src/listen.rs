@@ -27,8 +27,9 @@ pub const MAX_PER_CONNECTION: usize = 8;
 /// Streams re-reading their context at once on one worker: a push that wakes thousands makes
 /// a queue, not a stampede on the database pool.
 pub const RECHECKS_AT_ONCE: usize = 8;
-/// Listen streams one worker holds at most unless told otherwise (`--max-listen-streams`).
-pub const DEFAULT_MAX_PER_WORKER: usize = 20_000;
+/// Listen streams one worker holds at most unless told otherwise (`--max-listen-streams`):
+/// about 1 GiB of memory at the measured 100 KiB a stream (docs/benchmarks.md).
+pub const DEFAULT_MAX_PER_WORKER: usize = 10_000;
 
 /// The streams this worker holds, by tenant and by connection (both by handle).
 pub struct Streams {

@@ -144,6 +144,8 @@ pub(super) async fn page(
             (found.rows.len()) " rows" @if found.next.is_some() { " on this page" }
             " · "
             a href=(search.csv_href()) download { "Export everything that matches as CSV" }
+            " · "
+            a href="/audit/webhook" { "Send it to your SIEM (webhook)" }
         }
         table {
             thead { tr { th { "When (UTC)" } th { "Channel" } th { "Action" } th { "Outcome" } th { "Records" } th { "Connection" } th { "Client" } th { "Proven by" } } }

@@ -23,6 +23,7 @@ mod people;
 mod settings;
 mod sign_in;
 mod sso;
+mod webhook;
 
 use std::sync::Arc;
 
@@ -90,6 +91,9 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/settings/agent-access", post(settings::agent_access))
         .route("/audit", get(audit::page))
         .route("/audit.csv", get(audit::csv))
+        .route("/audit/webhook", get(webhook::page).post(webhook::set))
+        .route("/audit/webhook/rotate", post(webhook::rotate))
+        .route("/audit/webhook/remove", post(webhook::remove))
         .route("/activity", get(activity::page))
         .route("/messages", get(messages::page))
         .route("/operator", get(operator::page))

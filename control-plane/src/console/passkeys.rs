@@ -267,6 +267,14 @@ async fn decision_of(
             Some(id_jag::client_decision(form.get("name").unwrap_or_default()))
         }
         ["account", "passkeys", handle, "remove"] => Some(Decision::remove_passkey(handle)),
+        ["audit", "webhook"] => {
+            Some(Decision::audit_webhook("set", form.get("url").unwrap_or_default()))
+        }
+        ["audit", "webhook", "rotate"] => {
+            let ctx = need_ctx()?;
+            let url = shared::services::audit::webhook_show(ds, ctx).await?.map(|w| w.url);
+            Some(Decision::audit_webhook("rotate", url.as_deref().unwrap_or_default()))
+        }
         ["people", "role"] => {
             let role: Role = form.get("role").unwrap_or_default().parse()?;
             admin::role_decision(ds, need_ctx()?, form.get("email").unwrap_or_default(), role)

@@ -249,3 +249,71 @@ async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoi
         "deliveries start with the events after the webhook was set"
     );
 }
+
+/// The console's audit webhook page: an admin sends the log to a URL (the SSRF guard as for
+/// the CLI), sees the secret once, rotates it, and stops it; a viewer cannot; under the
+/// tenant's passkey policy a session alone cannot point the log somewhere else.
+#[tokio::test]
+async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let page = admin.get("/audit/webhook").await.text().await.expect("html");
+    assert!(page.contains("No audit webhook"), "{page}");
+    let csrf = form_fields(&page, "/audit/webhook")
+        .into_iter()
+        .find(|(k, _)| k == "csrf")
+        .map(|(_, v)| v)
+        .expect("csrf");
+    let field = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    let set = admin
+        .post("/audit/webhook", &[field("csrf", &csrf), field("url", "http://127.0.0.1:9/siem")])
+        .await;
+    assert_eq!(set.status(), 200);
+    let shown = set.text().await.expect("html");
+    let secret = shown
+        .split("id=\"webhook-secret\">")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .expect("the secret, shown once")
+        .to_owned();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    let again = admin.get("/audit/webhook").await.text().await.expect("html");
+    assert!(!again.contains(&secret) && again.contains("http://127.0.0.1:9/siem"), "{again}");
+    let rotated = admin
+        .post("/audit/webhook/rotate", &[field("csrf", &csrf)])
+        .await
+        .text()
+        .await
+        .expect("html");
+    assert!(rotated.contains("whsec_") && !rotated.contains(&secret), "a new secret, once");
+    // A forged form changes nothing.
+    let forged = admin.post("/audit/webhook", &[field("url", "https://evil.example/x")]).await;
+    assert_eq!(forged.status(), 403);
+    // Under the passkey policy, pointing the log elsewhere needs a passkey.
+    api._db.exec("UPDATE tenants SET decisions_need_passkey = true").await;
+    let moved = admin
+        .post(
+            "/audit/webhook",
+            &[field("csrf", &csrf), field("url", "http://127.0.0.1:9/elsewhere")],
+        )
+        .await;
+    assert_eq!(moved.status(), 403);
+    assert!(moved.text().await.expect("html").contains("needs a passkey"));
+    let url = api._db.scalar_string("SELECT url FROM audit_webhooks LIMIT 1").await;
+    assert_eq!(url, "http://127.0.0.1:9/siem", "nothing changed");
+    let removed = admin.post("/audit/webhook/remove", &[field("csrf", &csrf)]).await;
+    assert_eq!(removed.status(), 303, "stopping stays one step");
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM audit_webhooks").await, 0);
+    assert!(
+        api._db
+            .scalar_i64(
+                "SELECT count(*) FROM audit_log WHERE action LIKE 'audit_webhook.%' AND channel = 'console'"
+            )
+            .await
+            >= 3,
+        "set, rotate and remove are audited"
+    );
+}

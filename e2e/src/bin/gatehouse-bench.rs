@@ -1612,7 +1612,10 @@ fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
          | another tenant's streams told of the change | {told} of {unaffected} streams × {rounds} changes |\n\n\
          {verdict} Each change goes through `approvals::policy_set` (as the console and the CLI do); the\n\
          workers learn it from the NATS push, re-read each woken stream's context (one query), and compare\n\
-         the tool lists. The idle streams use {per} streams per connection (the per-connection bound).\n",
+         the tool lists. The idle streams use {per} streams per connection (the per-connection bound).\n\n\
+         An idle stream costs no CPU and no query; its memory is mostly the per-request rmcp service\n\
+         that answers it (its channels and request context) and the HTTP connection's buffers, so\n\
+         `--max-listen-streams` (default {bound}) is sized to the worker's memory at about this figure each.\n",
         date = jiff::Timestamp::now().strftime("%Y-%m-%d"),
         idle = f.idle_streams,
         opened = f.opened_in_secs,
@@ -1630,6 +1633,7 @@ fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
         told = f.unaffected_told,
         unaffected = f.unaffected,
         per = worker::listen::MAX_PER_CONNECTION,
+        bound = worker::listen::DEFAULT_MAX_PER_WORKER,
     );
     let current = std::fs::read_to_string(out).unwrap_or_default();
     let updated = match current.find("## Listen streams") {

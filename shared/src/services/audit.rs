@@ -786,6 +786,14 @@ pub async fn webhook_set(
         .await
         .map_err(|why| Error::invalid("url", format!("the webhook URL is refused: {why}")))?;
     let existing = ds.audit_webhook_get(ctx).await?;
+    // Where the tenant's log goes is a widening decision: under the passkey policy it needs
+    // a passkey made for this URL.
+    crate::services::passkeys::require_now(
+        ds,
+        ctx,
+        &crate::services::passkeys::Decision::audit_webhook("set", url),
+    )
+    .await?;
     let secret = existing.is_none().then(new_secret);
     let sealed = match &secret {
         Some(s) => seal_keys(ds)?.seal(WEBHOOK_PURPOSE, s.as_bytes()).map_err(Error::Internal)?,
@@ -808,6 +816,13 @@ pub async fn webhook_rotate(ds: &Services, ctx: &OpCtx) -> Result<WebhookSecret>
     let sealed =
         seal_keys(ds)?.seal(WEBHOOK_PURPOSE, secret.as_bytes()).map_err(Error::Internal)?;
     let mut tx = ds.begin().await?;
+    let url = ds.audit_webhook_get(ctx).await?.map(|w| w.url).unwrap_or_default();
+    crate::services::passkeys::require(
+        &mut tx,
+        ctx,
+        &crate::services::passkeys::Decision::audit_webhook("rotate", &url),
+    )
+    .await?;
     if !db::audit_webhook_rotate(&mut tx, ctx, &sealed, ROTATION_OVERLAP_SECS).await? {
         return Err(Error::invalid("webhook", "no audit webhook is configured; set one first"));
     }

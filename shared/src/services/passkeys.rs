@@ -187,6 +187,11 @@ impl Decision {
         Decision::new("passkey_policy_off", "tenant")
     }
 
+    /// Sending the tenant's audit events to a URL, or a new secret for the receiver.
+    pub fn audit_webhook(change: &str, url: &str) -> Self {
+        Decision::new("audit_webhook", change).with("url", url.trim())
+    }
+
     /// Removing one of one's own passkeys.
     pub fn remove_passkey(handle: &str) -> Self {
         Decision::new("remove_passkey", handle).tenantless()
@@ -224,6 +229,14 @@ pub(crate) async fn require(tx: &mut Tx<'_>, ctx: &OpCtx, decision: &Decision) -
         return Ok(());
     }
     check(ctx, decision)
+}
+
+/// [`require`] for a decision made outside a transaction of its own.
+pub(crate) async fn require_now(ds: &Services, ctx: &OpCtx, decision: &Decision) -> Result<()> {
+    let mut tx = ds.begin().await?;
+    require(&mut tx, ctx, decision).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// The proof on the context holds for this decision (the policy already applies).
