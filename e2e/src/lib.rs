@@ -222,6 +222,9 @@ pub struct Stack {
     /// The key specification every worker seals multi round-trip state with.
     mrtr_keys: String,
     env: Vec<(String, String)>,
+    control_port: u16,
+    control_args: Vec<String>,
+    smtp_url: Option<String>,
 }
 
 fn spawn_logged(name: &str, mut cmd: Command, run_dir: &Path) -> Result<Proc> {
@@ -341,22 +344,13 @@ impl Stack {
             db_pool: opts.db_pool,
             mrtr_keys: shared::seal::SealKeys::generate("dev1"),
             env: env.clone(),
+            control_port,
+            control_args: opts.control_args.clone(),
+            smtp_url: opts.smtp_url.clone(),
         };
 
         stack.start_nats()?;
-        let mut cp = Command::new(bin("control-plane")?);
-        cp.args(["--listen", &format!("127.0.0.1:{control_port}"), "--public-url", &control_url])
-            .args(["--mcp-resource", &format!("{lb_url}/mcp")])
-            .args(opts.smtp_url.iter().flat_map(|u| ["--smtp-url", u.as_str()]))
-            .args(&opts.control_args)
-            .env("DATABASE_URL", &database_url)
-            .env("NATS_URL", &nats_url)
-            .env("RUST_LOG", &opts.log_level)
-            .env("GATEHOUSE_DB_POOL", opts.db_pool.to_string())
-            .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
-            .env("GATEHOUSE_AUDIT_SIGNING_KEYS", AUDIT_SIGNING_KEYS)
-            .envs(env.iter().map(|(k, v)| (k, v)));
-        stack.procs.push(spawn_logged("control-plane", cp, &opts.run_dir)?);
+        stack.start_control_plane()?;
         for i in 0..opts.workers {
             stack.start_worker(i)?;
         }
@@ -376,6 +370,42 @@ impl Stack {
         }
         wait_ready(&format!("{lb_url}/readyz"), Duration::from_secs(30)).await?;
         Ok(stack)
+    }
+
+    /// Starts (or restarts) the control plane on its port.
+    pub fn start_control_plane(&mut self) -> Result<()> {
+        let mut cp = Command::new(bin("control-plane")?);
+        cp.args([
+            "--listen",
+            &format!("127.0.0.1:{}", self.control_port),
+            "--public-url",
+            &self.control_url,
+        ])
+        .args(["--mcp-resource", &format!("{}/mcp", self.lb_url)])
+        .args(self.smtp_url.iter().flat_map(|u| ["--smtp-url", u.as_str()]))
+        .args(&self.control_args)
+        .env("DATABASE_URL", &self.database_url)
+        .env("NATS_URL", &self.nats_url)
+        .env("RUST_LOG", &self.opts_log)
+        .env("GATEHOUSE_DB_POOL", self.db_pool.to_string())
+        .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
+        .env("GATEHOUSE_AUDIT_SIGNING_KEYS", AUDIT_SIGNING_KEYS)
+        .envs(self.env.iter().map(|(k, v)| (k, v)));
+        self.procs.retain(|p| p.name != "control-plane");
+        self.procs.push(spawn_logged("control-plane", cp, &self.run_dir)?);
+        Ok(())
+    }
+
+    /// Kills the control plane (SIGKILL), as a crashed pod would die.
+    pub fn kill_control_plane(&mut self) -> Result<()> {
+        let p = self
+            .procs
+            .iter_mut()
+            .find(|p| p.name == "control-plane")
+            .ok_or_else(|| anyhow!("no control plane"))?;
+        p.child.kill()?;
+        p.child.wait()?;
+        Ok(())
     }
 
     /// Starts (or restarts) worker `i` on its port.

@@ -4,6 +4,7 @@
 //! One test binary (STYLE 6), one module per concern.
 
 mod approvals;
+mod audit_webhook;
 mod bench;
 mod clients;
 mod console;
