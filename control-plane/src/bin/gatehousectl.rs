@@ -145,6 +145,15 @@ enum AuditCmd {
     /// Chain every queued row and sign every chain head now (the control plane does both on
     /// its own; this is for maintenance and before retention).
     Checkpoint,
+    /// Retention: drop the tenant's audit rows written before a day, up to the newest signed
+    /// checkpoint that old (the rest stays verifiable from it); never an undelivered event.
+    Prune {
+        #[command(flatten)]
+        t: InTenant,
+        /// A day (2026-01-31, UTC) or an instant (RFC 3339).
+        #[arg(long)]
+        before: String,
+    },
     /// The tenant's SIEM webhook: every audit event, in order, signed (Standard Webhooks).
     #[command(subcommand)]
     Webhook(AuditWebhookCmd),
@@ -1162,6 +1171,23 @@ async fn audit(
                 text.push_str(&format!("\n{} row(s) not chained yet", v.pending));
             }
             Ok((json!({"tenant": t.tenant, "verification": v}), text))
+        }
+        AuditCmd::Prune { t, before } => {
+            let before = chrono::NaiveDate::parse_from_str(&before, "%Y-%m-%d")
+                .ok()
+                .and_then(|d| d.and_hms_opt(0, 0, 0))
+                .map(|d| d.and_utc())
+                .or_else(|| chrono::DateTime::parse_from_rfc3339(&before).ok().map(|t| t.to_utc()))
+                .ok_or_else(|| {
+                    Error::invalid("before", "give a day like 2026-01-31 or an RFC 3339 instant")
+                })?;
+            let ctx = in_tenant(ds, operator, &t.tenant).await?;
+            let p = audit::prune(ds, &ctx, before).await?;
+            let text = format!(
+                "{}: {} audit rows removed, through row {} (the checkpoint signed {} anchors the rest)",
+                t.tenant, p.rows_removed, p.through_seq, p.checkpoint_signed_at
+            );
+            Ok((json!({"pruned": p}), text))
         }
         AuditCmd::Webhook(cmd) => {
             let slug = match &cmd {

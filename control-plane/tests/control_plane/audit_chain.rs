@@ -317,3 +317,51 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
         "set, rotate and remove are audited"
     );
 }
+
+/// Retention drops rows up to a signed checkpoint and the rest still verifies from it; a
+/// date no checkpoint covers is refused with what to do; tampering after retention is still
+/// named; and undelivered webhook events are never dropped.
+#[tokio::test]
+async fn retention_keeps_the_rest_verifiable_from_a_signed_checkpoint() {
+    let (api, slug, t) = chained_tenant().await;
+    let db = &api._db;
+    let (ok, none) = run(&api, &["audit", "prune", "--tenant", &slug, "--before", "2999-01-01"]);
+    assert!(!ok && none.to_string().contains("checkpoint"), "no checkpoint yet: {none}");
+    let (ok, out) = run(&api, &["audit", "checkpoint"]);
+    assert!(ok, "{out}");
+    let before =
+        db.scalar_i64(&format!("SELECT count(*) FROM audit_log WHERE tenant_id = {t}")).await;
+    // Newer rows after the checkpoint, then retention of everything older than now.
+    db.exec(&format!(
+        "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
+         SELECT {t}, 'api', 'booking.update', 'ok', ARRAY['bkg_new' || i] FROM generate_series(1, 5) i"
+    ))
+    .await;
+    let (ok, out) = run(&api, &["audit", "checkpoint"]);
+    assert!(ok, "{out}");
+    let (ok, pruned) = run(
+        &api,
+        &["audit", "prune", "--tenant", &slug, "--before", &jiff::Timestamp::now().to_string()],
+    );
+    assert!(ok, "{pruned}");
+    let removed = pruned["pruned"]["rows_removed"].as_i64().expect("removed");
+    assert!(removed >= before, "the old rows went: {pruned}");
+    let (ok, v) = verify(&api, &slug);
+    assert!(ok, "what is left verifies from the checkpoint: {v}");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'audit.prune'").await,
+        1,
+        "retention is audited"
+    );
+    // Deleting a kept row behind the trigger's back is still named.
+    let (ok, out) = run(&api, &["audit", "checkpoint"]);
+    assert!(ok, "{out}");
+    db.exec("ALTER TABLE audit_log DISABLE TRIGGER USER").await;
+    db.exec(&format!(
+        "DELETE FROM audit_log WHERE id = (SELECT max(audit_id) FROM audit_chain WHERE tenant_id = {t})"
+    ))
+    .await;
+    db.exec("ALTER TABLE audit_log ENABLE TRIGGER USER").await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok, "{v}");
+}

@@ -487,3 +487,25 @@ pub(crate) async fn job_audit_webhook_drop(
     .await?;
     Ok(())
 }
+
+/// Retention: removes the tenant's log rows and their links up to chain position `through`
+/// (a signed checkpoint's head), in one transaction that says it is retention (the only
+/// delete the append-only trigger lets through). Returns how many rows went.
+pub(crate) async fn audit_prune(tx: &mut Tx<'_>, ctx: &OpCtx, through: i64) -> Result<u64> {
+    sqlx::query("SELECT set_config('gatehouse.audit_retention', 'on', true)")
+        .execute(&mut **tx)
+        .await?;
+    let removed = sqlx::query(
+        "WITH gone AS (DELETE FROM audit_chain WHERE tenant_id = $1 AND seq <= $2 RETURNING audit_id)
+         DELETE FROM audit_log WHERE tenant_id = $1 AND id IN (SELECT audit_id FROM gone)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(through)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query("SELECT set_config('gatehouse.audit_retention', 'off', true)")
+        .execute(&mut **tx)
+        .await?;
+    Ok(removed)
+}

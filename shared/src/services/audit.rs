@@ -241,6 +241,79 @@ pub async fn checkpoint_round(ds: &Services) -> Result<usize> {
     Ok(heads.len())
 }
 
+// ---------------------------------------------------------------- retention
+
+/// What a retention run removed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pruned {
+    /// The signed checkpoint that now anchors the chain (the last removed row).
+    pub through_seq: i64,
+    pub checkpoint_signed_at: String,
+    pub rows_removed: u64,
+}
+
+/// Drops the tenant's log rows older than `before`, up to the newest signed checkpoint whose
+/// head is that old, so the rest stays verifiable from that checkpoint. Never drops an event
+/// the tenant's webhook has not delivered. Audited (`audit.prune`). An operator's act.
+pub async fn prune(ds: &Services, ctx: &OpCtx, before: DateTime<Utc>) -> Result<Pruned> {
+    ctx.require(Right::AuditRead)?;
+    ctx.require(Right::TenantSwitch)?;
+    if !ctx.is_operator() {
+        return Err(Error::Forbidden { right: Right::TenantSwitch });
+    }
+    let checkpoints = ds.audit_checkpoints(ctx).await?;
+    let mut links_before = 0i64;
+    let mut after = 0;
+    // The newest checkpoint whose head row was written before `before`.
+    loop {
+        let page = ds.audit_chain_links(ctx, after, 5000).await?;
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        let n = page.len();
+        for r in page {
+            if r.content.as_ref().is_some_and(|c| c.at < before) {
+                links_before = r.seq;
+            }
+        }
+        if n < 5000 {
+            break;
+        }
+    }
+    let anchor = checkpoints
+        .iter()
+        .filter(|c| c.seq <= links_before)
+        .max_by_key(|c| c.seq)
+        .ok_or_else(|| {
+            Error::invalid(
+                "before",
+                "no signed checkpoint covers rows that old yet; run gatehousectl audit checkpoint, or choose a later date",
+            )
+        })?;
+    if let Some(hook) = ds.audit_webhook_get(ctx).await?
+        && hook.delivered_seq < anchor.seq
+    {
+        return Err(Error::invalid(
+            "before",
+            format!(
+                "the tenant's webhook has delivered up to row {} only; retention never drops undelivered events (wait, or remove the webhook)",
+                hook.delivered_seq
+            ),
+        ));
+    }
+    let mut tx = ds.begin().await?;
+    let rows_removed = db::audit_prune(&mut tx, ctx, anchor.seq).await?;
+    let reason = format!("{rows_removed} rows through {}", anchor.seq);
+    let mut entry = db::AuditEntry::ok("audit.prune", vec![]);
+    entry.reason = Some(&reason);
+    db::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    Ok(Pruned {
+        through_seq: anchor.seq,
+        checkpoint_signed_at: hhmm(anchor.signed_at),
+        rows_removed,
+    })
+}
+
 // ---------------------------------------------------------------- verification
 
 /// What kind of tampering a verification found.
