@@ -70,6 +70,9 @@ pub struct AppState {
     pub rechecks: Arc<tokio::sync::Semaphore>,
 }
 
+/// Seconds between SSE keep-alive comments on a streamed answer that is otherwise quiet.
+pub const LISTEN_KEEP_ALIVE_SECS: u64 = 20;
+
 /// Requests a worker serves at once unless told otherwise (`--max-inflight`).
 pub const DEFAULT_MAX_INFLIGHT: usize = 256;
 
@@ -112,7 +115,11 @@ pub fn protocol_config(
     StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
-        .with_sse_keep_alive(None)
+        // A streamed answer (a listen stream, a long tool's progress) carries an SSE comment
+        // every 20 s while nothing else is sent: balancers with idle timeouts (60 s is common)
+        // keep it open, and a client that went away is noticed when the write fails, so its
+        // listen stream frees its place.
+        .with_sse_keep_alive(Some(std::time::Duration::from_secs(LISTEN_KEEP_ALIVE_SECS)))
         .with_allowed_hosts(allowed_hosts.to_vec())
         .with_allowed_origins(allowed_origins.to_vec())
         .enforce_origin_validation()
@@ -202,5 +209,20 @@ pub async fn record_activity(state: Arc<AppState>) {
             state.metrics.activity_flush_failures.inc();
             tracing::warn!(error = %e, "writing call activity failed; keeping it for the next write");
         }
+    }
+}
+
+#[cfg(test)]
+mod keep_alive {
+    /// Quiet streamed answers carry keep-alive comments, so a balancer's idle timeout does not
+    /// cut a listen stream and a vanished client is noticed.
+    #[test]
+    fn streamed_answers_keep_alive() {
+        let config = super::protocol_config(&[], &[]);
+        assert_eq!(
+            config.sse_keep_alive,
+            Some(std::time::Duration::from_secs(super::LISTEN_KEEP_ALIVE_SECS))
+        );
+        assert!(super::LISTEN_KEEP_ALIVE_SECS < 60, "under common idle timeouts");
     }
 }
