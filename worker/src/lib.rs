@@ -72,6 +72,8 @@ pub struct AppState {
 
 /// Seconds between SSE keep-alive comments on a streamed answer that is otherwise quiet.
 pub const LISTEN_KEEP_ALIVE_SECS: u64 = 20;
+// Under the common balancer idle timeout (60 s), or streams are cut while they wait.
+const _: () = assert!(LISTEN_KEEP_ALIVE_SECS < 60);
 
 /// Requests a worker serves at once unless told otherwise (`--max-inflight`).
 pub const DEFAULT_MAX_INFLIGHT: usize = 256;
@@ -223,6 +225,5 @@ mod keep_alive {
             config.sse_keep_alive,
             Some(std::time::Duration::from_secs(super::LISTEN_KEEP_ALIVE_SECS))
         );
-        assert!(super::LISTEN_KEEP_ALIVE_SECS < 60, "under common idle timeouts");
     }
 }
