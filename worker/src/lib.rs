@@ -68,6 +68,20 @@ pub struct AppState {
     pub streams: Arc<listen::Streams>,
     /// Listen streams re-reading their context at once (one push may wake thousands).
     pub rechecks: Arc<tokio::sync::Semaphore>,
+    /// Cancelled when the worker starts to stop: listen streams end with their final result.
+    pub draining: tokio_util::sync::CancellationToken,
+    /// Cancelled just after: rmcp ends whatever still streams, so shutdown never hangs.
+    pub stopping: tokio_util::sync::CancellationToken,
+}
+
+/// How a worker stops: listen streams are told first and end with their final result (the
+/// client listens again, through the balancer, on another worker), then whatever still
+/// streams is ended, so a graceful shutdown finishes instead of waiting for streams that
+/// would never end on their own.
+pub async fn drain(state: &AppState) {
+    state.draining.cancel();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    state.stopping.cancel();
 }
 
 /// Seconds between SSE keep-alive comments on a streamed answer that is otherwise quiet.
@@ -91,6 +105,8 @@ impl AppState {
             capacity: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_INFLIGHT)),
             streams: Arc::new(listen::Streams::default()),
             rechecks: Arc::new(tokio::sync::Semaphore::new(listen::RECHECKS_AT_ONCE)),
+            draining: Default::default(),
+            stopping: Default::default(),
         }
     }
 
@@ -145,7 +161,8 @@ pub fn operator_app(state: Arc<AppState>) -> Router {
 /// The public routes: `/mcp`, protected resource metadata and liveness.
 pub fn public_app(state: Arc<AppState>) -> Router {
     let handler_state = state.clone();
-    let config = protocol_config(&state.settings.allowed_hosts, &state.settings.allowed_origins);
+    let config = protocol_config(&state.settings.allowed_hosts, &state.settings.allowed_origins)
+        .with_cancellation_token(state.stopping.clone());
     let mcp = StreamableHttpService::new(
         move || Ok(mcp::Server::new(handler_state.clone())),
         Arc::new(NeverSessionManager::default()),

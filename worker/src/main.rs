@@ -106,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
     ));
     tokio::spawn(worker::record_activity(state.clone()));
     let last_flush = state.clone();
+    let stopping = state.clone();
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     tracing::info!(listen = %args.listen, worker.id = %state.settings.worker_id, "worker listening");
     let public = match &args.operator_listen {
@@ -122,7 +123,12 @@ async fn main() -> anyhow::Result<()> {
         }
         None => app(state),
     };
-    axum::serve(listener, public).with_graceful_shutdown(config::shutdown_signal()).await?;
+    axum::serve(listener, public)
+        .with_graceful_shutdown(async move {
+            config::shutdown_signal().await;
+            worker::drain(&stopping).await;
+        })
+        .await?;
     // What was counted since the last write, and the spans still queued, before exiting.
     if let Err(e) = last_flush.activity.flush(&last_flush.ds).await {
         tracing::warn!(error = %e, "writing call activity at shutdown failed");

@@ -161,6 +161,8 @@ impl Server {
             });
             tokio::select! {
                 _ = subscription.cancelled() => return Ok(()),
+                // The worker is stopping: the final result tells the client to listen again.
+                _ = self.state.draining.cancelled() => return Ok(()),
                 _ = registered.wake.notified() => {}
                 _ = tokio::time::sleep(until_expiry.unwrap_or(std::time::Duration::MAX)),
                     if until_expiry.is_some() => {}

@@ -10,6 +10,7 @@ mod budgets;
 mod entry;
 mod isolation;
 mod limits;
+mod listen;
 mod live_rights;
 mod operations;
 mod reads;

@@ -1,0 +1,62 @@
+//! Listen streams on one worker: acknowledged first and tagged, bounded per connection with a
+//! refusal that says so, and ended with their final result when the worker stops.
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// Opens a listen stream; returns the response to read frames from.
+async fn listen(stack: &Stack, token: &str, id: i64) -> reqwest::Response {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
+        "notifications": {"toolsListChanged": true},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
+    stack
+        .http
+        .post(format!("{}/mcp", stack.url))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "subscriptions/listen")
+        .bearer_auth(token)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("listen")
+}
+
+/// Reads frames until one contains `needle` (or the stream ends); returns what was read.
+async fn read_until(response: &mut reqwest::Response, needle: &str) -> String {
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !seen.contains(needle) && std::time::Instant::now() < deadline {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), response.chunk()).await {
+            Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => break,
+        }
+    }
+    seen
+}
+
+#[tokio::test]
+async fn a_stream_is_acknowledged_bounded_and_ended_with_its_result_when_the_worker_stops() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let mut first = listen(&stack, &token, 1).await;
+    assert_eq!(first.status(), 200);
+    let ack = read_until(&mut first, "subscriptions/acknowledged").await;
+    assert!(ack.contains("io.modelcontextprotocol/subscriptionId"), "{ack}");
+    // Up to the per-connection bound, then a refusal naming it.
+    let mut held = Vec::new();
+    for id in 2..(1 + worker::listen::MAX_PER_CONNECTION as i64) {
+        let mut r = listen(&stack, &token, id).await;
+        read_until(&mut r, "subscriptions/acknowledged").await;
+        held.push(r);
+    }
+    let mut refused = listen(&stack, &token, 99).await;
+    let said = read_until(&mut refused, "\"error\"").await;
+    assert!(said.contains("listen streams"), "the refusal names the bound: {said}");
+    // The worker stops: every stream ends with its final result, not a cut.
+    worker::drain(&stack.state).await;
+    let end = read_until(&mut first, "\"result\"").await;
+    assert!(end.contains("\"result\"") && end.contains("\"id\":1"), "{end}");
+}
