@@ -76,6 +76,14 @@ impl Live {
         InFlight { live: self.clone(), connection: connection.to_owned(), id, token }
     }
 
+    /// Whether a change that arrives stamped no later than the last of its key still wakes
+    /// listen streams: a tenant change carries no state to order, so one from a publisher
+    /// whose clock runs behind is not lost (a woken stream re-reads and compares; a duplicate
+    /// costs one re-read). Switches and revocations are ordered and stay stale.
+    pub fn wakes_when_stale(event: &Event) -> bool {
+        matches!(event, Event::TenantChanged { .. })
+    }
+
     /// Applies a change unless a newer one of its key was applied; true when applied.
     pub fn apply_pushed(&self, pushed: &Pushed) -> bool {
         {
@@ -159,6 +167,9 @@ pub async fn follow(
                 pushed = stream.next() => match pushed {
                     Some(pushed) => {
                         if !live.apply_pushed(&pushed) {
+                            if Live::wakes_when_stale(&pushed.event) {
+                                streams.poke(&pushed.event);
+                            }
                             continue;
                         }
                         tracing::debug!(bus.key = %pushed.event.key(), "push applied");
@@ -184,5 +195,33 @@ pub async fn follow(
         metrics.nats_connected.set(0);
         tracing::warn!("lost the NATS watch; Postgres alone decides until it is back");
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_tenant_change_still_wakes_and_a_late_switch_does_not_undo() {
+        let live = Live::default();
+        let changed =
+            |ns| Pushed { event: Event::TenantChanged { tenant: "ten_a".into() }, sent_ns: ns };
+        assert!(live.apply_pushed(&changed(10)));
+        // Stamped earlier (a publisher's clock behind): not applied, but it wakes.
+        assert!(!live.apply_pushed(&changed(5)));
+        assert!(Live::wakes_when_stale(&changed(5).event));
+        // A switch stamped earlier than the last never undoes it, nor wakes.
+        let off = Pushed {
+            event: Event::TenantAccess { tenant: "ten_a".into(), on: false },
+            sent_ns: 20,
+        };
+        let on_late =
+            Pushed { event: Event::TenantAccess { tenant: "ten_a".into(), on: true }, sent_ns: 15 };
+        live.nats_connected.store(true, Ordering::Release);
+        assert!(live.apply_pushed(&off));
+        assert!(!live.apply_pushed(&on_late));
+        assert!(live.tenant_off("ten_a"), "the newer switch stands");
+        assert!(!Live::wakes_when_stale(&on_late.event));
     }
 }
