@@ -124,6 +124,29 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         1
     );
 
+    // A form carrying a made-up, unparsable, oversized or repeated assertion decides nothing.
+    let before = count("SELECT count(*) FROM connections").await;
+    let huge = "x".repeat(20_000);
+    let made_up = r#"{"id":"AAAA","rawId":"AAAA","type":"public-key","response":{"authenticatorData":"AAAA","clientDataJSON":"AAAA","signature":"AAAA","userHandle":null},"extensions":{}}"#;
+    for (ceremony, assertion) in
+        [("not-a-ceremony", made_up), ("x", "{not json"), ("x", huge.as_str()), ("", made_up)]
+    {
+        let mut f = form(&csrf, &[("name", "Forged"), ("right", "bookings:read")]);
+        f.push(("passkey_ceremony".into(), ceremony.into()));
+        f.push(("passkey_assertion".into(), assertion.into()));
+        if ceremony.is_empty() {
+            // Repeated fields: the last one is read, and it proves nothing either.
+            f.push(("passkey_ceremony".into(), "again".into()));
+            f.push(("passkey_assertion".into(), made_up.into()));
+        }
+        let r = admin.post("/connections", &f).await;
+        let status = r.status().as_u16();
+        assert!(status == 403 || status == 422, "{ceremony:?}: {status}");
+    }
+    assert_eq!(count("SELECT count(*) FROM connections").await, before, "nothing created");
+    let r = admin.post("/passkeys/decision", &form(&csrf, &[])).await;
+    assert_eq!(r.status(), 422, "a decision request naming no form is refused");
+
     // Agent access: off is one step, on again is not.
     let r = admin
         .post("/settings/agent-access", &form(&csrf, &[("to", "off"), ("reason", "incident")]))

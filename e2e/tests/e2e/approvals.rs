@@ -485,22 +485,7 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
     let stack = Stack::start(Options::for_test("approve_ui", 1)).await.expect("stack");
     let tenant = stack.tenant(0).clone();
     let slug = tenant["slug"].as_str().expect("slug").to_owned();
-    let agent_token = dispatch_agent(&stack, "customers:read,bookings:read,bookings:notify");
-    stack
-        .ctl(&[
-            "approval-policy",
-            "set",
-            "--tenant",
-            &slug,
-            "--scope",
-            "notify",
-            "--mode",
-            "person_approves",
-        ])
-        .expect("policy");
-    let customer = emailed_customer(&stack, &slug);
-    let customer_email =
-        psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let (agent_token, customer, customer_email) = notify_waits_for_a_person(&stack, &slug);
     let out = std::process::Command::new("node")
         .arg(e2e::repo_root().join("e2e/browser/approvals.mjs"))
         .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
@@ -540,6 +525,28 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
         ),
         "executed customer asked for it"
     );
+}
+
+/// The first tenant's notify actions wait for a person; a dispatcher's agent that may send
+/// them: its token, and a customer with an email (handle, address).
+pub(crate) fn notify_waits_for_a_person(stack: &Stack, slug: &str) -> (String, String, String) {
+    let agent_token = dispatch_agent(stack, "customers:read,bookings:read,bookings:notify");
+    stack
+        .ctl(&[
+            "approval-policy",
+            "set",
+            "--tenant",
+            slug,
+            "--scope",
+            "notify",
+            "--mode",
+            "person_approves",
+        ])
+        .expect("policy");
+    let customer = emailed_customer(stack, slug);
+    let customer_email =
+        psql_text(stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    (agent_token, customer, customer_email)
 }
 
 /// A connection of the first tenant's dispatcher named "Dispatch agent", with these rights; its token.

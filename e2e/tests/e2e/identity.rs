@@ -2,7 +2,7 @@
 //! one to approving an agent's action under the tenant's policy, with every hostile case the
 //! policy must refuse.
 
-use crate::approvals::{dispatch_agent, emailed_customer};
+use crate::approvals::notify_waits_for_a_person;
 use crate::support::*;
 
 #[tokio::test]
@@ -11,22 +11,7 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
     let tenant = stack.tenant(0).clone();
     let other = stack.tenant(1).clone();
     let slug = tenant["slug"].as_str().expect("slug").to_owned();
-    let agent_token = dispatch_agent(&stack, "customers:read,bookings:read,bookings:notify");
-    stack
-        .ctl(&[
-            "approval-policy",
-            "set",
-            "--tenant",
-            &slug,
-            "--scope",
-            "notify",
-            "--mode",
-            "person_approves",
-        ])
-        .expect("policy");
-    let customer = emailed_customer(&stack, &slug);
-    let customer_email =
-        psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let (agent_token, customer, customer_email) = notify_waits_for_a_person(&stack, &slug);
     let out = std::process::Command::new("node")
         .arg(e2e::repo_root().join("e2e/browser/passkeys.mjs"))
         .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])

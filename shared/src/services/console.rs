@@ -235,7 +235,10 @@ pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> 
     let Some(m) = memberships.iter().find(|m| m.tenant_id == tenant_id) else {
         return Err(Error::invalid("tenant", "you are not a member of that tenant"));
     };
-    if s.idp_id.is_some() && !svc.preauth_session_from_idp_of(s.id, tenant_id).await? {
+    // Asked once, and only when it matters: whether this session's IdP is that tenant's.
+    let from_its_idp = (s.idp_id.is_some() || m.sso_required)
+        && svc.preauth_session_from_idp_of(s.id, tenant_id).await?;
+    if s.idp_id.is_some() && !from_its_idp {
         return Err(Error::invalid(
             "tenant",
             format!(
@@ -244,7 +247,7 @@ pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> 
             ),
         ));
     }
-    if m.sso_required && !svc.preauth_session_from_idp_of(s.id, tenant_id).await? {
+    if m.sso_required && !from_its_idp {
         return Err(Error::Unauthenticated(format!(
             "{} requires single sign-on: sign out, then choose \"Sign in with single sign-on\" and give your work email or {}.",
             m.name, m.slug
