@@ -1173,14 +1173,7 @@ async fn audit(
             Ok((json!({"tenant": t.tenant, "verification": v}), text))
         }
         AuditCmd::Prune { t, before } => {
-            let before = chrono::NaiveDate::parse_from_str(&before, "%Y-%m-%d")
-                .ok()
-                .and_then(|d| d.and_hms_opt(0, 0, 0))
-                .map(|d| d.and_utc())
-                .or_else(|| chrono::DateTime::parse_from_rfc3339(&before).ok().map(|t| t.to_utc()))
-                .ok_or_else(|| {
-                    Error::invalid("before", "give a day like 2026-01-31 or an RFC 3339 instant")
-                })?;
+            let before = admin::audit_instant("before", &before, false)?;
             let ctx = in_tenant(ds, operator, &t.tenant).await?;
             let p = audit::prune(ds, &ctx, before).await?;
             let text = format!(

@@ -117,12 +117,8 @@ pub(super) async fn decide(
     };
     // Post, redirect, get: a reload never sends the decision again.
     let target = match decided {
-        approvals::Decided::Executed { action, result } => {
-            let passkey = result
-                .approved
-                .as_ref()
-                .and_then(|a| a.proven.as_deref())
-                .is_some_and(|p| p == "with a passkey");
+        approvals::Decided::Executed { action, .. } => {
+            let passkey = ctx.proof().and_then(|p| p.passkey_handle()).is_some();
             format!(
                 "/approvals?decided={}&outcome=executed{}",
                 segment(&action),

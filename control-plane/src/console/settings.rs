@@ -18,7 +18,7 @@ use crate::AppState;
 pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
     let policy = approvals::policy(&state.ds, &t.ctx).await?;
     let limits = rates::limits(&state.ds, &t.ctx).await?;
-    let passkey_policy = shared::services::passkeys::policy(&state.ds, &t.ctx).await?;
+    let passkey_policy = t.session.row.passkey_policy();
     let budgets = shared::services::budgets::show(&state.ds, &t.ctx, None).await?;
     let on = t.session.row.tenant_agent_access().unwrap_or(true);
     let body = html! {

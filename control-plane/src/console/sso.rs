@@ -51,11 +51,12 @@ fn refused_page(status: StatusCode, message: &str) -> Response {
 
 pub(super) async fn start(
     State(state): State<Arc<AppState>>,
+    super::extract::Source(source): super::extract::Source,
     Form(form): Form<BTreeMap<String, String>>,
 ) -> Response {
     let next = safe_next(form.get("next").map(String::as_str));
     let who = form.get("who").map(String::as_str).unwrap_or_default();
-    match sso::sign_in_start(&state.ds, &state.public_url, who, &next).await {
+    match sso::sign_in_start(&state.ds, &state.public_url, who, &next, &source).await {
         Ok(started) => {
             let mut response = Redirect::to(&started.redirect).into_response();
             let c = format!(

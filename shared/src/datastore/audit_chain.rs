@@ -509,3 +509,19 @@ pub(crate) async fn audit_prune(tx: &mut Tx<'_>, ctx: &OpCtx, through: i64) -> R
         .await?;
     Ok(removed)
 }
+
+/// The last chain position of the tenant whose row was written before `before`.
+pub(crate) async fn audit_last_seq_before(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    before: DateTime<Utc>,
+) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar::<_, Option<i64>>(
+        "SELECT max(c.seq) FROM audit_chain c JOIN audit_log a ON a.id = c.audit_id
+         WHERE c.tenant_id = $1 AND a.at < $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(before)
+    .fetch_one(&mut **tx)
+    .await?)
+}

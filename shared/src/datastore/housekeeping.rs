@@ -25,6 +25,7 @@ impl Services {
             "DELETE FROM oauth_client_assertions WHERE expires_at < now() - interval '1 hour'",
             "DELETE FROM idp_jtis WHERE expires_at < now() - interval '1 hour'",
             "DELETE FROM sso_sign_ins WHERE expires_at < now() - interval '1 hour'",
+            "DELETE FROM webauthn_ceremonies WHERE expires_at < now() - interval '1 hour'",
             // Expired access and refresh tokens (a used refresh token is kept until it expires,
             // to detect reuse).
             "DELETE FROM connection_tokens WHERE expires_at < now() - interval '1 day'",

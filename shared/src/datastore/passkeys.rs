@@ -34,7 +34,7 @@ pub struct PasskeyPersonRow {
     pub webauthn_id: String,
     pub email: String,
     pub name: String,
-    pub has_password: bool,
+    pub password_hash: Option<String>,
 }
 
 impl Services {
@@ -53,7 +53,7 @@ impl Services {
     ) -> Result<Option<PasskeyPersonRow>> {
         Ok(sqlx::query_as::<_, PasskeyPersonRow>(
             "SELECT id, active, webauthn_id::text AS webauthn_id, email, name,
-                    password_hash IS NOT NULL AS has_password
+                    password_hash
              FROM people WHERE id = $1",
         )
         .bind(person_id)
@@ -67,22 +67,12 @@ impl Services {
     ) -> Result<Option<PasskeyPersonRow>> {
         Ok(sqlx::query_as::<_, PasskeyPersonRow>(
             "SELECT id, active, webauthn_id::text AS webauthn_id, email, name,
-                    password_hash IS NOT NULL AS has_password
-             FROM people WHERE webauthn_id::text = $1",
+                    password_hash
+             FROM people WHERE webauthn_id = $1::uuid",
         )
         .bind(webauthn_id)
         .fetch_optional(self.pool())
         .await?)
-    }
-
-    pub(crate) async fn preauth_password_hash(&self, person_id: i64) -> Result<Option<String>> {
-        Ok(sqlx::query_scalar::<_, Option<String>>(
-            "SELECT password_hash FROM people WHERE id = $1 AND active",
-        )
-        .bind(person_id)
-        .fetch_optional(self.pool())
-        .await?
-        .flatten())
     }
 
     pub(crate) async fn preauth_passkey_insert(
@@ -131,10 +121,6 @@ impl Services {
         state: &serde_json::Value,
         ttl_secs: i64,
     ) -> Result<()> {
-        // Old ceremonies go as new ones come: the table holds minutes of them, never more.
-        sqlx::query("DELETE FROM webauthn_ceremonies WHERE expires_at < now() - interval '1 hour'")
-            .execute(self.pool())
-            .await?;
         sqlx::query(
             "INSERT INTO webauthn_ceremonies (token_hash, purpose, person_id, decision, state, expires_at)
              VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",

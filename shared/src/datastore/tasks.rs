@@ -66,8 +66,7 @@ impl Services {
         ttl_ms: i64,
         max_working: i64,
     ) -> Result<Option<TaskRow>> {
-        let mut tx = self.begin().await?;
-        let row = sqlx::query_as::<_, TaskRow>(TASK_CREATE_SQL)
+        Ok(sqlx::query_as::<_, TaskRow>(TASK_CREATE_SQL)
             .bind(handle)
             .bind(ctx.tenant_id())
             .bind(connection_of(ctx)?)
@@ -75,10 +74,8 @@ impl Services {
             .bind(worker)
             .bind(ttl_ms)
             .bind(max_working)
-            .fetch_optional(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(row)
+            .fetch_optional(self.pool())
+            .await?)
     }
 
     /// The context's task by handle, unexpired; first failing it when it has been working

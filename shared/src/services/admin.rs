@@ -842,7 +842,9 @@ pub const AUDIT_OUTCOMES: [&str; 7] =
     ["ok", "refused", "failed", "previewed", "rejected", "awaiting_approval", "denied"];
 pub const AUDIT_CHANNELS: [&str; 5] = ["mcp", "api", "console", "cli", "system"];
 
-fn audit_instant(
+/// A day (`2026-11-30`, UTC; with `end_of_day` the day after it) or an RFC 3339 instant, in
+/// the years people mean.
+pub fn audit_instant(
     field: &str,
     raw: &str,
     end_of_day: bool,

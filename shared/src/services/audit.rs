@@ -262,23 +262,8 @@ pub async fn prune(ds: &Services, ctx: &OpCtx, before: DateTime<Utc>) -> Result<
         return Err(Error::Forbidden { right: Right::TenantSwitch });
     }
     let checkpoints = ds.audit_checkpoints(ctx).await?;
-    let mut links_before = 0i64;
-    let mut after = 0;
-    // The newest checkpoint whose head row was written before `before`.
-    loop {
-        let page = ds.audit_chain_links(ctx, after, 5000).await?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        let n = page.len();
-        for r in page {
-            if r.content.as_ref().is_some_and(|c| c.at < before) {
-                links_before = r.seq;
-            }
-        }
-        if n < 5000 {
-            break;
-        }
-    }
+    let mut tx = ds.begin().await?;
+    let links_before = db::audit_last_seq_before(&mut tx, ctx, before).await?.unwrap_or(0);
     let anchor = checkpoints
         .iter()
         .filter(|c| c.seq <= links_before)
@@ -300,7 +285,6 @@ pub async fn prune(ds: &Services, ctx: &OpCtx, before: DateTime<Utc>) -> Result<
             ),
         ));
     }
-    let mut tx = ds.begin().await?;
     let rows_removed = db::audit_prune(&mut tx, ctx, anchor.seq).await?;
     let reason = format!("{rows_removed} rows through {}", anchor.seq);
     let mut entry = db::AuditEntry::ok("audit.prune", vec![]);
@@ -855,24 +839,27 @@ pub async fn webhook_set(
 ) -> Result<(WebhookView, Option<String>)> {
     require_admin(ctx)?;
     let url = url.trim();
+    if url.len() > 2000 {
+        return Err(Error::invalid("url", "the webhook URL is longer than 2000 characters"));
+    }
     super::oauth::guarded_target(url, policy)
         .await
         .map_err(|why| Error::invalid("url", format!("the webhook URL is refused: {why}")))?;
     let existing = ds.audit_webhook_get(ctx).await?;
-    // Where the tenant's log goes is a widening decision: under the passkey policy it needs
-    // a passkey made for this URL.
-    crate::services::passkeys::require_now(
-        ds,
-        ctx,
-        &crate::services::passkeys::Decision::audit_webhook("set", url),
-    )
-    .await?;
     let secret = existing.is_none().then(new_secret);
     let sealed = match &secret {
         Some(s) => seal_keys(ds)?.seal(WEBHOOK_PURPOSE, s.as_bytes()).map_err(Error::Internal)?,
         None => String::new(),
     };
     let mut tx = ds.begin().await?;
+    // Where the tenant's log goes is a widening decision: under the passkey policy it needs
+    // a passkey made for this URL.
+    crate::services::passkeys::require(
+        &mut tx,
+        ctx,
+        &crate::services::passkeys::Decision::audit_webhook("set", url),
+    )
+    .await?;
     db::audit_webhook_put(&mut tx, ctx, url, &sealed).await?;
     db::audit_insert(&mut tx, ctx, db::AuditEntry::ok("audit_webhook.set", vec![url.to_owned()]))
         .await?;

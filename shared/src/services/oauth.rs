@@ -1156,7 +1156,7 @@ pub async fn authenticate_client(
         // A confidential client a tenant admin registered: its secret, and nothing else.
         return match (creds.client_secret, asserted, &client.client_secret_hash) {
             (Some(given), None, Some(hash))
-                if secret::tokens_match(&hex(&secret::hash_token(given)), &hex(hash)) =>
+                if secret::tokens_match(&hex::encode(secret::hash_token(given)), &hex::encode(hash)) =>
             {
                 Ok(client_id)
             }
@@ -1199,10 +1199,6 @@ pub async fn authenticate_client(
         }
         _ => Err(invalid("the client's authentication method is unknown".into())),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The key set of a `private_key_jwt` client: inline in its document, else from its

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use webauthn_rs::prelude::*;
 
-use crate::ctx::{Channel, OpCtx, Proof, ProofMethod};
+use crate::ctx::{Channel, OpCtx, Proof};
 use crate::datastore::{self as db, AuditEntry, PasskeyRow, Services, Tx};
 use crate::error::{Error, Result};
 use crate::handle::PasskeyHandle;
@@ -231,14 +231,6 @@ pub(crate) async fn require(tx: &mut Tx<'_>, ctx: &OpCtx, decision: &Decision) -
     check(ctx, decision)
 }
 
-/// [`require`] for a decision made outside a transaction of its own.
-pub(crate) async fn require_now(ds: &Services, ctx: &OpCtx, decision: &Decision) -> Result<()> {
-    let mut tx = ds.begin().await?;
-    require(&mut tx, ctx, decision).await?;
-    tx.commit().await?;
-    Ok(())
-}
-
 /// The proof on the context holds for this decision (the policy already applies).
 fn check(ctx: &OpCtx, decision: &Decision) -> Result<()> {
     let person = ctx.actor_person_id().ok_or(Error::NoActor)?;
@@ -315,14 +307,7 @@ pub enum StepUp<'a> {
 }
 
 fn passkey_name(raw: &str) -> Result<String> {
-    let name = raw.trim();
-    if name.is_empty() || name.chars().count() > 60 || name.chars().any(char::is_control) {
-        return Err(Error::invalid(
-            "name",
-            "name the passkey in 1 to 60 characters (\"Work laptop\")",
-        ));
-    }
-    Ok(name.to_owned())
+    crate::services::fields::label("name", raw, 60)
 }
 
 /// A ceremony's id for the browser, and its hash for the row.
@@ -387,8 +372,8 @@ pub async fn register_begin(
                 });
             }
         }
-        StepUp::Password(password) if person.has_password => {
-            let hash = ds.preauth_password_hash(person.id).await?;
+        StepUp::Password(password) if person.password_hash.is_some() => {
+            let hash = person.password_hash.clone();
             if !ds.verify_password(password, hash).await? {
                 return Err(Error::invalid(
                     "password",
@@ -396,7 +381,7 @@ pub async fn register_begin(
                 ));
             }
         }
-        _ if person.has_password => {
+        _ if person.password_hash.is_some() => {
             return Err(Error::invalid(
                 "password",
                 "enter your password to add your first passkey",
@@ -783,15 +768,6 @@ pub async fn reset(ds: &Services, by: &crate::ctx::Operator, email: &str) -> Res
     .await?;
     tx.commit().await?;
     Ok(removed)
-}
-
-/// How a decision's audit row reads the proof of a person's session.
-pub fn method_phrase(method: ProofMethod) -> &'static str {
-    match method {
-        ProofMethod::Passkey => "passkey",
-        ProofMethod::Password => "password",
-        ProofMethod::SingleSignOn => "single sign-on",
-    }
 }
 
 #[cfg(test)]

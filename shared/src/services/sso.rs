@@ -232,6 +232,9 @@ pub fn set_decision(input: &IdpInput) -> crate::services::passkeys::Decision {
     )
 }
 
+/// Single sign-on starts one address may make a minute.
+const SIGN_INS_PER_MINUTE: i32 = 30;
+
 /// Connects (or changes) the tenant's identity provider after checking its discovery
 /// document and key set; audited as `idp.set`, and a change of "SSO required" as
 /// `idp.sso_required.on` / `.off`.
@@ -416,7 +419,18 @@ pub async fn sign_in_start(
     public_url: &str,
     who: &str,
     next: &str,
+    source: &str,
 ) -> Result<Started> {
+    // Anyone may start one (each stores a row): a bounded number a minute per address, and
+    // a return path of bounded length (a longer one returns to the start page).
+    let key = format!("sso_start:{}", source.chars().take(64).collect::<String>());
+    if ds.preauth_throttle_take(&key, 60).await?.0 > SIGN_INS_PER_MINUTE {
+        return Err(Error::Unauthenticated(
+            "Too many single sign-on attempts from this address; wait a minute and try again."
+                .into(),
+        ));
+    }
+    let next = if next.len() > 2048 { "/" } else { next };
     let who = who.trim().to_lowercase();
     let (key, email) = match who.rsplit_once('@') {
         Some((_, domain)) => (domain.to_owned(), Some(who.clone())),
