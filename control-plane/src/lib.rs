@@ -4,6 +4,7 @@
 pub mod api;
 pub mod charts;
 pub mod console;
+pub mod jobs;
 pub mod oauth;
 pub mod pictures;
 pub mod smtp;
@@ -16,7 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use prometheus::{
-    Encoder, Gauge, GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 use shared::Services;
 
@@ -33,6 +35,10 @@ pub struct AppState {
     pub trust_forwarded_for: bool,
     /// The WebAuthn relying party (the console's origin) for passkeys.
     pub passkeys: shared::services::passkeys::RelyingParty,
+    /// The background jobs' state (`/jobs`).
+    pub jobs: jobs::Board,
+    /// Seconds between checkpoint rounds: rows uncovered for two of them are unanchored.
+    pub audit_checkpoint_secs: u64,
 }
 
 pub struct Metrics {
@@ -49,6 +55,19 @@ pub struct Metrics {
     /// Per tenant (slug), read when scraped: audit events not yet delivered to its webhook.
     pub audit_webhook_backlog: IntGaugeVec,
     pub audit_webhook_oldest: GaugeVec,
+    /// Tenants' delivery rounds running now (one task each).
+    pub audit_webhook_tasks: IntGauge,
+    /// Read when scraped: how long the oldest row has waited to be chained.
+    pub audit_chain_lag: Gauge,
+    /// Heads the signer refused because they do not extend its last checkpoint, per tenant.
+    pub audit_checkpoint_refusals: IntCounterVec,
+    /// Checkpoints that could not be appended to the anchor file (retried each round).
+    pub audit_anchor_file_errors: IntCounter,
+    /// Per background job: runs by outcome, last run, last success and last duration.
+    pub job_runs: IntCounterVec,
+    pub job_last_run: GaugeVec,
+    pub job_last_success: GaugeVec,
+    pub job_duration: GaugeVec,
 }
 
 impl Metrics {
@@ -102,6 +121,52 @@ impl Metrics {
             &["tenant"],
         )
         .expect("valid metric");
+        let audit_webhook_tasks = IntGauge::new(
+            "audit_webhook_delivery_tasks",
+            "Tenants' audit webhook delivery rounds running now, one task each",
+        )
+        .expect("valid metric");
+        let audit_chain_lag = Gauge::new(
+            "audit_chain_lag_seconds",
+            "How long the oldest audit row has waited to be chained",
+        )
+        .expect("valid metric");
+        let audit_checkpoint_refusals = IntCounterVec::new(
+            Opts::new(
+                "audit_checkpoint_refusals_total",
+                "Chain heads the signer refused: they do not extend the last checkpoint it signed (tampering)",
+            ),
+            &["tenant"],
+        )
+        .expect("valid metric");
+        let audit_anchor_file_errors = IntCounter::new(
+            "audit_anchor_file_errors_total",
+            "Rounds whose checkpoints could not be appended to GATEHOUSE_AUDIT_ANCHOR_FILE",
+        )
+        .expect("valid metric");
+        let job_runs = IntCounterVec::new(
+            Opts::new("job_runs_total", "Background job runs by job and outcome (ok, error)"),
+            &["job", "outcome"],
+        )
+        .expect("valid metric");
+        let gauge = |name: &str, help: &str| {
+            GaugeVec::new(Opts::new(name, help), &["job"]).expect("valid metric")
+        };
+        let job_last_run =
+            gauge("job_last_run_timestamp_seconds", "When the job last ran (Unix time)");
+        let job_last_success = gauge(
+            "job_last_success_timestamp_seconds",
+            "When the job last ran without error (Unix time)",
+        );
+        let job_duration = gauge("job_duration_seconds", "How long the job's last run took");
+        registry.register(Box::new(audit_webhook_tasks.clone())).expect("register once");
+        registry.register(Box::new(audit_chain_lag.clone())).expect("register once");
+        registry.register(Box::new(audit_checkpoint_refusals.clone())).expect("register once");
+        registry.register(Box::new(audit_anchor_file_errors.clone())).expect("register once");
+        registry.register(Box::new(job_runs.clone())).expect("register once");
+        for g in [&job_last_run, &job_last_success, &job_duration] {
+            registry.register(Box::new(g.clone())).expect("register once");
+        }
         registry.register(Box::new(audit_webhook_deliveries.clone())).expect("register once");
         registry.register(Box::new(audit_webhook_backlog.clone())).expect("register once");
         registry.register(Box::new(audit_webhook_oldest.clone())).expect("register once");
@@ -122,6 +187,14 @@ impl Metrics {
             audit_webhook_deliveries,
             audit_webhook_backlog,
             audit_webhook_oldest,
+            audit_webhook_tasks,
+            audit_chain_lag,
+            audit_checkpoint_refusals,
+            audit_anchor_file_errors,
+            job_runs,
+            job_last_run,
+            job_last_success,
+            job_duration,
         }
     }
 
@@ -145,6 +218,10 @@ impl Metrics {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "audit webhook backlog for metrics"),
+        }
+        match shared::services::audit::chain_lag_secs(ds).await {
+            Ok(lag) => self.audit_chain_lag.set(lag),
+            Err(e) => tracing::warn!(error = %e, "audit chain lag for metrics"),
         }
         self.render()
     }
@@ -173,6 +250,7 @@ pub fn operator_app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/jobs", get(jobs_status))
         .with_state(state)
 }
 
@@ -181,6 +259,7 @@ pub fn public_app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/.well-known/gatehouse-audit-keys", get(audit_keys))
+        .route("/.well-known/gatehouse-audit-checkpoints/{tenant}", get(audit_checkpoints))
         .nest("/api/v1", api::routes(state.clone()))
         .merge(
             console::routes()
@@ -244,6 +323,49 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     let text = state.metrics.scrape(&state.ds).await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Every background job's last run, duration, work and error (operators; JSON).
+async fn jobs_status(State(state): State<Arc<AppState>>) -> Response {
+    Json(serde_json::json!({"jobs": state.jobs.snapshot()})).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct AfterQuery {
+    #[serde(default)]
+    after: i64,
+}
+
+/// A tenant's signed checkpoints, oldest first after `?after=SEQ`, 100 at a time: public,
+/// by the tenant's handle, so auditors can keep their own copy of the anchors.
+async fn audit_checkpoints(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(tenant): axum::extract::Path<String>,
+    axum::extract::Query(q): axum::extract::Query<AfterQuery>,
+) -> Response {
+    if !tenant.starts_with("ten_") || tenant.len() > 40 {
+        return (StatusCode::NOT_FOUND, Json(serde_json::json!({"error": "no such tenant"})))
+            .into_response();
+    }
+    match shared::services::audit::published_checkpoints(&state.ds, &tenant, q.after, 100).await {
+        Ok(Some(list)) => {
+            let next = (list.len() == 100).then(|| list.last().map(|c| c.seq)).flatten();
+            Json(serde_json::json!({
+                "tenant": tenant,
+                "keys": format!("{}/.well-known/gatehouse-audit-keys", state.public_url),
+                "checkpoints": list,
+                "next_after": next,
+            }))
+            .into_response()
+        }
+        Ok(None) => (StatusCode::NOT_FOUND, Json(serde_json::json!({"error": "no such tenant"})))
+            .into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "published checkpoints");
+            (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "5")], "try again")
+                .into_response()
+        }
+    }
 }
 
 /// The public keys that verify audit checkpoints, by key id (for auditors and SIEMs).

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use control_plane::{AppState, Metrics, app};
+use control_plane::{AppState, Metrics, app, jobs};
 use shared::Services;
 use shared::config::{self, Common};
 
@@ -46,10 +46,13 @@ struct Args {
         default_value = "Gatehouse <no-reply@gatehouse.invalid>"
     )]
     smtp_from: String,
-    /// Do not deliver the outbox from this process (another one does); also leaves chaining,
-    /// checkpoints and audit webhooks to that one.
+    /// Do not deliver the outbox from this process (another one does); nothing else stops.
     #[arg(long)]
     no_dispatcher: bool,
+    /// Do not chain the audit log, sign checkpoints or deliver audit webhooks from this
+    /// process (another one does).
+    #[arg(long)]
+    no_audit_jobs: bool,
     /// Seconds between two checkpoint rounds (each signs every chain head that moved).
     #[arg(long, env = "GATEHOUSE_AUDIT_CHECKPOINT_SECS", default_value_t = 60)]
     audit_checkpoint_secs: u64,
@@ -60,74 +63,6 @@ struct Args {
     /// The longest wait between two attempts to a failing audit webhook.
     #[arg(long, env = "GATEHOUSE_AUDIT_WEBHOOK_MAX_BACKOFF_MS", default_value_t = 300_000)]
     audit_webhook_max_backoff_ms: i64,
-}
-
-/// Chains new audit rows, signs chain heads and delivers audit webhooks, beside the outbox
-/// dispatcher: its own task, so a slow endpoint delays neither the outbox nor a request.
-async fn audit_jobs(
-    ds: Services,
-    state: Arc<AppState>,
-    checkpoint_every: std::time::Duration,
-    policy: shared::services::audit::WebhookPolicy,
-) {
-    use shared::services::audit;
-    let mut last_checkpoint = std::time::Instant::now();
-    loop {
-        if let Err(e) = audit::chain_round(&ds).await {
-            tracing::warn!(error = %e, "audit chaining failed; retrying");
-        }
-        if last_checkpoint.elapsed() >= checkpoint_every {
-            last_checkpoint = std::time::Instant::now();
-            match audit::checkpoint_round(&ds).await {
-                Ok(n) if n > 0 => tracing::info!(checkpoints = n, "audit checkpoints signed"),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "audit checkpoint failed; retrying"),
-            }
-        }
-        match audit::deliver_round(&ds, &state.fetch, policy).await {
-            Ok(done) => {
-                let m = &state.metrics.audit_webhook_deliveries;
-                m.with_label_values(&["sent"]).inc_by(done.sent as u64);
-                m.with_label_values(&["failed"]).inc_by(done.failed as u64);
-                m.with_label_values(&["dropped"]).inc_by(done.dropped as u64);
-                if done.sent > 0 {
-                    continue;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "audit webhook round failed; retrying"),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-}
-
-/// Delivers queued messages every half second through `sink`.
-async fn dispatcher<S: shared::services::outbox::Sink>(
-    ds: Services,
-    sink: S,
-    state: Arc<AppState>,
-) {
-    let mut last_prune = std::time::Instant::now() - std::time::Duration::from_secs(3600);
-    loop {
-        if last_prune.elapsed() > std::time::Duration::from_secs(300) {
-            last_prune = std::time::Instant::now();
-            match shared::services::housekeeping(&ds).await {
-                Ok(removed) => tracing::debug!(rows = removed, "housekeeping done"),
-                Err(e) => tracing::warn!(error = %e, "housekeeping failed; retrying later"),
-            }
-        }
-        match shared::services::outbox::dispatch_once(&ds, &sink, 50).await {
-            Ok(done) => {
-                let deliveries = &state.metrics.outbox_deliveries;
-                deliveries.with_label_values(&["sent"]).inc_by(done.sent as u64);
-                deliveries.with_label_values(&["failed"]).inc_by(done.failed as u64);
-                if done.sent > 0 {
-                    continue;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "outbox dispatch failed; retrying"),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
 }
 
 #[tokio::main]
@@ -169,27 +104,40 @@ async fn main() -> anyhow::Result<()> {
             .collect(),
         fetch,
         trust_forwarded_for: args.trust_forwarded_for,
+        jobs: Default::default(),
+        audit_checkpoint_secs: args.audit_checkpoint_secs.max(1),
     });
-    if !args.no_dispatcher {
+    // Every job runs in its own task (control_plane::jobs): none waits on another. The audit
+    // jobs stop with --no-audit-jobs, the outbox with --no-dispatcher; housekeeping always runs.
+    if !args.no_audit_jobs {
         let policy = shared::services::audit::WebhookPolicy {
             max_age_secs: args.audit_webhook_max_age_secs,
             max_backoff_ms: args.audit_webhook_max_backoff_ms,
             ..Default::default()
         };
         let every = std::time::Duration::from_secs(args.audit_checkpoint_secs.max(1));
-        tokio::spawn(audit_jobs(state.ds.clone(), state.clone(), every, policy));
+        let anchors = common.audit_anchors()?;
+        jobs::spawn(jobs::Chain { ds: state.ds.clone() }, state.clone());
+        jobs::spawn(
+            jobs::Checkpoints { state: state.clone(), every, anchors, alerted: Default::default() },
+            state.clone(),
+        );
+        jobs::spawn(
+            jobs::Webhooks { state: state.clone(), policy, running: Default::default() },
+            state.clone(),
+        );
+    }
+    jobs::spawn(jobs::Housekeeping { ds: state.ds.clone() }, state.clone());
+    if !args.no_dispatcher {
         let ds = state.ds.clone();
         match &args.smtp_url {
             Some(url) => {
                 let sink = control_plane::smtp::SmtpSink::new(url, &args.smtp_from)?;
-                let state = state.clone();
-                tokio::spawn(async move { dispatcher(ds, sink, state).await });
+                jobs::spawn(jobs::Outbox { ds, sink, state: state.clone() }, state.clone());
             }
             None => {
-                let state = state.clone();
-                tokio::spawn(async move {
-                    dispatcher(ds, shared::services::outbox::LogSink, state).await
-                });
+                let sink = shared::services::outbox::LogSink;
+                jobs::spawn(jobs::Outbox { ds, sink, state: state.clone() }, state.clone());
             }
         }
     }

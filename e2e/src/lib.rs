@@ -234,7 +234,7 @@ fn spawn_logged(name: &str, mut cmd: Command, run_dir: &Path) -> Result<Proc> {
     Ok(Proc { name: name.to_owned(), child })
 }
 
-fn bin(name: &str) -> Result<PathBuf> {
+pub fn bin(name: &str) -> Result<PathBuf> {
     let path = bin_dir().join(name);
     if !path.exists() {
         bail!("{} is missing; build it first: cargo build --workspace --bins", path.display());
@@ -390,10 +390,37 @@ impl Stack {
         .env("GATEHOUSE_DB_POOL", self.db_pool.to_string())
         .env("GATEHOUSE_SECRET_KEYS", SECRET_KEYS)
         .env("GATEHOUSE_AUDIT_SIGNING_KEYS", AUDIT_SIGNING_KEYS)
+        .env("GATEHOUSE_AUDIT_ANCHOR_FILE", self.anchor_file())
         .envs(self.env.iter().map(|(k, v)| (k, v)));
         self.procs.retain(|p| p.name != "control-plane");
         self.procs.push(spawn_logged("control-plane", cp, &self.run_dir)?);
         Ok(())
+    }
+
+    /// Where the control plane appends every audit checkpoint it signs, outside Postgres.
+    pub fn anchor_file(&self) -> PathBuf {
+        self.run_dir.join("audit-anchors.jsonl")
+    }
+
+    /// What `gatehousectl` needs to act on this stack, as `KEY=value` lines (`.run/env`):
+    /// its database and NATS, the keys it seals with, the published audit keys it verifies
+    /// with, the anchor file, and the operator it acts as.
+    pub fn cli_env(&self, operator: &str) -> String {
+        [
+            ("DATABASE_URL", self.database_url.clone()),
+            ("NATS_URL", self.nats_url.clone()),
+            ("GATEHOUSE_OPERATOR", operator.to_owned()),
+            ("GATEHOUSE_SECRET_KEYS", SECRET_KEYS.to_owned()),
+            ("GATEHOUSE_AUDIT_SIGNING_KEYS", AUDIT_SIGNING_KEYS.to_owned()),
+            (
+                "GATEHOUSE_AUDIT_KEYS",
+                format!("{}/.well-known/gatehouse-audit-keys", self.control_url),
+            ),
+            ("GATEHOUSE_AUDIT_ANCHOR_FILE", self.anchor_file().to_string_lossy().into_owned()),
+        ]
+        .iter()
+        .map(|(k, v)| format!("export {k}='{v}'\n"))
+        .collect()
     }
 
     /// Kills the control plane (SIGKILL), as a crashed pod would die.

@@ -36,6 +36,12 @@ pub struct Common {
     /// The Ed25519 seeds that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`,
     /// `kid:base64url-32-byte-seed[,…]`, the first signing, all published).
     pub audit_signing_keys: Option<Secret>,
+    /// Public halves of keys that signed checkpoints once and sign no more
+    /// (`GATEHOUSE_AUDIT_RETIRED_KEYS`, `kid:base64url-public-key[,…]`): published, verifying.
+    pub audit_retired_keys: Option<String>,
+    /// Where every checkpoint is appended as it is made, outside Postgres
+    /// (`GATEHOUSE_AUDIT_ANCHOR_FILE`; JSON lines, fsynced), and what the signer remembers.
+    pub audit_anchor_file: Option<std::path::PathBuf>,
 }
 
 impl Common {
@@ -59,10 +65,22 @@ impl Common {
             .as_ref()
             .map(|spec| {
                 crate::services::audit::SigningKeys::parse(spec.expose())
-                    .map(std::sync::Arc::new)
                     .map_err(|e| Error::invalid("GATEHOUSE_AUDIT_SIGNING_KEYS", e))
+                    .and_then(|keys| {
+                        keys.with_retired(self.audit_retired_keys.as_deref().unwrap_or_default())
+                            .map_err(|e| Error::invalid("GATEHOUSE_AUDIT_RETIRED_KEYS", e))
+                    })
+                    .map(std::sync::Arc::new)
             })
             .transpose()
+    }
+
+    /// What the checkpoint signer remembers: the anchor file when configured, else memory.
+    pub fn audit_anchors(&self) -> Result<crate::services::audit::Anchors> {
+        match &self.audit_anchor_file {
+            Some(path) => crate::services::audit::Anchors::with_file(path),
+            None => Ok(crate::services::audit::Anchors::in_memory()),
+        }
     }
 
     pub fn from_env() -> Result<Self> {
@@ -103,6 +121,12 @@ impl Common {
                 .ok()
                 .filter(|v| !v.trim().is_empty())
                 .map(Secret),
+            audit_retired_keys: std::env::var("GATEHOUSE_AUDIT_RETIRED_KEYS")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
+            audit_anchor_file: std::env::var_os("GATEHOUSE_AUDIT_ANCHOR_FILE")
+                .filter(|v| !v.is_empty())
+                .map(std::path::PathBuf::from),
         })
     }
 }

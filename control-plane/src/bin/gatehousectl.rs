@@ -130,21 +130,43 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum AuditCmd {
-    /// Check the tenant's hash chain and signed checkpoints; exits 1 naming the first row that
-    /// was edited, deleted, inserted or reordered.
+    /// Check the tenant's hash chain and signed checkpoints with PUBLIC keys, against anchors
+    /// kept outside Gatehouse; exits 1 naming the first row or checkpoint that was edited,
+    /// deleted, inserted, reordered or rewritten (and, with --strict, when rows are unanchored).
     Verify {
         #[command(flatten)]
         t: InTenant,
-        /// A public key to check checkpoints with (`kid:base64url`, repeatable); by default the
-        /// keys of GATEHOUSE_AUDIT_SIGNING_KEYS.
+        /// The published key set: its URL (the control plane's
+        /// /.well-known/gatehouse-audit-keys) or a file holding it.
+        #[arg(long, env = "GATEHOUSE_AUDIT_KEYS")]
+        keys: Option<String>,
+        /// A public key to check checkpoints with (`kid:base64url`, repeatable).
         #[arg(long = "public-key")]
         public_keys: Vec<String>,
+        /// Checkpoints held outside (JSON lines or an array: what the SIEM webhook received as
+        /// `audit.checkpoint` events, the anchor file, the public endpoint's list); repeatable.
+        #[arg(long = "anchors")]
+        anchor_files: Vec<std::path::PathBuf>,
+        /// A chain position and its hash written down elsewhere (`seq:hex`); repeatable.
+        #[arg(long = "anchor")]
+        anchors: Vec<String>,
+        /// Fail (exit 1) when chained rows are covered by no checkpoint for longer than two
+        /// checkpoint intervals.
+        #[arg(long)]
+        strict: bool,
+        /// The control plane's checkpoint interval (GATEHOUSE_AUDIT_CHECKPOINT_SECS).
+        #[arg(long, env = "GATEHOUSE_AUDIT_CHECKPOINT_SECS", default_value_t = 60)]
+        checkpoint_secs: i64,
     },
-    /// The public keys that verify checkpoints (from GATEHOUSE_AUDIT_SIGNING_KEYS).
+    /// The public keys that verify checkpoints (signing, published and retired), as the
+    /// control plane publishes them.
     Keys,
     /// Chain every queued row and sign every chain head now (the control plane does both on
-    /// its own; this is for maintenance and before retention).
+    /// its own; this is for maintenance and before retention). With
+    /// GATEHOUSE_AUDIT_ANCHOR_FILE, what it signs is appended there too.
     Checkpoint,
+    /// The JSON Schema of the SIEM webhook's event bodies (docs/audit-webhook.schema.json).
+    WebhookSchema,
     /// Retention: drop the tenant's audit rows written before a day, up to the newest signed
     /// checkpoint that old (the rest stays verifiable from it); never an undelivered event.
     Prune {
@@ -489,7 +511,8 @@ async fn main() {
     match run(cli).await {
         Ok((value, text)) => {
             // A verification that found tampering prints its report and fails.
-            let failed = value.pointer("/verification/ok") == Some(&Value::Bool(false));
+            let failed = value.pointer("/verification/ok") == Some(&Value::Bool(false))
+                || value.get("strict_failed") == Some(&Value::Bool(true));
             if json_out {
                 println!("{}", serde_json::to_string_pretty(&value).unwrap_or_default());
             } else {
@@ -946,7 +969,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             );
             Ok((to_json(&flipped), text))
         }
-        Command::Audit { cmd: Some(cmd), .. } => audit(&ds, operator.as_ref(), cmd).await,
+        Command::Audit { cmd: Some(cmd), .. } => audit(&ds, &common, operator.as_ref(), cmd).await,
         Command::Audit { tenant, connection, limit, cmd: None } => {
             let tenant = tenant.ok_or_else(|| {
                 Error::invalid("tenant", "name the tenant: gatehousectl audit --tenant SLUG")
@@ -1099,8 +1122,31 @@ fn to_json<T: serde::Serialize>(value: &T) -> Value {
     serde_json::to_value(value).unwrap_or_default()
 }
 
+/// Reads the published key set from a URL or a file.
+async fn key_set(source: &str) -> shared::Result<Vec<shared::services::audit::PublicKey>> {
+    let text = if source.starts_with("http://") || source.starts_with("https://") {
+        let fail = |e: String| Error::invalid("keys", format!("{source}: {e}"));
+        let response = reqwest::Client::new()
+            .get(source)
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await
+            .map_err(|e| fail(format!("could not be fetched ({e})")))?;
+        if !response.status().is_success() {
+            return Err(fail(format!("answered {}", response.status())));
+        }
+        response.text().await.map_err(|e| fail(e.to_string()))?
+    } else {
+        std::fs::read_to_string(source)
+            .map_err(|e| Error::invalid("keys", format!("{source} cannot be read: {e}")))?
+    };
+    shared::services::audit::PublicKey::parse_set(&text)
+        .map_err(|e| Error::invalid("keys", format!("{source}: {e}")))
+}
+
 async fn audit(
     ds: &Services,
+    common: &Common,
     operator: Option<&Operator>,
     cmd: AuditCmd,
 ) -> shared::Result<(Value, String)> {
@@ -1110,7 +1156,15 @@ async fn audit(
             let keys = audit::public_keys(ds);
             let text = keys
                 .iter()
-                .map(|k| format!("{}  Ed25519  {}", k.kid, k.public_key))
+                .map(|k| {
+                    let status = serde_json::to_value(k.status).unwrap_or_default();
+                    format!(
+                        "{}  Ed25519  {}  {}",
+                        k.kid,
+                        k.public_key,
+                        status.as_str().unwrap_or("")
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join("\n");
             let text = if text.is_empty() {
@@ -1120,22 +1174,70 @@ async fn audit(
             };
             Ok((json!({"alg": "Ed25519", "keys": keys}), text))
         }
+        AuditCmd::WebhookSchema => {
+            let schema = audit::event_schema();
+            let text = serde_json::to_string_pretty(&schema).unwrap_or_default();
+            Ok((schema, text))
+        }
         AuditCmd::Checkpoint => {
             need_operator(operator)?;
+            let mut anchors = common.audit_anchors()?;
             let chained = audit::chain_round(ds).await?;
-            let signed = audit::checkpoint_round(ds).await?;
+            let round = audit::checkpoint_round(ds, &mut anchors).await?;
+            let mut text =
+                format!("{chained} row(s) chained, {} checkpoint(s) signed", round.signed.len());
+            for r in &round.refused {
+                text.push_str(&format!("\nREFUSED {}: {}", r.tenant, r.reason));
+            }
+            if let Some(e) = &round.file_error {
+                text.push_str(&format!("\nwarning: {e}"));
+            }
             Ok((
-                json!({"chained": chained, "checkpoints": signed}),
-                format!("{chained} row(s) chained, {signed} checkpoint(s) signed"),
+                json!({
+                    "chained": chained,
+                    "checkpoints": round.signed.len(),
+                    "signed": round.signed,
+                    "refused": round.refused,
+                    "anchor_file_error": round.file_error,
+                }),
+                text,
             ))
         }
-        AuditCmd::Verify { t, public_keys } => {
+        AuditCmd::Verify {
+            t,
+            keys,
+            public_keys,
+            anchor_files,
+            anchors,
+            strict,
+            checkpoint_secs,
+        } => {
             let ctx = in_tenant(ds, operator, &t.tenant).await?;
-            let keys = public_keys
-                .iter()
-                .map(|k| audit::PublicKey::parse(k).map_err(|e| Error::invalid("public-key", e)))
-                .collect::<shared::Result<Vec<_>>>()?;
-            let v = audit::verify(ds, &ctx, &keys).await?;
+            let mut with = audit::VerifyWith {
+                keys: public_keys
+                    .iter()
+                    .map(|k| {
+                        audit::PublicKey::parse(k).map_err(|e| Error::invalid("public-key", e))
+                    })
+                    .collect::<shared::Result<Vec<_>>>()?,
+                anchors: anchors
+                    .iter()
+                    .map(|a| audit::Anchor::parse_head(a).map_err(|e| Error::invalid("anchor", e)))
+                    .collect::<shared::Result<Vec<_>>>()?,
+                unanchored_after_secs: 2 * checkpoint_secs.max(1),
+            };
+            if let Some(source) = &keys {
+                with.keys.extend(key_set(source).await?);
+            }
+            for path in &anchor_files {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    Error::invalid("anchors", format!("{} cannot be read: {e}", path.display()))
+                })?;
+                let found = audit::parse_anchors(&text)
+                    .map_err(|e| Error::invalid("anchors", format!("{}: {e}", path.display())))?;
+                with.anchors.extend(found.into_iter().map(audit::Anchor::Signed));
+            }
+            let v = audit::verify(ds, &ctx, &with).await?;
             let mut text = match &v.problem {
                 None => format!(
                     "{}: verified {} row(s){}{}",
@@ -1167,10 +1269,28 @@ async fn audit(
                     v.checkpoints_checked, c.seq, c.signed_at, c.kid
                 ));
             }
+            if v.anchors_checked > 0 {
+                text.push_str(&format!("\n{} anchor(s) held outside checked", v.anchors_checked));
+            } else {
+                text.push_str("\nno anchors given: a deleted tail or a rewrite since the last checkpoint in the database is found only with --anchors (what your SIEM received)");
+            }
             if v.pending > 0 {
                 text.push_str(&format!("\n{} row(s) not chained yet", v.pending));
             }
-            Ok((json!({"tenant": t.tenant, "verification": v}), text))
+            if let Some(u) = &v.unanchored {
+                text.push_str(&format!(
+                    "\nUNANCHORED: {} row(s) from row {} (chained since {}) are covered by no checkpoint{}",
+                    u.rows,
+                    u.from_seq,
+                    u.oldest_chained_at,
+                    if strict { "" } else { " (--strict fails on this)" }
+                ));
+            }
+            let strict_failed = strict && v.unanchored.is_some();
+            Ok((
+                json!({"tenant": t.tenant, "verification": v, "strict_failed": strict_failed}),
+                text,
+            ))
         }
         AuditCmd::Prune { t, before } => {
             let before = admin::audit_instant("before", &before, false)?;

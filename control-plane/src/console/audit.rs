@@ -136,7 +136,9 @@ pub(super) async fn page(
         }
         Err(e) => return Err(e.into()),
     };
-    let status = shared::services::audit::status(&state.ds, &t.ctx).await?;
+    let status =
+        shared::services::audit::status(&state.ds, &t.ctx, 2 * state.audit_checkpoint_secs as i64)
+            .await?;
     let body = html! {
         (chain_status(&status))
         (form)
@@ -289,27 +291,52 @@ async fn chain_links(
     shared::services::audit::export_links(ds, ctx, &ids).await
 }
 
-/// "Verified up to …": the tail since the last signed checkpoint, checked on each view.
+/// What the chain's state is, in every state: tampered, unanchored, verified up to, being
+/// chained, nothing yet. The tail since the last signed checkpoint is checked on each view.
 fn chain_status(status: &shared::services::audit::ChainStatus) -> Markup {
-    html! {
-        @if let Some(p) = &status.problem {
-            p class="card error" role="alert" {
-                strong { "The audit chain does not verify: " } (p.detail)
-                " Run gatehousectl audit verify for the full report."
-            }
+    use shared::services::audit::ChainState;
+    let checkpoint = html! {
+        @if let Some(c) = &status.checkpoint {
+            " The last checkpoint covers row " (c.seq) ", signed " (c.signed_at) " by key " (c.kid) "."
         } @else {
-            p class="card" {
-                @match (&status.verified_until, status.last_seq) {
-                    (Some(at), Some(seq)) => { "Verified up to " (at) " (row " (seq) ")" }
-                    _ => { "Nothing chained yet" }
+            " No checkpoint is signed yet."
+        }
+        @if status.pending > 0 { " " (status.pending) " row(s) are being chained." }
+    };
+    html! {
+        @match status.state {
+            ChainState::Tampered => {
+                p class="card error" role="alert" {
+                    strong { "Tampered: the audit log does not verify. " }
+                    @if let Some(p) = &status.problem { (p.detail) "." }
+                    " Compare it with the checkpoints your SIEM received (gatehousectl audit verify --anchors), and tell your security team."
                 }
-                @if let Some(c) = &status.checkpoint {
-                    ", checkpoint at row " (c.seq) " signed " (c.signed_at) " by key " (c.kid)
-                } @else {
-                    ", no signed checkpoint yet"
+            }
+            ChainState::Unanchored => {
+                p class="card warning" role="status" {
+                    strong { "Unanchored: " }
+                    @if let Some(u) = &status.unanchored {
+                        (u.rows) " row(s) from row " (u.from_seq) ", chained since " (u.oldest_chained_at)
+                        ", are covered by no signed checkpoint."
+                    }
+                    " The rows verify, but nothing outside the database vouches for them yet: the control plane's checkpoint signing is not running or refused."
+                    (checkpoint)
                 }
-                @if status.pending > 0 { " · " (status.pending) " row(s) being chained" }
-                "."
+            }
+            ChainState::Verified => {
+                p class="card" {
+                    @match (&status.verified_until, status.last_seq) {
+                        (Some(at), Some(seq)) => { "Verified up to " (at) " (row " (seq) ")." }
+                        _ => { "Verified." }
+                    }
+                    (checkpoint)
+                }
+            }
+            ChainState::Chaining => {
+                p class="card" { (status.pending) " row(s) are being chained; nothing is verified yet." }
+            }
+            ChainState::Empty => {
+                p class="card" { "Nothing is in the audit log yet." }
             }
         }
     }

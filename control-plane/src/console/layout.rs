@@ -13,7 +13,7 @@ th{font-size:.8rem;text-transform:uppercase;color:#5b6472}.card{background:#fff;
 label{display:block;margin:.4rem 0}input[type=text],input[type=email],input[type=password],select{padding:.4rem;border:1px solid #b9c0ca;border-radius:4px;min-width:18rem}\
 button{padding:.45rem .9rem;border-radius:4px;border:1px solid #2f5bd3;background:#2f5bd3;color:#fff;cursor:pointer}\
 button.danger{background:#b42318;border-color:#b42318}button.plain{background:#fff;color:#2f5bd3}\
-.error{background:#fdecea;border:1px solid #f5c2bd;padding:.6rem 1rem;border-radius:4px}.ok{background:#e8f5ec;border:1px solid #b7dfc3;padding:.6rem 1rem;border-radius:4px}\
+.error{background:#fdecea;border:1px solid #f5c2bd;padding:.6rem 1rem;border-radius:4px}.warning{background:#fff6e0;border:1px solid #f0d58c;padding:.6rem 1rem;border-radius:4px}.ok{background:#e8f5ec;border:1px solid #b7dfc3;padding:.6rem 1rem;border-radius:4px}\
 code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em}pre{padding:.6rem;white-space:pre-wrap;word-break:break-all}\
 .status-revoked,.status-expired{color:#b42318}.count{font-weight:700}form.inline{display:inline}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}\
 .picture{margin:.5rem 0 1rem;background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:.5rem}.picture svg{display:block;width:100%;height:auto}\

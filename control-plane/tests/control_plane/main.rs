@@ -9,6 +9,7 @@
 mod charts;
 
 mod api_tokens;
+mod audit_anchors;
 mod audit_and_activity;
 mod audit_chain;
 mod budgets;

@@ -14,6 +14,8 @@ pub(crate) struct Api {
     pub(crate) url: String,
     pub(crate) seed: demo::DemoSeed,
     pub(crate) http: reqwest::Client,
+    /// The running control plane's state (its jobs can be started on it).
+    pub(crate) state: Arc<AppState>,
 }
 
 impl Api {
@@ -35,16 +37,19 @@ impl Api {
             fetch,
             trust_forwarded_for: true,
             passkeys: shared::services::passkeys::RelyingParty::new(&url).expect("relying party"),
+            jobs: Default::default(),
+            audit_checkpoint_secs: 60,
         });
+        let served = state.clone();
         tokio::spawn(async move {
             axum::serve(
                 listener,
-                app(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+                app(served).into_make_service_with_connect_info::<std::net::SocketAddr>(),
             )
             .await
             .expect("serve")
         });
-        Api { _db: db, url, seed, http: reqwest::Client::new() }
+        Api { _db: db, url, seed, http: reqwest::Client::new(), state }
     }
 
     pub(crate) async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {

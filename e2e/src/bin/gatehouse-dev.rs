@@ -54,12 +54,14 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  Read-only: {}", stack.token(0, 1));
     println!("  API token: {}", tenant["api_token"].as_str().unwrap_or_default());
+    let operator = tenant["admin"]["email"].as_str().unwrap_or_default();
+    std::fs::write(run_dir.join("env"), stack.cli_env(operator))?;
     println!(
-        "  CLI:       DATABASE_URL={} NATS_URL={} target/debug/gatehousectl --as {} connection list --tenant {}",
-        stack.database_url,
-        stack.nats_url,
-        tenant["admin"]["email"].as_str().unwrap_or_default(),
+        "  CLI:       source .run/env && target/debug/gatehousectl audit verify --tenant {}",
         tenant["slug"].as_str().unwrap_or_default()
+    );
+    println!(
+        "             (.run/env carries the stack's database, NATS, keys and operator for every command)"
     );
     println!();
     println!("Connect Claude Code:");

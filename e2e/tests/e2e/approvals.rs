@@ -129,6 +129,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
                 "--mcp-resource",
                 &mcp,
                 "--no-dispatcher",
+                "--no-audit-jobs",
             ],
         )
         .expect("second control plane");

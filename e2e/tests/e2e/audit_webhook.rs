@@ -48,7 +48,11 @@ async fn receive(
     let Ok(event) = serde_json::from_str::<Value>(&body) else {
         return axum::http::StatusCode::BAD_REQUEST;
     };
-    let seq = event["data"]["seq"].as_i64().unwrap_or(-1);
+    // Checkpoints (`audit.checkpoint`) come too; the events are what this SIEM counts.
+    if event["type"] != "audit.event" {
+        return axum::http::StatusCode::NO_CONTENT;
+    }
+    let seq = event["data"]["row"]["seq"].as_i64().unwrap_or(-1);
     r.got.lock().expect("lock").push((id, seq, body));
     axum::http::StatusCode::NO_CONTENT
 }
@@ -143,4 +147,44 @@ async fn every_audit_event_reaches_the_siem_in_order_through_a_down_endpoint_and
     }
     assert!(firsts.windows(2).all(|w| w[1] == w[0] + 1), "in order, none skipped: {firsts:?}");
     assert!(firsts.first().is_some_and(|s| *s > first_seq), "{firsts:?}");
+}
+
+/// The CLI line `scripts/dev` prints (`source .run/env && gatehousectl …`) works as printed:
+/// it verifies the untouched demo log as intact with the published PUBLIC keys fetched from
+/// the control plane, signs a checkpoint that lands in the anchor file, and verifies against
+/// that file; it never needs a signing seed to verify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_cli_line_verifies_the_demo_log_as_intact_with_public_keys_and_anchors() {
+    let stack = Stack::start(Options::for_test("cliline", 1)).await.expect("stack");
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let operator = stack.tenant(0)["admin"]["email"].as_str().expect("email").to_owned();
+    let env = stack.run_dir.join("env");
+    std::fs::write(&env, stack.cli_env(&operator)).expect("env file");
+    let ctl = e2e::bin("gatehousectl").expect("gatehousectl");
+    // `run(prefix, cmd)`: `source .run/env && PREFIX gatehousectl CMD --json`.
+    let run = |prefix: &str, cmd: &str| {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source '{}' && {prefix} '{}' {cmd} --json", env.display(), ctl.display()))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .output()
+            .expect("bash");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.success(), v, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    // Verifying uses only the published key set: the seed is taken out of its environment.
+    let verify = format!("audit verify --tenant {slug}");
+    let public_only = "env -u GATEHOUSE_AUDIT_SIGNING_KEYS";
+    let (ok, v, err) = run(public_only, &verify);
+    assert!(ok, "the demo log verifies as intact: {v} {err}");
+    let (ok, out, err) = run("", "audit checkpoint");
+    assert!(ok, "{out} {err}");
+    let anchors = std::fs::read_to_string(stack.anchor_file()).unwrap_or_default();
+    assert!(!anchors.is_empty(), "the checkpoint is in the anchor file");
+    let (ok, v, err) =
+        run(public_only, &format!("{verify} --anchors \"$GATEHOUSE_AUDIT_ANCHOR_FILE\" --strict"));
+    assert!(ok, "{v} {err}");
+    assert!(v["verification"]["anchors_checked"].as_u64().is_some_and(|n| n >= 1), "{v}");
+    assert!(v["verification"]["checkpoints_checked"].as_u64().is_some_and(|n| n >= 1), "{v}");
 }
