@@ -504,7 +504,7 @@ impl Stack {
              events {{ worker_connections 1024; }}\n\
              http {{\n    access_log off;\n    client_body_temp_path {dir}/nginx-tmp/body;\n    proxy_temp_path {dir}/nginx-tmp/proxy;\n\
              fastcgi_temp_path {dir}/nginx-tmp/fastcgi;\n    uwsgi_temp_path {dir}/nginx-tmp/uwsgi;\n    scgi_temp_path {dir}/nginx-tmp/scgi;\n\
-             upstream gatehouse_workers {{\n{servers}        keepalive 64;\n    }}\n\
+             upstream gatehouse_workers {{\n{servers}        keepalive 64;\n        keepalive_timeout 5s;\n    }}\n\
              server {{\n        listen 127.0.0.1:{lb_port};\n        location / {{\n            proxy_pass http://gatehouse_workers;\n\
              proxy_http_version 1.1;\n            proxy_set_header Connection \"\";\n            proxy_set_header Host $http_host;\n\
              proxy_buffering off;\n            proxy_read_timeout 300s;\n            proxy_next_upstream error timeout http_502;\n        }}\n    }}\n}}\n"

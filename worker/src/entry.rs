@@ -157,6 +157,12 @@ pub async fn authenticate(
         if let Some(refusal) = legacy_header_mismatch(&parts.headers, &bytes) {
             return refusal;
         }
+        // A listen stream takes its place within the bounds before rmcp acknowledges it, so a
+        // refusal is the request's answer, never a subscription that is cut after its ack.
+        let reserved = match reserve_listen(&state, &context, &parts.headers, &bytes) {
+            Ok(reserved) => reserved,
+            Err(refusal) => return *refusal,
+        };
         // Parsed before authentication when it could read ahead; else only when needed.
         let probe = probe.or_else(|| {
             (step_up || looked_up.is_some())
@@ -196,6 +202,9 @@ pub async fn authenticate(
             );
         let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
+        if let Some(reserved) = reserved {
+            request.extensions_mut().insert(reserved);
+        }
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
@@ -525,6 +534,71 @@ fn legacy_header_mismatch(headers: &http::HeaderMap, body: &[u8]) -> Option<Resp
     let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {
         "code": rmcp::model::ErrorCode::HEADER_MISMATCH.0, "message": format!("Header mismatch: {reason}")}});
     Some((StatusCode::BAD_REQUEST, Json(body)).into_response())
+}
+
+/// A listen stream's place, taken by the entry point (see [`reserve_listen`]) and handed to
+/// the stream through the request's extensions.
+#[derive(Clone)]
+pub struct ReservedStream(pub Arc<std::sync::Mutex<Option<crate::listen::Registered>>>);
+
+/// For a `subscriptions/listen` request: on the legacy protocol, a JSON-RPC error saying
+/// which version serves it; else its place among the streams, or the bound's refusal. Other
+/// requests pass (`Ok(None)`); the body is parsed only when it names the method.
+fn reserve_listen(
+    state: &AppState,
+    context: &McpContext,
+    headers: &http::HeaderMap,
+    body: &[u8],
+) -> Result<Option<ReservedStream>, Box<Response>> {
+    const METHOD: &str = "subscriptions/listen";
+    let said = headers.get("mcp-method").and_then(|v| v.to_str().ok());
+    if said.is_some_and(|m| m != METHOD)
+        || (said.is_none() && !body.windows(METHOD.len()).any(|w| w == METHOD.as_bytes()))
+    {
+        return Ok(None);
+    }
+    let Ok(request) = serde_json::from_slice::<serde_json::Value>(body) else { return Ok(None) };
+    if request.get("method").and_then(|m| m.as_str()) != Some(METHOD) {
+        return Ok(None);
+    }
+    let id = request
+        .get("id")
+        .filter(|id| id.is_string() || id.is_i64() || id.is_u64())
+        .cloned()
+        .unwrap_or(serde_json::Value::Null);
+    let error = |code: i32, message: String| {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        Box::new((StatusCode::OK, Json(body)).into_response())
+    };
+    let version = headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            request
+                .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+                .and_then(|v| v.as_str())
+        })
+        .unwrap_or("2025-03-26");
+    let listen_version = rmcp::model::ProtocolVersion::STANDARD_HEADERS.as_str();
+    if version < listen_version {
+        return Err(error(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND.0,
+            format!(
+                "subscriptions/listen is served on protocol version {listen_version} and later; this request speaks {version}. Send it with MCP-Protocol-Version: {listen_version} (and the protocol version in _meta), or, on {version}, list the tools again when you need them."
+            ),
+        ));
+    }
+    let tenant = context.ctx.tenant().handle.as_str();
+    let connection = context.ctx.connection().map(|c| c.handle.as_str()).unwrap_or_default();
+    match state.streams.open(tenant, connection) {
+        Ok(registered) => {
+            Ok(Some(ReservedStream(Arc::new(std::sync::Mutex::new(Some(registered))))))
+        }
+        Err(full) => {
+            state.metrics.listen_events.with_label_values(&["refused"]).inc();
+            Err(error(rmcp::model::ErrorCode::INVALID_REQUEST.0, full.message()))
+        }
+    }
 }
 
 /// `=?base64?…?=` values (SEP-2243) decoded; anything else as it is.

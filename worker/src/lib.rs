@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod mrtr;
 pub mod results;
+pub mod serve;
 pub mod tasks;
 pub mod tools;
 

@@ -42,6 +42,10 @@ struct Args {
     /// A name for this worker in the `Gatehouse-Worker` response header and logs.
     #[arg(long, env = "GATEHOUSE_WORKER_ID")]
     worker_id: Option<String>,
+    /// Seconds a request's headers may take to arrive before the connection is closed, so a
+    /// directly exposed worker cannot be held by half-sent requests.
+    #[arg(long, env = "GATEHOUSE_HEADER_READ_TIMEOUT_SECS", default_value_t = 10)]
+    header_read_timeout_secs: u64,
     /// Requests served at once; past it a request is answered 503 with Retry-After at once
     /// (load shedding), so overload costs retries, not unbounded queues and latency.
     #[arg(long, env = "GATEHOUSE_MAX_INFLIGHT", default_value_t = worker::DEFAULT_MAX_INFLIGHT)]
@@ -123,12 +127,16 @@ async fn main() -> anyhow::Result<()> {
         }
         None => app(state),
     };
-    axum::serve(listener, public)
-        .with_graceful_shutdown(async move {
+    worker::serve::serve(
+        listener,
+        public,
+        std::time::Duration::from_secs(args.header_read_timeout_secs.max(1)),
+        async move {
             config::shutdown_signal().await;
             worker::drain(&stopping).await;
-        })
-        .await?;
+        },
+    )
+    .await?;
     // What was counted since the last write, and the spans still queued, before exiting.
     if let Err(e) = last_flush.activity.flush(&last_flush.ds).await {
         tracing::warn!(error = %e, "writing call activity at shutdown failed");

@@ -142,12 +142,22 @@ impl Server {
         // Declared before the registration, so it is dropped after it: the gauge is read
         // once this stream is out of the count.
         let _gauge = scopeguard(self.state.clone());
-        let registered = match self.state.streams.open(&tenant, &connection) {
-            Ok(r) => r,
-            Err(full) => {
-                metrics.listen_events.with_label_values(&["refused"]).inc();
-                return Err(ErrorData::invalid_request(full.message(), None));
-            }
+        // The entry point took the stream's place before the acknowledgement; a request that
+        // reached here another way (the conformance fixture) takes it now.
+        let reserved = request
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<crate::entry::ReservedStream>())
+            .and_then(|r| r.0.lock().ok()?.take());
+        let registered = match reserved {
+            Some(r) => r,
+            None => match self.state.streams.open(&tenant, &connection) {
+                Ok(r) => r,
+                Err(full) => {
+                    metrics.listen_events.with_label_values(&["refused"]).inc();
+                    return Err(ErrorData::invalid_request(full.message(), None));
+                }
+            },
         };
         metrics.listen_events.with_label_values(&["opened"]).inc();
         metrics.listen_streams.set(self.state.streams.open_count() as i64);

@@ -277,10 +277,8 @@ async fn checkpoints_form_a_chain_a_missing_or_replaced_one_is_named_and_the_pag
     // Put back, but replaced by one with another signature: it no longer verifies.
     as_owner(
         db,
-        &format!(
-            "INSERT INTO audit_checkpoints (tenant_id, seq, head_hash, signed_at, kid, signature, v, prev_seq, prev_digest, digest)
-             SELECT tenant_id, seq, head_hash, signed_at + interval '1 second', kid, signature, v, prev_seq, prev_digest, digest FROM kept"
-        ),
+        "INSERT INTO audit_checkpoints (tenant_id, seq, head_hash, signed_at, kid, signature, v, prev_seq, prev_digest, digest)
+         SELECT tenant_id, seq, head_hash, signed_at + interval '1 second', kid, signature, v, prev_seq, prev_digest, digest FROM kept",
     )
     .await;
     let (ok, v) = verify_with(&api, &slug, &[]);

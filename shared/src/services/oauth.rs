@@ -8,7 +8,7 @@
 //! are `gh_mcp_…` secrets stored hashed and belong to it; revocation goes through the one
 //! revocation service.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use base64::Engine;
@@ -832,29 +832,182 @@ pub fn scopes_supported() -> Vec<&'static str> {
 // ---------------------------------------------------------------- client ID metadata documents
 
 /// Why an address may not be fetched: loopback, private, link-local (cloud metadata),
-/// unspecified, multicast, unique-local.
+/// unspecified, multicast, unique-local, and every entry of [`ALWAYS_REFUSED`].
 pub fn forbidden_ip(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => forbidden_v4(v4),
-        IpAddr::V6(v6) => forbidden_v6(v6),
+    always_refused(ip).is_some()
+        || match ip {
+            IpAddr::V4(v4) => forbidden_v4(v4),
+            IpAddr::V6(v6) => forbidden_v6(v6),
+        }
+}
+
+/// An address range: `addr` with its first `len` bits significant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Net {
+    addr: IpAddr,
+    len: u8,
+}
+
+impl Net {
+    const fn v4(o: [u8; 4], len: u8) -> Self {
+        Net { addr: IpAddr::V4(Ipv4Addr::new(o[0], o[1], o[2], o[3])), len }
+    }
+
+    const fn v6(s: [u16; 8], len: u8) -> Self {
+        Net { addr: IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7])), len }
+    }
+
+    fn contains(self, ip: IpAddr) -> bool {
+        let (net, ip, width) = match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(i)) => {
+                (u128::from(u32::from(n)), u128::from(u32::from(i)), 32)
+            }
+            (IpAddr::V6(n), IpAddr::V6(i)) => (u128::from(n), u128::from(i), 128),
+            _ => return false,
+        };
+        // A shift of the whole width (a /0) compares nothing: `checked_shr` gives None to both.
+        let shift = width - u32::from(self.len);
+        net.checked_shr(shift) == ip.checked_shr(shift)
     }
 }
 
-/// Link-local addresses (169.254/16, fe80::/10, and IPv4 ones embedded in IPv6): where cloud
-/// metadata services answer; refused even in development.
-fn link_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.octets()[..2] == [169, 254],
-        IpAddr::V6(v6) => {
-            v6.to_ipv4_mapped().is_some_and(|v4| v4.octets()[..2] == [169, 254])
-                || (v6.segments()[0] & 0xffc0) == 0xfe80
+impl std::fmt::Display for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// Never fetched, in development either: the link-local ranges and the instance metadata and
+/// credential endpoints of the major clouds, some of which sit outside link-local (in private,
+/// shared or unique-local space that development allows, or in public space). Each entry says
+/// what it is, and a refusal names the entry that matched; the most specific entries come
+/// first because the first match wins.
+const ALWAYS_REFUSED: &[(&str, Net)] = &[
+    (
+        "a cloud metadata address (AWS, GCP, Azure, OCI, OpenStack, DigitalOcean, Akamai…)",
+        Net::v4([169, 254, 169, 254], 32),
+    ),
+    ("the AWS ECS task metadata and credentials address", Net::v4([169, 254, 170, 2], 32)),
+    ("the AWS EKS Pod Identity credentials address", Net::v4([169, 254, 170, 23], 32)),
+    ("the Tencent Cloud metadata address", Net::v4([169, 254, 0, 23], 32)),
+    ("the Scaleway metadata address", Net::v4([169, 254, 42, 42], 32)),
+    ("the Alibaba Cloud metadata address", Net::v4([100, 100, 100, 200], 32)),
+    ("the Oracle Cloud legacy metadata address", Net::v4([192, 0, 0, 192], 32)),
+    ("the Azure WireServer (host agent) address", Net::v4([168, 63, 129, 16], 32)),
+    ("the AWS IPv6 instance metadata address", Net::v6([0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254], 128)),
+    (
+        "the AWS EKS Pod Identity IPv6 credentials address",
+        Net::v6([0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23], 128),
+    ),
+    ("the GCP IPv6 metadata address", Net::v6([0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254], 128)),
+    ("the OCI IPv6 metadata address", Net::v6([0xfd00, 0xc1, 0, 0, 0, 0, 0xa9fe, 0xa9fe], 128)),
+    (
+        "the Akamai (Linode) IPv6 metadata address",
+        Net::v6([0xfd00, 0xa9fe, 0xa9fe, 0, 0, 0, 0, 1], 128),
+    ),
+    ("the Scaleway IPv6 metadata address", Net::v6([0xfd00, 0x42, 0, 0, 0, 0, 0, 0x42], 128)),
+    ("the OpenStack IPv6 metadata address", Net::v6([0xfe80, 0, 0, 0, 0, 0, 0xa9fe, 0xa9fe], 128)),
+    (
+        "an IPv4 link-local address (169.254.0.0/16), where cloud metadata services answer",
+        Net::v4([169, 254, 0, 0], 16),
+    ),
+    ("an IPv6 link-local address (fe80::/10)", Net::v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10)),
+];
+
+/// An address the guard refuses in every mode, and why.
+#[derive(Debug)]
+struct AlwaysRefused {
+    ip: IpAddr,
+    /// The IPv6 form and the IPv4 address inside it that matched, when the match is indirect.
+    via: Option<(&'static str, Ipv4Addr)>,
+    what: &'static str,
+    net: Net,
+}
+
+impl std::fmt::Display for AlwaysRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { ip, via, what, net } = self;
+        match via {
+            None => write!(f, "{ip} is {what}, which is never fetched (refused range {net})"),
+            Some((form, v4)) => write!(
+                f,
+                "{ip} carries {v4} ({form}), and {v4} is {what}, which is never fetched \
+                 (refused range {net})"
+            ),
         }
     }
 }
 
+/// The [`ALWAYS_REFUSED`] entry `ip` falls in, directly or through an IPv4 address it carries.
+fn always_refused(ip: IpAddr) -> Option<AlwaysRefused> {
+    let entry = |ip: IpAddr| ALWAYS_REFUSED.iter().find(|(_, net)| net.contains(ip));
+    if let Some(&(what, net)) = entry(ip) {
+        return Some(AlwaysRefused { ip, via: None, what, net });
+    }
+    let IpAddr::V6(v6) = ip else { return None };
+    embedded_v4(v6).into_iter().find_map(|(form, v4)| {
+        entry(IpAddr::V4(v4)).map(|&(what, net)| AlwaysRefused {
+            ip,
+            via: Some((form, v4)),
+            what,
+            net,
+        })
+    })
+}
+
+/// The IPv4 addresses an IPv6 address carries, each with its form: a connection to it may end
+/// at that IPv4 address (a dual-stack socket, a translator, a tunnel relay), so each is judged
+/// like the IPv4 address itself. The local-use NAT64 prefix may be cut at any RFC 6052 length,
+/// so every position it allows is read; Teredo names its server and, inverted, its client.
+fn embedded_v4(ip: Ipv6Addr) -> Vec<(&'static str, Ipv4Addr)> {
+    let s = ip.segments();
+    let o = ip.octets();
+    let at = |i: [usize; 4]| Ipv4Addr::new(o[i[0]], o[i[1]], o[i[2]], o[i[3]]);
+    let last = at([12, 13, 14, 15]);
+    if s[..5] == [0; 5] && s[5] == 0xffff {
+        vec![("IPv4-mapped", last)]
+    } else if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+        vec![("IPv4-translated", last)]
+    } else if s[..6] == [0; 6] {
+        vec![("IPv4-compatible", last)]
+    } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        vec![("NAT64", last)]
+    } else if s[..3] == [0x64, 0xff9b, 1] {
+        vec![
+            ("local-use NAT64 /48", at([6, 7, 9, 10])),
+            ("local-use NAT64 /56", at([7, 9, 10, 11])),
+            ("local-use NAT64 /64", at([9, 10, 11, 12])),
+            ("local-use NAT64 /96", last),
+        ]
+    } else if s[0] == 0x2002 {
+        vec![("6to4", at([2, 3, 4, 5]))]
+    } else if s[..2] == [0x2001, 0] {
+        vec![
+            ("Teredo client", Ipv4Addr::from(!u32::from(last))),
+            ("Teredo server", at([4, 5, 6, 7])),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Why the guard refuses to connect to any of `addrs`, for the client's error description:
+/// an [`ALWAYS_REFUSED`] entry in any mode (named first, whichever address it is), any other
+/// forbidden address outside development. The generic refusal names no address, so the guard
+/// never tells a client what an internal name resolves to.
+fn refusal(addrs: &[IpAddr], dev: bool) -> Option<String> {
+    if let Some(hit) = addrs.iter().find_map(|a| always_refused(*a)) {
+        return Some(hit.to_string());
+    }
+    (!dev && addrs.iter().any(|a| forbidden_ip(*a))).then(|| {
+        "the host resolves to a private, loopback or link-local address, which is never fetched"
+            .to_owned()
+    })
+}
+
 /// The IANA IPv4 special-purpose registry's ranges that are not globally reachable, plus
 /// multicast and the reserved block: none is ever fetched.
-fn forbidden_v4(ip: std::net::Ipv4Addr) -> bool {
+fn forbidden_v4(ip: Ipv4Addr) -> bool {
     let [a, b, c, _] = ip.octets();
     a == 0                                        // "this network" 0.0.0.0/8
         || a == 10                                // private 10/8
@@ -874,15 +1027,10 @@ fn forbidden_v4(ip: std::net::Ipv4Addr) -> bool {
 
 /// The IANA IPv6 special-purpose registry's non-global ranges, and every form that embeds an
 /// IPv4 address (mapped, compatible, NAT64, 6to4, Teredo), judged by the address inside.
-fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
+fn forbidden_v6(ip: Ipv6Addr) -> bool {
     let s = ip.segments();
-    let embedded = |hi: u16, lo: u16| {
-        std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
-    };
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return forbidden_v4(v4);
-    }
-    ip.is_unspecified()
+    embedded_v4(ip).into_iter().any(|(_, v4)| forbidden_v4(v4))
+        || ip.is_unspecified()
         || ip.is_loopback()
         || ip.is_multicast()
         // IPv4-compatible ::a.b.c.d (deprecated) and IPv4-translated ::ffff:0:a.b.c.d: never fetched
@@ -890,8 +1038,6 @@ fn forbidden_v6(ip: std::net::Ipv6Addr) -> bool {
         || (s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0)
         // NAT64 64:ff9b::/96 and the local-use 64:ff9b:1::/48: a translator reaches anything, never fetched
         || (s[0] == 0x64 && s[1] == 0xff9b)
-        // 6to4 2002::/16: the embedded address must be public too
-        || (s[0] == 0x2002 && forbidden_v4(embedded(s[1], s[2])))
         // Teredo 2001::/32, ORCHID and the IETF protocol block 2001::/23, documentation 2001:db8::/32
         || (s[0] == 0x2001 && s[1] < 0x0200)
         || (s[0] == 0x2001 && s[1] == 0x0db8)
@@ -914,7 +1060,8 @@ const JWKS_REFRESH_SECS: i64 = 60;
 /// https only, public addresses only, the system's web PKI roots.
 #[derive(Clone, Debug, Default)]
 pub struct FetchPolicy {
-    /// Development on one machine: loopback and private addresses, and http, are allowed.
+    /// Development on one machine: loopback and private addresses, and http, are allowed;
+    /// link-local and cloud metadata addresses (the guard's always-refused table) never are.
     pub dev: bool,
     /// Extra trusted roots (a development or test CA), in addition to the web PKI roots.
     pub extra_roots: Vec<reqwest::Certificate>,
@@ -998,13 +1145,11 @@ async fn guarded(
     if addrs.is_empty() {
         return Err("the host does not resolve".into());
     }
-    // Development lets loopback and private addresses through, never link-local ones (cloud
-    // metadata services live there, and no development server does).
-    if addrs.iter().any(|a| forbidden_ip(a.ip()) && (!policy.dev || link_local(a.ip()))) {
-        return Err(
-            "the host resolves to a private, loopback or link-local address, which is never fetched"
-                .into(),
-        );
+    // Development lets loopback and private addresses through, never link-local or cloud
+    // metadata ones in any form (no development server lives there).
+    let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
+    if let Some(why) = refusal(&ips, policy.dev) {
+        return Err(why);
     }
     let mut builder = reqwest::Client::builder()
         // Never through a proxy: the address checked is the address connected to.
@@ -1339,10 +1484,156 @@ mod tests {
         }
         // Development lets private addresses through, never link-local ones (cloud metadata).
         for ip in ["169.254.169.254", "fe80::1", "::ffff:169.254.169.254"] {
-            assert!(link_local(ip.parse().expect("ip")), "{ip}");
+            assert!(always_refused(ip.parse().expect("ip")).is_some(), "{ip}");
         }
         for ip in ["127.0.0.1", "10.1.2.3", "::1", "fd00::1"] {
-            assert!(!link_local(ip.parse().expect("ip")), "{ip}");
+            assert!(always_refused(ip.parse().expect("ip")).is_none(), "{ip}");
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("ip")
+    }
+
+    /// The entry that refuses `text`, asserting it is refused in production and in development
+    /// with a message that names the entry.
+    fn refused_everywhere(text: &str) -> AlwaysRefused {
+        let hit = always_refused(ip(text)).unwrap_or_else(|| panic!("{text}: not always refused"));
+        assert!(forbidden_ip(ip(text)), "{text}");
+        for dev in [false, true] {
+            let why =
+                refusal(&[ip(text)], dev).unwrap_or_else(|| panic!("{text}: allowed, dev {dev}"));
+            assert!(why.contains(hit.what), "{text}, dev {dev}: {why}");
+            assert!(why.starts_with(&ip(text).to_string()), "{text}, dev {dev}: {why}");
+        }
+        hit
+    }
+
+    #[test]
+    fn every_link_local_and_metadata_entry_is_refused_in_production_and_development() {
+        // One address per entry, with the entry it must match: removing an entry lets its
+        // address through or names a broader entry, and the case fails.
+        let cases = [
+            ("169.254.169.254", "169.254.169.254/32", "cloud metadata address (AWS, GCP, Azure"),
+            ("169.254.170.2", "169.254.170.2/32", "ECS"),
+            ("169.254.170.23", "169.254.170.23/32", "EKS Pod Identity"),
+            ("169.254.0.23", "169.254.0.23/32", "Tencent"),
+            ("169.254.42.42", "169.254.42.42/32", "Scaleway"),
+            ("100.100.100.200", "100.100.100.200/32", "Alibaba"),
+            ("192.0.0.192", "192.0.0.192/32", "Oracle"),
+            ("168.63.129.16", "168.63.129.16/32", "Azure WireServer"),
+            ("fd00:ec2::254", "fd00:ec2::254/128", "AWS IPv6 instance metadata"),
+            ("fd00:ec2::23", "fd00:ec2::23/128", "EKS Pod Identity IPv6"),
+            ("fd20:ce::254", "fd20:ce::254/128", "GCP IPv6"),
+            ("fd00:c1::a9fe:a9fe", "fd00:c1::a9fe:a9fe/128", "OCI IPv6"),
+            ("fd00:a9fe:a9fe::1", "fd00:a9fe:a9fe::1/128", "Linode"),
+            ("fd00:42::42", "fd00:42::42/128", "Scaleway IPv6"),
+            ("fe80::a9fe:a9fe", "fe80::a9fe:a9fe/128", "OpenStack IPv6"),
+            ("169.254.1.1", "169.254.0.0/16", "IPv4 link-local"),
+            ("169.254.255.254", "169.254.0.0/16", "IPv4 link-local"),
+            ("fe80::1", "fe80::/10", "IPv6 link-local"),
+            ("febf:ffff::1", "fe80::/10", "IPv6 link-local"),
+        ];
+        for (text, net, what) in cases {
+            let hit = refused_everywhere(text);
+            assert_eq!(hit.net.to_string(), net, "{text}");
+            assert!(hit.what.contains(what), "{text}: {}", hit.what);
+            assert!(hit.via.is_none(), "{text}");
+        }
+        // Every entry has its case, so a new entry comes with one.
+        for (what, net) in ALWAYS_REFUSED {
+            assert!(cases.iter().any(|(_, n, _)| *n == net.to_string()), "no case for {what}");
+        }
+        // The message names the entry, as the client reads it.
+        assert_eq!(
+            refusal(&[ip("169.254.169.254")], true).as_deref(),
+            Some(
+                "169.254.169.254 is a cloud metadata address (AWS, GCP, Azure, OCI, OpenStack, \
+                 DigitalOcean, Akamai…), which is never fetched (refused range 169.254.169.254/32)"
+            )
+        );
+        // A metadata address among public ones is named, whatever its place.
+        let why = refusal(&[ip("93.184.216.34"), ip("10.0.0.1"), ip("fd00:ec2::254")], false);
+        assert!(why.is_some_and(|w| w.starts_with("fd00:ec2::254 is the AWS IPv6")));
+        // Just outside an entry is not that entry.
+        for text in ["169.253.255.255", "169.255.0.0", "100.100.100.201", "192.0.0.193", "fec0::1"]
+        {
+            assert!(always_refused(ip(text)).is_none(), "{text}");
+        }
+    }
+
+    #[test]
+    fn ipv4_inside_every_ipv6_form_is_judged_as_the_ipv4_address() {
+        // 169.254.169.254 = a9fe:a9fe, 100.100.100.200 = 6464:64c8, 169.254.170.2 = a9fe:aa02;
+        // Teredo carries its client inverted (!a9fe = 5601).
+        let metadata = [
+            ("::ffff:169.254.169.254", "IPv4-mapped", "169.254.169.254"),
+            ("::ffff:0:a9fe:a9fe", "IPv4-translated", "169.254.169.254"),
+            ("::169.254.169.254", "IPv4-compatible", "169.254.169.254"),
+            ("64:ff9b::a9fe:a9fe", "NAT64", "169.254.169.254"),
+            ("64:ff9b:1:a9fe:a9:fe00::", "local-use NAT64 /48", "169.254.169.254"),
+            ("64:ff9b:1:a9:fe:a9fe::", "local-use NAT64 /56", "169.254.169.254"),
+            ("64:ff9b:1:0:a9:fea9:fe00:0", "local-use NAT64 /64", "169.254.169.254"),
+            ("64:ff9b:1::a9fe:a9fe", "local-use NAT64 /96", "169.254.169.254"),
+            ("2002:a9fe:a9fe::1", "6to4", "169.254.169.254"),
+            ("2001:0:4136:e378:8000:63bf:5601:5601", "Teredo client", "169.254.169.254"),
+            ("2001:0:a9fe:a9fe::1", "Teredo server", "169.254.169.254"),
+            ("::ffff:100.100.100.200", "IPv4-mapped", "100.100.100.200"),
+            ("2002:6464:64c8::1", "6to4", "100.100.100.200"),
+            ("64:ff9b::a9fe:aa02", "NAT64", "169.254.170.2"),
+            ("::ffff:169.254.7.7", "IPv4-mapped", "169.254.7.7"),
+        ];
+        for (text, form, v4) in metadata {
+            let hit = refused_everywhere(text);
+            let (got_form, got_v4) = hit.via.unwrap_or_else(|| panic!("{text}: matched directly"));
+            assert_eq!((got_form, got_v4.to_string().as_str()), (form, v4), "{text}");
+            assert!(
+                hit.to_string().contains(&format!("carries {v4} ({form}), and {v4} is ")),
+                "{hit}"
+            );
+        }
+        // Loopback and private addresses inside a form are refused in production and
+        // allowed in development, like the IPv4 address itself.
+        for text in [
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::ffff:0:7f00:1",
+            "::127.0.0.1",
+            "64:ff9b::a00:1",
+            "64:ff9b:1::a00:1",
+            "2002:7f00:1::",
+            "2002:c0a8:101::1",
+            "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+        ] {
+            assert!(forbidden_ip(ip(text)), "{text}");
+            assert!(refusal(&[ip(text)], false).is_some(), "{text}: allowed in production");
+            assert!(refusal(&[ip(text)], true).is_none(), "{text}: refused in development");
+        }
+        // A public address inside a form that is otherwise public stays allowed.
+        for text in ["::ffff:93.184.216.34", "2002:5db8:d822::1"] {
+            assert!(refusal(&[ip(text)], false).is_none(), "{text}");
+        }
+    }
+
+    #[test]
+    fn public_addresses_pass_and_development_still_reaches_loopback_and_private_ones() {
+        for text in ["93.184.216.34", "2606:4700::1111", "1.1.1.1", "2a00:1450:4001:80b::200e"] {
+            assert!(!forbidden_ip(ip(text)), "{text}");
+            assert_eq!(refusal(&[ip(text)], false), None, "{text}");
+            assert_eq!(refusal(&[ip(text)], true), None, "{text}");
+        }
+        for text in
+            ["127.0.0.1", "10.0.0.1", "192.168.1.1", "172.16.0.1", "::1", "fd00::1", "100.64.0.1"]
+        {
+            assert_eq!(
+                refusal(&[ip(text)], false).as_deref(),
+                Some(
+                    "the host resolves to a private, loopback or link-local address, which is \
+                     never fetched"
+                ),
+                "{text}"
+            );
+            assert_eq!(refusal(&[ip(text)], true), None, "{text}: development reaches it");
         }
     }
 

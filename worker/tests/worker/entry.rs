@@ -397,3 +397,33 @@ async fn legacy_requests_whose_mcp_headers_contradict_the_body_are_refused() {
         assert!(answer["id"].is_number(), "{answer}");
     }
 }
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected_and_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack = Stack::start().await;
+    let addr = stack.url.trim_start_matches("http://").to_owned();
+    // A slowloris client: the request line and one header, then nothing more.
+    let mut slow = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    slow.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: 1").await.expect("write");
+    // An idle keep-alive connection that never starts a request is closed the same way.
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    // Meanwhile the worker serves everyone else.
+    let (status, _, answer) =
+        stack.raw(Some(&stack.token(0, 0)), "tools/list", None, json!({}), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    // The bound is 2 s here; waiting up to 60 s keeps the test about closing, not about speed.
+    for (what, stream) in [("half-sent headers", &mut slow), ("no request", &mut idle)] {
+        let mut buf = Vec::new();
+        let read =
+            tokio::time::timeout(std::time::Duration::from_secs(60), stream.read_to_end(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the worker kept the connection open"));
+        // Closed, possibly after a 408; never a served request.
+        let text = String::from_utf8_lossy(&buf);
+        assert!(
+            read.is_err() || buf.is_empty() || text.starts_with("HTTP/1.1 408"),
+            "{what}: {text}"
+        );
+    }
+}

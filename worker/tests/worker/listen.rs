@@ -52,9 +52,31 @@ async fn a_stream_is_acknowledged_bounded_and_ended_with_its_result_when_the_wor
         read_until(&mut r, "subscriptions/acknowledged").await;
         held.push(r);
     }
-    let mut refused = listen(&stack, &token, 99).await;
-    let said = read_until(&mut refused, "\"error\"").await;
+    // Refused before anything acknowledges it: the answer is the error, so a client's listen()
+    // raises the bound's message instead of reporting a lost subscription.
+    let refused = listen(&stack, &token, 99).await;
+    let said = refused.text().await.expect("body");
     assert!(said.contains("listen streams"), "the refusal names the bound: {said}");
+    assert!(!said.contains("acknowledged"), "nothing acknowledged it: {said}");
+    let refusal: serde_json::Value = serde_json::from_str(&said).expect("one JSON-RPC answer");
+    assert_eq!(refusal["id"], 99, "{said}");
+    assert_eq!(refusal["error"]["code"], -32600, "{said}");
+    // On the legacy protocol the answer says which version serves listening.
+    let legacy = stack
+        .http
+        .post(format!("{}/mcp", stack.url))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2025-11-25")
+        .bearer_auth(&token)
+        .body(json!({"jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": {"notifications": {"toolsListChanged": true}}}).to_string())
+        .send()
+        .await
+        .expect("legacy listen")
+        .text()
+        .await
+        .expect("body");
+    assert!(legacy.contains("2026-07-28") && legacy.contains("2025-11-25"), "{legacy}");
     // The worker stops: every stream ends with its final result, not a cut.
     worker::drain(&stack.state).await;
     let end = read_until(&mut first, "\"result\"").await;

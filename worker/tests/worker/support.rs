@@ -14,6 +14,8 @@ pub(crate) use worker::{AppState, Settings, app, tools::Registry};
 
 pub(crate) const PROTOCOL: &str = "2026-07-28";
 pub(crate) const DECOY: &str = "DECOY-SECRET-7f3a";
+/// How long the test workers wait for a request's headers (production's default is 10 s).
+pub(crate) const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// JSON-RPC ids: every request gets a new one, as a retrying client sends.
 pub(crate) static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -82,7 +84,12 @@ impl Stack {
         };
         let state = Arc::new(AppState::new(db.ds.clone(), settings));
         let serving = state.clone();
-        tokio::spawn(async move { axum::serve(listener, app(serving)).await.expect("serve") });
+        tokio::spawn(async move {
+            let app = app(serving);
+            worker::serve::serve(listener, app, HEADER_READ_TIMEOUT, std::future::pending())
+                .await
+                .expect("serve")
+        });
         // No connection reuse: concurrent calls in a test really run side by side.
         let http = reqwest::Client::builder().pool_max_idle_per_host(0).build().expect("client");
         Stack { db, url, seed, http, mrtr, state }
@@ -122,7 +129,12 @@ impl Stack {
             mrtr_keys: Some(self.mrtr.clone()),
         };
         let state = Arc::new(AppState::new(self.db.ds.clone(), settings));
-        tokio::spawn(async move { axum::serve(listener, app(state)).await.expect("serve") });
+        tokio::spawn(async move {
+            let app = app(state);
+            worker::serve::serve(listener, app, HEADER_READ_TIMEOUT, std::future::pending())
+                .await
+                .expect("serve")
+        });
         url
     }
 

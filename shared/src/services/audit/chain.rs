@@ -152,14 +152,13 @@ async fn chain_tenant(ds: &Services, tenant: i64) -> Result<usize> {
             .map(|r| {
                 seq += 1;
                 let hash = link_hash(&prev, &canonical_v2(r, seq));
-                let link = db::NewLink {
+                db::NewLink {
                     audit_id: r.id,
                     seq,
                     v: CANONICAL_VERSION,
                     prev_hash: std::mem::replace(&mut prev, hash.clone()),
                     hash,
-                };
-                link
+                }
             })
             .collect();
         db::job_audit_chain_append(&mut tx, tenant, &links).await?;

@@ -62,7 +62,7 @@ const ROTATION_OVERLAP_SECS: i64 = 86_400;
 pub enum WebhookEvent {
     /// An audit row, with its chain position and hashes so the SIEM can check the chain.
     #[serde(rename = "audit.event")]
-    Event { timestamp: String, data: EventData },
+    Event { timestamp: String, data: Box<EventData> },
     /// A chain position whose row is gone from the log (its link remains).
     #[serde(rename = "audit.gap")]
     Gap { timestamp: String, data: GapData },
@@ -124,14 +124,14 @@ fn event_of(tenant: &str, link: &ChainLinkRow) -> WebhookEvent {
     match &link.content {
         Some(c) => WebhookEvent::Event {
             timestamp: stamp(c.at),
-            data: EventData {
+            data: Box::new(EventData {
                 id,
                 row: CanonicalRow::of(c, link.seq),
                 v: link.v,
                 canonical: (link.v >= 2).then(|| canonical_v2(c, link.seq)),
                 prev_hash: hex::encode(&link.prev_hash),
                 hash: hex::encode(&link.hash),
-            },
+            }),
         },
         None => WebhookEvent::Gap {
             timestamp: stamp(Utc::now()),
