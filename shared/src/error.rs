@@ -20,9 +20,18 @@ pub enum Resource {
     ApiToken,
     AlertRule,
     Action,
+    Passkey,
 }
 
 impl Resource {
+    /// Where a handle of this kind is looked for: a person's own passkeys belong to no tenant.
+    pub fn scope(self) -> &'static str {
+        match self {
+            Resource::Passkey => "among your passkeys",
+            _ => "in this tenant",
+        }
+    }
+
     pub fn noun(self) -> &'static str {
         match self {
             Resource::Tenant => "tenant",
@@ -35,6 +44,7 @@ impl Resource {
             Resource::ApiToken => "API token",
             Resource::AlertRule => "alert rule",
             Resource::Action => "pending action",
+            Resource::Passkey => "passkey",
         }
     }
 }
@@ -42,7 +52,7 @@ impl Resource {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No such object in the caller's tenant (another tenant's handle lands here too, R3).
-    #[error("no {} {handle} in this tenant", resource.noun())]
+    #[error("no {} {handle} {}", resource.noun(), resource.scope())]
     NotFound { resource: Resource, handle: String },
 
     /// One argument is malformed or out of range.

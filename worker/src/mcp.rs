@@ -370,7 +370,14 @@ impl ServerHandler for Server {
         {
             // A slow tool, and a client that polls tasks: answered at once with the task.
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-            let created = crate::tasks::start(&self.state, &ctx, spec.name, args).await?;
+            let authorization = context
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let created =
+                crate::tasks::start(&self.state, &ctx, spec.name, args, authorization).await?;
             self.state
                 .metrics
                 .tool_calls

@@ -12,6 +12,10 @@
 //! The run heartbeats every second: the heartbeat carries the latest progress (shown as the
 //! task's `statusMessage`) and returns the task's status, so a `tasks/cancel` on any worker, or
 //! the revocation of its connection (also pushed at once through `Live::register`), stops it.
+//! At every heartbeat the run also asks what a new call of its tool would be asked (the
+//! credential, the creator, the rights, the toolset, the tenant's and the global switch, as
+//! the entry point reads them): a task runs only while its call would still be admitted, and
+//! is cancelled saying why otherwise (R5, R12).
 //! A task whose worker dies stops heartbeating and is failed after
 //! `services::tasks::STALE_SECS` by the next `tasks/get` or by housekeeping.
 
@@ -72,6 +76,7 @@ pub async fn start(
     ctx: &OpCtx,
     tool: &'static str,
     args: Value,
+    authorization: Option<String>,
 ) -> Result<CreateTaskResult, ErrorData> {
     let view = match tasks::create(&state.ds, ctx, tool, &state.settings.worker_id).await {
         Ok(view) => view,
@@ -85,19 +90,89 @@ pub async fn start(
     // Registered before the answer leaves: a revocation pushed from now on cancels the run.
     let inflight = state.live.register(connection);
     let created = CreateTaskResult::new(task_of(&view));
-    tokio::spawn(run(state.clone(), ctx.clone(), tool, args, view.task, inflight));
+    let admitted = Admission { authorization, tool };
+    tokio::spawn(run(state.clone(), ctx.clone(), admitted, args, view.task, inflight));
     Ok(created)
 }
+
+/// What a task's call was admitted with, to ask again at every heartbeat.
+struct Admission {
+    /// The request's `Authorization` header, kept in memory for the run only.
+    authorization: Option<String>,
+    tool: &'static str,
+}
+
+impl Admission {
+    /// Why a new call of the tool would now be refused, in words for the task's
+    /// `statusMessage`; `None` while it would be admitted, or when Postgres cannot say (the
+    /// heartbeat's own failure is logged, and the next beat asks again).
+    async fn refusal(&self, state: &AppState) -> Option<String> {
+        if state.live.killed() {
+            return Some(KILLED.into());
+        }
+        let fresh = match shared::auth::authenticate_mcp(
+            &state.ds,
+            self.authorization.as_deref(),
+            &state.settings.mcp_url(),
+            jiff::Timestamp::now(),
+            None,
+        )
+        .await
+        {
+            Ok(Ok(fresh)) => fresh,
+            Ok(Err(failure)) => {
+                return Some(match failure {
+                    shared::auth::AuthFailure::Revoked => REVOKED.into(),
+                    shared::auth::AuthFailure::CreatorGone => {
+                        "The connection's creator no longer belongs to the tenant.".into()
+                    }
+                    shared::auth::AuthFailure::Expired => {
+                        "The connection's access token expired; call the tool again with a new one."
+                            .into()
+                    }
+                    _ => "The connection's credential stopped working.".into(),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a task could not re-read its connection's context");
+                return None;
+            }
+        };
+        if fresh.global_kill {
+            return Some(KILLED.into());
+        }
+        let tenant = fresh.ctx.tenant().handle.as_str();
+        if !fresh.tenant_agent_access || state.live.tenant_off(tenant) {
+            return Some("The tenant turned agent access off.".into());
+        }
+        let spec = state.tools.get(self.tool)?;
+        if let Some(right) = spec.access.missing(fresh.ctx.rights()) {
+            return Some(format!(
+                "The connection lost the right {right} that {} needs.",
+                self.tool
+            ));
+        }
+        let toolset = fresh.ctx.connection().map(|c| c.toolset.as_str()).unwrap_or("full");
+        if !spec.toolsets.contains(&toolset) {
+            return Some(format!("{} is no longer in the connection's toolset.", self.tool));
+        }
+        None
+    }
+}
+
+const KILLED: &str = "Agents were paused platform-wide (the kill switch).";
+const REVOKED: &str = "The connection was revoked.";
 
 /// Runs the tool of a task to its end, heartbeating, and writes what it answered.
 async fn run(
     state: Arc<AppState>,
     ctx: OpCtx,
-    tool: &'static str,
+    admitted: Admission,
     args: Value,
     task: String,
     inflight: crate::live::InFlight,
 ) {
+    let tool = admitted.tool;
     let started = std::time::Instant::now();
     let Some(spec) = state.tools.get(tool) else { return };
     let latest = Arc::new(Mutex::new(None));
@@ -119,12 +194,20 @@ async fn run(
             outcome = &mut call => break Some(outcome),
             _ = inflight.token.cancelled() => {
                 cancel.cancel();
-                if let Err(e) = tasks::cancel(&state.ds, &ctx, &task, "The connection was revoked.").await {
+                if let Err(e) = tasks::cancel(&state.ds, &ctx, &task, REVOKED).await {
                     tracing::warn!(error = %e, task.id = %task, "marking a revoked connection's task cancelled failed");
                 }
                 break None;
             }
             _ = beat.tick() => {
+                if let Some(why) = admitted.refusal(&state).await {
+                    cancel.cancel();
+                    if let Err(e) = tasks::cancel(&state.ds, &ctx, &task, &why).await {
+                        tracing::warn!(error = %e, task.id = %task, "marking a task cancelled failed");
+                    }
+                    tracing::info!(task.id = %task, reason = %why, "a running task stopped: its call would no longer be admitted");
+                    break None;
+                }
                 let message = latest.lock().unwrap_or_else(|p| p.into_inner()).take();
                 match tasks::heartbeat(&state.ds, &ctx, &task, message.as_deref()).await {
                     Ok(Status::Working) => {}

@@ -144,6 +144,8 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
         let session = Session::from_request_parts(parts, state).await?;
         match session.ctx() {
             Some(ctx) => Ok(Tenant { session, ctx }),
+            // Shut out by the tenant's single sign-on requirement: the home page says so.
+            None if session.row.shut_out_by_sso() => Err(Redirect::to("/").into_response()),
             None => Err(Redirect::to("/tenants").into_response()),
         }
     }

@@ -179,6 +179,26 @@ pub(super) async fn pick_tenant(
 
 /// Where a person starts: admins at their connections, approvers at what waits for them.
 pub(super) async fn home(s: Session) -> Response {
+    if s.row.shut_out_by_sso() {
+        // Every page of the tenant sends such a session here: say why, and what to do.
+        let tenant = s.row.tenant_name().unwrap_or("This tenant").to_owned();
+        let body = html! {
+            div class="card warning" role="alert" {
+                h2 { (tenant) " requires single sign-on" }
+                p {
+                    "You are signed in as " strong { (s.row.name()) } " without " (tenant)
+                    "'s identity provider, so its pages are closed to this session."
+                }
+                p { "Sign out, then choose " strong { "Sign in with single sign-on" } " and give your work email." }
+                form method="post" action="/logout" {
+                    (csrf_field(s.csrf()))
+                    button type="submit" { "Sign out" }
+                }
+                p { a href="/tenants" { "Work in another tenant" } }
+            }
+        };
+        return shown("Single sign-on required", &s.nav("/"), body);
+    }
     let rights = console::session_rights(&s.row);
     let start = if rights.contains(Right::ConnectionsManage) {
         "/connections"

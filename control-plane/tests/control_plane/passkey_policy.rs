@@ -194,6 +194,10 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
     let r = admin.post("/oauth/authorize", &fields).await;
     let body = r.text().await.expect("body");
     assert!(body.contains("needs a passkey"), "consent beyond reading: {body}");
+    // Named in words, never by the request's PKCE challenge.
+    assert!(body.contains("act for you with bookings:write needs a passkey"), "{body}");
+    assert!(!body.contains(&client_id), "the client by its name, not its id: {body}");
+    assert!(!body.contains("oauth consent") && !body.contains("oauth_consent"), "{body}");
     let granted = format!("SELECT count(*) FROM connections WHERE oauth_client_id = '{client_id}'");
     assert_eq!(db.scalar_i64(&granted).await, 0);
     let consent = admin.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");

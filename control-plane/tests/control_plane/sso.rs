@@ -208,8 +208,21 @@ pub(crate) fn claims(idp: &FakeIdp, sub: &str, email: &str, nonce: &str) -> Valu
 
 /// Signs `email` in through the IdP as subject `sub`; returns the session cookie.
 pub(crate) async fn sign_in(api: &Api, idp: &FakeIdp, sub: &str, email: &str) -> String {
+    sign_in_as(api, idp, sub, email, &format!("sid-{sub}")).await
+}
+
+/// Signs `email` in as subject `sub` in the IdP's session `sid`; returns the session cookie.
+pub(crate) async fn sign_in_as(
+    api: &Api,
+    idp: &FakeIdp,
+    sub: &str,
+    email: &str,
+    sid: &str,
+) -> String {
     let started = start(api, email).await;
-    let token = idp.id_token(&claims(idp, sub, email, &started.params["nonce"]));
+    let mut claims = claims(idp, sub, email, &started.params["nonce"]);
+    claims["sid"] = json!(sid);
+    let token = idp.id_token(&claims);
     let r = finish(api, idp, &started, token).await;
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     session_of(&r).expect("a session")
@@ -436,7 +449,9 @@ async fn an_issuer_serves_one_tenant_and_a_private_idp_is_refused_outside_develo
         let err = connect(&api, hostile, &api.seed.tenants[1].slug, "harbor.example", false, false)
             .await
             .expect_err("metadata pointing at a link-local address");
-        assert!(err.to_string().contains("link-local"), "{err}");
+        let err = err.to_string();
+        assert!(err.contains("169.254.169.254 is a cloud metadata address"), "{err}");
+        assert!(err.contains("never fetched"), "{err}");
     }
     assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1, "nothing stored");
 }
@@ -457,7 +472,16 @@ async fn sso_required_turns_password_sign_in_off_for_the_tenant() {
         1
     );
     // ...works there no more.
-    assert_eq!(before.get("/approvals").await.status(), 303, "a password session left the tenant");
+    let sent = before.get("/approvals").await;
+    assert_eq!(sent.status(), 303, "a password session left the tenant");
+    let to = sent.headers()["location"].to_str().expect("location").to_owned();
+    // Where it is sent, it is told why and what to do.
+    let told = before.get(&to).await;
+    assert_eq!(told.status(), 200, "{to}");
+    let told = told.text().await.expect("html");
+    assert!(told.contains("requires single sign-on"), "{told}");
+    assert!(told.contains("Sign in with single sign-on") && told.contains("action=\"/logout\""));
+    assert!(!told.contains("Nothing to manage here"), "{told}");
     let http = no_redirects();
     let r = post_login(
         &http,
@@ -544,6 +568,80 @@ async fn back_channel_logout_ends_the_sessions_the_idp_started() {
     assert_eq!(sessions(cookie).await, 303, "the IdP's session ended");
     assert_eq!(sessions(other).await, 303, "every session of that sid");
     assert_eq!(post(logout(good, "logout+jwt")).await.status(), 400, "a logout token works once");
+}
+
+#[tokio::test]
+async fn a_logout_token_naming_sid_sub_or_both_ends_just_those_sessions() {
+    let api = Api::start_with(FetchPolicy { dev: true, ..Default::default() }).await;
+    let idp = FakeIdp::start().await;
+    let t = &api.seed.tenants[0];
+    connect(&api, &idp, &t.slug, "northwind.example", false, false).await.expect("connected");
+    let (d, a) = (&t.dispatcher.email, &t.admin.email);
+    // The dispatcher in three IdP sessions, the admin in one.
+    let d1 = sign_in_as(&api, &idp, "sub-d", d, "sid-1").await;
+    let d2 = sign_in_as(&api, &idp, "sub-d", d, "sid-2").await;
+    let d3 = sign_in_as(&api, &idp, "sub-d", d, "sid-3").await;
+    let a1 = sign_in_as(&api, &idp, "sub-a", a, "sid-a").await;
+    let jti = std::sync::atomic::AtomicU64::new(0);
+    let token = |sub: Option<&str>, sid: Option<&str>| {
+        let mut claims = json!({"iss": idp.issuer, "aud": CLIENT_ID, "iat": now(), "exp": now() + 120,
+            "jti": format!("forms-{}", jti.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            "events": {sso::BACKCHANNEL_LOGOUT_EVENT: {}}});
+        if let Some(sub) = sub {
+            claims["sub"] = json!(sub);
+        }
+        if let Some(sid) = sid {
+            claims["sid"] = json!(sid);
+        }
+        idp.signer.sign(json!({"alg": "ES256", "kid": "idp-1", "typ": "logout+jwt"}), &claims)
+    };
+    let post = |token: String| {
+        let url = format!("{}/sso/backchannel-logout", api.url);
+        async move {
+            no_redirects().post(url).form(&[("logout_token", token)]).send().await.expect("post")
+        }
+    };
+    let alive = |c: &String| {
+        let (url, c) = (format!("{}/approvals", api.url), c.clone());
+        async move {
+            no_redirects().get(url).header("cookie", c).send().await.expect("get").status() == 200
+        }
+    };
+    let all = [&d1, &d2, &d3, &a1];
+    let states = || async {
+        let mut states = Vec::new();
+        for c in all {
+            states.push(alive(c).await);
+        }
+        states
+    };
+    assert_eq!(states().await, [true; 4]);
+
+    // Neither: refused with what to send, and nothing ends.
+    let r = post(token(None, None)).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.expect("text").contains("neither sub nor sid"));
+    assert_eq!(states().await, [true; 4]);
+    // Both, but the session is another person's: nothing ends.
+    assert_eq!(post(token(Some("sub-d"), Some("sid-a"))).await.status(), 200);
+    assert_eq!(states().await, [true; 4]);
+    // A sid no session has, or a subject nobody signed in as: nothing ends, and the IdP is
+    // answered as the specification says (the logout is done).
+    assert_eq!(post(token(None, Some("sid-unknown"))).await.status(), 200);
+    assert_eq!(post(token(Some("sub-unknown"), Some("sid-1"))).await.status(), 200);
+    assert_eq!(states().await, [true; 4]);
+
+    // sid only: that session.
+    assert_eq!(post(token(None, Some("sid-1"))).await.status(), 200);
+    assert_eq!(states().await, [false, true, true, true]);
+    // sub and sid: that person's session.
+    assert_eq!(post(token(Some("sub-d"), Some("sid-2"))).await.status(), 200);
+    assert_eq!(states().await, [false, false, true, true]);
+    // sub only: every session of that person, no one else's.
+    let d4 = sign_in_as(&api, &idp, "sub-d", d, "sid-4").await;
+    assert_eq!(post(token(Some("sub-d"), None)).await.status(), 200);
+    assert_eq!(states().await, [false, false, false, true]);
+    assert!(!alive(&d4).await);
 }
 
 // The CLI runs as a child process while this runtime serves the IdP: two threads.

@@ -231,7 +231,8 @@ impl Services {
         Ok(())
     }
 
-    /// Ends the sessions an IdP started for a session id (`sid`) or for a linked person.
+    /// Ends the sessions an IdP started for a session id (`sid`), for a linked person, or for
+    /// that person's session when both are given.
     pub(crate) async fn preauth_sessions_end_idp(
         &self,
         idp_id: i64,
@@ -239,8 +240,11 @@ impl Services {
         person_id: Option<i64>,
     ) -> Result<u64> {
         Ok(sqlx::query(
+            // Never every session of the IdP: one of sid and person is always given.
             "DELETE FROM console_sessions WHERE idp_id = $1
-               AND (($2::text IS NOT NULL AND idp_sid = $2) OR ($2::text IS NULL AND person_id = $3))",
+               AND ($2::text IS NOT NULL OR $3::bigint IS NOT NULL)
+               AND ($2::text IS NULL OR idp_sid = $2)
+               AND ($3::bigint IS NULL OR person_id = $3)",
         )
         .bind(idp_id)
         .bind(sid)

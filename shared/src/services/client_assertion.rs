@@ -37,7 +37,7 @@ pub async fn verify<E>(
         // other (an ID-JAG, an access token) is a JWT made for something else.
         typ: Typ::AbsentOr(&["JWT", "client-authentication+jwt"]),
         issuer: Some(client_id),
-        subject: Some(client_id),
+        subject: jose::Subject::Is(client_id),
         audiences,
         max_lifetime_secs: MAX_LIFETIME_SECS,
         jti: Jti::Required,

@@ -157,6 +157,15 @@ impl ConsoleSession {
         &self.row.name
     }
 
+    /// Whether the session's tenant requires single sign-on and this session did not come
+    /// from its IdP (a password session from before the requirement, or another tenant's
+    /// IdP): such a session is shown why it cannot work there.
+    pub fn shut_out_by_sso(&self) -> bool {
+        self.row.tenant_id.is_some()
+            && self.row.tenant_sso_required == Some(true)
+            && self.row.idp_id != self.row.tenant_idp_id
+    }
+
     /// The tenant the session works in, once one is picked.
     pub fn tenant_name(&self) -> Option<&str> {
         self.row.tenant_name.as_deref()

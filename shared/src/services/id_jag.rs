@@ -112,7 +112,7 @@ pub async fn exchange(
         what: "the ID-JAG",
         typ: Typ::Required(TYP),
         issuer: Some(&idp.issuer),
-        subject: None,
+        subject: jose::Subject::Required,
         audiences: &audiences,
         max_lifetime_secs: MAX_LIFETIME_SECS,
         jti: Jti::Required,

@@ -138,6 +138,18 @@ pub enum Jti {
     NotRequired,
 }
 
+/// The `sub` a profile needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subject<'a> {
+    /// Any subject, but one is required.
+    Required,
+    /// Exactly this subject.
+    Is(&'a str),
+    /// None needed (a back-channel logout token names `sub`, `sid` or both); an absent `sub`
+    /// reads as the empty string.
+    Optional,
+}
+
 /// What a verified JWT must say, beyond its signature.
 pub struct Expect<'a> {
     /// What the JWT is, for refusals ("the assertion", "the ID-JAG").
@@ -146,8 +158,8 @@ pub struct Expect<'a> {
     pub typ: Typ<'a>,
     /// The only issuer accepted, if the profile fixes one.
     pub issuer: Option<&'a str>,
-    /// The only subject accepted, if the profile fixes one.
-    pub subject: Option<&'a str>,
+    /// Which `sub` the profile needs.
+    pub subject: Subject<'a>,
     /// This server's names; the JWT's `aud` must include one.
     pub audiences: &'a [String],
     /// How far ahead `exp` may lie: single use of the `jti` is kept that long.
@@ -169,6 +181,8 @@ enum Audience {
 #[derive(Debug, Deserialize)]
 pub struct Registered {
     pub iss: String,
+    /// Empty when absent, which only [`Subject::Optional`] accepts.
+    #[serde(default)]
     pub sub: String,
     aud: Audience,
     pub exp: i64,
@@ -299,16 +313,21 @@ pub fn verify_with<C: DeserializeOwned>(
             refused(format!("{what}'s signature matches no key of the issuer's key set"))
         })?
         .claims;
-    let registered: Registered = serde_json::from_value(payload.clone()).map_err(|_| {
+    let needs = || {
+        let sub = if expect.subject == Subject::Optional { "" } else { " sub," };
         let jti = if expect.jti == Jti::Required { " and jti" } else { "" };
-        refused(format!("{what} needs the claims iss, sub, aud, exp{jti}"))
-    })?;
+        refused(format!("{what} needs the claims iss,{sub} aud, exp{jti}"))
+    };
+    let registered: Registered = serde_json::from_value(payload.clone()).map_err(|_| needs())?;
+    if registered.sub.is_empty() && expect.subject != Subject::Optional {
+        return Err(needs());
+    }
     if let Some(iss) = expect.issuer
         && registered.iss != iss
     {
         return Err(refused(format!("{what}'s iss must be {iss}")));
     }
-    if let Some(sub) = expect.subject
+    if let Subject::Is(sub) = expect.subject
         && registered.sub != sub
     {
         return Err(refused(format!("{what}'s sub must be {sub}")));
@@ -434,7 +453,7 @@ mod tests {
             what: "the assertion",
             typ: Typ::AbsentOr(&["JWT"]),
             issuer: Some(ISSUER),
-            subject: Some(ISSUER),
+            subject: Subject::Is(ISSUER),
             audiences,
             max_lifetime_secs: 600,
             jti: Jti::Required,

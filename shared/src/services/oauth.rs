@@ -505,20 +505,28 @@ pub async fn consent_form_decision(
     if granted.is_subset_of(crate::rights::read_only()) {
         return Ok(None);
     }
-    Ok(Some(consent_decision(&req, granted)))
+    let name = ds
+        .preauth_oauth_client_get(&req.client_id)
+        .await?
+        .map(|c| c.client_name)
+        .unwrap_or_else(|| req.client_id.clone());
+    Ok(Some(consent_decision(&req, granted, &name)))
 }
 
 /// The decision a consent is, as a passkey ceremony names it: the client, where the code
 /// goes, the resource and the rights granted (cut to what the person holds).
+/// `client_name` is only what a person reads; the digest binds the client's id.
 pub fn consent_decision(
     req: &AuthorizeRequest,
     granted: RightSet,
+    client_name: &str,
 ) -> crate::services::passkeys::Decision {
     crate::services::passkeys::Decision::consent(
         &format!("{} {} {}", req.code_challenge, req.redirect_uri, req.resource),
         &req.client_id,
         &granted.names().join(" "),
     )
+    .shown_as(client_name)
 }
 
 /// The person approved: create or update the client's connection in this tenant with the
@@ -537,7 +545,8 @@ pub async fn approve(
     }
     let mut tx = ds.begin().await?;
     if !granted.is_subset_of(crate::rights::read_only()) {
-        crate::services::passkeys::require(&mut tx, ctx, &consent_decision(req, granted)).await?;
+        let decision = consent_decision(req, granted, &client.client_name);
+        crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
     }
     // The person approving is still an active member, under the membership's row lock, so a
     // deactivation running now either revokes what this creates or is seen here.

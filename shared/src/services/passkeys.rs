@@ -80,11 +80,27 @@ pub struct Decision {
     /// working in one tenant cannot decide in another.
     #[serde(skip)]
     tenantless: bool,
+    /// What people call the subject, when that is not in the facts (a client's name): read,
+    /// never digested.
+    #[serde(skip)]
+    shown_as: Option<String>,
 }
 
 impl Decision {
     fn new(kind: &'static str, subject: impl Into<String>) -> Self {
-        Decision { kind, subject: subject.into(), facts: BTreeMap::new(), tenantless: false }
+        Decision {
+            kind,
+            subject: subject.into(),
+            facts: BTreeMap::new(),
+            tenantless: false,
+            shown_as: None,
+        }
+    }
+
+    /// The name people read for what the decision is about.
+    pub fn shown_as(mut self, name: &str) -> Self {
+        self.shown_as = Some(name.to_owned());
+        self
     }
 
     fn tenantless(mut self) -> Self {
@@ -202,9 +218,34 @@ impl Decision {
         Decision::new("add_passkey", name).tenantless()
     }
 
-    /// What people read: "approve act_…", "create connection Claude".
+    /// What people read, in words: "Letting Claude act for you with bookings:write",
+    /// "Creating the connection “Claude”". Never a digest, a PKCE challenge or another value
+    /// only a machine reads; a fact a decision lacks reads as nothing.
     pub fn label(&self) -> String {
-        format!("{} {}", self.kind.replace('_', " "), self.subject)
+        let fact = |k: &str| self.facts.get(k).map(String::as_str).unwrap_or_default();
+        let s = &self.subject;
+        match self.kind {
+            "approve_action" => format!("Approving the waiting action {s}"),
+            "oauth_consent" => format!(
+                "Letting {} act for you with {}",
+                self.shown_as.as_deref().unwrap_or(fact("client_id")),
+                fact("scope")
+            ),
+            "create_connection" => format!("Creating the connection “{s}”"),
+            "create_api_token" => format!("Creating the API token “{s}”"),
+            "identity_provider" => format!("Changing single sign-on ({s})"),
+            "raise_role" => format!("Making {s} {}", fact("role")),
+            "agent_access_on" => "Turning agent access on".into(),
+            "global_switch_on" => "Turning agents back on platform-wide".into(),
+            "raise_rate_limit" => format!("Raising the {s} rate limit"),
+            "raise_budget" => format!("Raising the budget on {s}"),
+            "loosen_approval_policy" => format!("Loosening the approval policy of {s}"),
+            "passkey_policy_off" => "Turning the passkey requirement off".into(),
+            "audit_webhook" => format!("Changing the audit webhook ({s})"),
+            "remove_passkey" => format!("Removing the passkey {s}"),
+            "add_passkey" => format!("Adding the passkey “{s}”"),
+            other => format!("{} {s}", other.replace('_', " ")),
+        }
     }
 
     /// The digest a ceremony binds: SHA-256 of the decision's canonical JSON and, for a
@@ -491,7 +532,7 @@ pub async fn remove(
     let row = ds
         .preauth_passkey_delete(session.person_id(), handle.as_str())
         .await?
-        .ok_or_else(|| Error::not_found(crate::error::Resource::Person, handle.as_str()))?;
+        .ok_or_else(|| Error::not_found(crate::error::Resource::Passkey, handle.as_str()))?;
     audit_person(ds, session, "passkey.remove", &row.handle, &row.name).await
 }
 
@@ -773,6 +814,66 @@ pub async fn reset(ds: &Services, by: &crate::ctx::Operator, email: &str) -> Res
 #[cfg(test)]
 mod tests {
     use super::Decision;
+
+    /// What a refused person reads names the decision in words, never a value only a machine
+    /// reads (the consent's PKCE challenge, a content hash, a digest).
+    #[test]
+    fn every_decision_reads_in_words() {
+        let challenge = "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM";
+        let cases = [
+            (
+                Decision::consent(challenge, "ghc_1", "bookings:write").shown_as("Claude Code"),
+                "Letting Claude Code act for you with bookings:write",
+            ),
+            (
+                Decision::approve_action("pac_1", "hash-of-content"),
+                "Approving the waiting action pac_1",
+            ),
+            (
+                Decision::create_connection("Claude", &["bookings:read"], "full", "a@x", "cli"),
+                "Creating the connection “Claude”",
+            ),
+            (Decision::create_api_token("ci", 30), "Creating the API token “ci”"),
+            (Decision::identity_provider("connect", &[]), "Changing single sign-on (connect)"),
+            (Decision::raise_role("per_1", "admin"), "Making per_1 admin"),
+            (Decision::agent_access_on(), "Turning agent access on"),
+            (Decision::global_switch_on(), "Turning agents back on platform-wide"),
+            (Decision::raise_rate_limit("write", Some(60)), "Raising the write rate limit"),
+            (
+                Decision::raise_budget("tenant", "email", Some((10, 3600))),
+                "Raising the budget on email for tenant",
+            ),
+            (
+                Decision::loosen_approval_policy("tenant", "off", false),
+                "Loosening the approval policy of tenant",
+            ),
+            (Decision::passkey_policy_off(), "Turning the passkey requirement off"),
+            (
+                Decision::audit_webhook("set", "https://siem.example"),
+                "Changing the audit webhook (set)",
+            ),
+            (Decision::remove_passkey("pky_1"), "Removing the passkey pky_1"),
+            (Decision::add_passkey("laptop"), "Adding the passkey “laptop”"),
+        ];
+        for (decision, words) in &cases {
+            let label = decision.label();
+            assert_eq!(label, *words);
+            assert!(!label.contains(challenge) && !label.contains("hash-of-content"), "{label}");
+            assert!(
+                !label.contains('_')
+                    || label.contains("pac_1")
+                    || label.contains("per_1")
+                    || label.contains("pky_1"),
+                "{label}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_passkey_is_called_a_passkey() {
+        let e = crate::Error::not_found(crate::error::Resource::Passkey, "pky_unknown");
+        assert_eq!(e.to_string(), "no passkey pky_unknown among your passkeys");
+    }
 
     /// A decision's digest names its tenant (an assertion made while working in one tenant
     /// decides nothing in another) and every fact it sets; a person's own credentials and

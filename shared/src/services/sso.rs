@@ -593,7 +593,7 @@ pub async fn sign_in_finish(
         what: "the ID token",
         typ: Typ::AbsentOr(&["JWT"]),
         issuer: Some(&idp.issuer),
-        subject: None,
+        subject: jose::Subject::Required,
         audiences: &audiences,
         max_lifetime_secs: ID_TOKEN_MAX_LIFETIME_SECS,
         jti: Jti::NotRequired,
@@ -765,8 +765,8 @@ struct LogoutClaims {
 }
 
 /// OpenID Connect Back-Channel Logout: the IdP posts a signed logout token; the sessions it
-/// started for that session id (`sid`), or for the person (`sub`) when it names no session,
-/// end. Returns how many ended; a refusal is a sentence for the IdP's logs.
+/// started for that session id (`sid`), for the person (`sub`), or for that person's session
+/// when it names both, end. Returns how many ended; a refusal is a sentence for the IdP's logs.
 pub async fn backchannel_logout(
     ds: &Services,
     policy: &FetchPolicy,
@@ -784,7 +784,7 @@ pub async fn backchannel_logout(
         what: "the logout token",
         typ: Typ::AbsentOr(&["logout+jwt", "JWT"]),
         issuer: Some(&idp.issuer),
-        subject: None,
+        subject: jose::Subject::Optional,
         audiences: &audiences,
         max_lifetime_secs: LOGOUT_TOKEN_MAX_LIFETIME_SECS,
         jti: Jti::Required,
@@ -801,14 +801,26 @@ pub async fn backchannel_logout(
     if claims.nonce.is_some() {
         return Err(bad("a logout token carries no nonce".into()));
     }
-    let person = ds
-        .preauth_identity_get(&idp.issuer, &verified.registered.sub)
-        .await?
-        .filter(|(_, tenant)| *tenant == idp.tenant_id)
-        .map(|(person, _)| person);
+    // §2.4: a logout token names the session (`sid`), the person (`sub`), or both; both
+    // means that session of that person.
     let sid = claims.sid.as_deref().filter(|s| !s.is_empty());
+    let sub = Some(verified.registered.sub.as_str()).filter(|s| !s.is_empty());
+    let person = match sub {
+        None => None,
+        Some(sub) => match ds
+            .preauth_identity_get(&idp.issuer, sub)
+            .await?
+            .filter(|(_, tenant)| *tenant == idp.tenant_id)
+        {
+            Some((person, _)) => Some(person),
+            // Nobody here signed in as that subject: no session of theirs to end.
+            None => return Ok(0),
+        },
+    };
     if sid.is_none() && person.is_none() {
-        return Ok(0);
+        return Err(
+            bad("the logout token names neither sub nor sid; send sub, sid or both".into()),
+        );
     }
     ds.preauth_sessions_end_idp(idp.id, sid, person).await
 }

@@ -266,6 +266,89 @@ async fn a_revoked_connections_running_task_is_cancelled() {
     assert_eq!(status(task).await, "cancelled", "no result is written after the revocation");
 }
 
+/// Every way a call stops being admitted, each with the words the task ends with.
+#[tokio::test]
+async fn a_running_task_stops_when_its_call_would_no_longer_be_admitted() {
+    let stack = Stack::start().await;
+    let slug = stack.seed.tenants[0].slug.clone();
+    let connection = stack.seed.tenants[0].connections[0].connection.clone();
+    let creator = format!("(SELECT creator_id FROM connections WHERE handle = '{connection}')");
+    let cases = [
+        (
+            "the kill switch",
+            "UPDATE platform_state SET global_kill = true".to_owned(),
+            "UPDATE platform_state SET global_kill = false".to_owned(),
+            "kill switch",
+        ),
+        (
+            "the tenant's switch",
+            format!("UPDATE tenants SET agent_access = false WHERE slug = '{slug}'"),
+            format!("UPDATE tenants SET agent_access = true WHERE slug = '{slug}'"),
+            "The tenant turned agent access off.",
+        ),
+        (
+            "a right taken from the connection",
+            format!(
+                "UPDATE connections SET rights = array_remove(rights, 'bookings:read') WHERE handle = '{connection}'"
+            ),
+            format!(
+                "UPDATE connections SET rights = array_append(rights, 'bookings:read') WHERE handle = '{connection}'"
+            ),
+            "The connection lost the right bookings:read that export_bookings needs.",
+        ),
+        (
+            "the creator leaving the tenant",
+            format!(
+                "UPDATE memberships SET active = false WHERE person_id = {creator} AND tenant_id = (SELECT tenant_id FROM connections WHERE handle = '{connection}')"
+            ),
+            format!(
+                "UPDATE memberships SET active = true WHERE person_id = {creator} AND tenant_id = (SELECT tenant_id FROM connections WHERE handle = '{connection}')"
+            ),
+            "creator no longer belongs",
+        ),
+    ];
+    let token = stack.token(0, 0);
+    let db = &stack.db;
+    let ended = |task: String| async move {
+        db.scalar_string(&format!(
+            "SELECT status || ': ' || coalesce(status_message, '') FROM tasks WHERE handle = '{task}'"
+        ))
+        .await
+    };
+    for (what, change, undo, words) in cases {
+        // The export waits on a lock, so it is still running when the change lands.
+        let lock = hold_bookings(4);
+        let (task, ()) = tokio::join!(
+            async {
+                wait_for_lock(&stack).await;
+                let task =
+                    stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
+                assert!(ended(task.clone()).await.starts_with("working"), "{what}");
+                db.exec(&change).await;
+                let mut last = String::new();
+                for _ in 0..50 {
+                    last = ended(task.clone()).await;
+                    if !last.starts_with("working") {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                assert!(last.starts_with("cancelled: "), "{what}: {last}");
+                assert!(last.contains(words), "{what}: {last}");
+                task
+            },
+            db.exec(&lock)
+        );
+        // Once the lock is gone the export could finish: its result is never written.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(ended(task).await.starts_with("cancelled"), "{what}: no result after the stop");
+        db.exec(&undo).await;
+    }
+    // With everything back, a task runs to its result: the stops above were the changes'.
+    let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
+    stack.task_until(&stack.url, &token, &task, &["completed"]).await;
+}
+
 #[tokio::test]
 async fn a_task_whose_worker_stopped_fails_instead_of_working_forever() {
     let stack = Stack::start().await;
