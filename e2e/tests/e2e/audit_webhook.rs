@@ -187,4 +187,76 @@ async fn the_printed_cli_line_verifies_the_demo_log_as_intact_with_public_keys_a
     assert!(ok, "{v} {err}");
     assert!(v["verification"]["anchors_checked"].as_u64().is_some_and(|n| n >= 1), "{v}");
     assert!(v["verification"]["checkpoints_checked"].as_u64().is_some_and(|n| n >= 1), "{v}");
+
+    // The documented offline procedure, as an auditor runs it: the console's export, the
+    // published keys and the anchor file, nothing else of Gatehouse.
+    let mut admin = oauth_flow::Browser::new();
+    let password = stack.tenant(0)["admin"]["password"].as_str().expect("password").to_owned();
+    admin.sign_in(&stack.control_url, &operator, &password, "/audit").await;
+    let export = admin.get(&format!("{}/audit.csv", stack.control_url)).await;
+    assert_eq!(export.status(), 200);
+    let export = export.text().await.expect("csv");
+    let keys = reqwest::get(format!("{}/.well-known/gatehouse-audit-keys", stack.control_url))
+        .await
+        .expect("keys")
+        .text()
+        .await
+        .expect("keys");
+    let dir = stack.run_dir.join("offline");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("keys.json"), &keys).expect("keys file");
+    let check = |csv: &str| {
+        std::fs::write(dir.join("audit.csv"), csv).expect("csv file");
+        let out = std::process::Command::new(e2e::python())
+            .arg(e2e::repo_root().join("docs/audit-offline-check.py"))
+            .arg(dir.join("audit.csv"))
+            .arg(dir.join("keys.json"))
+            .arg(stack.anchor_file())
+            .arg("--strict")
+            .output()
+            .expect("python");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (ok, said) = check(&export);
+    assert!(ok, "the untouched export is intact: {said}");
+    assert!(said.starts_with("chain intact: rows 1 to "), "{said}");
+    // Each kind of change an owner of the data could make is named.
+    let lines: Vec<&str> = export.lines().collect();
+    let chained: Vec<usize> = (1..lines.len()).filter(|&i| lines[i].contains(",\"{\"\"")).collect();
+    assert!(chained.len() >= 3, "the demo log is chained: {export}");
+    let without = |skip: usize| {
+        lines.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, l)| *l).collect::<Vec<_>>()
+    };
+    // The action column of a chained row, changed where the reader sees it.
+    let mut edited = lines.clone();
+    let changed = lines[chained[1]].replacen(",\"", ",\"x", 3);
+    edited[chained[1]] = &changed;
+    let (ok, said) = check(&edited.join("\r\n"));
+    assert!(!ok && said.contains("shown differs"), "{said}");
+    // A middle row gone.
+    let (ok, said) = check(&without(chained[chained.len() / 2]).join("\r\n"));
+    assert!(!ok && said.contains("missing (deleted)"), "{said}");
+    // The newest checkpointed row gone with everything after it: the anchor names the tail.
+    let anchored = std::fs::read_to_string(stack.anchor_file()).expect("anchors");
+    let newest = anchored
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        // The file holds every tenant's checkpoints: this export's tenant's.
+        .filter(|c| {
+            let tenant = c["tenant"].as_str().unwrap_or("?");
+            export.contains(&format!("\"\"tenant\"\":\"\"{tenant}\"\""))
+        })
+        .filter_map(|c| c["seq"].as_i64())
+        .max()
+        .expect("a checkpoint");
+    let cut: Vec<&str> =
+        lines.iter().copied().filter(|l| seq_of(l).is_none_or(|s| s < newest)).collect();
+    let (ok, said) = check(&cut.join("\r\n"));
+    assert!(!ok && said.contains("tail was deleted"), "{said}");
+}
+
+/// The chain position an export line's canonical form names (`""seq"":N` inside its cell).
+fn seq_of(line: &str) -> Option<i64> {
+    let at = line.find("\"\"seq\"\":")? + "\"\"seq\"\":".len();
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }

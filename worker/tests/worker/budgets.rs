@@ -240,7 +240,9 @@ async fn a_budget_lowered_below_what_is_used_makes_the_next_action_wait() {
     // Raising it again is a widening decision.
     let raise = BudgetSet { limit: Some(10), ..lower };
     let decision = budgets::set_decision(&stack.db.ds, &ctx, &raise).await.expect("decision");
-    assert!(decision.is_some_and(|d| d.label().starts_with("raise budget")));
+    assert!(
+        decision.is_some_and(|d| d.label().starts_with("Raising the budget on customers_messaged"))
+    );
     assert_eq!(
         stack.count("SELECT count(*) FROM audit_log WHERE action = 'budget.set'").await,
         2,
