@@ -48,8 +48,9 @@ def fail(why, verdict="TAMPERED"):
 
 
 def cell(value):
-    # The export prefixes a value a spreadsheet would run as a formula with '.
-    return value[1:] if value[:2] in ("'=", "'+", "'-", "'@", "'\t", "'\r") else value
+    # The export prefixes with ' a value a spreadsheet would run as a formula, and a value
+    # that begins with ' itself, so exactly one leading ' before those is the export's.
+    return value[1:] if value[:1] == "'" and value[1:2] in ("=", "+", "-", "@", "\t", "\r", "'") else value
 
 
 def read_anchors(path):
@@ -91,6 +92,8 @@ def main():
     hashes = {}
     for prev, row in zip([None] + chained, chained):
         seq = int(row["seq"])
+        if prev is None and seq == 1 and row["prev_hash"] != "00" * 32:
+            fail("row 1 does not start the chain (rewritten)")
         if prev is not None:
             if seq != int(prev["seq"]) + 1:
                 fail(f"rows {int(prev['seq']) + 1} to {seq - 1} are missing (deleted)")
@@ -114,6 +117,10 @@ def main():
                 fail(f"row {seq}: the {column} shown differs from what was chained")
         if cell(row["records"]) != " ".join(c.get("targets") or []):
             fail(f"row {seq}: the records shown differ from what was chained")
+        if row["at"] != c["at"][:19] + "Z":
+            fail(f"row {seq}: the time shown differs from what was chained")
+        if c.get("v", 1) >= 2 and cell(row["connection"]) != (c.get("connection") or ""):
+            fail(f"row {seq}: the connection shown differs from what was chained")
         hashes[seq] = row["hash"]
     first, last = int(chained[0]["seq"]), int(chained[-1]["seq"])
 
@@ -142,8 +149,13 @@ def main():
             fail(f"checkpoint at row {cp['seq']} covers rows past the export's last ({last}): the tail was deleted")
         if cp["seq"] >= first and hashes.get(cp["seq"]) != cp["head"]:
             fail(f"row {cp['seq']}: the chain's hash is not the one checkpointed there (rewritten)")
-    if first > 1 and (first - 1) in by_seq and by_seq[first - 1]["head"] != chained[0]["prev_hash"]:
-        fail(f"row {first} does not extend the checkpoint before it (rewritten)")
+    if first > 1:
+        # Rows before the first are gone: only retention does that, and it cuts at a
+        # checkpoint, which must be among the anchors and be what the first row extends.
+        if (first - 1) not in by_seq:
+            fail(f"rows 1 to {first - 1} are missing and no checkpoint at row {first - 1} anchors the rest (deleted)")
+        if by_seq[first - 1]["head"] != chained[0]["prev_hash"]:
+            fail(f"row {first} does not extend the checkpoint before it (rewritten)")
 
     newest = anchors[-1]
     uncovered = last - newest["seq"]

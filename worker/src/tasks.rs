@@ -90,7 +90,7 @@ pub async fn start(
     // Registered before the answer leaves: a revocation pushed from now on cancels the run.
     let inflight = state.live.register(connection);
     let created = CreateTaskResult::new(task_of(&view));
-    let admitted = Admission { authorization, tool };
+    let admitted = Admission { authorization, tenant: ctx.tenant().handle.to_string(), tool };
     tokio::spawn(run(state.clone(), ctx.clone(), admitted, args, view.task, inflight));
     Ok(created)
 }
@@ -99,6 +99,8 @@ pub async fn start(
 struct Admission {
     /// The request's `Authorization` header, kept in memory for the run only.
     authorization: Option<String>,
+    /// The tenant's handle, for the switch NATS pushes.
+    tenant: String,
     tool: &'static str,
 }
 
@@ -109,6 +111,10 @@ impl Admission {
     async fn refusal(&self, state: &AppState) -> Option<String> {
         if state.live.killed() {
             return Some(KILLED.into());
+        }
+        // Pushed switches hold even while Postgres cannot be read.
+        if state.live.tenant_off(&self.tenant) {
+            return Some(TENANT_OFF.into());
         }
         let fresh = match shared::auth::authenticate_mcp(
             &state.ds,
@@ -143,7 +149,7 @@ impl Admission {
         }
         let tenant = fresh.ctx.tenant().handle.as_str();
         if !fresh.tenant_agent_access || state.live.tenant_off(tenant) {
-            return Some("The tenant turned agent access off.".into());
+            return Some(TENANT_OFF.into());
         }
         let spec = state.tools.get(self.tool)?;
         if let Some(right) = spec.access.missing(fresh.ctx.rights()) {
@@ -160,6 +166,7 @@ impl Admission {
     }
 }
 
+const TENANT_OFF: &str = "The tenant turned agent access off.";
 const KILLED: &str = "Agents were paused platform-wide (the kill switch).";
 const REVOKED: &str = "The connection was revoked.";
 

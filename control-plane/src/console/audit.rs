@@ -180,7 +180,8 @@ pub(super) async fn page(
 /// A CSV cell: quoted, and a value a spreadsheet would run as a formula (`=`, `+`, `-`, `@`,
 /// tab, carriage return) is prefixed with `'`, since names come from clients.
 fn csv_cell(value: &str) -> String {
-    let risky = value.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    // A value beginning with ' is prefixed too, so a reader strips exactly one ' back.
+    let risky = value.starts_with(['=', '+', '-', '@', '\t', '\r', '\'']);
     let value = if risky { format!("'{value}") } else { value.to_owned() };
     format!("\"{}\"", value.replace('"', "\"\""))
 }

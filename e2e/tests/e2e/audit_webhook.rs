@@ -253,6 +253,11 @@ async fn the_printed_cli_line_verifies_the_demo_log_as_intact_with_public_keys_a
         lines.iter().copied().filter(|l| seq_of(l).is_none_or(|s| s < newest)).collect();
     let (ok, said) = check(&cut.join("\r\n"));
     assert!(!ok && said.contains("tail was deleted"), "{said}");
+    // The oldest rows gone, where no checkpoint anchors what remains (retention cuts at one).
+    let headless: Vec<&str> =
+        lines.iter().copied().filter(|l| seq_of(l).is_none_or(|s| s > 2)).collect();
+    let (ok, said) = check(&headless.join("\r\n"));
+    assert!(!ok && said.contains("rows 1 to 2 are missing"), "{said}");
 }
 
 /// The chain position an export line's canonical form names (`""seq"":N` inside its cell).
