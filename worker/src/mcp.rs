@@ -56,6 +56,17 @@ fn traced(context: &RequestContext<RoleServer>) -> Option<&telemetry::RequestTra
     context.extensions.get::<http::request::Parts>()?.extensions.get::<telemetry::RequestTrace>()
 }
 
+/// The request's `Authorization` header, for work that outlives the request and asks the
+/// entry point's questions again (listen streams, tasks).
+fn authorization_of(context: &RequestContext<RoleServer>) -> Option<String> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 fn toolset(ctx: &shared::OpCtx) -> &str {
     ctx.connection().map(|c| c.toolset.as_str()).unwrap_or("full")
 }
@@ -130,12 +141,7 @@ impl Server {
     async fn follow_tool_list(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
         let request = subscription.request_context();
         let first = bound(request)?;
-        let authorization = request
-            .extensions
-            .get::<http::request::Parts>()
-            .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let authorization = authorization_of(request);
         let tenant = first.ctx.tenant().handle.to_string();
         let connection = first.ctx.connection().map(|c| c.handle.to_string()).unwrap_or_default();
         let metrics = &self.state.metrics;
@@ -370,12 +376,7 @@ impl ServerHandler for Server {
         {
             // A slow tool, and a client that polls tasks: answered at once with the task.
             let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-            let authorization = context
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|p| p.headers.get(http::header::AUTHORIZATION))
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
+            let authorization = authorization_of(&context);
             let created =
                 crate::tasks::start(&self.state, &ctx, spec.name, args, authorization).await?;
             self.state
