@@ -39,6 +39,8 @@ pub struct AppState {
     pub jobs: jobs::Board,
     /// Seconds between checkpoint rounds: rows uncovered for two of them are unanchored.
     pub audit_checkpoint_secs: u64,
+    /// The audit states the console's banners last saw, per tenant.
+    pub audit_seen: console::AuditSeen,
 }
 
 pub struct Metrics {

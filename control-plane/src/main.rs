@@ -106,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         trust_forwarded_for: args.trust_forwarded_for,
         jobs: Default::default(),
         audit_checkpoint_secs: args.audit_checkpoint_secs.max(1),
+        audit_seen: Default::default(),
     });
     // Every job runs in its own task (control_plane::jobs): none waits on another. The audit
     // jobs stop with --no-audit-jobs, the outbox with --no-dispatcher; housekeeping always runs.

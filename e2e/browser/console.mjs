@@ -37,6 +37,8 @@ try {
   await page.waitForURL(/\/connections$/);
 
   step = "create a connection";
+  await page.getByRole("link", { name: "New connection" }).click();
+  await page.waitForURL(/\/connections\/new$/);
   await page.getByLabel("Name").fill("Browser test agent");
   for (const box of await page.locator("input[name=right]").all()) {
     if (await box.isChecked()) await box.uncheck();
@@ -50,11 +52,17 @@ try {
   out.token = token;
   out.connection = (await page.getByRole("status").locator("code").textContent()).trim();
 
+  step = "reloading the created page creates nothing";
+  expect(page.url().endsWith(`/connections/${out.connection}/created`), "the create redirected (post/redirect/get)");
+  await page.reload();
+  expect(!(await page.content()).includes(token), "a reload does not show the token again");
+  expect((await page.getByRole("status").first().textContent()).includes("was shown once"), "a reload says the token was shown once");
+
   step = "the token is shown once";
   await page.goto(`${control}/connections`);
   expect(!(await page.content()).includes(token), "the list never shows the token again");
   const row = page.locator("tr", { hasText: "Browser test agent" });
-  expect((await row.textContent()).includes("bookings:read"), "the list shows the narrowed rights");
+  expect((await row.textContent()).includes("read1 right(s)") || (await row.textContent()).includes("read 1 right(s)"), "the list summarizes the narrowed rights by level");
 
   step = "revoke it";
   await page.getByRole("link", { name: "Browser test agent" }).click();
@@ -67,14 +75,30 @@ try {
   await page.goto(`${control}/people`);
   const person = page.locator("tr", { hasText: args.dispatcher });
   await person.getByRole("combobox").selectOption("viewer");
-  await person.getByRole("button", { name: "Save role" }).click();
+  await person.getByRole("button", { name: "Change role…" }).click();
+  expect((await page.locator("main").textContent()).includes("They lose:"), "the confirmation says what the change takes");
+  await page.getByRole("button", { name: "Change role to viewer" }).click();
+  expect((await page.locator("#notice").textContent()).includes("is now viewer"), "the save says what it saved");
   expect((await page.locator("tr", { hasText: args.dispatcher }).textContent()).includes("viewer"), "the new role shows");
+
+  step = "the last admin cannot demote themself";
+  const me = page.locator("tr", { hasText: args.email });
+  await me.getByRole("combobox").selectOption("viewer");
+  await me.getByRole("button", { name: "Change role…" }).click();
+  expect((await page.locator("main").textContent()).includes("This is your own role"), "the confirmation warns it is your own role");
+  await page.getByRole("button", { name: "Change role to viewer" }).click();
+  expect((await page.getByRole("alert").textContent()).includes("last active admin"), "the last admin is refused in words");
+  out.last_admin_refused = true;
 
   step = "flip the tenant switch";
   await page.goto(`${control}/settings`);
   await page.getByLabel("Reason").fill("browser test");
   await page.getByRole("button", { name: "Turn agent access off" }).click();
   expect((await page.locator("#agent-access-state").textContent()).includes("OFF"), "agent access shows off");
+  await page.goto(`${control}/connections`);
+  expect((await page.locator(".banner-danger").textContent()).includes("Agent access is off"), "every page carries the banner");
+  expect((await page.content()).includes("blocked: agent access off"), "connections show they are blocked");
+  await page.goto(`${control}/settings`);
   out.switched_off = true;
   await page.getByLabel("Reason").fill("browser test over");
   await page.getByRole("button", { name: "Turn agent access on" }).click();

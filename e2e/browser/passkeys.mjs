@@ -238,7 +238,7 @@ try {
   // Every other widening decision, through its own form, confirmed with the passkey: the
   // ceremony the script asks for names the decision the service then checks.
   step = "create a connection with the passkey";
-  await page.goto(`${control}/connections`);
+  await page.goto(`${control}/connections/new`);
   await page.fill('form[action="/connections"] input[name="name"]', "Made with a passkey");
   await Promise.all([page.waitForNavigation(), page.click('form[action="/connections"] button[type="submit"]')]);
   out.connection_created = sql(`SELECT count(*) FROM connections WHERE name = 'Made with a passkey'`);
@@ -248,6 +248,8 @@ try {
   const row = page.locator(`form[action="/people/role"]:has(input[value="${args["dispatcher-email"]}"])`);
   await row.locator('select[name="role"]').selectOption("admin");
   await Promise.all([page.waitForNavigation(), row.locator('button[type="submit"]').click()]);
+  // The confirmation page's form carries the passkey step-up.
+  await Promise.all([page.waitForNavigation(), page.click('form[action="/people/role"][method="post"] button[type="submit"]')]);
   out.role_raised = sql(`SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id WHERE lower(p.email) = lower('${args["dispatcher-email"]}') AND t.id = (SELECT tenant_id FROM memberships m2 JOIN people p2 ON p2.id = m2.person_id WHERE lower(p2.email) = lower('${args.email}') LIMIT 1)`);
 
   step = "raise a rate limit with the passkey";

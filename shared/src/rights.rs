@@ -51,6 +51,72 @@ rights! {
     TenantSwitch = 13, "tenant:switch", "turn agent access for the tenant off and on";
 }
 
+impl Right {
+    /// Rights an over-privileged agent is spotted by: managing credentials or people,
+    /// switching the tenant, deleting records.
+    pub fn is_dangerous(self) -> bool {
+        matches!(
+            self,
+            Right::CustomersDelete
+                | Right::BookingsDelete
+                | Right::ConnectionsManage
+                | Right::PeopleManage
+                | Right::TenantSwitch
+        )
+    }
+
+    /// Whether the right only reads.
+    pub fn reads_only(self) -> bool {
+        self.as_str().ends_with(":read")
+    }
+}
+
+/// How much a set of rights lets an agent do, for lists to summarize and filter by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RightsLevel {
+    /// Reads only.
+    Read,
+    /// Changes records, messages or pages people, nothing dangerous.
+    Write,
+    /// Holds at least one dangerous right ([`Right::is_dangerous`]).
+    Dangerous,
+}
+
+impl RightsLevel {
+    pub const ALL: [RightsLevel; 3] =
+        [RightsLevel::Read, RightsLevel::Write, RightsLevel::Dangerous];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RightsLevel::Read => "read",
+            RightsLevel::Write => "write",
+            RightsLevel::Dangerous => "dangerous",
+        }
+    }
+
+    pub fn of(rights: RightSet) -> RightsLevel {
+        if rights.iter().any(Right::is_dangerous) {
+            RightsLevel::Dangerous
+        } else if rights.iter().all(Right::reads_only) {
+            RightsLevel::Read
+        } else {
+            RightsLevel::Write
+        }
+    }
+
+    pub fn parse(field: &str, raw: &str) -> Result<RightsLevel> {
+        RightsLevel::ALL
+            .into_iter()
+            .find(|l| l.as_str() == raw.trim())
+            .ok_or_else(|| Error::invalid(field, "the rights level is read, write or dangerous"))
+    }
+}
+
+/// The names of the dangerous rights (for SQL filters).
+pub fn dangerous_names() -> Vec<&'static str> {
+    Right::ALL.iter().copied().filter(|r| r.is_dangerous()).map(Right::as_str).collect()
+}
+
 impl fmt::Display for Right {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -79,6 +145,10 @@ impl RightSet {
 
     pub fn of(rights: &[Right]) -> Self {
         RightSet(rights.iter().fold(0, |acc, r| acc | r.bit()))
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
     }
 
     pub fn contains(self, right: Right) -> bool {

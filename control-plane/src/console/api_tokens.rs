@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Redirect};
 use maud::html;
 use shared::error::Error;
 use shared::services::admin;
@@ -73,19 +72,48 @@ pub(super) async fn create(
     let email = t.session.row.email();
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let k = admin::api_token_create(&state.ds, &ctx, email, name, Some(days)).await?;
-    let body = html! {
-        p class="ok" role="status" {
-            "API token " code { (k.api_token) } " created for " (k.person) "; it expires " (local(&t.ctx, &k.expires_at)) "."
-        }
-        div class="card" {
-            p { strong { "Copy the token now: it is shown once and only its hash is kept." } }
-            pre id="token" { (k.token) }
-            button type="button" class="plain" data-copy="token" { "Copy token" }
-            p { "Use it as " code { "Authorization: Bearer …" } " on " code { "/api/v1" } "." }
-        }
-        p { a href="/api-tokens" { "Back to API tokens" } }
+    let to = format!("/api-tokens/{}/created", segment(&k.api_token));
+    super::created_once(&state, &t.session, "/api-tokens/", &to, &k.api_token, &k.token)
+}
+
+/// The page a new API token's create redirects to: the secret, once.
+pub(super) async fn created(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path(handle): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Answer {
+    let k = admin::api_token_get(&state.ds, &t.ctx, &handle).await?;
+    let (token, clear) =
+        super::once_secret(&state, &t.session, &headers, "/api-tokens/", &k.api_token);
+    let body = match token {
+        Some(token) => html! {
+            p class="ok" role="status" {
+                "API token " code { (k.api_token) } " created for " (k.person) "; it expires " (local(&t.ctx, &k.expires_at)) "."
+            }
+            div class="card" {
+                p { strong { "Copy the token now: it is shown once and only its hash is kept." } }
+                pre id="token" { (token) }
+                button type="button" class="plain" data-copy="token" { "Copy token" }
+                p { "Use it as " code { "Authorization: Bearer …" } " on " code { "/api/v1" } "." }
+            }
+            p { a href="/api-tokens" { "Back to API tokens" } }
+        },
+        None => html! {
+            p class="warning" role="status" {
+                "The secret of " code { (k.api_token) } " was shown once, right after it was created, and only its hash is kept. "
+                "If it was not copied, revoke this token and create another."
+            }
+            p { a href="/api-tokens" { "Back to API tokens" } }
+        },
     };
-    Ok(shown("API token created", &t.nav("/api-tokens"), body))
+    let mut response = shown("API token created", &t.nav("/api-tokens"), body);
+    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    Ok(response)
 }
 
 pub(super) async fn revoke_confirm(
@@ -115,6 +143,6 @@ pub(super) async fn revoke(
     Path(handle): Path<String>,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    admin::api_token_revoke(&state.ds, &t.ctx, &handle, reason(&form)).await?;
-    Ok(Redirect::to("/api-tokens").into_response())
+    let r = admin::api_token_revoke(&state.ds, &t.ctx, &handle, reason(&form)).await?;
+    Ok(super::saved("/api-tokens", &format!("API token {} is revoked.", r.api_token)))
 }

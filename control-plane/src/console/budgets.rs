@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Redirect};
 use maud::{Markup, html};
 use shared::error::Error;
 use shared::services::budgets::{self, BudgetSet, BudgetView, Scope};
@@ -107,9 +106,13 @@ pub(super) fn fields(form: &Fields) -> Result<BudgetSet<'_>, Error> {
         }
         None => return Err(Error::invalid("limit", "say how many units, or default")),
     };
-    let window_secs = match form.get("window").map(str::trim).filter(|w| !w.is_empty()) {
+    // A form that shows the window must say one: an empty box is an error, never the default.
+    let window_secs = match form.get("window").map(str::trim) {
+        Some("") => {
+            return Err(Error::invalid("window", "say how long the window is, like 1h, 1d or 7d"));
+        }
+        Some("default") | None => None,
         Some(w) => Some(budgets::parse_window(w)?),
-        None => None,
     };
     Ok(BudgetSet {
         connection: form.get("connection").map(str::trim).filter(|c| !c.is_empty()),
@@ -131,5 +134,9 @@ pub(super) async fn set(
         Some(c) => format!("/connections/{}", segment(c)),
         None => "/settings".to_owned(),
     };
-    Ok(Redirect::to(&back).into_response())
+    let message = match set.limit {
+        Some(n) => format!("Budget saved: at most {n} {} per window.", set.kind),
+        None => format!("The {} budget is back to its default.", set.kind),
+    };
+    Ok(super::saved(&back, &message))
 }

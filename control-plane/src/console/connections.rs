@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::response::{IntoResponse, Redirect};
 use maud::{Markup, html};
-use shared::rights::RightSet;
+use shared::rights::{RightSet, RightsLevel};
 use shared::services::{activity, admin};
 
 use super::extract::{CsrfForm, Tenant};
-use super::layout::csrf_field;
+use super::layout::{csrf_field, pager, search_field, select_filter};
 use super::{Answer, local, reason, segment, shown};
 use crate::AppState;
 
@@ -30,28 +29,109 @@ fn rights_picker(holds: RightSet, checked: RightSet) -> Markup {
     }
 }
 
-pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
-    let list = admin::connection_list(&state.ds, &t.ctx).await?;
+/// Connections per page.
+const PAGE: i64 = 50;
+
+/// Rights summarized by level, the dangerous ones named and marked, the full list a click away.
+pub(super) fn rights_summary(names: &[String]) -> Markup {
+    let set = RightSet::parse_lenient(names);
+    let level = RightsLevel::of(set);
+    let dangerous: Vec<&str> =
+        set.iter().filter(|r| r.is_dangerous()).map(|r| r.as_str()).collect();
+    html! {
+        span class={ "level" @if level == RightsLevel::Dangerous { " level-danger" } } { (level.as_str()) }
+        " " (names.len()) " right(s)"
+        @if !dangerous.is_empty() {
+            " · " strong class="dangerous" { "dangerous: " (dangerous.join(", ")) }
+        }
+    }
+}
+
+/// What a connection can do now, beyond its own status: the switches that block every agent.
+fn effective_state(t: &Tenant, status: &str) -> (String, &'static str) {
+    if status != "active" {
+        return (status.to_owned(), "status-revoked");
+    }
+    if t.session.row.global_kill() {
+        ("blocked: platform kill switch on".into(), "status-blocked")
+    } else if t.session.row.tenant_agent_access() == Some(false) {
+        ("blocked: agent access off".into(), "status-blocked")
+    } else {
+        ("active".into(), "status-active")
+    }
+}
+
+fn granted_words(how: Option<&str>) -> &'static str {
+    match how {
+        Some("idp") => "granted by the IdP (ID-JAG)",
+        Some("oauth") => "OAuth consent",
+        _ => "token from the console or CLI",
+    }
+}
+
+pub(super) async fn list(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Answer {
+    let get = |k: &str| q.get(k).cloned();
+    let filter = admin::ConnectionFilter {
+        q: get("q"),
+        status: get("status"),
+        client: get("client"),
+        granted: get("granted"),
+        level: get("level"),
+        cursor: get("cursor"),
+    };
+    let found = admin::connection_search(&state.ds, &t.ctx, &filter, PAGE).await?;
     let ctx = &t.ctx;
+    let clients: Vec<(&str, &str)> =
+        found.clients.iter().map(|c| (c.as_str(), c.as_str())).collect();
+    let levels: Vec<(&str, &str)> =
+        RightsLevel::ALL.iter().map(|l| (l.as_str(), l.as_str())).collect();
     let body = html! {
-        table {
-            thead { tr { th { "Connection" } th { "Client" } th { "Created by" } th { "Rights" } th { "Created" } th { "Last used" } th { "Status" } } }
-            tbody {
-                @for c in &list {
-                    tr {
-                        td { a href={ "/connections/" (c.connection) } { (c.name) } br; code { (c.connection) } }
-                        td { (c.client_name) @if c.granted_by.as_deref() == Some("idp") { br; small class="granted-by-idp" { "granted by the IdP (ID-JAG)" } } }
-                        td { (c.creator) }
-                        td { (c.rights.join(", ")) br; small { "toolset " (c.toolset) } }
-                        td { (local(ctx, &c.created_at)) }
-                        td { (c.last_used_at.as_deref().map(|t| local(ctx, t)).unwrap_or_else(|| "never".into())) }
-                        td class={ "status-" (c.status) } { (c.status) }
+        div class="toolbar" {
+            form method="get" action="/connections" class="filters" role="search" {
+                (search_field(filter.q.as_deref(), "Name, handle, client or creator"))
+                (select_filter("status", "Status", &[("active", "active"), ("revoked", "revoked")], filter.status.as_deref()))
+                (select_filter("client", "Client", &clients, filter.client.as_deref()))
+                (select_filter("granted", "How granted", &[("token", "token (console or CLI)"), ("oauth", "OAuth consent"), ("idp", "IdP (ID-JAG)")], filter.granted.as_deref()))
+                (select_filter("level", "Rights", &levels, filter.level.as_deref()))
+                button type="submit" class="plain" { "Search" }
+            }
+            a class="button" href="/connections/new" { "New connection" }
+        }
+        @if found.rows.is_empty() {
+            p class="muted" { "No connection matches this search." }
+        } @else {
+            table {
+                thead { tr { th { "Connection" } th { "Client" } th { "Created by" } th { "Rights" } th { "Created" } th { "Last used" } th { "Status" } } }
+                tbody {
+                    @for c in &found.rows {
+                        @let (state_text, state_class) = effective_state(&t, &c.status);
+                        tr {
+                            td { a href={ "/connections/" (segment(&c.connection)) } { (c.name) } br; code { (c.connection) } }
+                            td { (c.client_name) br; small class=[(c.how_granted.as_deref() == Some("idp")).then_some("granted-by-idp")] { (granted_words(c.how_granted.as_deref())) } }
+                            td { (c.creator) }
+                            td { (rights_summary(&c.rights)) br; small { "toolset " (c.toolset) } }
+                            td { (local(ctx, &c.created_at)) }
+                            td { (c.last_used_at.as_deref().map(|t| local(ctx, t)).unwrap_or_else(|| html! { "never" })) }
+                            td class=(state_class) { (state_text) }
+                        }
                     }
                 }
             }
         }
+        (pager("/connections", &q, found.next.as_deref()))
+    };
+    Ok(shown("Connections", &t.nav("/connections"), body))
+}
+
+/// The form of a new connection, on its own page.
+pub(super) async fn new_form(t: Tenant) -> Answer {
+    let ctx = &t.ctx;
+    let body = html! {
         form method="post" action="/connections" class="card" data-passkey[t.session.row.passkey_policy()] {
-            h2 { "New connection" }
             (csrf_field(t.csrf()))
             label { "Name " input type="text" name="name" required maxlength="80" placeholder="Claude Code on my laptop"; }
             label {
@@ -64,9 +144,11 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
             }
             (rights_picker(ctx.rights(), shared::rights::read_only().intersect(ctx.rights())))
             button type="submit" { "Create connection" }
+            " "
+            a href="/connections" { "Cancel" }
         }
     };
-    Ok(shown("Connections", &t.nav("/connections"), body))
+    Ok(shown("New connection", &t.nav("/connections"), body))
 }
 
 /// The client name of connections made in the console.
@@ -87,24 +169,56 @@ pub(super) async fn create(
     };
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let c = admin::connection_create(&state.ds, &ctx, new).await?;
-    let mcp = state.mcp_resources.first().cloned().unwrap_or_default();
-    let claude = format!(
-        "claude mcp add --transport http gatehouse {mcp} --header \"Authorization: Bearer {}\"",
-        c.token
-    );
-    let body = html! {
-        p class="ok" role="status" { "Connection " code { (c.connection) } " created with " (c.rights.join(", ")) "." }
-        div class="card" {
-            p { strong { "Copy the token now: it is shown once and only its hash is kept." } }
-            pre id="token" { (c.token) }
-            button type="button" class="plain" data-copy="token" { "Copy token" }
-            p { "Claude Code:" }
-            pre id="claude" { (claude) }
-            button type="button" class="plain" data-copy="claude" { "Copy command" }
+    let to = format!("/connections/{}/created", segment(&c.connection));
+    super::created_once(&state, &t.session, "/connections/", &to, &c.connection, &c.token)
+}
+
+/// The page a new connection's create redirects to: its token and a ready `claude mcp add`,
+/// once. A reload (or anyone else) finds the token gone and is told what to do instead.
+pub(super) async fn created(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path(handle): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Answer {
+    let c = admin::connection_get(&state.ds, &t.ctx, &handle).await?;
+    let (token, clear) =
+        super::once_secret(&state, &t.session, &headers, "/connections/", &c.connection);
+    let href = format!("/connections/{}", segment(&c.connection));
+    let body = match token {
+        Some(token) => {
+            let mcp = state.mcp_resources.first().cloned().unwrap_or_default();
+            let claude = format!(
+                "claude mcp add --transport http gatehouse {mcp} --header \"Authorization: Bearer {token}\""
+            );
+            html! {
+                p class="ok" role="status" { "Connection " code { (c.connection) } " (" (c.name) ") created with " (rights_summary(&c.rights)) "." }
+                div class="card" {
+                    p { strong { "Copy the token now: it is shown once and only its hash is kept." } }
+                    pre id="token" { (token) }
+                    button type="button" class="plain" data-copy="token" { "Copy token" }
+                    p { "Claude Code:" }
+                    pre id="claude" { (claude) }
+                    button type="button" class="plain" data-copy="claude" { "Copy command" }
+                }
+                p { a href=(href) { "Go to the connection" } " · " a href="/connections" { "Back to connections" } }
+            }
         }
-        p { a href="/connections" { "Back to connections" } }
+        None => html! {
+            p class="warning" role="status" {
+                "The token of " code { (c.connection) } " was shown once, right after it was created, and only its hash is kept. "
+                "If it was not copied, revoke this connection and create another."
+            }
+            p { a href=(href) { "Go to the connection" } " · " a href="/connections" { "Back to connections" } }
+        },
     };
-    Ok(shown("Connection created", &t.nav("/connections"), body))
+    let mut response = shown("Connection created", &t.nav("/connections"), body);
+    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    Ok(response)
 }
 
 pub(super) async fn detail(
@@ -122,21 +236,27 @@ pub(super) async fn detail(
             .await?;
     let base = format!("/connections/{}", segment(&c.connection));
     let budgets = shared::services::budgets::show(&state.ds, ctx, Some(&c.connection)).await?;
-    let used = c.last_used_at.as_deref().map(|t| local(ctx, t)).unwrap_or_else(|| "never".into());
+    let (state_text, state_class) = effective_state(&t, &c.status);
+    let used =
+        c.last_used_at.as_deref().map(|t| local(ctx, t)).unwrap_or_else(|| html! { "never" });
     let body = html! {
         div class="card" {
             p {
                 code { (c.connection) } " · client " (c.client_name) " · created by " (c.creator)
                 @if c.granted_by.as_deref() == Some("idp") { " · granted by the tenant's identity provider (ID-JAG)" }
                 " on " (local(ctx, &c.created_at)) " · last used " (used) " · "
-                span class={ "status-" (c.status) } { (c.status) }
+                span class=(state_class) id="connection-state" { (state_text) }
             }
-            p { "Rights: " (c.rights.join(", ")) }
+            p { "Rights: " (rights_summary(&c.rights)) }
+            details { summary { "Every right" } ul { @for r in &c.rights { li { code { (r) } } } } }
             @if c.status == "active" {
                 p { a href={ "/connections/" (c.connection) "/revoke" } { "Revoke this connection…" } }
             }
         }
-        (super::budgets::section(&budgets, Some(&c.connection), t.csrf(), t.session.row.passkey_policy()))
+        // A revoked connection is read-only: nothing of it can be set any more.
+        @if c.status == "active" {
+            (super::budgets::section(&budgets, Some(&c.connection), t.csrf(), t.session.row.passkey_policy()))
+        }
         (crate::pictures::section("connection-activity", &base, &found, true))
         h2 { "Recent changes" }
         p { a href={ "/audit?connection=" (c.connection) } { "All of this connection's changes in the audit log" } }
@@ -184,5 +304,12 @@ pub(super) async fn revoke(
     CsrfForm(form): CsrfForm,
 ) -> Answer {
     let r = admin::connection_revoke(&state.ds, &t.ctx, &handle, reason(&form)).await?;
-    Ok(Redirect::to(&format!("/connections/{}", segment(&r.connection))).into_response())
+    let to = format!("/connections/{}", segment(&r.connection));
+    Ok(super::saved(
+        &to,
+        &format!(
+            "Connection {} is revoked: its tokens stop working on their next request.",
+            r.connection
+        ),
+    ))
 }

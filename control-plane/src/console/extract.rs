@@ -19,7 +19,7 @@ use shared::secret::CredentialKind;
 use shared::services::console::{self, ConsoleSession};
 
 use super::fail;
-use super::layout::{Nav, error_box, page};
+use super::layout::{Banner, Nav, error_box, page};
 use crate::AppState;
 
 /// A signed-in console user.
@@ -28,6 +28,8 @@ pub struct Session {
     pub row: ConsoleSession,
     /// The cookie's session secret, to sign out with.
     pub(super) token: String,
+    /// What the save before the redirect said ([`super::saved`]), shown once.
+    pub notice: Option<String>,
 }
 
 impl Session {
@@ -50,6 +52,8 @@ impl Session {
                 .iter()
                 .any(|op| rights.contains(op.right())),
             operator: self.row.is_operator(),
+            notice: self.notice.as_deref(),
+            banners: &[],
         }
     }
 
@@ -107,7 +111,9 @@ impl FromRequestParts<Arc<AppState>> for Session {
         };
         match console::session(&state.ds, &token).await {
             Ok(Some(row)) => {
-                let session = Session { row, token };
+                let notice = cookie(&parts.headers, super::NOTICE_COOKIE)
+                    .and_then(|v| super::notice_text(&v));
+                let session = Session { row, token, notice };
                 parts.extensions.insert(session.clone());
                 Ok(session)
             }
@@ -122,11 +128,13 @@ impl FromRequestParts<Arc<AppState>> for Session {
 pub struct Tenant {
     pub session: Session,
     pub ctx: OpCtx,
+    /// The tenant's states every page shows while they last.
+    pub banners: Vec<Banner>,
 }
 
 impl Tenant {
     pub fn nav<'a>(&'a self, current: &'a str) -> Nav<'a> {
-        self.session.nav(current)
+        Nav { banners: &self.banners, ..self.session.nav(current) }
     }
 
     pub fn csrf(&self) -> &str {
@@ -143,7 +151,10 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
     ) -> Result<Self, Self::Rejection> {
         let session = Session::from_request_parts(parts, state).await?;
         match session.ctx() {
-            Some(ctx) => Ok(Tenant { session, ctx }),
+            Some(ctx) => {
+                let banners = super::banners::of(state, &session, &ctx).await;
+                Ok(Tenant { session, ctx, banners })
+            }
             // Shut out by the tenant's single sign-on requirement: the home page says so.
             None if session.row.shut_out_by_sso() => Err(Redirect::to("/").into_response()),
             None => Err(Redirect::to("/tenants").into_response()),

@@ -15,9 +15,12 @@ button{padding:.45rem .9rem;border-radius:4px;border:1px solid #2f5bd3;backgroun
 button.danger{background:#b42318;border-color:#b42318}button.plain{background:#fff;color:#2f5bd3}\
 .error{background:#fdecea;border:1px solid #f5c2bd;padding:.6rem 1rem;border-radius:4px}.warning{background:#fff6e0;border:1px solid #f0d58c;padding:.6rem 1rem;border-radius:4px}.ok{background:#e8f5ec;border:1px solid #b7dfc3;padding:.6rem 1rem;border-radius:4px}\
 code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em}pre{padding:.6rem;white-space:pre-wrap;word-break:break-all}\
-.status-revoked,.status-expired{color:#b42318}.count{font-weight:700}form.inline{display:inline}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}fieldset{border:1px solid #e3e6ea;border-radius:4px}\
+.status-revoked,.status-expired{color:#b42318}.count{font-weight:700}form.inline{display:inline}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}.status-blocked{color:#b42318;font-weight:600}fieldset{border:1px solid #e3e6ea;border-radius:4px}\
 .picture{margin:.5rem 0 1rem;background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:.5rem}.picture svg{display:block;width:100%;height:auto}\
-.muted{color:#5b6472}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text]{min-width:12rem}.outcome-refused{color:#b42318}";
+.muted{color:#5b6472}.banner{margin:0;padding:.55rem 1.5rem;border-bottom:1px solid}.banner-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710}.banner-warning{background:#fff6e0;border-color:#f0d58c;color:#5c4300}.banner a{color:inherit;font-weight:600}\
+.visually-hidden{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}.pager{margin:1rem 0;display:flex;gap:1rem}.toolbar{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:flex-end;justify-content:space-between;margin:0 0 1rem}\
+a.button{display:inline-block;padding:.45rem .9rem;border-radius:4px;background:#2f5bd3;color:#fff;text-decoration:none}.level{display:inline-block;padding:0 .4rem;border-radius:3px;font-size:.85em;border:1px solid #b9c0ca}.level-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710;font-weight:600}\
+.field-error{color:#b42318;display:block;font-size:.9em}[aria-invalid=true]{border-color:#b42318!important;outline:1px solid #b42318}time{text-decoration:underline dotted #b9c0ca}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text]{min-width:12rem}.outcome-refused{color:#b42318}";
 
 pub struct Nav<'a> {
     pub current: &'a str,
@@ -28,6 +31,20 @@ pub struct Nav<'a> {
     /// Holds a right that can approve an agent's action.
     pub approver: bool,
     pub operator: bool,
+    /// What the last save said (the page after a redirect shows it once).
+    pub notice: Option<&'a str>,
+    /// States nobody may miss: agent access off, the global switch, a failing SIEM webhook,
+    /// an unanchored or tampered audit log.
+    pub banners: &'a [Banner],
+}
+
+/// A state shown above every page while it lasts.
+#[derive(Debug, Clone)]
+pub struct Banner {
+    pub danger: bool,
+    pub text: String,
+    /// Where to act on it.
+    pub link: Option<(&'static str, &'static str)>,
 }
 
 /// A whole page: the head, the navigation (none before sign-in and on refusals), the title
@@ -49,8 +66,19 @@ pub fn page(title: &str, nav: Option<&Nav<'_>>, body: Markup) -> Markup {
                     strong { "Gatehouse" }
                     @if let Some(n) = nav { (navigation(n)) }
                 }
+                @if let Some(n) = nav {
+                    @for b in n.banners {
+                        p class={ "banner " (if b.danger { "banner-danger" } else { "banner-warning" }) } role=(if b.danger { "alert" } else { "status" }) {
+                            (b.text)
+                            @if let Some((href, label)) = b.link { " " a href=(href) { (label) } }
+                        }
+                    }
+                }
                 main {
                     h1 { (title) }
+                    @if let Some(text) = nav.and_then(|n| n.notice) {
+                        p class="ok" role="status" id="notice" { (text) }
+                    }
                     (body)
                 }
             }
@@ -100,6 +128,61 @@ const ADMIN_LINKS: [(&str, &str); 7] = [
 /// The session's CSRF token, which every console form carries.
 pub fn csrf_field(token: &str) -> Markup {
     html! { input type="hidden" name="csrf" value=(token); }
+}
+
+/// A search box of a list's filter form (`q`).
+pub fn search_field(value: Option<&str>, placeholder: &str) -> Markup {
+    html! {
+        label { "Search " input type="search" name="q" value=[value] placeholder=(placeholder) maxlength="200"; }
+    }
+}
+
+/// A select of a list's filter form, "any" first.
+pub fn select_filter(
+    name: &str,
+    label: &str,
+    options: &[(&str, &str)],
+    current: Option<&str>,
+) -> Markup {
+    html! {
+        label {
+            (label) " "
+            select name=(name) {
+                option value="" { "any" }
+                @for (value, shown) in options {
+                    option value=(value) selected[current == Some(*value)] { (shown) }
+                }
+            }
+        }
+    }
+}
+
+/// The link to a list's next page: the same search with the cursor the last page gave, and
+/// a way back to the first.
+pub fn pager(
+    path: &str,
+    query: &std::collections::BTreeMap<String, String>,
+    next: Option<&str>,
+) -> Markup {
+    let with = |cursor: Option<&str>| {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in query {
+            if k != "cursor" && !v.is_empty() {
+                q.append_pair(k, v);
+            }
+        }
+        if let Some(c) = cursor {
+            q.append_pair("cursor", c);
+        }
+        let q = q.finish();
+        if q.is_empty() { path.to_owned() } else { format!("{path}?{q}") }
+    };
+    html! {
+        nav class="pager" aria-label="Pages" {
+            @if query.contains_key("cursor") { a href=(with(None)) { "First page" } }
+            @if let Some(c) = next { a rel="next" href=(with(Some(c))) { "Next page" } }
+        }
+    }
 }
 
 pub fn error_box(message: &str) -> Markup {

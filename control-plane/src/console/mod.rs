@@ -13,6 +13,7 @@ mod activity;
 mod api_tokens;
 mod approvals;
 mod audit;
+mod banners;
 mod budgets;
 mod connections;
 mod extract;
@@ -29,12 +30,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use maud::{Markup, html};
 use shared::error::Error;
 use shared::{OpCtx, time};
 
+pub use banners::AuditSeen;
 pub use extract::{Session, Source};
 pub use passkeys::SCRIPT as PASSKEY_SCRIPT;
 
@@ -68,18 +70,21 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/logout", post(sign_in::logout))
         .route("/tenants", get(sign_in::tenants).post(sign_in::pick_tenant))
         .route("/connections", get(connections::list).post(connections::create))
+        .route("/connections/new", get(connections::new_form))
         .route("/connections/{connection}", get(connections::detail))
+        .route("/connections/{connection}/created", get(connections::created))
         .route(
             "/connections/{connection}/revoke",
             get(connections::revoke_confirm).post(connections::revoke),
         )
         .route("/api-tokens", get(api_tokens::list).post(api_tokens::create))
+        .route("/api-tokens/{token}/created", get(api_tokens::created))
         .route(
             "/api-tokens/{token}/revoke",
             get(api_tokens::revoke_confirm).post(api_tokens::revoke),
         )
         .route("/people", get(people::list))
-        .route("/people/role", post(people::set_role))
+        .route("/people/role", get(people::role_confirm).post(people::set_role))
         .route("/people/deactivate", get(people::deactivate_confirm).post(people::deactivate))
         .route("/approvals", get(approvals::page))
         .route("/approvals/count", get(approvals::count))
@@ -138,6 +143,7 @@ fn fail(e: Error) -> Response {
             StatusCode::FORBIDDEN
         }
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::WrongState { .. } => StatusCode::CONFLICT,
         Error::Internal(d) => {
             tracing::error!(error = %d, "console request failed");
             StatusCode::INTERNAL_SERVER_ERROR
@@ -155,14 +161,24 @@ fn fail(e: Error) -> Response {
     (status, page("Cannot do that", None, body)).into_response()
 }
 
-/// A stored UTC time (ISO 8601) as people in the tenant read it: weekday, local time, zone.
-fn local(ctx: &OpCtx, iso: &str) -> String {
-    iso.parse::<jiff::Timestamp>()
-        .map(|t| {
-            time::present(t, &ctx.tenant().zone, &ctx.tenant().zone_name, jiff::Timestamp::now())
-                .display
-        })
-        .unwrap_or_else(|_| iso.to_owned())
+/// A stored UTC time (ISO 8601) as people in the tenant read it: the tenant's zone in the
+/// console's one format, the UTC instant on hover and for machines (`<time datetime>`).
+fn local(ctx: &OpCtx, iso: &str) -> Markup {
+    match iso.parse::<jiff::Timestamp>() {
+        Ok(t) => local_time(ctx, t),
+        Err(_) => html! { (iso) },
+    }
+}
+
+/// An instant as [`local`] shows it.
+fn local_time(ctx: &OpCtx, t: jiff::Timestamp) -> Markup {
+    let utc = t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string();
+    html! { time datetime=(t.to_string()) title=(utc) { (local_text(ctx, t)) } }
+}
+
+/// An instant in the tenant's zone, as text (for sentences and attributes).
+fn local_text(ctx: &OpCtx, t: jiff::Timestamp) -> String {
+    time::present(t, &ctx.tenant().zone, &ctx.tenant().zone_name, jiff::Timestamp::now()).display
 }
 
 /// A post-sign-in target: resolved as a browser resolves it against the console's own origin,
@@ -207,7 +223,96 @@ fn segment(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// A page of the console as a response: the layout around `body`, with the navigation.
+/// A page of the console as a response: the layout around `body`, with the navigation. A
+/// notice the page shows is cleared with it, so a reload does not say it again.
 fn shown(title: &str, nav: &layout::Nav<'_>, body: Markup) -> Response {
-    page(title, Some(nav), body).into_response()
+    let mut response = page(title, Some(nav), body).into_response();
+    if nav.notice.is_some()
+        && let Ok(v) = axum::http::HeaderValue::from_str(&format!(
+            "{NOTICE_COOKIE}=; Path=/; Max-Age=0; HttpOnly; SameSite=Strict"
+        ))
+    {
+        response.headers_mut().append(axum::http::header::SET_COOKIE, v);
+    }
+    response
+}
+
+/// The cookie that carries what a save said across its redirect (post/redirect/get).
+pub(crate) const NOTICE_COOKIE: &str = "gh_notice";
+
+/// The longest notice a save leaves.
+const NOTICE_MAX: usize = 400;
+
+/// After a form changed something: 303 to `to` (so a reload repeats nothing) with what was
+/// saved, shown once on the page there.
+fn saved(to: &str, message: &str) -> Response {
+    let message: String = message.chars().take(NOTICE_MAX).collect();
+    let value: String = url::form_urlencoded::byte_serialize(message.as_bytes()).collect();
+    let mut response = Redirect::to(to).into_response();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!(
+        "{NOTICE_COOKIE}={value}; Path=/; Max-Age=60; HttpOnly; SameSite=Strict"
+    )) {
+        response.headers_mut().append(axum::http::header::SET_COOKIE, v);
+    }
+    response
+}
+
+/// A notice cookie's text, when it holds one.
+fn notice_text(value: &str) -> Option<String> {
+    let text: String = url::form_urlencoded::parse(format!("m={value}").as_bytes())
+        .next()
+        .map(|(_, v)| v.chars().filter(|c| !c.is_control()).take(NOTICE_MAX).collect())?;
+    (!text.trim().is_empty()).then_some(text)
+}
+
+/// The cookie that carries a new secret, sealed to the session, across the redirect after
+/// the create: read once by the page it was set for, then cleared.
+const ONCE_COOKIE: &str = "gh_once";
+
+/// After creating a credential: 303 to `to` (under `path`), carrying the sealed secret for
+/// that page alone. A reload of that page never creates another credential.
+fn created_once(
+    state: &AppState,
+    session: &extract::Session,
+    path: &str,
+    to: &str,
+    what: &str,
+    secret: &str,
+) -> Answer {
+    let sealed = shared::services::console::once_seal(&state.ds, &session.row, what, secret)?;
+    let mut response = Redirect::to(to).into_response();
+    let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+    let cookie = format!(
+        "{ONCE_COOKIE}={sealed}; Path={path}; Max-Age=300; HttpOnly; SameSite=Strict{secure}"
+    );
+    if let Ok(v) = axum::http::HeaderValue::from_str(&cookie) {
+        response.headers_mut().append(axum::http::header::SET_COOKIE, v);
+    }
+    Ok(response)
+}
+
+/// The secret a create left for this page, opened once; and the header that clears it.
+fn once_secret(
+    state: &AppState,
+    session: &extract::Session,
+    headers: &axum::http::HeaderMap,
+    path: &str,
+    what: &str,
+) -> (Option<String>, axum::http::HeaderValue) {
+    let secret = extract::cookie(headers, ONCE_COOKIE)
+        .and_then(|v| shared::services::console::once_open(&state.ds, &session.row, what, &v));
+    let clear = axum::http::HeaderValue::from_str(&format!(
+        "{ONCE_COOKIE}=; Path={path}; Max-Age=0; HttpOnly; SameSite=Strict"
+    ))
+    .unwrap_or(axum::http::HeaderValue::from_static("gh_once=; Max-Age=0"));
+    (secret, clear)
+}
+
+/// Rights in words for a sentence: `customers:write (create and edit customers), …`.
+fn rights_words(rights: shared::rights::RightSet) -> String {
+    rights
+        .iter()
+        .map(|r| format!("{} ({})", r.as_str(), r.description()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Redirect};
 use maud::html;
 use shared::services::{admin, operators};
 use shared::time;
@@ -59,5 +58,10 @@ pub(super) async fn global_switch(
     let kill = direction(&form)?;
     let reason = form.get("reason").unwrap_or("");
     admin::kill_switch_set(&state.ds, admin::SwitchScope::Global(&operator), kill, reason).await?;
-    Ok(Redirect::to("/operator").into_response())
+    let message = if kill {
+        "The platform's kill switch is on: every agent request, in every tenant, is refused."
+    } else {
+        "The platform's kill switch is off: agents are let in again where their tenant allows."
+    };
+    Ok(super::saved("/operator", message))
 }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Redirect};
 use maud::{Markup, html};
 use shared::error::Error;
 use shared::services::rates::{self, Limit};
@@ -57,7 +56,12 @@ pub(super) async fn agent_access(
     let reason = form.get("reason").unwrap_or_default();
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
     admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&ctx), kill, reason).await?;
-    Ok(Redirect::to("/settings").into_response())
+    let message = if kill {
+        "Agent access is now off: every agent request for this tenant is refused."
+    } else {
+        "Agent access is now on: agents can use this tenant's connections again."
+    };
+    Ok(super::saved("/settings", message))
 }
 
 /// What completes an action of each mode, as the policy form offers it.
@@ -160,7 +164,11 @@ pub(super) async fn set_rate_limit(
     let (class, per_minute) = rate_fields(&form)?;
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
     rates::set_limit(&state.ds, &ctx, class, per_minute).await?;
-    Ok(Redirect::to("/settings").into_response())
+    let message = match per_minute {
+        Some(n) => format!("Rate limit saved: {n} {class} call(s) per minute per connection."),
+        None => format!("The {class} rate limit is back to its default."),
+    };
+    Ok(super::saved("/settings", &message))
 }
 
 /// A rate-limit form's class and allowance (`None`: back to the default).
@@ -199,5 +207,6 @@ pub(super) async fn set_policy(
     let (scope, mode, not_creator) = policy_fields(&form)?;
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
     approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await?;
-    Ok(Redirect::to("/settings").into_response())
+    let who = COMPLETIONS.iter().find(|(m, _)| *m == mode).map(|(_, w)| *w).unwrap_or("saved");
+    Ok(super::saved("/settings", &format!("Saved: for {scope}, {who}.")))
 }

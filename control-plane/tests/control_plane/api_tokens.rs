@@ -151,6 +151,17 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
         ("expires_in_days".into(), "7".into()),
     ]);
     let created = browser.post("/api-tokens", &form).await;
+    assert_eq!(created.status(), 303, "a create redirects: a reload never repeats it");
+    let location = created.headers()["location"].to_str().expect("ascii").to_owned();
+    let once = created
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.split(';').next().map(str::to_owned))
+        .find(|c| c.starts_with("gh_once="))
+        .expect("the secret rides a cookie sealed to the session");
+    assert!(!once.contains("gh_api_"), "sealed, not in the clear");
+    let created = browser.follow(created).await;
     assert_eq!(created.status(), 200);
     assert_eq!(
         created.headers()["cache-control"],
@@ -158,6 +169,25 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
         "a page with a secret is never cached"
     );
     let console_token = shown_token(&created.text().await.expect("html"));
+    // Reloading the page after the create (the secret's cookie cleared, as the page asked)
+    // shows no secret and creates nothing.
+    let tokens = "SELECT count(*) FROM api_tokens WHERE name = 'Console token'";
+    let reloaded = browser.get(&location).await.text().await.expect("html");
+    assert!(!reloaded.contains("gh_api_") && reloaded.contains("was shown once"), "{reloaded}");
+    assert_eq!(api._db.scalar_i64(tokens).await, 1, "a reload creates no second token");
+    // Another session of the same person cannot open the sealed secret.
+    let other = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let elsewhere = other
+        .http
+        .get(format!("{}{location}", api.url))
+        .header("cookie", format!("{}; {once}", other.cookie))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("html");
+    assert!(!elsewhere.contains("gh_api_"), "sealed to the session that created it");
     // The console ignores a person smuggled into the form: a token acts for whoever creates it.
     let mut smuggled = form.clone();
     smuggled.retain(|(k, _)| k != "name");
@@ -165,7 +195,7 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
         ("name".into(), "Smuggled".into()),
         ("person".into(), t0.dispatcher.email.clone()),
     ]);
-    assert_eq!(browser.post("/api-tokens", &smuggled).await.status(), 200);
+    assert_eq!(browser.post("/api-tokens", &smuggled).await.status(), 303);
     assert_eq!(
         api._db.scalar_string("SELECT p.email FROM api_tokens a JOIN people p ON p.id = a.person_id WHERE a.name = 'Smuggled'").await,
         t0.admin.email

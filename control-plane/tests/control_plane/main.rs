@@ -13,6 +13,7 @@ mod audit_anchors;
 mod audit_and_activity;
 mod audit_chain;
 mod budgets;
+mod console_admin;
 mod console_security;
 mod gatehousectl;
 mod id_jag;

@@ -39,6 +39,7 @@ impl Api {
             passkeys: shared::services::passkeys::RelyingParty::new(&url).expect("relying party"),
             jobs: Default::default(),
             audit_checkpoint_secs: 60,
+            audit_seen: Default::default(),
         });
         let served = state.clone();
         tokio::spawn(async move {
@@ -165,6 +166,26 @@ impl Browser {
         self.http
             .get(format!("{}{path}", self.base))
             .header("cookie", &self.cookie)
+            .send()
+            .await
+            .expect("get")
+    }
+
+    /// Follows a 303 as a browser does: GET its location with the cookies it set (a notice,
+    /// a secret sealed for that page).
+    pub(crate) async fn follow(&self, response: reqwest::Response) -> reqwest::Response {
+        assert_eq!(response.status(), 303, "a form's answer is a redirect (post/redirect/get)");
+        let location = response.headers()["location"].to_str().expect("ascii").to_owned();
+        let mut cookies = vec![self.cookie.clone()];
+        for set in response.headers().get_all("set-cookie") {
+            let pair = set.to_str().expect("ascii").split(';').next().expect("pair").to_owned();
+            if !pair.ends_with('=') {
+                cookies.push(pair);
+            }
+        }
+        self.http
+            .get(format!("{}{location}", self.base))
+            .header("cookie", cookies.join("; "))
             .send()
             .await
             .expect("get")

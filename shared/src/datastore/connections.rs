@@ -21,7 +21,85 @@ pub struct ConnectionRow {
     pub granted_by: Option<String>,
 }
 
+/// What a search of the tenant's connections asks for.
+#[derive(Debug, Default)]
+pub struct ConnectionQuery<'a> {
+    /// Part of the name, handle, client or creator's email.
+    pub text: Option<&'a str>,
+    pub status: Option<&'a str>,
+    pub client: Option<&'a str>,
+    /// `token`, `oauth` or `idp`.
+    pub granted: Option<&'a str>,
+    /// `read`, `write` or `dangerous` ([`crate::rights::RightsLevel`]).
+    pub level: Option<&'a str>,
+    /// Newest first: the page after `(created_at, id)`.
+    pub before: Option<(DateTime<Utc>, i64)>,
+}
+
+/// A connection of a search, with the position the next page starts after.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ConnectionFound {
+    pub id: i64,
+    #[sqlx(flatten)]
+    pub row: ConnectionRow,
+    /// `token`, `oauth` or `idp`.
+    pub granted: String,
+}
+
 impl Services {
+    /// A page of the tenant's connections, newest first, searched and filtered in SQL; the
+    /// rights level is computed from the dangerous rights' names given.
+    pub(crate) async fn connection_search(
+        &self,
+        ctx: &OpCtx,
+        q: &ConnectionQuery<'_>,
+        dangerous: &[&str],
+        limit: i64,
+    ) -> Result<Vec<ConnectionFound>> {
+        Ok(sqlx::query_as::<_, ConnectionFound>(
+            "SELECT * FROM (
+               SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,
+                      p.email AS creator_email, c.created_at, c.last_used_at, c.granted_by,
+                      CASE WHEN c.granted_by = 'idp' THEN 'idp'
+                           WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'token' END AS granted,
+                      CASE WHEN c.rights && $7::text[] THEN 'dangerous'
+                           WHEN EXISTS (SELECT 1 FROM unnest(c.rights) r WHERE r NOT LIKE '%:read') THEN 'write'
+                           ELSE 'read' END AS level
+               FROM connections c JOIN people p ON p.id = c.creator_id
+               WHERE c.tenant_id = $1
+                 AND ($2::text IS NULL OR strpos(lower(c.name || ' ' || c.handle || ' ' || c.client_name || ' ' || p.email), lower($2)) > 0)
+                 AND ($3::text IS NULL OR c.status = $3)
+                 AND ($4::text IS NULL OR c.client_name = $4)
+                 AND ($8::timestamptz IS NULL OR (c.created_at, c.id) < ($8, $9))
+             ) found
+             WHERE ($5::text IS NULL OR granted = $5) AND ($6::text IS NULL OR level = $6)
+             ORDER BY created_at DESC, id DESC LIMIT $10",
+        )
+        .bind(ctx.tenant_id())
+        .bind(q.text)
+        .bind(q.status)
+        .bind(q.client)
+        .bind(q.granted)
+        .bind(q.level)
+        .bind(dangerous)
+        .bind(q.before.map(|b| b.0))
+        .bind(q.before.map(|b| b.1))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The client names of the tenant's connections, for a filter's choices.
+    pub(crate) async fn connection_clients(&self, ctx: &OpCtx) -> Result<Vec<String>> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT DISTINCT client_name FROM connections WHERE tenant_id = $1 ORDER BY client_name LIMIT 200",
+        )
+        .bind(ctx.tenant_id())
+        .fetch_all(self.pool())
+        .await?;
+        Ok(rows.into_iter().map(|(c,)| c).collect())
+    }
+
     pub(crate) async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
         Ok(sqlx::query_as::<_, ConnectionRow>(
             "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,

@@ -165,6 +165,20 @@ pub(crate) async fn membership_set_role(
     Ok(done.rows_affected() == 1)
 }
 
+/// The active admins of the context's tenant, their memberships held until the transaction
+/// ends: two admins demoting each other at once are serialized here, and the second sees the
+/// first's change (READ COMMITTED re-reads a row it waited for), so one admin always remains.
+pub(crate) async fn tenant_admins_held(tx: &mut Tx<'_>, ctx: &OpCtx) -> Result<Vec<i64>> {
+    let rows: Vec<(i64,)> = sqlx::query_as(
+        "SELECT person_id FROM memberships WHERE tenant_id = $1 AND role = 'admin' AND active \
+         ORDER BY person_id FOR UPDATE",
+    )
+    .bind(ctx.tenant_id())
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
 /// Ends a person's membership in the context's tenant; returns whether there was one.
 pub(crate) async fn membership_deactivate(
     tx: &mut Tx<'_>,
@@ -249,6 +263,15 @@ pub struct MembershipListRow {
     pub role: String,
     /// The tenant takes console sessions from its identity provider only.
     pub sso_required: bool,
+}
+
+/// What a search of the tenant's people asks for.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PeopleQuery<'a> {
+    pub text: Option<&'a str>,
+    pub role: Option<&'a str>,
+    pub active: Option<bool>,
+    pub after: Option<(&'a str, &'a str)>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -337,6 +360,35 @@ impl Services {
 }
 
 impl Services {
+    /// A page of the tenant's people by name: those whose name or email contains `text`
+    /// (case-insensitive), of one role and state when given, after `(name, handle)`.
+    pub(crate) async fn people_search(
+        &self,
+        ctx: &OpCtx,
+        q: &PeopleQuery<'_>,
+        limit: i64,
+    ) -> Result<Vec<PersonListRow>> {
+        Ok(sqlx::query_as::<_, PersonListRow>(
+            "SELECT p.handle, p.email, p.name, m.role, (m.active AND p.active) AS active
+             FROM memberships m JOIN people p ON p.id = m.person_id
+             WHERE m.tenant_id = $1
+               AND ($2::text IS NULL OR strpos(lower(p.name || ' ' || p.email), lower($2)) > 0)
+               AND ($3::text IS NULL OR m.role = $3)
+               AND ($4::bool IS NULL OR (m.active AND p.active) = $4)
+               AND ($5::text IS NULL OR (p.name, p.handle) > ($5, $6))
+             ORDER BY p.name, p.handle LIMIT $7",
+        )
+        .bind(ctx.tenant_id())
+        .bind(q.text)
+        .bind(q.role)
+        .bind(q.active)
+        .bind(q.after.map(|a| a.0))
+        .bind(q.after.map(|a| a.1))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     pub(crate) async fn people_list(&self, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
         Ok(sqlx::query_as::<_, PersonListRow>(
             "SELECT p.handle, p.email, p.name, m.role, (m.active AND p.active) AS active

@@ -32,6 +32,11 @@ pub struct SessionRow {
     /// The session's tenant's identity provider, and whether it takes only sessions it started.
     pub tenant_idp_id: Option<i64>,
     pub tenant_sso_required: Option<bool>,
+    /// The platform's kill switch (R18), read with the session for every page's banner.
+    pub global_kill: bool,
+    /// Since when the tenant's SIEM webhook fails, and its last error.
+    pub webhook_failing_since: Option<chrono::DateTime<chrono::Utc>>,
+    pub webhook_last_error: Option<String>,
 }
 
 impl Services {
@@ -72,12 +77,15 @@ impl Services {
                     t.zone AS tenant_zone, t.currency::text AS tenant_currency, t.agent_access AS tenant_agent_access,
                     t.decisions_need_passkey AS tenant_passkey_policy,
                     m.role, m.active AS membership_active, s.signed_in_with, s.created_at,
-                    s.idp_id, i.id AS tenant_idp_id, i.sso_required AS tenant_sso_required
+                    s.idp_id, i.id AS tenant_idp_id, i.sso_required AS tenant_sso_required,
+                    coalesce((SELECT global_kill FROM platform_state), false) AS global_kill,
+                    w.failing_since AS webhook_failing_since, w.last_error AS webhook_last_error
              FROM console_sessions s
              JOIN people p ON p.id = s.person_id
              LEFT JOIN tenants t ON t.id = s.tenant_id
              LEFT JOIN memberships m ON m.tenant_id = s.tenant_id AND m.person_id = s.person_id
              LEFT JOIN tenant_idps i ON i.tenant_id = s.tenant_id
+             LEFT JOIN audit_webhooks w ON w.tenant_id = s.tenant_id
              WHERE s.token_hash = $1 AND s.expires_at > now()",
         )
         .bind(token_hash)

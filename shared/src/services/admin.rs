@@ -206,6 +206,31 @@ async fn member(ds: &Services, ctx: &OpCtx, email: &str) -> Result<crate::datast
     }
 }
 
+/// Refuses a change that would leave the tenant with no active admin: nobody could then manage
+/// its people, connections or settings from the console or the API. Holds the admins'
+/// memberships until the transaction ends, so concurrent demotions cannot each see another
+/// admin left. The same rule for the console, the REST API and `gatehousectl`.
+async fn keep_an_admin(
+    tx: &mut crate::datastore::Tx<'_>,
+    ctx: &OpCtx,
+    person: &crate::datastore::PersonRow,
+    change: &str,
+) -> Result<()> {
+    let admins = ds_fns::tenant_admins_held(tx, ctx).await?;
+    if admins == [person.id] {
+        return Err(Error::WrongState {
+            message: format!(
+                "{} is the last active admin of {}, so they cannot {change}; make another \
+                 person an admin first",
+                person.email,
+                ctx.tenant().slug
+            ),
+            use_instead: None,
+        });
+    }
+    Ok(())
+}
+
 /// The decision a role change is when it gives the person rights they do not hold now
 /// (`None` when it keeps or lowers them: narrowing never waits for a passkey).
 pub async fn role_decision(
@@ -242,6 +267,9 @@ pub async fn person_set_role(
     let mut tx = ds.begin().await?;
     if let Some(decision) = raise {
         passkeys::require(&mut tx, ctx, &decision).await?;
+    }
+    if role != Role::Admin {
+        keep_an_admin(&mut tx, ctx, &person, "be given another role").await?;
     }
     // Only an active membership changes role, decided in the statement itself, so a
     // deactivation committed meanwhile is never undone.
@@ -286,6 +314,7 @@ pub async fn person_deactivate(
     ctx.require(Right::PeopleManage)?;
     let person = member(ds, ctx, email).await?;
     let mut tx = ds.begin().await?;
+    keep_an_admin(&mut tx, ctx, &person, "be deactivated").await?;
     ds_fns::membership_deactivate(&mut tx, ctx, person.id).await?;
     let revoked =
         ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated")
@@ -659,6 +688,9 @@ pub struct ConnectionSummary {
     /// `idp` when the tenant's identity provider granted it (an ID-JAG), else absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub granted_by: Option<String>,
+    /// `token`, `oauth` or `idp`, where a search computed it.
+    #[serde(skip)]
+    pub how_granted: Option<String>,
 }
 
 /// One connection of the tenant, by a handle as it came from outside (a URL path segment):
@@ -694,8 +726,113 @@ pub async fn connection_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<Connectio
             created_at: fmt(c.created_at),
             last_used_at: c.last_used_at.map(fmt),
             granted_by: c.granted_by,
+            how_granted: None,
         })
         .collect())
+}
+
+/// What an admin looks for among the tenant's connections; every field as it came from outside.
+#[derive(Debug, Default, Clone)]
+pub struct ConnectionFilter {
+    pub q: Option<String>,
+    /// `active` or `revoked`.
+    pub status: Option<String>,
+    pub client: Option<String>,
+    /// `token` (made in the console or the CLI), `oauth` or `idp`.
+    pub granted: Option<String>,
+    /// `read`, `write` or `dangerous`.
+    pub level: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// One page of connections, the client names to filter by, and where the next page starts.
+#[derive(Debug, Serialize)]
+pub struct ConnectionPage {
+    pub rows: Vec<ConnectionSummary>,
+    pub clients: Vec<String>,
+    pub next: Option<String>,
+}
+
+/// A page of the tenant's connections, newest first, searched and filtered in SQL.
+pub async fn connection_search(
+    ds: &Services,
+    ctx: &OpCtx,
+    filter: &ConnectionFilter,
+    limit: i64,
+) -> Result<ConnectionPage> {
+    ctx.require(Right::ConnectionsManage)?;
+    let given = |v: &Option<String>| {
+        v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned)
+    };
+    let text = given(&filter.q);
+    if text.as_ref().is_some_and(|q| q.chars().count() > 200) {
+        return Err(Error::invalid("q", "search with at most 200 characters"));
+    }
+    let status = given(&filter.status);
+    if status.as_deref().is_some_and(|s| !["active", "revoked"].contains(&s)) {
+        return Err(Error::invalid("status", "status is active or revoked"));
+    }
+    let granted = given(&filter.granted);
+    if granted.as_deref().is_some_and(|g| !["token", "oauth", "idp"].contains(&g)) {
+        return Err(Error::invalid("granted", "how granted is token, oauth or idp"));
+    }
+    let level =
+        given(&filter.level).map(|l| crate::rights::RightsLevel::parse("level", &l)).transpose()?;
+    let before = match given(&filter.cursor) {
+        None => None,
+        Some(c) => {
+            let parts = super::decode_cursor(&c, 2)?;
+            let at = parts[0].parse::<i64>().ok().and_then(chrono::DateTime::from_timestamp_micros);
+            match (at, parts[1].parse::<i64>().ok()) {
+                (Some(at), Some(id)) => Some((at, id)),
+                _ => {
+                    return Err(Error::invalid(
+                        "cursor",
+                        "not a cursor from a previous page; repeat the search without it",
+                    ));
+                }
+            }
+        }
+    };
+    let client = given(&filter.client);
+    let query = ds_fns::ConnectionQuery {
+        text: text.as_deref(),
+        status: status.as_deref(),
+        client: client.as_deref(),
+        granted: granted.as_deref(),
+        level: level.map(|l| l.as_str()),
+        before,
+    };
+    let mut rows =
+        ds.connection_search(ctx, &query, &crate::rights::dangerous_names(), limit + 1).await?;
+    let next = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| {
+            super::encode_cursor(&[
+                &r.row.created_at.timestamp_micros().to_string(),
+                &r.id.to_string(),
+            ])
+        })
+    } else {
+        None
+    };
+    let rows = rows
+        .into_iter()
+        .map(|f| ConnectionSummary {
+            connection: f.row.handle,
+            name: f.row.name,
+            client_name: f.row.client_name,
+            status: f.row.status,
+            toolset: f.row.toolset,
+            creator: f.row.creator_email,
+            rights: f.row.rights,
+            created_at: utc_text(f.row.created_at),
+            last_used_at: f.row.last_used_at.map(utc_text),
+            granted_by: f.row.granted_by,
+            how_granted: Some(f.granted),
+        })
+        .collect();
+    Ok(ConnectionPage { rows, clients: ds.connection_clients(ctx).await?, next })
 }
 
 /// Where a kill switch acts.

@@ -171,6 +171,17 @@ impl ConsoleSession {
         self.row.tenant_name.as_deref()
     }
 
+    /// Whether the platform's kill switch is on (every agent refused everywhere).
+    pub fn global_kill(&self) -> bool {
+        self.row.global_kill
+    }
+
+    /// Since when (UTC) the tenant's SIEM webhook fails, with its last error, while it does.
+    pub fn webhook_failing(&self) -> Option<(jiff::Timestamp, &str)> {
+        let since = crate::datastore::to_ts(self.row.webhook_failing_since?);
+        Some((since, self.row.webhook_last_error.as_deref().unwrap_or("no answer")))
+    }
+
     pub fn tenant_agent_access(&self) -> Option<bool> {
         self.row.tenant_agent_access
     }
@@ -271,8 +282,105 @@ pub async fn people(svc: &Services, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
     svc.people_list(ctx).await
 }
 
+/// What an admin looks for among the tenant's people; every field as it came from outside.
+#[derive(Debug, Default, Clone)]
+pub struct PeopleFilter {
+    /// Part of a name or an email address.
+    pub q: Option<String>,
+    /// `admin`, `dispatcher` or `viewer`.
+    pub role: Option<String>,
+    /// `active` or `deactivated`.
+    pub status: Option<String>,
+    /// The `next` of a previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of people and where the next one starts.
+pub struct PeoplePage {
+    pub rows: Vec<PersonListRow>,
+    pub next: Option<String>,
+}
+
+/// A page of the tenant's people, searched and filtered in SQL.
+pub async fn people_page(
+    svc: &Services,
+    ctx: &OpCtx,
+    filter: &PeopleFilter,
+    limit: i64,
+) -> Result<PeoplePage> {
+    ctx.require(Right::PeopleManage)?;
+    let given = |v: &Option<String>| {
+        v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned)
+    };
+    let q = given(&filter.q);
+    if q.as_ref().is_some_and(|q| q.chars().count() > 200) {
+        return Err(Error::invalid("q", "search with at most 200 characters"));
+    }
+    let role = given(&filter.role).map(|r| r.parse::<Role>()).transpose()?;
+    let active = match given(&filter.status).as_deref() {
+        None => None,
+        Some("active") => Some(true),
+        Some("deactivated") => Some(false),
+        Some(_) => return Err(Error::invalid("status", "status is active or deactivated")),
+    };
+    let after = given(&filter.cursor).map(|c| super::decode_cursor(&c, 2)).transpose()?;
+    let query = crate::datastore::PeopleQuery {
+        text: q.as_deref(),
+        role: role.map(Role::as_str),
+        active,
+        after: after.as_ref().map(|a| (a[0].as_str(), a[1].as_str())),
+    };
+    let mut rows = svc.people_search(ctx, &query, limit + 1).await?;
+    let next = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| super::encode_cursor(&[&r.name, &r.handle]))
+    } else {
+        None
+    };
+    Ok(PeoplePage { rows, next })
+}
+
 /// What confirmed actions sent (the outbox), newest first, for those who read the audit.
 pub async fn messages(svc: &Services, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
     ctx.require(Right::AuditRead)?;
     svc.outbox_list(ctx, limit).await
+}
+
+/// Seals a new secret to be shown once on the page a create redirects to (post/redirect/get):
+/// bound to this session and to `what` (`connection:con_…`), so it opens nowhere else. Sealed
+/// with the installation's secret keys, or without them (a development stack) with a key this
+/// process made at start, which other replicas cannot open.
+pub fn once_seal(
+    svc: &Services,
+    session: &ConsoleSession,
+    what: &str,
+    secret: &str,
+) -> Result<String> {
+    let purpose = once_purpose(session, what);
+    once_keys(svc).seal(&purpose, secret.as_bytes()).map_err(Error::Internal)
+}
+
+/// Opens what [`once_seal`] sealed for this session and `what`; `None` for anything else.
+pub fn once_open(
+    svc: &Services,
+    session: &ConsoleSession,
+    what: &str,
+    sealed: &str,
+) -> Option<String> {
+    let bytes = once_keys(svc).open(&once_purpose(session, what), sealed)?;
+    String::from_utf8(bytes).ok()
+}
+
+fn once_purpose(session: &ConsoleSession, what: &str) -> String {
+    format!("console-once\0{}\0{what}", session.row.id)
+}
+
+fn once_keys(svc: &Services) -> &crate::seal::SealKeys {
+    static PROCESS: std::sync::OnceLock<crate::seal::SealKeys> = std::sync::OnceLock::new();
+    svc.secret_keys().unwrap_or_else(|| {
+        PROCESS.get_or_init(|| {
+            crate::seal::SealKeys::parse(&crate::seal::SealKeys::generate("process"))
+                .expect("a generated key parses")
+        })
+    })
 }

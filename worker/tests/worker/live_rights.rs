@@ -69,6 +69,17 @@ async fn creators_lost_rights_end_their_connections_on_the_next_call() {
     assert!(stack.call(&token, "find_customers", json!({})).await.is_ok());
     // Deactivating the creator ends the connection at once (R4).
     let ctx = stack.operator_in(0).await;
+    // Another admin first: the tenant's last admin cannot be demoted or deactivated.
+    admin::person_create(
+        &stack.db.ds,
+        &ctx,
+        "second-admin@acme.example",
+        "Second Admin",
+        shared::rights::Role::Admin,
+        None,
+    )
+    .await
+    .expect("second admin");
     admin::person_set_role(
         &stack.db.ds,
         &ctx,

@@ -1,0 +1,362 @@
+//! The console as a busy admin meets it: no lock-out of the tenant's last admin (console and
+//! CLI), role changes confirmed with what they give and take, credentials created once however
+//! often the page is reloaded, lists that page and filter, saves that say what they saved, and
+//! banners while agents are blocked or the SIEM webhook fails.
+
+use crate::support::*;
+
+/// The CSRF token of the signed-in session, from any page's sign-out form.
+async fn csrf(browser: &Browser) -> String {
+    let html = browser.get("/people").await.text().await.expect("html");
+    form_fields(&html, "/logout").into_iter().find(|(k, _)| k == "csrf").expect("csrf").1
+}
+
+/// Makes `OPS` an operator, granted by the demo's first one (the first tenant's admin).
+fn grant_operator(api: &Api) {
+    let first = api.seed.tenants[0].admin.email.as_str();
+    let (ok, out) =
+        ctl_as(&api._db, Some(first), &["operator", "--email", OPS, "--name", "Olu Ops"]);
+    assert!(ok, "{out}");
+}
+
+fn form(csrf: &str, fields: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut out = vec![("csrf".to_owned(), csrf.to_owned())];
+    out.extend(fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    out
+}
+
+#[tokio::test]
+async fn the_last_active_admin_cannot_be_demoted_or_deactivated_anywhere() {
+    let api = Api::start().await;
+    grant_operator(&api);
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let role_of = |email: &str| {
+        format!(
+            "SELECT m.role || ':' || m.active FROM memberships m JOIN people p ON p.id = m.person_id \
+             JOIN tenants t ON t.id = m.tenant_id WHERE t.slug = '{}' AND lower(p.email) = lower('{email}')",
+            t0.slug
+        )
+    };
+    // The console: demoting oneself, the only admin, is refused in words and changes nothing.
+    let r = admin
+        .post("/people/role", &form(&csrf, &[("email", &t0.admin.email), ("role", "viewer")]))
+        .await;
+    assert_eq!(r.status(), 409, "refused as a state, not a fault");
+    let text = r.text().await.expect("html");
+    assert!(
+        text.contains("last active admin") && text.contains("make another person an admin first"),
+        "{text}"
+    );
+    let r = admin.post("/people/deactivate", &form(&csrf, &[("email", &t0.admin.email)])).await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(api._db.scalar_string(&role_of(&t0.admin.email)).await, "admin:true");
+    // The CLI (an operator): the same rule.
+    for args in [
+        vec![
+            "person",
+            "set-role",
+            "--tenant",
+            &t0.slug,
+            "--email",
+            &t0.admin.email,
+            "--role",
+            "dispatcher",
+        ],
+        vec!["person", "deactivate", "--tenant", &t0.slug, "--email", &t0.admin.email],
+    ] {
+        let (ok, err) = ctl(&api._db, &args);
+        assert!(!ok, "{err}");
+        assert!(
+            err["error"]["message"].as_str().expect("message").contains("last active admin"),
+            "{err}"
+        );
+    }
+    assert_eq!(api._db.scalar_string(&role_of(&t0.admin.email)).await, "admin:true");
+
+    // With a second admin, the first may step down; then the second is the last one.
+    let r = admin
+        .post("/people/role", &form(&csrf, &[("email", &t0.dispatcher.email), ("role", "admin")]))
+        .await;
+    assert_eq!(r.status(), 303, "raising needs no passkey here (the policy is off)");
+    let r = admin
+        .post("/people/role", &form(&csrf, &[("email", &t0.admin.email), ("role", "dispatcher")]))
+        .await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(api._db.scalar_string(&role_of(&t0.admin.email)).await, "dispatcher:true");
+    let (ok, err) = ctl(
+        &api._db,
+        &["person", "deactivate", "--tenant", &t0.slug, "--email", &t0.dispatcher.email],
+    );
+    assert!(!ok && err.to_string().contains("last active admin"), "{err}");
+}
+
+#[tokio::test]
+async fn two_admins_demoting_each_other_at_once_leave_one_admin() {
+    let api = Api::start().await;
+    grant_operator(&api);
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let r = admin
+        .post("/people/role", &form(&csrf, &[("email", &t0.dispatcher.email), ("role", "admin")]))
+        .await;
+    assert_eq!(r.status(), 303);
+    for round in 0..5 {
+        let (a, b) = tokio::join!(
+            async {
+                ctl(
+                    &api._db,
+                    &[
+                        "person",
+                        "set-role",
+                        "--tenant",
+                        &t0.slug,
+                        "--email",
+                        &t0.admin.email,
+                        "--role",
+                        "viewer",
+                    ],
+                )
+            },
+            async {
+                ctl(
+                    &api._db,
+                    &[
+                        "person",
+                        "set-role",
+                        "--tenant",
+                        &t0.slug,
+                        "--email",
+                        &t0.dispatcher.email,
+                        "--role",
+                        "viewer",
+                    ],
+                )
+            },
+        );
+        let admins = api
+            ._db
+            .scalar_i64(&format!(
+                "SELECT count(*) FROM memberships m JOIN tenants t ON t.id = m.tenant_id \
+                 WHERE t.slug = '{}' AND m.role = 'admin' AND m.active",
+                t0.slug
+            ))
+            .await;
+        assert_eq!(admins, 1, "round {round}: one admin remains ({a:?}, {b:?})");
+        assert!(a.0 != b.0, "round {round}: exactly one of the two demotions passed");
+        // Make both admins again for the next round.
+        let lowered = if a.0 { &t0.admin.email } else { &t0.dispatcher.email };
+        let (ok, out) = ctl(
+            &api._db,
+            &["person", "set-role", "--tenant", &t0.slug, "--email", lowered, "--role", "admin"],
+        );
+        assert!(ok, "{out}");
+    }
+}
+
+#[tokio::test]
+async fn a_role_change_is_confirmed_with_what_it_gives_and_takes() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let path = format!("/people/role?email={}&role=viewer", t0.dispatcher.email);
+    let page = admin.get(&path).await;
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.expect("html");
+    assert!(html.contains("from <strong>dispatcher</strong> to <strong>viewer</strong>"), "{html}");
+    assert!(html.contains("They lose: ") && html.contains("bookings:write"), "{html}");
+    assert!(
+        html.contains("active connection(s)") || html.contains("no active connections"),
+        "{html}"
+    );
+    // Nothing changed yet: the page is only the question.
+    let role = format!(
+        "SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id \
+         JOIN tenants t ON t.id = m.tenant_id WHERE t.slug = '{}' AND lower(p.email) = lower('{}')",
+        t0.slug, t0.dispatcher.email
+    );
+    assert_eq!(api._db.scalar_string(&role).await, "dispatcher");
+    // Confirming saves and says what it saved, once.
+    let fields = form_fields(&html, "/people/role");
+    let done = admin.post("/people/role", &fields).await;
+    let after = admin.follow(done).await.text().await.expect("html");
+    assert!(after.contains(&format!("{} is now viewer.", t0.dispatcher.email)), "{after}");
+    assert_eq!(api._db.scalar_string(&role).await, "viewer");
+    let again = admin.get("/people").await.text().await.expect("html");
+    assert!(!again.contains("is now viewer."), "the notice is shown once");
+    // An unknown person or role gets no confirmation page.
+    assert_eq!(admin.get("/people/role?email=nobody@example.net&role=viewer").await.status(), 404);
+    let bad = format!("/people/role?email={}&role=owner", t0.dispatcher.email);
+    assert_eq!(admin.get(&bad).await.status(), 422);
+}
+
+#[tokio::test]
+async fn reloading_the_page_after_creating_a_connection_creates_nothing() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let count = "SELECT count(*) FROM connections WHERE name = 'Reloaded agent'";
+    let r = admin
+        .post(
+            "/connections",
+            &form(
+                &csrf,
+                &[("name", "Reloaded agent"), ("toolset", "full"), ("right", "bookings:read")],
+            ),
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+    let location = r.headers()["location"].to_str().expect("ascii").to_owned();
+    assert!(location.ends_with("/created"), "{location}");
+    let shown = admin.follow(r).await.text().await.expect("html");
+    assert!(
+        shown.contains("gh_mcp_") && shown.contains("claude mcp add --transport http"),
+        "{shown}"
+    );
+    for _ in 0..3 {
+        let reloaded = admin.get(&location).await.text().await.expect("html");
+        assert!(!reloaded.contains("gh_mcp_"), "the token is never shown again");
+        assert!(reloaded.contains("was shown once"), "{reloaded}");
+    }
+    assert_eq!(
+        api._db.scalar_i64(count).await,
+        1,
+        "one connection, however often the page reloads"
+    );
+}
+
+#[tokio::test]
+async fn connections_page_search_and_filter_in_sql_with_new_at_the_top() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    // 60 read-only agents and one dangerous one.
+    for i in 0..60 {
+        let name = format!("Reader {i:02}");
+        let r = admin
+            .post(
+                "/connections",
+                &form(
+                    &csrf,
+                    &[("name", &name), ("toolset", "read_only"), ("right", "bookings:read")],
+                ),
+            )
+            .await;
+        assert_eq!(r.status(), 303);
+    }
+    let r = admin
+        .post(
+            "/connections",
+            &form(
+                &csrf,
+                &[
+                    ("name", "Overreach"),
+                    ("toolset", "full"),
+                    ("right", "bookings:read"),
+                    ("right", "people:manage"),
+                ],
+            ),
+        )
+        .await;
+    assert_eq!(r.status(), 303);
+
+    let first = admin.get("/connections").await.text().await.expect("html");
+    let new_at = first.find("href=\"/connections/new\"").expect("a New connection button");
+    assert!(new_at < first.find("<table").expect("the list"), "New comes before the list");
+    assert!(
+        !first.contains("action=\"/connections\" class=\"card\""),
+        "no create form under the list"
+    );
+    let rows = |html: &str| html.matches("<tr><td><a href=\"/connections/con_").count();
+    assert_eq!(rows(&first), 50, "a page holds 50");
+    // Newest first: the dangerous one leads, marked.
+    let overreach = first.find("Overreach").expect("the newest first");
+    assert!(overreach < first.find("Reader 59").expect("then the readers"));
+    assert!(first.contains("dangerous: people:manage"), "the dangerous right is named");
+    // The next page continues where the first ended, without repeats.
+    let next = first
+        .split("rel=\"next\" href=\"")
+        .nth(1)
+        .expect("a next page")
+        .split('"')
+        .next()
+        .expect("href");
+    let second = admin.get(&next.replace("&amp;", "&")).await.text().await.expect("html");
+    assert!(second.contains("First page"));
+    assert!(
+        !second.contains("Overreach") && second.contains("Reader 00"),
+        "the oldest on the later page"
+    );
+    // Filters: the level, a search, the status.
+    let dangerous = admin.get("/connections?level=dangerous").await.text().await.expect("html");
+    assert!(
+        dangerous.contains("Overreach") && !dangerous.contains("Reader "),
+        "only over-privileged agents"
+    );
+    let reading = admin.get("/connections?level=read&q=reader").await.text().await.expect("html");
+    assert_eq!(rows(&reading), 50, "the readers are read-level (a full first page)");
+    let found = admin.get("/connections?q=reader%2007").await.text().await.expect("html");
+    assert_eq!(rows(&found), 1);
+    let revoked =
+        admin.get("/connections?status=revoked&q=reader").await.text().await.expect("html");
+    assert_eq!(rows(&revoked), 0);
+    // Hostile input is refused in words and changes nothing.
+    assert_eq!(admin.get("/connections?level=root").await.status(), 422);
+    assert_eq!(admin.get("/connections?cursor=not-a-cursor").await.status(), 422);
+    assert_eq!(admin.get("/connections?granted=magic").await.status(), 422);
+}
+
+#[tokio::test]
+async fn every_page_says_when_agents_are_blocked_or_the_siem_fails() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    for page in ["/connections", "/people", "/audit", "/settings"] {
+        let html = admin.get(page).await.text().await.expect("html");
+        assert!(!html.contains("class=\"banner"), "{page}: no banner while all is well");
+    }
+    let r = admin
+        .post("/settings/agent-access", &form(&csrf, &[("to", "off"), ("reason", "drill")]))
+        .await;
+    let after = admin.follow(r).await.text().await.expect("html");
+    assert!(after.contains("Agent access is now off"), "the save says what it saved: {after}");
+    for page in ["/connections", "/people", "/audit", "/activity", "/api-tokens", "/messages"] {
+        let html = admin.get(page).await.text().await.expect("html");
+        assert!(html.contains("Agent access is off for this tenant"), "{page}");
+    }
+    let list = admin.get("/connections").await.text().await.expect("html");
+    assert!(list.contains("blocked: agent access off"), "connections show their effective state");
+    assert!(!list.contains(">active</td>"), "none shows active while blocked");
+    let r = admin
+        .post("/settings/agent-access", &form(&csrf, &[("to", "on"), ("reason", "over")]))
+        .await;
+    assert_eq!(r.status(), 303);
+    let html = admin.get("/people").await.text().await.expect("html");
+    assert!(!html.contains("Agent access is off for this tenant"), "gone once it is on");
+
+    // A failing SIEM webhook shows on every page, since when and why.
+    api._db
+        .exec(&format!(
+            "INSERT INTO audit_webhooks (tenant_id, url, secret_sealed, delivered_seq, failing_since, last_error)
+             SELECT id, 'https://siem.example/in', 'x', 0, now() - interval '2 hours', 'connection refused'
+             FROM tenants WHERE slug = '{}'",
+            t0.slug
+        ))
+        .await;
+    let html = admin.get("/connections").await.text().await.expect("html");
+    assert!(
+        html.contains("The SIEM webhook has been failing since")
+            && html.contains("connection refused"),
+        "{html}"
+    );
+    // Another tenant's admin sees none of it.
+    let t1 = &api.seed.tenants[1];
+    let other = Browser::sign_in(&api, &t1.admin.email, &t1.admin.password).await;
+    let theirs = other.get("/connections").await.text().await.expect("html");
+    assert!(!theirs.contains("class=\"banner"), "banners are the tenant's own");
+}
