@@ -121,6 +121,10 @@ def main():
             fail(f"row {seq}: the time shown differs from what was chained")
         if c.get("v", 1) >= 2 and cell(row["connection"]) != (c.get("connection") or ""):
             fail(f"row {seq}: the connection shown differs from what was chained")
+        if c.get("v", 1) >= 2 and "actor" in row and cell(row["actor"]) != (c.get("actor") or ""):
+            fail(f"row {seq}: the person shown differs from what was chained")
+        if "change" in row and (json.loads(cell(row["change"])) if cell(row["change"]) else None) != c.get("change"):
+            fail(f"row {seq}: the change shown differs from what was chained")
         hashes[seq] = row["hash"]
     first, last = int(chained[0]["seq"]), int(chained[-1]["seq"])
 

@@ -97,6 +97,8 @@ async function openCard(prepared, subject, body) {
   const card = page.locator(`div.card.approval[data-action="${prepared.action}"]`);
   expect((await card.count()) === 1, `one card for ${prepared.action} (cards: ${await page.locator("div.card.approval").count()})`);
   const text = await card.textContent();
+  const email = (await card.locator(".email").textContent()) ?? "";
+  expect(email.includes(subject) && email.includes(body), `the card renders the email as an email; it reads: ${email.slice(0, 400)}`);
   const pre = (await card.locator("pre").textContent()) ?? "";
   expect(text.includes(prepared.confirm_summary), `the card shows the summary "${prepared.confirm_summary}"; it reads: ${text.slice(0, 400)}`);
   expect(pre.includes(subject), `the card's <pre> shows the subject "${subject}"; it reads: ${pre.slice(0, 400)}`);
@@ -163,7 +165,7 @@ try {
     await page.waitForURL(/\/approvals$/);
     const card = await openCard(approved, subject1, body1);
     await page.screenshot({ path: join(shots, "approvals-card.png"), fullPage: true });
-    await card.getByLabel(`Reason to approve ${approved.action}`).fill("customer asked for it");
+    await card.getByLabel(`Comment on approving ${approved.action}`).fill("customer asked for it");
     await card.getByRole("button", { name: "Approve" }).click();
     await page.waitForLoadState();
     const status = page.getByRole("status");
@@ -193,7 +195,7 @@ try {
   {
     const card = await openCard(denied, subject2, body2);
     expect((await page.locator(`div.card.approval[data-action="${approved.action}"]`).count()) === 0, "the approved action no longer waits");
-    await card.getByLabel(`Reason to deny ${denied.action}`).fill("not today");
+    await card.getByLabel(`Comment on denying ${denied.action}`).fill("not today");
     await card.getByRole("button", { name: "Deny" }).click();
     await page.waitForLoadState();
     const status = page.getByRole("status");

@@ -24,6 +24,73 @@ fn action_handle(raw: &str) -> Option<&str> {
     .then_some(raw)
 }
 
+/// A key of an effect as people read it: `scheduled_start` → `Scheduled start`.
+fn words(key: &str) -> String {
+    let mut out = key.replace('_', " ");
+    if let Some(first) = out.get(0..1) {
+        out = first.to_uppercase() + &out[1..];
+    }
+    out
+}
+
+/// What an action will do, rendered as what it is: a message as a message (to, subject, the
+/// body as written), a change as before and after, anything else as labelled fields.
+fn effect_view(value: &serde_json::Value) -> Markup {
+    use serde_json::Value;
+    let scalar = |v: &Value| match v {
+        Value::Null => "—".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    match value {
+        Value::Object(map) if map.contains_key("subject") && map.contains_key("body") => {
+            let to = ["to", "recipient", "email"].iter().find_map(|k| map.get(*k));
+            html! {
+                div class="email" {
+                    @if let Some(to) = to { p { strong { "To: " } (scalar(to)) } }
+                    p { strong { "Subject: " } (scalar(&map["subject"])) }
+                    div class="email-body" { (scalar(&map["body"])) }
+                    @for (k, v) in map.iter().filter(|(k, _)| !["to", "recipient", "email", "subject", "body"].contains(&k.as_str())) {
+                        p class="muted" { (words(k)) ": " (scalar(v)) }
+                    }
+                }
+            }
+        }
+        Value::Object(map) if map.contains_key("before") && map.contains_key("after") => {
+            let (before, after) = (&map["before"], &map["after"]);
+            let mut keys: Vec<&String> =
+                before.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+            for k in after.as_object().map(|o| o.keys().collect::<Vec<_>>()).unwrap_or_default() {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+            html! {
+                table class="change" {
+                    thead { tr { th { "Field" } th { "Before" } th { "After" } } }
+                    tbody {
+                        @for k in keys {
+                            @let (b, a) = (before.get(k).unwrap_or(&Value::Null), after.get(k).unwrap_or(&Value::Null));
+                            tr class=[(b != a).then_some("changed")] { td { (words(k)) } td { (scalar(b)) } td { (scalar(a)) } }
+                        }
+                    }
+                }
+                @for (k, v) in map.iter().filter(|(k, _)| k.as_str() != "before" && k.as_str() != "after") {
+                    p { strong { (words(k)) ": " } (effect_view(v)) }
+                }
+            }
+        }
+        Value::Object(map) => html! {
+            dl {
+                @for (k, v) in map { dt { (words(k)) } dd { (effect_view(v)) } }
+            }
+        },
+        Value::Array(items) if items.is_empty() => html! { "none" },
+        Value::Array(items) => html! { ul { @for v in items { li { (effect_view(v)) } } } },
+        other => html! { (scalar(other)) },
+    }
+}
+
 /// The outcome of the decision just made (post, redirect, get): handles parsed, the outcome
 /// one of three words, nothing else of the query shown.
 fn decided(q: &BTreeMap<String, String>) -> Markup {
@@ -37,7 +104,7 @@ fn decided(q: &BTreeMap<String, String>) -> Markup {
                 "; the agent sees the result when it asks."
             },
             (Some(a), Some("denied")) => p class="ok" role="status" {
-                "Denied " (a) "; the agent is told, with your reason."
+                "Denied " (a) "; the agent is told, with your comment if you gave one."
             },
             (Some(a), Some("changed")) => p class="error" role="status" {
                 (a) " changed since it was prepared, so nothing was executed; the new version "
@@ -69,18 +136,20 @@ pub(super) async fn page(
                     (a.asked_for_by) "; prepared " (local(&t.ctx, &a.created_at)) "; expires "
                     (local(&t.ctx, &a.expires_at)) ". Tool " code { (a.tool) } ", action " code { (a.action) } "."
                 }
-                details open {
-                    summary { "Exactly what will be sent or changed" }
+                div class="effect" { h3 { "Exactly what will be sent or changed" } (effect_view(&a.effect)) }
+                details {
+                    summary { "The same, as data" }
                     pre { (serde_json::to_string_pretty(&a.effect).unwrap_or_default()) }
                 }
+                p class="muted" { "A comment is optional; the agent and the audit log see it." }
                 form method="post" action={ "/approvals/" (action) "/approve" } data-passkey[t.session.row.passkey_policy()] {
                     (csrf)
-                    label { "Reason to approve " input type="text" name="reason" required maxlength="500" aria-label={ "Reason to approve " (a.action) }; }
+                    label { "Comment (optional) " input type="text" name="reason" maxlength="500" aria-label={ "Comment on approving " (a.action) }; }
                     button type="submit" { "Approve" }
                 }
                 form method="post" action={ "/approvals/" (action) "/deny" } {
                     (csrf)
-                    label { "Reason to deny " input type="text" name="reason" required maxlength="500" aria-label={ "Reason to deny " (a.action) }; }
+                    label { "Comment (optional) " input type="text" name="reason" maxlength="500" aria-label={ "Comment on denying " (a.action) }; }
                     button type="submit" class="danger" { "Deny" }
                 }
             }

@@ -37,6 +37,8 @@ impl AuditSearch {
             action: get("action").or_else(|| get("tool")),
             outcome: get("outcome"),
             channel: get("channel"),
+            actor: get("actor"),
+            record: get("record"),
             since: get("since"),
             until: get("until"),
             cursor: get("cursor"),
@@ -55,6 +57,8 @@ impl AuditSearch {
             ("action", &f.action),
             ("outcome", &f.outcome),
             ("channel", &f.channel),
+            ("actor", &f.actor),
+            ("record", &f.record),
             ("since", &f.since),
             ("until", &f.until),
         ]
@@ -112,6 +116,8 @@ fn search_form(search: &AuditSearch) -> Markup {
             label { "Action starts with " input type="text" name="action" value=(AuditSearch::shown(&search.0.action)) placeholder="confirm_booking"; }
             label { "Outcome " (select("outcome", &search.0.outcome, &admin::AUDIT_OUTCOMES)) }
             label { "Channel " (select("channel", &search.0.channel, &admin::AUDIT_CHANNELS)) }
+            label { "Who (email or per_…) " input type="text" name="actor" value=(AuditSearch::shown(&search.0.actor)) placeholder="avery@acme.example"; }
+            label { "Record " input type="text" name="record" value=(AuditSearch::shown(&search.0.record)) placeholder="bkg_…, cus_…, con_…"; }
             label { "From (UTC day) " input type="date" name="since" value=(AuditSearch::shown(&search.0.since)); }
             label { "Until (UTC day, included) " input type="date" name="until" value=(AuditSearch::shown(&search.0.until)); }
             button type="submit" { "Search" }
@@ -150,17 +156,35 @@ pub(super) async fn page(
             a href="/audit/webhook" { "Send it to your SIEM (webhook)" }
         }
         table {
-            thead { tr { th { "When (UTC)" } th { "Channel" } th { "Action" } th { "Outcome" } th { "Records" } th { "Connection" } th { "Client" } th { "Proven by" } } }
+            thead { tr { th { "When" } th { "Who" } th { "Action" } th { "Outcome" } th { "Records" } th { "Why and what changed" } th { "Proven by" } } }
             tbody {
                 @for r in &found.rows {
                     tr {
-                        td { (r.at) }
-                        td { (r.channel) }
+                        td { (super::local(&t.ctx, &r.at)) br; small class="muted" { (r.channel) } }
+                        td class={ "actor-" (r.actor_kind) } {
+                            @match &r.actor_email {
+                                Some(email) if r.actor_kind != "system" => {
+                                    a href={ "/audit?actor=" (super::segment(email)) } title="Everything they and their agents did" { (r.actor) }
+                                }
+                                _ => { (r.actor) }
+                            }
+                            @if let Some(client) = &r.client_name { br; small class="muted" { "client " (client) } }
+                        }
                         td { (r.action) }
-                        td { (r.outcome) }
-                        td { (r.targets.join(", ")) }
-                        td { (r.connection_name.as_deref().unwrap_or("")) " " (r.connection.as_deref().unwrap_or("")) }
-                        td { (r.client_name.as_deref().unwrap_or("")) }
+                        td class={ "outcome-" (r.outcome) } { (r.outcome) }
+                        td {
+                            @for (i, h) in r.targets.iter().enumerate() {
+                                @if i > 0 { ", " }
+                                a href={ "/audit?record=" (super::segment(h)) } { code { (h) } }
+                            }
+                        }
+                        td {
+                            @if let Some(reason) = &r.reason { (reason) }
+                            @if let Some(change) = &r.change {
+                                @if r.reason.is_some() { br; }
+                                span class="change" { (admin::change_words(change)) }
+                            }
+                        }
                         td { (r.proven.as_deref().unwrap_or("")) }
                     }
                 }
@@ -197,6 +221,7 @@ fn csv_rows(
         .iter()
         .map(|r| {
             let link = links.get(&r.id).unwrap_or(&none);
+            let change = r.change.as_ref().map(|c| c.to_string()).unwrap_or_default();
             [
                 r.at.as_str(),
                 &r.channel,
@@ -208,6 +233,10 @@ fn csv_rows(
                 r.client_name.as_deref().unwrap_or(""),
                 r.reason.as_deref().unwrap_or(""),
                 r.proven.as_deref().unwrap_or(""),
+                r.actor_kind,
+                r.actor_handle.as_deref().unwrap_or(""),
+                r.actor_email.as_deref().unwrap_or(""),
+                &change,
                 &link.seq,
                 &link.prev_hash,
                 &link.hash,
@@ -240,7 +269,7 @@ pub(super) async fn csv(
         }
         Err(e) => return Err(e.into()),
     };
-    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,seq,prev_hash,hash,canonical\r\n";
+    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,actor_kind,actor,actor_email,change,seq,prev_hash,hash,canonical\r\n";
     let links = chain_links(&state.ds, &ctx, &first).await?;
     let first_chunk = format!("{header}{}", csv_rows(&first, &links));
     let slug: String =

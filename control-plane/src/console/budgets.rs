@@ -16,14 +16,27 @@ use crate::AppState;
 
 /// The budgets as a table with a form per row: a connection's (`connection` given) or the
 /// tenant's. A tenant-wide budget not set yet gets a row to set it.
+/// A connection's section shows only the kinds of effect its rights let it cause (`can`).
 pub(super) fn section(
     shown: &[BudgetView],
     connection: Option<&str>,
+    can: Option<&[budgets::EffectKind]>,
     csrf: &str,
     passkey: bool,
 ) -> Markup {
     let scope = if connection.is_some() { Scope::Connection } else { Scope::Tenant };
-    let rows: Vec<&BudgetView> = shown.iter().filter(|b| b.scope == scope).collect();
+    let rows: Vec<&BudgetView> = shown
+        .iter()
+        .filter(|b| b.scope == scope && can.is_none_or(|can| can.contains(&b.kind)))
+        .collect();
+    if rows.is_empty() && connection.is_some() {
+        return html! {
+            div class="card" id="budgets-connection" {
+                h2 { "Budgets" }
+                p class="muted" { "This connection's rights let it cause no effect that budgets count (messages, booking changes, pages, mutes, deletions)." }
+            }
+        };
+    }
     let unset: Vec<&budgets::EffectKind> = budgets::EffectKind::ALL
         .iter()
         .filter(|k| scope == Scope::Tenant && !rows.iter().any(|b| b.kind == **k))

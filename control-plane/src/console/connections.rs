@@ -255,7 +255,8 @@ pub(super) async fn detail(
         }
         // A revoked connection is read-only: nothing of it can be set any more.
         @if c.status == "active" {
-            (super::budgets::section(&budgets, Some(&c.connection), t.csrf(), t.session.row.passkey_policy()))
+            @let can = shared::services::budgets::EffectKind::caused_by(RightSet::parse_lenient(&c.rights));
+            (super::budgets::section(&budgets, Some(&c.connection), Some(&can), t.csrf(), t.session.row.passkey_policy()))
         }
         (crate::pictures::section("connection-activity", &base, &found, true))
         h2 { "Recent changes" }

@@ -20,7 +20,9 @@ code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em
 .muted{color:#5b6472}.banner{margin:0;padding:.55rem 1.5rem;border-bottom:1px solid}.banner-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710}.banner-warning{background:#fff6e0;border-color:#f0d58c;color:#5c4300}.banner a{color:inherit;font-weight:600}\
 .visually-hidden{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}.pager{margin:1rem 0;display:flex;gap:1rem}.toolbar{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:flex-end;justify-content:space-between;margin:0 0 1rem}\
 a.button{display:inline-block;padding:.45rem .9rem;border-radius:4px;background:#2f5bd3;color:#fff;text-decoration:none}.level{display:inline-block;padding:0 .4rem;border-radius:3px;font-size:.85em;border:1px solid #b9c0ca}.level-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710;font-weight:600}\
-.field-error{color:#b42318;display:block;font-size:.9em}[aria-invalid=true]{border-color:#b42318!important;outline:1px solid #b42318}time{text-decoration:underline dotted #b9c0ca}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text]{min-width:12rem}.outcome-refused{color:#b42318}";
+.field-error{color:#b42318;display:block;font-size:.9em}[aria-invalid=true]{border-color:#b42318!important;outline:1px solid #b42318}time{text-decoration:underline dotted #b9c0ca}\
+.email{border-left:4px solid #2f5bd3;padding:.25rem 1rem;background:#f8f9fb}.email-body{white-space:pre-wrap;background:#fff;border:1px solid #e3e6ea;padding:.6rem;border-radius:4px}\
+table.change tr.changed td{background:#fff6e0;font-weight:600}dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dt{color:#5b6472}dd{margin:0}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text]{min-width:12rem}.outcome-refused{color:#b42318}";
 
 pub struct Nav<'a> {
     pub current: &'a str,

@@ -41,7 +41,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
         (super::passkeys::policy_card(passkey_policy, t.csrf()))
         (policy_form(&policy, t.csrf(), passkey_policy))
         (limits_form(&limits, t.csrf(), passkey_policy))
-        (super::budgets::section(&budgets, None, t.csrf(), passkey_policy))
+        (super::budgets::section(&budgets, None, None, t.csrf(), passkey_policy))
     };
     Ok(shown("Agent access", &t.nav("/settings"), body))
 }

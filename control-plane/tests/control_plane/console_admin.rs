@@ -19,6 +19,25 @@ fn grant_operator(api: &Api) {
     assert!(ok, "{out}");
 }
 
+/// The cells of one CSV line whose every cell is quoted (as the export writes them).
+fn csv_cells(line: &str) -> Vec<String> {
+    let (mut cells, mut cell, mut quoted, mut chars) =
+        (Vec::new(), String::new(), false, line.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                cell.push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => cells.push(std::mem::take(&mut cell)),
+            (c, _) => cell.push(c),
+        }
+    }
+    cells.push(cell);
+    cells
+}
+
 fn form(csrf: &str, fields: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut out = vec![("csrf".to_owned(), csrf.to_owned())];
     out.extend(fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
@@ -359,4 +378,132 @@ async fn every_page_says_when_agents_are_blocked_or_the_siem_fails() {
     let other = Browser::sign_in(&api, &t1.admin.email, &t1.admin.password).await;
     let theirs = other.get("/connections").await.text().await.expect("html");
     assert!(!theirs.contains("class=\"banner"), "banners are the tenant's own");
+}
+
+#[tokio::test]
+async fn budget_forms_show_only_what_a_connection_can_cause_and_none_once_revoked() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let create = |name: &'static str, rights: &'static [&'static str]| {
+        let mut fields = form(&csrf, &[("name", name), ("toolset", "full")]);
+        fields.extend(rights.iter().map(|r| ("right".to_owned(), (*r).to_owned())));
+        let admin = &admin;
+        async move {
+            let r = admin.post("/connections", &fields).await;
+            let to = r.headers()["location"].to_str().expect("ascii").to_owned();
+            to.trim_end_matches("/created").to_owned()
+        }
+    };
+    let reader = create("Reader", &["bookings:read"]).await;
+    let page = admin.get(&reader).await.text().await.expect("html");
+    assert!(!page.contains("action=\"/budgets\""), "a reader can cause nothing budgets count");
+    assert!(page.contains("cause no effect"), "{page}");
+    let notifier = create("Notifier", &["bookings:read", "bookings:notify"]).await;
+    let page = admin.get(&notifier).await.text().await.expect("html");
+    for kind in ["customers_messaged", "bookings_changed"] {
+        assert!(page.contains(&format!("data-budget=\"{kind}\"")), "{kind}");
+    }
+    for kind in ["technicians_paged", "alert_minutes_muted", "records_deleted"] {
+        assert!(
+            !page.contains(&format!("data-budget=\"{kind}\"")),
+            "{kind} is not this connection's"
+        );
+    }
+    // Revoked: read-only, no form of any kind but sign-out.
+    let revoke = format!("{notifier}/revoke");
+    let confirm = admin.get(&revoke).await.text().await.expect("html");
+    let mut fields = form_fields(&confirm, &revoke);
+    fields.push(("reason".into(), "done".into()));
+    let done = admin.post(&revoke, &fields).await;
+    let page = admin.follow(done).await.text().await.expect("html");
+    assert!(page.contains("is revoked"), "the save says what it did: {page}");
+    assert!(
+        !page.contains("action=\"/budgets\"") && !page.contains("/revoke\""),
+        "read-only once revoked"
+    );
+}
+
+#[tokio::test]
+async fn the_audit_names_who_acted_and_what_changed_and_filters_by_both() {
+    let api = Api::start().await;
+    grant_operator(&api);
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let r = admin
+        .post("/people/role", &form(&csrf, &[("email", &t0.dispatcher.email), ("role", "viewer")]))
+        .await;
+    assert_eq!(r.status(), 303);
+    let r = admin
+        .post("/settings/rate-limit", &form(&csrf, &[("class", "notify"), ("per_minute", "5")]))
+        .await;
+    assert_eq!(r.status(), 303);
+    let (ok, out) = ctl(
+        &api._db,
+        &[
+            "person",
+            "set-role",
+            "--tenant",
+            &t0.slug,
+            "--email",
+            &t0.dispatcher.email,
+            "--role",
+            "dispatcher",
+        ],
+    );
+    assert!(ok, "{out}");
+
+    let page = admin.get("/audit?action=person.set_role").await.text().await.expect("html");
+    assert!(
+        page.contains(&format!("Avery Admin &lt;{}&gt;", t0.admin.email)),
+        "a person by name and email: {page}"
+    );
+    assert!(page.contains("role: dispatcher → viewer"), "what changed, from what to what");
+    assert!(
+        page.contains("· platform operator") && page.contains("role: viewer → dispatcher"),
+        "an operator marked as such"
+    );
+    let limits = admin.get("/audit?action=rate_limit.set").await.text().await.expect("html");
+    assert!(limits.contains("per minute: ") && limits.contains("→ 5"), "{limits}");
+
+    // By actor: the admin's rows only, never the operator's.
+    let mine = admin
+        .get(&format!("/audit?action=person.set_role&actor={}", t0.admin.email))
+        .await
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        mine.contains("role: dispatcher → viewer") && !mine.contains("platform operator"),
+        "{mine}"
+    );
+    // By record: every row about the dispatcher.
+    let handle = api
+        ._db
+        .scalar_string(&format!(
+            "SELECT handle FROM people WHERE lower(email) = lower('{}')",
+            t0.dispatcher.email
+        ))
+        .await;
+    let about = admin.get(&format!("/audit?record={handle}")).await.text().await.expect("html");
+    assert_eq!(about.matches("person.set_role").count(), 2, "both role changes name the person");
+    assert!(!about.contains("rate_limit.set"));
+    assert_eq!(
+        admin.get("/audit?actor=%01").await.status(),
+        400,
+        "a control character is refused in words"
+    );
+
+    // The export names people by email and carries the change; no internal id.
+    let csv = admin.get("/audit.csv?action=person.set_role").await.text().await.expect("csv");
+    let header: Vec<&str> = csv.lines().next().expect("header").split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).expect(name);
+    let row = csv.lines().find(|l| l.contains(&t0.admin.email)).expect("the admin's row");
+    let cells = csv_cells(row);
+    assert_eq!(cells[col("actor_kind")], "person");
+    assert_eq!(cells[col("actor_email")], t0.admin.email);
+    assert!(cells[col("actor")].starts_with("per_"), "the person by handle: {row}");
+    assert!(cells[col("change")].contains("\"from\":\"dispatcher\""), "{row}");
 }

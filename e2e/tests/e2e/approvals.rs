@@ -273,7 +273,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert_eq!(
         psql_count(
             &stack,
-            "SELECT count(*) FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id WHERE a.action = 'send_customer_message' AND a.outcome = 'ok' AND a.channel = 'console' AND a.reason IS NULL AND p.decision_reason IS NOT NULL"
+            "SELECT count(*) FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id WHERE a.action = 'send_customer_message' AND a.outcome = 'ok' AND a.channel = 'console' AND a.reason = p.decision_reason"
         ),
         1
     );
@@ -346,8 +346,15 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
             .status(),
         404
     );
+    // A comment is optional but bounded: an over-long one is refused and approves nothing.
     assert_eq!(
-        admin.post_form(&url("approve"), &[("csrf".into(), csrf.clone())]).await.status(),
+        admin
+            .post_form(
+                &url("approve"),
+                &[("csrf".into(), csrf.clone()), ("reason".into(), "x".repeat(501))]
+            )
+            .await
+            .status(),
         422
     );
     for other in ["pac_doesnotexist000000", "con_x", "..%2Fconnections"] {
@@ -430,7 +437,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     let guarded_action = guarded["action"].as_str().expect("a").to_owned();
     let (status, _) =
         decide(&control2, &mut second, &guarded_action, "approve", "my own agent").await;
-    assert_eq!(status, 422, "the dispatcher created the connection");
+    assert_eq!(status, 409, "the dispatcher created the connection (a refusal by state)");
     let (status, html) =
         decide(&stack.control_url, &mut admin, &guarded_action, "approve", "checked").await;
     assert_eq!((status, html.contains("Approved and executed")), (200, true), "{html}");

@@ -48,6 +48,16 @@ pub struct AuditListRow {
     pub reason: Option<String>,
     /// How the person proved themself (passkey, or the session's sign-in).
     pub proof: Option<serde_json::Value>,
+    /// The person who acted, when one did.
+    pub actor_name: Option<String>,
+    pub actor_email: Option<String>,
+    pub actor_handle: Option<String>,
+    /// Whether that person acted as a platform operator (through `gatehousectl`).
+    pub actor_operator: bool,
+    /// The person who created the connection that acted, when an agent did.
+    pub creator_email: Option<String>,
+    /// What a settings change changed: `{field: {from, to}}`.
+    pub change: Option<serde_json::Value>,
 }
 
 /// What an audit search asks for, already checked by the service.
@@ -58,6 +68,10 @@ pub struct AuditQuery<'a> {
     pub action_like: Option<String>,
     pub outcome: Option<&'a str>,
     pub channel: Option<&'a str>,
+    /// The acting person's email or handle, or the creator of the acting connection.
+    pub actor: Option<&'a str>,
+    /// A public handle among the row's records (or its connection).
+    pub record: Option<&'a str>,
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
     /// The last row of the previous page.
@@ -75,8 +89,14 @@ impl Services {
     ) -> Result<Vec<AuditListRow>> {
         Ok(sqlx::query_as::<_, AuditListRow>(
             "SELECT a.id, a.at, a.channel, a.action, a.outcome, a.targets, c.handle AS connection_handle,
-                    a.connection_name, a.client_name, a.reason, a.proof
-             FROM audit_log a LEFT JOIN connections c ON c.id = a.connection_id
+                    a.connection_name, a.client_name, a.reason, a.proof,
+                    ap.name AS actor_name, ap.email AS actor_email, ap.handle AS actor_handle,
+                    (coalesce(ap.is_operator, false) AND a.channel = 'cli') AS actor_operator,
+                    cp.email AS creator_email, a.change
+             FROM audit_log a
+             LEFT JOIN connections c ON c.id = a.connection_id
+             LEFT JOIN people ap ON ap.id = a.actor_id
+             LEFT JOIN people cp ON cp.id = c.creator_id
              WHERE a.tenant_id = $1
                AND ($2::text IS NULL OR a.connection_id = (SELECT id FROM connections WHERE tenant_id = $1 AND handle = $2))
                AND ($3::text IS NULL OR a.action LIKE $3 ESCAPE '\\')
@@ -85,6 +105,9 @@ impl Services {
                AND ($6::timestamptz IS NULL OR a.at >= $6)
                AND ($7::timestamptz IS NULL OR a.at < $7)
                AND ($8::timestamptz IS NULL OR (a.at, a.id) < ($8, $9))
+               AND ($11::text IS NULL OR lower(ap.email) = lower($11) OR ap.handle = $11
+                    OR lower(cp.email) = lower($11) OR cp.handle = $11)
+               AND ($12::text IS NULL OR $12 = ANY (a.targets) OR c.handle = $12)
              ORDER BY a.at DESC, a.id DESC LIMIT $10",
         )
         .bind(ctx.tenant_id())
@@ -97,6 +120,8 @@ impl Services {
         .bind(q.after.map(|(at, _)| at))
         .bind(q.after.map(|(_, id)| id))
         .bind(limit)
+        .bind(q.actor)
+        .bind(q.record)
         .fetch_all(self.pool())
         .await?)
     }
@@ -112,11 +137,29 @@ pub struct AuditEntry<'a> {
     pub pending_action: Option<i64>,
     /// Why, when a person says so (switch flips, revocations).
     pub reason: Option<&'a str>,
+    /// What a settings change changed, from what to what ([`change`]).
+    pub change: Option<serde_json::Value>,
+}
+
+/// One field of a settings change, for [`AuditEntry::change`]: `{field: {from, to}}`.
+pub fn change(
+    field: &str,
+    from: impl serde::Serialize,
+    to: impl serde::Serialize,
+) -> serde_json::Value {
+    serde_json::json!({ field: { "from": from, "to": to } })
 }
 
 impl<'a> AuditEntry<'a> {
     pub(crate) fn ok(action: &'a str, targets: Vec<String>) -> Self {
-        AuditEntry { action, outcome: "ok", targets, pending_action: None, reason: None }
+        AuditEntry {
+            action,
+            outcome: "ok",
+            targets,
+            pending_action: None,
+            reason: None,
+            change: None,
+        }
     }
 }
 
@@ -125,9 +168,9 @@ impl<'a> AuditEntry<'a> {
 /// written outside a connection (a person approving it in the console) names the connection
 /// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
 pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
-                                client_name, action, outcome, targets, request_id, pending_action_id, reason, proof)
+                                client_name, action, outcome, targets, request_id, pending_action_id, reason, proof, change)
          SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
-                $7, $8, $9, $10, $11, $12, $13
+                $7, $8, $9, $10, $11, $12, $13, $14
          FROM (SELECT 1) one
          LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
          LEFT JOIN connections c ON c.id = p.connection_id";
@@ -152,6 +195,7 @@ pub(crate) async fn audit_insert(
         .bind(entry.pending_action)
         .bind(entry.reason)
         .bind(ctx.proof().map(|p| p.audit_json()))
+        .bind(entry.change)
         .execute(&mut **tx)
         .await?;
     Ok(())

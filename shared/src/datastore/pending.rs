@@ -144,7 +144,7 @@ pub(crate) async fn pending_decided_by(
     )
     .bind(id)
     .bind(person_id)
-    .bind(reason)
+    .bind(Some(reason).filter(|r| !r.is_empty()))
     .bind(ctx.tenant_id())
     .execute(&mut **tx)
         .await?;

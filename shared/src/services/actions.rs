@@ -244,6 +244,7 @@ async fn store_preview(
             targets: plan.targets.clone(),
             pending_action: Some(id),
             reason: budget.as_deref(),
+            change: None,
         },
     )
     .await?;
@@ -353,6 +354,7 @@ async fn refuse(mut tx: Tx<'static>, ctx: &OpCtx, tool: &str, pending: i64, erro
         targets: Vec::new(),
         pending_action: Some(pending),
         reason: None,
+        change: None,
     };
     if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
         return e;
@@ -535,6 +537,7 @@ async fn execute(
                     targets: Vec::new(),
                     pending_action: Some(p.id),
                     reason: None,
+                    change: None,
                 },
             )
             .await?;
@@ -568,6 +571,7 @@ async fn execute(
             targets: Vec::new(),
             pending_action: Some(p.id),
             reason: Some(&why),
+            change: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
@@ -646,7 +650,9 @@ async fn run_once(
                 outcome: "ok",
                 targets: plan.targets.clone(),
                 pending_action: Some(p.id),
-                reason: None,
+                // The approver's comment, when they gave one.
+                reason: approved.map(|(_, r)| r).filter(|r| !r.is_empty()),
+                change: None,
             },
         )
         .await?;
@@ -691,6 +697,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
             targets: Vec::new(),
             pending_action: Some(p.id),
             reason: None,
+            change: None,
         },
     )
     .await?;
@@ -783,7 +790,8 @@ pub(crate) async fn decide(
             outcome: "denied",
             targets: Vec::new(),
             pending_action: Some(p.id),
-            reason: None,
+            reason: Some(reason.as_str()).filter(|r| !r.is_empty()),
+            change: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
@@ -809,6 +817,7 @@ pub(crate) async fn decide(
                 targets: Vec::new(),
                 pending_action: Some(p.id),
                 reason: None,
+                change: None,
             };
             db::audit_insert(&mut tx, ctx, entry).await?;
             tx.commit().await?;
@@ -942,6 +951,7 @@ pub async fn confirm_sealed(
             targets: Vec::new(),
             pending_action: Some(p.id),
             reason: Some("declined in the client"),
+            change: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;

@@ -261,6 +261,7 @@ pub async fn person_set_role(
 ) -> Result<PersonCreated> {
     ctx.require(Right::PeopleManage)?;
     let person = member(ds, ctx, email).await?;
+    let was = ds.membership_get(ctx, person.id).await?.map(|m| m.role);
     let raise = role_decision(ds, ctx, email, role).await?;
     // A role change never brings a deactivated person back: that is adding them again, which
     // is its own audited act with fresh credentials.
@@ -281,12 +282,9 @@ pub async fn person_set_role(
             use_instead: None,
         });
     }
-    ds_fns::audit_insert(
-        &mut tx,
-        ctx,
-        AuditEntry::ok("person.set_role", vec![person.handle.clone()]),
-    )
-    .await?;
+    let mut entry = AuditEntry::ok("person.set_role", vec![person.handle.clone()]);
+    entry.change = Some(ds_fns::change("role", was, role.as_str()));
+    ds_fns::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
     // Every connection of the person sees another tool list from now on.
     bus::publish(ds.bus(), Event::TenantChanged { tenant: ctx.tenant().handle.to_string() }).await;
@@ -896,6 +894,8 @@ pub async fn kill_switch_set(
             let action = if kill { "agent_access.off" } else { "agent_access.on" };
             let mut entry = AuditEntry::ok(action, vec![ctx.tenant().handle.to_string()]);
             entry.reason = Some(reason);
+            let words = |on: bool| if on { "on" } else { "off" };
+            entry.change = Some(ds_fns::change("agent_access", words(was_on), words(!kill)));
             ds_fns::audit_insert(&mut tx, ctx, entry).await?;
             (
                 format!("tenant {}", ctx.tenant().slug),
@@ -927,6 +927,73 @@ pub struct AuditView {
     /// How the person behind it proved themself: `passkey pky_… (user verified)`, or the way
     /// their console session began (`password session`).
     pub proven: Option<String>,
+    /// Who acted, as people read it: a person by name and email, an operator marked as such,
+    /// an agent as its connection and creator, or Gatehouse itself.
+    pub actor: String,
+    /// The acting person's email (or the acting connection's creator's), for the export.
+    pub actor_email: Option<String>,
+    /// The acting person's public handle (`per_…`), as the chain names them.
+    pub actor_handle: Option<String>,
+    /// `person`, `operator`, `agent` or `system`.
+    pub actor_kind: &'static str,
+    /// What a settings change changed: `{field: {from, to}}`.
+    pub change: Option<serde_json::Value>,
+}
+
+/// A change as people read it: `per_minute: 30 → 60; mode: agent_confirms → person_approves`.
+pub fn change_words(change: &serde_json::Value) -> String {
+    let shown = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "none".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    change
+        .as_object()
+        .map(|fields| {
+            fields
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{}: {} → {}",
+                        k.replace('_', " "),
+                        shown(v.get("from").unwrap_or(&serde_json::Value::Null)),
+                        shown(v.get("to").unwrap_or(&serde_json::Value::Null))
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .unwrap_or_default()
+}
+
+fn actor_kind(r: &crate::datastore::AuditListRow) -> &'static str {
+    match (&r.actor_email, &r.connection_handle) {
+        (Some(_), _) if r.actor_operator => "operator",
+        (Some(_), _) => "person",
+        (None, Some(_)) => "agent",
+        (None, None) => "system",
+    }
+}
+
+fn actor_words(r: &crate::datastore::AuditListRow) -> String {
+    let person = || {
+        format!(
+            "{} <{}>",
+            r.actor_name.as_deref().unwrap_or(""),
+            r.actor_email.as_deref().unwrap_or("")
+        )
+    };
+    match actor_kind(r) {
+        "operator" => format!("{} · platform operator", person()),
+        "person" => person(),
+        "agent" => format!(
+            "agent {} ({}) · created by {}",
+            r.connection_name.as_deref().unwrap_or(""),
+            r.connection_handle.as_deref().unwrap_or(""),
+            r.creator_email.as_deref().unwrap_or("someone no longer here")
+        ),
+        _ => "Gatehouse (system)".to_owned(),
+    }
 }
 
 /// What an audit row's proof says, as people read it.
@@ -959,6 +1026,10 @@ pub struct AuditFilter {
     pub outcome: Option<String>,
     /// `mcp`, `api`, `console`, `cli` or `system`.
     pub channel: Option<String>,
+    /// A person's email or handle: what they did, and what their connections did.
+    pub actor: Option<String>,
+    /// A record's public handle (`bkg_…`, `cus_…`, `con_…`, `per_…`): every row about it.
+    pub record: Option<String>,
     /// From this day (`2026-11-30`, UTC) or instant (RFC 3339) on.
     pub since: Option<String>,
     /// Before this day (the whole day included) or instant.
@@ -1080,11 +1151,23 @@ pub async fn audit_search(
             }
         }
     };
+    let actor = given(&filter.actor);
+    let record = given(&filter.record);
+    for (field, v) in [("actor", &actor), ("record", &record)] {
+        if v.as_ref().is_some_and(|v| v.chars().count() > 200 || v.chars().any(char::is_control)) {
+            return Err(Error::invalid(
+                field,
+                format!("{field} is an email address or a public handle, at most 200 characters"),
+            ));
+        }
+    }
     let query = ds_fns::AuditQuery {
         connection: connection.as_ref().map(|c| c.as_str()),
         action_like,
         outcome: outcome.as_deref(),
         channel: channel.as_deref(),
+        actor: actor.as_deref(),
+        record: record.as_deref(),
         since,
         until,
         after,
@@ -1101,7 +1184,8 @@ pub async fn audit_search(
     };
     let rows = rows
         .into_iter()
-        .map(|r| AuditView {
+        .map(|r| (actor_words(&r), actor_kind(&r), r))
+        .map(|(actor, actor_kind, r)| AuditView {
             id: r.id,
             at: crate::datastore::to_ts(r.at).strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
             channel: r.channel,
@@ -1111,8 +1195,13 @@ pub async fn audit_search(
             connection: r.connection_handle,
             connection_name: r.connection_name,
             client_name: r.client_name,
-            reason: r.reason,
             proven: proven(r.proof.as_ref()),
+            actor,
+            actor_email: r.actor_email.or(r.creator_email),
+            actor_handle: r.actor_handle,
+            actor_kind,
+            reason: r.reason,
+            change: r.change,
         })
         .collect();
     Ok(AuditPage { rows, next })

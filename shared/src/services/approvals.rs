@@ -235,6 +235,13 @@ pub async fn policy_set(
         ));
     }
     let loosen = loosening(ds, ctx, &scope, mode, approver_not_creator).await?;
+    let was = policy(ds, ctx)
+        .await?
+        .rules
+        .iter()
+        .find(|r| r.scope == scope)
+        .map(|r| r.mode.as_str())
+        .unwrap_or(DEFAULT.as_str());
     let mut tx = ds.begin().await?;
     if let Some(decision) = loosen {
         crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
@@ -249,6 +256,7 @@ pub async fn policy_set(
         if approver_not_creator { ", approver is not the creator" } else { "" }
     );
     entry.reason = Some(&reason);
+    entry.change = Some(db::change("mode", was, mode.as_str()));
     db::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
     // Tools turned off leave the lists, and descriptions say who completes the rest.
@@ -397,13 +405,14 @@ pub async fn deny(
     crate::services::actions::decide(ds, ctx, handle, reason, false, now).await
 }
 
-/// The reason a person gives: required, bounded, plain text.
+/// The comment a person gives with a decision: optional (empty when none), bounded, plain
+/// text; the agent and the audit row see it.
 pub(crate) fn decision_reason(raw: &str) -> Result<String> {
     let t = raw.trim();
-    if t.is_empty() || t.chars().count() > 500 || t.chars().any(char::is_control) {
+    if t.chars().count() > 500 || t.chars().any(char::is_control) {
         return Err(Error::invalid(
             "reason",
-            "give a reason of 1 to 500 characters; the agent and the audit see it",
+            "a comment is at most 500 characters of plain text; the agent and the audit see it",
         ));
     }
     if let Some(why) = crate::text::refusal(t) {

@@ -412,6 +412,8 @@ pub async fn set(ds: &Services, ctx: &OpCtx, set: &BudgetSet<'_>) -> Result<Vec<
     };
     let mut entry = AuditEntry::ok("budget.set", vec![scope, kind.as_str().to_owned()]);
     entry.reason = Some(&reason);
+    let shown = |b: Option<(i64, i64)>| b.map(|(l, w)| format!("{l} per {}", show_window(w)));
+    entry.change = Some(db::change("budget", shown(before), shown(after)));
     db::audit_insert(&mut tx, ctx, entry).await?;
     let out = views(&mut tx, ctx, id).await?;
     tx.commit().await?;

@@ -178,6 +178,7 @@ pub async fn set_limit(
         ));
     }
     let raise = limit_decision(ds, ctx, class, per_minute).await?;
+    let was = limits(ds, ctx).await?.into_iter().find(|l| l.class == class).map(|l| l.per_minute);
     let mut tx = ds.begin().await?;
     if let Some(decision) = raise {
         crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
@@ -189,6 +190,11 @@ pub async fn set_limit(
     };
     let mut entry = AuditEntry::ok("rate_limit.set", vec![class.to_owned()]);
     entry.reason = Some(&reason);
+    entry.change = Some(db::change(
+        "per_minute",
+        was,
+        per_minute.unwrap_or_else(|| default_per_minute(class)),
+    ));
     db::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
     Ok(Limit {

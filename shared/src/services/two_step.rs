@@ -151,6 +151,20 @@ impl EffectKind {
         })
     }
 
+    /// The kinds some two-step tool the rights allow can count (from [`Op::ALL`], so a new
+    /// tool's kinds follow it): a connection's budget forms show only these.
+    pub fn caused_by(rights: crate::rights::RightSet) -> Vec<EffectKind> {
+        EffectKind::ALL
+            .iter()
+            .copied()
+            .filter(|k| {
+                Op::ALL
+                    .iter()
+                    .any(|op| rights.contains(op.right()) && op.effect_kinds().contains(k))
+            })
+            .collect()
+    }
+
     /// Its small index, for the budget's advisory lock.
     pub(crate) fn index(self) -> i32 {
         EffectKind::ALL.iter().position(|k| *k == self).unwrap_or(0) as i32

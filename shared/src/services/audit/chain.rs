@@ -78,6 +78,10 @@ pub struct CanonicalRow {
     pub reason: Option<String>,
     /// How the person proved themselves (a passkey's handle, user verification), if asked.
     pub proof: Option<serde_json::Value>,
+    /// What a settings change changed, `{field: {from, to}}`. Absent (not null) when there is
+    /// none, so the form of every row written before it was kept is unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub change: Option<serde_json::Value>,
 }
 
 impl CanonicalRow {
@@ -99,6 +103,7 @@ impl CanonicalRow {
             pending_action: row.pending_handle.clone(),
             reason: row.reason.clone(),
             proof: row.proof.clone(),
+            change: row.change.clone(),
         }
     }
 }
@@ -523,6 +528,7 @@ mod tests {
             pending_handle: None,
             reason: None,
             proof: None,
+            change: None,
         };
         let c = canonical_v2(&row, 12);
         assert!(c.starts_with("{\"action\":\"add_booking_note\",\"actor\":\"per_b\""), "{c}");
