@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use maud::html;
+use maud::{Markup, html};
 use shared::error::Error;
 use shared::services::admin;
 
 use super::extract::{CsrfForm, Tenant};
-use super::layout::csrf_field;
+use super::layout::{Entered, csrf_field};
 use super::{Answer, local, reason, segment, shown};
 use crate::AppState;
 
@@ -17,7 +17,10 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
     let list = admin::api_token_list(&state.ds, &t.ctx).await?;
     let ctx = &t.ctx;
     let body = html! {
-        p { "API tokens call the REST API (" code { "/api/v1" } ") as a person, with that person's current role. They never work on the MCP endpoint, and they expire." }
+        div class="toolbar" {
+            p { "API tokens call the REST API (" code { "/api/v1" } ") as a person, with that person's current role. They never work on the MCP endpoint, and they expire." }
+            a class="button" href="/api-tokens/new" { "New API token" }
+        }
         table {
             thead { tr { th { "Token" } th { "Acts for" } th { "Created" } th { "Expires" } th { "Status" } th {} } }
             tbody {
@@ -37,24 +40,42 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
+    };
+    Ok(shown("API tokens", &t.nav("/api-tokens"), body))
+}
+
+/// The form of a new API token, on its own page.
+pub(super) async fn new_form(t: Tenant) -> Answer {
+    Ok(shown("New API token", &t.nav("/api-tokens"), new_body(&t, &Entered::fresh())))
+}
+
+fn new_body(t: &Tenant, entered: &Entered<'_>) -> Markup {
+    let days = entered.value("expires_in_days", "90");
+    html! {
+        (entered.summary(&["name", "expires_in_days"]))
         form method="post" action="/api-tokens" class="card" data-passkey[t.session.row.passkey_policy()] {
-            h2 { "New API token" }
             (csrf_field(t.csrf()))
-            label { "Name " input type="text" name="name" required maxlength=(admin::API_TOKEN_NAME_CHARS) placeholder="Nightly export"; }
+            label {
+                "Name "
+                input type="text" name="name" required maxlength=(admin::API_TOKEN_NAME_CHARS) placeholder="Nightly export"
+                    value=(entered.value("name", "")) aria-invalid=[entered.invalid("name")] aria-describedby=[entered.described("name")];
+                (entered.message("name"))
+            }
             p { "It acts for you (" (t.session.row.email()) "), with your role's rights at the time of each request; it ends when you leave the tenant." }
             label {
                 "Expires after "
-                select name="expires_in_days" {
-                    option value="7" { "7 days" }
-                    option value="30" { "30 days" }
-                    option value="90" selected { "90 days" }
-                    option value="365" { "365 days" }
+                select name="expires_in_days" aria-invalid=[entered.invalid("expires_in_days")] aria-describedby=[entered.described("expires_in_days")] {
+                    @for d in ["7", "30", "90", "365"] {
+                        option value=(d) selected[days == d] { (d) " days" }
+                    }
                 }
+                (entered.message("expires_in_days"))
             }
             button type="submit" { "Create API token" }
+            " "
+            a href="/api-tokens" { "Cancel" }
         }
-    };
-    Ok(shown("API tokens", &t.nav("/api-tokens"), body))
+    }
 }
 
 pub(super) async fn create(
@@ -62,16 +83,26 @@ pub(super) async fn create(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
+    let again = |e: Error| -> Answer {
+        let body = new_body(&t, &Entered::failed(&form, &e));
+        let mut response = shown("New API token", &t.nav("/api-tokens"), body);
+        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
+        Ok(response)
+    };
     let Some(Ok(days)) = form.get("expires_in_days").map(|d| d.trim().parse::<i64>()) else {
         let why = "choose how many days the token lives (1 to 365)";
-        return Err(Error::invalid("expires_in_days", why).into());
+        return again(Error::invalid("expires_in_days", why));
     };
     // A console token acts for the person who creates it: an admin cannot mint a credential
     // that speaks as someone else and outlives the admin's own membership.
     let name = form.get("name").unwrap_or_default();
     let email = t.session.row.email();
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
-    let k = admin::api_token_create(&state.ds, &ctx, email, name, Some(days)).await?;
+    let k = match admin::api_token_create(&state.ds, &ctx, email, name, Some(days)).await {
+        Ok(k) => k,
+        Err(e @ Error::Invalid { .. }) => return again(e),
+        Err(e) => return Err(e.into()),
+    };
     let to = format!("/api-tokens/{}/created", segment(&k.api_token));
     super::created_once(&state, &t.session, "/api-tokens/", &to, &k.api_token, &k.token)
 }

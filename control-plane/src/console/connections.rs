@@ -10,19 +10,23 @@ use shared::rights::{RightSet, RightsLevel};
 use shared::services::{activity, admin};
 
 use super::extract::{CsrfForm, Tenant};
-use super::layout::{csrf_field, pager, search_field, select_filter};
+use super::layout::{Entered, csrf_field, pager, search_field, select_filter};
 use super::{Answer, local, reason, segment, shown};
 use crate::AppState;
+use shared::error::Error;
 
-/// The rights a new credential may get: checkboxes of what the person holds.
-fn rights_picker(holds: RightSet, checked: RightSet) -> Markup {
+/// The rights a new credential may get: checkboxes of what the person holds, the read-only
+/// ones checked on a fresh form, as sent on one that came back.
+fn rights_picker(holds: RightSet, defaults: RightSet, entered: &Entered<'_>) -> Markup {
     html! {
-        fieldset {
+        fieldset aria-invalid=[entered.invalid("rights")] aria-describedby=[entered.described("rights")] {
             legend { "Rights (at most your own)" }
+            (entered.message("rights"))
             @for r in holds.iter() {
                 label {
-                    input type="checkbox" name="right" value=(r.as_str()) checked[checked.contains(r)];
+                    input type="checkbox" name="right" value=(r.as_str()) checked[entered.checked("right", r.as_str(), defaults.contains(r))];
                     " " code { (r.as_str()) } " — " (r.description())
+                    @if r.is_dangerous() { " " span class="level level-danger" { "dangerous" } }
                 }
             }
         }
@@ -129,26 +133,37 @@ pub(super) async fn list(
 
 /// The form of a new connection, on its own page.
 pub(super) async fn new_form(t: Tenant) -> Answer {
+    Ok(shown("New connection", &t.nav("/connections"), new_body(&t, &Entered::fresh())))
+}
+
+fn new_body(t: &Tenant, entered: &Entered<'_>) -> Markup {
     let ctx = &t.ctx;
-    let body = html! {
+    let toolset = entered.value("toolset", "full");
+    html! {
+        (entered.summary(&["name", "toolset", "rights"]))
         form method="post" action="/connections" class="card" data-passkey[t.session.row.passkey_policy()] {
             (csrf_field(t.csrf()))
-            label { "Name " input type="text" name="name" required maxlength="80" placeholder="Claude Code on my laptop"; }
+            label {
+                "Name "
+                input type="text" name="name" required maxlength="80" placeholder="Claude Code on my laptop"
+                    value=(entered.value("name", "")) aria-invalid=[entered.invalid("name")] aria-describedby=[entered.described("name")];
+                (entered.message("name"))
+            }
             label {
                 "Toolset "
-                select name="toolset" {
-                    option value="full" { "full — every tool the rights allow" }
-                    option value="read_only" { "read_only — read tools only" }
-                    option value="small" { "small — a few combined tools for small models" }
+                select name="toolset" aria-invalid=[entered.invalid("toolset")] aria-describedby=[entered.described("toolset")] {
+                    option value="full" selected[toolset == "full"] { "full — every tool the rights allow" }
+                    option value="read_only" selected[toolset == "read_only"] { "read_only — read tools only" }
+                    option value="small" selected[toolset == "small"] { "small — a few combined tools for small models" }
                 }
+                (entered.message("toolset"))
             }
-            (rights_picker(ctx.rights(), shared::rights::read_only().intersect(ctx.rights())))
+            (rights_picker(ctx.rights(), shared::rights::read_only().intersect(ctx.rights()), entered))
             button type="submit" { "Create connection" }
             " "
             a href="/connections" { "Cancel" }
         }
-    };
-    Ok(shown("New connection", &t.nav("/connections"), body))
+    }
 }
 
 /// The client name of connections made in the console.
@@ -159,7 +174,18 @@ pub(super) async fn create(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let rights = RightSet::parse(&form.all("right"))?;
+    // A mistake in the form comes back in place, with everything typed kept.
+    let again = |e: Error| -> Answer {
+        let body = new_body(&t, &Entered::failed(&form, &e));
+        let mut response = shown("New connection", &t.nav("/connections"), body);
+        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
+        Ok(response)
+    };
+    let rights = match RightSet::parse(&form.all("right")) {
+        Ok(r) if r.is_empty() => return again(Error::invalid("rights", "tick at least one right")),
+        Ok(r) => r,
+        Err(e) => return again(e),
+    };
     let new = admin::NewConnection {
         creator_email: t.session.row.email(),
         name: form.get("name").unwrap_or_default(),
@@ -168,9 +194,14 @@ pub(super) async fn create(
         toolset: form.get("toolset").unwrap_or("full"),
     };
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
-    let c = admin::connection_create(&state.ds, &ctx, new).await?;
-    let to = format!("/connections/{}/created", segment(&c.connection));
-    super::created_once(&state, &t.session, "/connections/", &to, &c.connection, &c.token)
+    match admin::connection_create(&state.ds, &ctx, new).await {
+        Ok(c) => {
+            let to = format!("/connections/{}/created", segment(&c.connection));
+            super::created_once(&state, &t.session, "/connections/", &to, &c.connection, &c.token)
+        }
+        Err(e @ (Error::Invalid { .. } | Error::WrongState { .. })) => again(e),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The page a new connection's create redirects to: its token and a ready `claude mcp add`,

@@ -132,6 +132,91 @@ pub fn csrf_field(token: &str) -> Markup {
     html! { input type="hidden" name="csrf" value=(token); }
 }
 
+/// What a form that failed was given, and why it failed: the page renders the form again with
+/// every value kept (secrets excepted: they say they must be typed again), the message next to
+/// its field in words, and the field marked invalid for screen readers.
+#[derive(Default)]
+pub struct Entered<'a> {
+    fields: Option<&'a super::extract::Fields>,
+    /// The field at fault (empty when the problem is the form's as a whole) and the message.
+    error: Option<(String, String)>,
+}
+
+impl<'a> Entered<'a> {
+    /// A form shown for the first time.
+    pub fn fresh() -> Self {
+        Entered::default()
+    }
+
+    /// A form that came back with `error`.
+    pub fn failed(fields: &'a super::extract::Fields, error: &shared::error::Error) -> Self {
+        let error = match error {
+            shared::error::Error::Invalid { field, problem, .. } => {
+                (field.clone(), problem.clone())
+            }
+            other => (String::new(), other.to_string()),
+        };
+        Entered { fields: Some(fields), error: Some(error) }
+    }
+
+    pub fn has_error(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// The value typed into `name`, or `default` on a fresh form.
+    pub fn value<'b>(&'b self, name: &str, default: &'b str) -> &'b str {
+        match self.fields {
+            Some(f) => f.get(name).unwrap_or(""),
+            None => default,
+        }
+    }
+
+    /// Whether the checkbox `name=value` is checked: as sent, or `default` on a fresh form.
+    pub fn checked(&self, name: &str, value: &str, default: bool) -> bool {
+        match self.fields {
+            Some(f) => f.all(name).contains(&value),
+            None => default,
+        }
+    }
+
+    fn error_of(&self, name: &str) -> Option<&str> {
+        self.error.as_ref().filter(|(f, _)| f == name).map(|(_, m)| m.as_str())
+    }
+
+    /// `aria-invalid` of the field `name`.
+    pub fn invalid(&self, name: &str) -> Option<&'static str> {
+        self.error_of(name).map(|_| "true")
+    }
+
+    /// `aria-describedby` of the field `name`: its message, when it has one.
+    pub fn described(&self, name: &str) -> Option<String> {
+        self.error_of(name).map(|_| format!("{name}-error"))
+    }
+
+    /// The message next to the field `name`.
+    pub fn message(&self, name: &str) -> Markup {
+        html! {
+            @if let Some(m) = self.error_of(name) {
+                span class="field-error" id={ (name) "-error" } { (m) }
+            }
+        }
+    }
+
+    /// Above the form: that nothing was saved, and the problem itself when no field of the
+    /// form (`fields`) holds it.
+    pub fn summary(&self, fields: &[&str]) -> Markup {
+        html! {
+            @if let Some((field, message)) = &self.error {
+                p class="error" role="alert" {
+                    "Nothing was saved. "
+                    @if fields.contains(&field.as_str()) { "Correct the field marked below." }
+                    @else { (message) }
+                }
+            }
+        }
+    }
+}
+
 /// A search box of a list's filter form (`q`).
 pub fn search_field(value: Option<&str>, placeholder: &str) -> Markup {
     html! {

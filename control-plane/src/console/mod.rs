@@ -78,6 +78,7 @@ pub fn routes() -> Router<Arc<AppState>> {
             get(connections::revoke_confirm).post(connections::revoke),
         )
         .route("/api-tokens", get(api_tokens::list).post(api_tokens::create))
+        .route("/api-tokens/new", get(api_tokens::new_form))
         .route("/api-tokens/{token}/created", get(api_tokens::created))
         .route(
             "/api-tokens/{token}/revoke",
@@ -155,10 +156,61 @@ fn fail(e: Error) -> Response {
             format!("Your role does not include {} ({}).", right.as_str(), right.description())
         }
         Error::Internal(_) => "Something failed on our side; try again.".into(),
+        // In words: the problem itself, never the internal name of the field.
+        Error::Invalid { problem, .. } => sentence(problem),
         other => other.to_string(),
     };
-    let body = html! { (error_box(&message)) p { a href="/" { "Back" } } };
-    (status, page("Cannot do that", None, body)).into_response()
+    let mut response =
+        (status, page("Cannot do that", None, failed_body(&message))).into_response();
+    // The console's layer draws this again with the person's navigation ([`with_navigation`]).
+    response.extensions_mut().insert(Failed(message));
+    response
+}
+
+/// A message as a sentence: a capital first letter and a full stop.
+fn sentence(text: &str) -> String {
+    let mut chars = text.trim().chars();
+    let mut out: String = chars.next().map(|c| c.to_uppercase().collect()).unwrap_or_default();
+    out.push_str(chars.as_str());
+    if !out.ends_with(['.', '?', '!']) {
+        out.push('.');
+    }
+    out
+}
+
+/// What a refused console request said, for [`with_navigation`].
+#[derive(Clone)]
+struct Failed(String);
+
+fn failed_body(message: &str) -> Markup {
+    html! {
+        (error_box(message))
+        p { "Nothing was changed. " a href="/" { "Back to the console's start" } }
+    }
+}
+
+/// The console's layer: a refusal page keeps the navigation of the person who got it (their
+/// links, who is signed in, sign-out), so nobody is stranded on a page without a way on.
+pub async fn with_navigation(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let token = extract::cookie(request.headers(), session_cookie(&state));
+    let response = next.run(request).await;
+    let Some(Failed(message)) = response.extensions().get::<Failed>().cloned() else {
+        return response;
+    };
+    let Some(token) = token else { return response };
+    let Ok(Some(row)) = shared::services::console::session(&state.ds, &token).await else {
+        return response;
+    };
+    let session = extract::Session { row, token, notice: None };
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let body = page("Cannot do that", Some(&session.nav("")), failed_body(&message));
+    // The refusal's status and headers stay; only the page gains its navigation.
+    Response::from_parts(parts, axum::body::Body::from(body.into_string()))
 }
 
 /// A stored UTC time (ISO 8601) as people in the tenant read it: the tenant's zone in the

@@ -16,7 +16,7 @@ use shared::error::Error;
 use shared::services::{id_jag, sso};
 
 use super::extract::{CsrfForm, Tenant, cookie};
-use super::layout::{csrf_field, error_box, page};
+use super::layout::{Entered, csrf_field, error_box, page};
 use super::{Answer, safe_next, session_cookie, shown};
 use crate::AppState;
 
@@ -155,11 +155,12 @@ pub(super) async fn settings(State(state): State<Arc<AppState>>, t: Tenant) -> A
     Ok(shown(
         "Single sign-on",
         &t.nav("/settings"),
-        settings_body(&state, &t, idp.as_ref(), &clients, None),
+        settings_body(&state, &t, idp.as_ref(), &clients, None, &Entered::fresh()),
     ))
 }
 
-fn yes_no(name: &str, label: &str, on: bool) -> Markup {
+fn yes_no(name: &str, label: &str, on: bool, entered: &Entered<'_>) -> Markup {
+    let on = entered.value(name, if on { "yes" } else { "no" }) == "yes";
     html! {
         label {
             (label) " "
@@ -177,8 +178,12 @@ fn settings_body(
     idp: Option<&sso::IdpView>,
     clients: &[id_jag::ClientView],
     registered: Option<&id_jag::ClientRegistered>,
+    entered: &Entered<'_>,
 ) -> Markup {
     let csrf = t.csrf();
+    let domains = idp.map(|i| i.email_domains.join(", ")).unwrap_or_default();
+    let hours = idp.map(|i| i.session_hours).unwrap_or(sso::DEFAULT_SESSION_HOURS).to_string();
+    let field = |name: &'static str| (entered.invalid(name), entered.described(name));
     html! {
         div class="card" {
             h2 { "Your identity provider" }
@@ -205,14 +210,49 @@ fn settings_body(
         form method="post" action="/settings/sso" class="card" data-passkey[t.session.row.passkey_policy()] {
             (csrf_field(csrf))
             h2 { @if idp.is_some() { "Change the identity provider" } @else { "Connect an identity provider" } }
-            label { "Issuer " input type="text" name="issuer" required maxlength="500" value=(idp.map(|i| i.issuer.as_str()).unwrap_or_default()) placeholder="https://example.okta.com"; }
-            label { "Client id " input type="text" name="client_id" required maxlength="255" value=(idp.map(|i| i.client_id.as_str()).unwrap_or_default()); }
-            label { "Client secret " input type="password" name="client_secret" maxlength="1024" autocomplete="off" placeholder=(if idp.is_some() { "leave empty to keep the stored one" } else { "" }); }
-            label { "Email domains it vouches for (comma-separated) " input type="text" name="email_domains" required maxlength="2000" value=(idp.map(|i| i.email_domains.join(", ")).unwrap_or_default()) placeholder="example.com"; }
-            (yes_no("allow_join", "People of these domains who are not members join as viewers", idp.is_some_and(|i| i.allow_join)))
-            (yes_no("sso_required", "Require single sign-on (password sign-in off for this tenant)", idp.is_some_and(|i| i.sso_required)))
-            (yes_no("id_jag", "Let the IdP grant agents access (ID-JAG)", idp.is_some_and(|i| i.id_jag)))
-            label { "Session lifetime in hours (1 to 12) " input type="number" name="session_hours" min="1" max="12" required value=(idp.map(|i| i.session_hours).unwrap_or(sso::DEFAULT_SESSION_HOURS)); }
+            (entered.summary(&["issuer", "client_id", "client_secret", "email_domains", "session_hours"]))
+            label {
+                "Issuer "
+                input type="text" name="issuer" required maxlength="500" placeholder="https://example.okta.com"
+                    value=(entered.value("issuer", idp.map(|i| i.issuer.as_str()).unwrap_or_default()))
+                    aria-invalid=[field("issuer").0] aria-describedby=[field("issuer").1];
+                (entered.message("issuer"))
+            }
+            label {
+                "Client id "
+                input type="text" name="client_id" required maxlength="255"
+                    value=(entered.value("client_id", idp.map(|i| i.client_id.as_str()).unwrap_or_default()))
+                    aria-invalid=[field("client_id").0] aria-describedby=[field("client_id").1];
+                (entered.message("client_id"))
+            }
+            label {
+                "Client secret "
+                // A secret is never sent back to the browser: after a failed save it is typed again.
+                input type="password" name="client_secret" maxlength="1024" autocomplete="off"
+                    placeholder=(if idp.is_some() { "leave empty to keep the stored one" } else { "" })
+                    aria-invalid=[field("client_secret").0] aria-describedby=[field("client_secret").1];
+                (entered.message("client_secret"))
+                @if entered.has_error() && !entered.value("client_secret", "").is_empty() {
+                    span class="field-error" { "Type the client secret again: secrets are never shown back." }
+                }
+            }
+            label {
+                "Email domains it vouches for (comma-separated) "
+                input type="text" name="email_domains" required maxlength="2000" placeholder="example.com"
+                    value=(entered.value("email_domains", &domains))
+                    aria-invalid=[field("email_domains").0] aria-describedby=[field("email_domains").1];
+                (entered.message("email_domains"))
+            }
+            (yes_no("allow_join", "People of these domains who are not members join as viewers", idp.is_some_and(|i| i.allow_join), entered))
+            (yes_no("sso_required", "Require single sign-on (password sign-in off for this tenant)", idp.is_some_and(|i| i.sso_required), entered))
+            (yes_no("id_jag", "Let the IdP grant agents access (ID-JAG)", idp.is_some_and(|i| i.id_jag), entered))
+            label {
+                "Session lifetime in hours (1 to 12) "
+                input type="number" name="session_hours" min="1" max="12" required
+                    value=(entered.value("session_hours", &hours))
+                    aria-invalid=[field("session_hours").0] aria-describedby=[field("session_hours").1];
+                (entered.message("session_hours"))
+            }
             button type="submit" { "Save" }
         }
         @if idp.is_some() {
@@ -273,10 +313,30 @@ pub(super) async fn save(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let input = input_of(&form)?;
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
-    sso::idp_set(&state.ds, &ctx, &state.fetch, input).await?;
-    Ok(Redirect::to("/settings/sso").into_response())
+    // A mistake comes back in place, everything typed kept but the secret.
+    let again = |e: Error, idp: Option<sso::IdpView>, clients: Vec<id_jag::ClientView>| -> Answer {
+        let entered = Entered::failed(&form, &e);
+        let body = settings_body(&state, &t, idp.as_ref(), &clients, None, &entered);
+        let mut response = shown("Single sign-on", &t.nav("/settings"), body);
+        *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+        Ok(response)
+    };
+    let saved = match input_of(&form) {
+        Ok(input) => {
+            let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+            sso::idp_set(&state.ds, &ctx, &state.fetch, input).await
+        }
+        Err(e) => Err(e),
+    };
+    match saved {
+        Ok(_) => Ok(super::saved("/settings/sso", "Single sign-on settings saved.")),
+        Err(e @ (Error::Invalid { .. } | Error::WrongState { .. })) => {
+            let idp = sso::idp_show(&state.ds, &t.ctx).await?;
+            let clients = id_jag::client_list(&state.ds, &t.ctx).await.unwrap_or_default();
+            again(e, idp, clients)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub(super) async fn remove(
@@ -299,6 +359,7 @@ pub(super) async fn register_client(
         id_jag::client_register(&state.ds, &ctx, form.get("name").unwrap_or_default()).await?;
     let idp = sso::idp_show(&state.ds, &t.ctx).await?;
     let clients = id_jag::client_list(&state.ds, &t.ctx).await?;
-    let body = settings_body(&state, &t, idp.as_ref(), &clients, Some(&registered));
+    let body =
+        settings_body(&state, &t, idp.as_ref(), &clients, Some(&registered), &Entered::fresh());
     Ok(shown("Single sign-on", &t.nav("/settings"), body))
 }

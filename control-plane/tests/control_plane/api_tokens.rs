@@ -144,7 +144,9 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
         "the list shows each status"
     );
     assert!(!html.contains("gh_api_"), "no secret in the list");
-    let mut form = form_fields(&html, "/api-tokens");
+    assert!(html.contains("href=\"/api-tokens/new\""), "New is a button at the top");
+    let new = browser.get("/api-tokens/new").await.text().await.expect("html");
+    let mut form = form_fields(&new, "/api-tokens");
     form.extend([
         ("name".into(), "Console token".into()),
         ("person".into(), t0.admin.email.clone()),
@@ -204,7 +206,14 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
     let mut bad = form.clone();
     bad.retain(|(k, _)| k != "expires_in_days");
     bad.push(("expires_in_days".into(), "forever".into()));
-    assert_eq!(browser.post("/api-tokens", &bad).await.status(), 422);
+    let refused = browser.post("/api-tokens", &bad).await;
+    assert_eq!(refused.status(), 422);
+    let again = refused.text().await.expect("html");
+    assert!(again.contains("value=\"Console token\""), "what was typed is kept");
+    assert!(
+        again.contains("aria-invalid=\"true\"") && again.contains("choose how many days"),
+        "{again}"
+    );
     let console_handle =
         api._db.scalar_string("SELECT handle FROM api_tokens WHERE name = 'Console token'").await;
     // A confirmation page exists only for a token of this tenant.
@@ -241,8 +250,10 @@ async fn api_tokens_expire_and_are_revoked_from_the_cli_and_the_console() {
     // Another tenant's admin cannot revoke it through their own console either.
     let t1 = &api.seed.tenants[1];
     let stranger = Browser::sign_in(&api, &t1.admin.email, &t1.admin.password).await;
-    let mut theirs =
-        form_fields(&stranger.get("/api-tokens").await.text().await.expect("html"), "/api-tokens");
+    let mut theirs = form_fields(
+        &stranger.get("/api-tokens/new").await.text().await.expect("html"),
+        "/api-tokens",
+    );
     theirs.retain(|(k, _)| k == "csrf");
     theirs.push(("reason".into(), "cross-tenant".into()));
     assert_eq!(stranger.post(&format!("/api-tokens/{handle}/revoke"), &theirs).await.status(), 404);

@@ -507,3 +507,115 @@ async fn the_audit_names_who_acted_and_what_changed_and_filters_by_both() {
     assert!(cells[col("actor")].starts_with("per_"), "the person by handle: {row}");
     assert!(cells[col("change")].contains("\"from\":\"dispatcher\""), "{row}");
 }
+
+#[tokio::test]
+async fn an_invalid_new_connection_comes_back_in_place_with_everything_typed() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let before = api._db.scalar_i64("SELECT count(*) FROM connections").await;
+    // Fourteen boxes ticked and a name too long: the boxes stay ticked, the name stays typed.
+    let long = "n".repeat(81);
+    let mut fields = form(&csrf, &[("name", &long), ("toolset", "small")]);
+    for r in shared::rights::Right::ALL {
+        fields.push(("right".into(), r.as_str().into()));
+    }
+    let r = admin.post("/connections", &fields).await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(html.contains("Nothing was saved"), "{html}");
+    assert!(
+        html.contains("<header>") && html.contains("href=\"/connections\""),
+        "the page keeps its navigation"
+    );
+    assert!(html.contains(&format!("value=\"{long}\"")), "the name is kept");
+    assert!(
+        html.contains("aria-invalid=\"true\"") && html.contains("id=\"name-error\""),
+        "the field is marked: {html}"
+    );
+    assert!(!html.contains("name:"), "the message is in words, not a field name");
+    assert_eq!(
+        html.matches("type=\"checkbox\" name=\"right\"").count(),
+        shared::rights::Right::ALL.len()
+    );
+    assert_eq!(
+        html.matches("checked").count(),
+        shared::rights::Right::ALL.len(),
+        "every box stays ticked"
+    );
+    assert!(html.contains("value=\"small\" selected"), "the toolset is kept");
+    // No right at all: said next to the rights.
+    let r = admin
+        .post("/connections", &form(&csrf, &[("name", "No rights"), ("toolset", "full")]))
+        .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(
+        html.contains("id=\"rights-error\"") && html.contains("tick at least one right"),
+        "{html}"
+    );
+    assert_eq!(
+        api._db.scalar_i64("SELECT count(*) FROM connections").await,
+        before,
+        "nothing was created"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_page_keeps_the_navigation_of_who_got_it() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let r = admin.get("/connections/con_doesnotexist000000").await;
+    assert_eq!(r.status(), 404);
+    let html = r.text().await.expect("html");
+    assert!(html.contains("Cannot do that") && html.contains("Nothing was changed"), "{html}");
+    assert!(
+        html.contains("href=\"/connections\"") && html.contains("Sign out"),
+        "the navigation stays: {html}"
+    );
+    // Signed out, a refusal page carries no one's navigation.
+    let anonymous = reqwest::Client::new()
+        .get(format!("{}/connections/con_doesnotexist000000", api.url))
+        .header("cookie", "gh_session=forged")
+        .send()
+        .await
+        .expect("get");
+    let html = anonymous.text().await.expect("html");
+    assert!(!html.contains("Sign out"), "{html}");
+}
+
+#[tokio::test]
+async fn a_failed_sso_save_keeps_what_was_typed_but_never_the_secret() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let secret = "very-secret-client-secret-1234";
+    let fields = form(
+        &csrf,
+        &[
+            ("issuer", "not a url"),
+            ("client_id", "gatehouse-web"),
+            ("client_secret", secret),
+            ("email_domains", "acme.example"),
+            ("allow_join", "no"),
+            ("sso_required", "yes"),
+            ("id_jag", "no"),
+            ("session_hours", "8"),
+        ],
+    );
+    let r = admin.post("/settings/sso", &fields).await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(html.contains("Nothing was saved") && html.contains("id=\"issuer-error\""), "{html}");
+    assert!(
+        html.contains("value=\"gatehouse-web\"") && html.contains("value=\"acme.example\""),
+        "typed values kept"
+    );
+    assert!(html.contains("<option value=\"yes\" selected>yes</option>"), "a choice kept");
+    assert!(!html.contains(secret), "the secret is never sent back");
+    assert!(html.contains("Type the client secret again"), "and it says so");
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 0, "nothing saved");
+}
