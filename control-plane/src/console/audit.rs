@@ -100,7 +100,7 @@ impl<S: Send + Sync> FromRequestParts<S> for AuditSearch {
 }
 
 /// The search form, filled with the search.
-fn search_form(search: &AuditSearch) -> Markup {
+fn search_form(search: &AuditSearch, t_zone: &str) -> Markup {
     let select = |name: &str, current: &Option<String>, options: &[&str]| {
         let current = current.as_deref().map(str::trim).unwrap_or("");
         html! {
@@ -118,8 +118,8 @@ fn search_form(search: &AuditSearch) -> Markup {
             label { "Channel " (select("channel", &search.0.channel, &admin::AUDIT_CHANNELS)) }
             label { "Who (email or per_…) " input type="text" name="actor" value=(AuditSearch::shown(&search.0.actor)) placeholder="avery@acme.example"; }
             label { "Record " input type="text" name="record" value=(AuditSearch::shown(&search.0.record)) placeholder="bkg_…, cus_…, con_…"; }
-            label { "From (UTC day) " input type="date" name="since" value=(AuditSearch::shown(&search.0.since)); }
-            label { "Until (UTC day, included) " input type="date" name="until" value=(AuditSearch::shown(&search.0.until)); }
+            label { "From (day, " (t_zone) ") " input type="date" name="since" value=(AuditSearch::shown(&search.0.since)); }
+            label { "Until (day included, " (t_zone) ") " input type="date" name="until" value=(AuditSearch::shown(&search.0.until)); }
             button type="submit" { "Search" }
             " "
             a href="/audit" { "Clear" }
@@ -132,7 +132,7 @@ pub(super) async fn page(
     t: Tenant,
     search: AuditSearch,
 ) -> Answer {
-    let form = search_form(&search);
+    let form = search_form(&search, &t.ctx.tenant().zone_name);
     let found = match admin::audit_search(&state.ds, &t.ctx, &search.filter(), 100).await {
         Ok(found) => found,
         Err(e @ (Error::Invalid { .. } | Error::NotFound { .. })) => {

@@ -13,7 +13,9 @@ use crate::AppState;
 
 pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
     let rows = console::messages(&state.ds, &t.ctx, 200).await?;
-    let fmt = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    let fmt = |at: chrono::DateTime<chrono::Utc>| {
+        super::local(&t.ctx, &at.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+    };
     let body = html! {
         p { "Emails and pages that confirmed agent actions sent, newest first." }
         table {
@@ -26,7 +28,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                         td { (m.recipient) }
                         td { (m.subject) }
                         td { (m.status) " (attempts: " (m.attempts) ")" }
-                        td { (m.sent_at.map(fmt).unwrap_or_default()) }
+                        td { @if let Some(at) = m.sent_at { (fmt(at)) } }
                         td { code { (m.action_handle.as_deref().unwrap_or("")) } }
                     }
                 }

@@ -99,7 +99,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/audit.csv", get(audit::csv))
         .route("/audit/webhook", get(webhook::page).post(webhook::set))
         .route("/audit/webhook/rotate", post(webhook::rotate))
-        .route("/audit/webhook/remove", post(webhook::remove))
+        .route("/audit/webhook/remove", get(webhook::remove_confirm).post(webhook::remove))
         .route("/activity", get(activity::page))
         .route("/messages", get(messages::page))
         .route("/operator", get(operator::page))

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Redirect};
 use maud::{Markup, html};
 use shared::services::audit::{self, WebhookView};
 
@@ -15,27 +14,36 @@ use super::layout::csrf_field;
 use super::{Answer, shown};
 use crate::AppState;
 
-fn delivery(h: &WebhookView) -> Markup {
+fn delivery(t: &Tenant, h: &WebhookView) -> Markup {
+    let at = |iso: &str| super::local(&t.ctx, iso);
     html! {
         div class="card" id="audit-webhook" {
-            p { "Audit events go to " code { (h.url) } " (since " (h.created_at) ")." }
+            p { "Audit events go to " code { (h.url) } " (since " (at(&h.created_at)) ")." }
             p {
                 "Delivered up to row " (h.delivered_seq) "; " strong { (h.backlog) } " waiting."
-                @if let Some(at) = &h.last_delivered_at { " Last delivery " (at) "." }
+                @if let Some(t) = &h.last_delivered_at { " Last delivery " (at(t)) "." }
             }
             @if let Some(e) = &h.last_error {
                 p class="error" role="status" {
-                    "The last attempt failed: " (e) ". Next attempt " (h.next_attempt_at)
+                    "The last attempt failed: " (e) ". Next attempt " (at(&h.next_attempt_at))
                     " (attempt " (h.attempts) "); events wait, in order, until the endpoint answers."
                 }
             }
             @if let Some(note) = &h.dropped_note {
                 p class="error" role="status" { (note) }
             }
-            @if let Some(at) = &h.rotated_at { p class="muted" { "Secret rotated " (at) "." } }
+            @if let Some(t) = &h.rotated_at { p class="muted" { "Secret rotated " (at(t)) "." } }
         }
     }
 }
+
+/// What a new signing secret is sealed for on its way to the page after the save.
+fn once_key(t: &Tenant) -> String {
+    format!("webhook:{}", t.ctx.tenant().handle)
+}
+
+/// The path the webhook's pages live under (the secret's cookie goes there only).
+const PATH: &str = "/audit/webhook";
 
 fn page_body(t: &Tenant, hook: Option<&WebhookView>, secret: Option<&str>) -> Markup {
     let passkey = t.session.row.passkey_policy();
@@ -49,7 +57,7 @@ fn page_body(t: &Tenant, hook: Option<&WebhookView>, secret: Option<&str>) -> Ma
             }
         }
         @match hook {
-            Some(h) => { (delivery(h)) }
+            Some(h) => { (delivery(t, h)) }
             None => { p class="card" id="no-webhook" { "No audit webhook: events stay in the log and the CSV export." } }
         }
         form method="post" action="/audit/webhook" class="card" data-passkey[passkey] {
@@ -64,19 +72,30 @@ fn page_body(t: &Tenant, hook: Option<&WebhookView>, secret: Option<&str>) -> Ma
                 p { "A new secret is shown once; the previous one keeps signing beside it for a day, so the receiver can switch." }
                 button type="submit" class="plain" { "Rotate the secret" }
             }
-            form method="post" action="/audit/webhook/remove" class="card" {
-                (csrf_field(t.csrf()))
+            div class="card" {
                 p { "Undelivered events stay in the log." }
-                button type="submit" class="danger" { "Stop sending events" }
+                a href="/audit/webhook/remove" { "Stop sending events…" }
             }
         }
     }
 }
 
-pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+pub(super) async fn page(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    headers: axum::http::HeaderMap,
+) -> Answer {
     let hook = audit::webhook_show(&state.ds, &t.ctx).await?;
-    let body = page_body(&t, hook.as_ref(), None);
-    Ok(shown("Audit webhook", &t.nav("/audit"), body))
+    // A secret made by the save before the redirect, shown this once.
+    let (secret, clear) = super::once_secret(&state, &t.session, &headers, PATH, &once_key(&t));
+    let body = page_body(&t, hook.as_ref(), secret.as_deref());
+    let mut response = shown("Audit webhook", &t.nav("/audit"), body);
+    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
+    response.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    Ok(response)
 }
 
 pub(super) async fn set(
@@ -87,8 +106,10 @@ pub(super) async fn set(
     let url = form.get("url").unwrap_or_default().to_owned();
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let (hook, secret) = audit::webhook_set(&state.ds, &ctx, &url, &state.fetch).await?;
-    let body = page_body(&t, Some(&hook), secret.as_deref());
-    Ok(shown("Audit webhook", &t.nav("/audit"), body))
+    match secret {
+        Some(secret) => super::created_once(&state, &t.session, PATH, PATH, &once_key(&t), &secret),
+        None => Ok(super::saved(PATH, &format!("Audit events now go to {}.", hook.url))),
+    }
 }
 
 pub(super) async fn rotate(
@@ -98,8 +119,24 @@ pub(super) async fn rotate(
 ) -> Answer {
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let rotated = audit::webhook_rotate(&state.ds, &ctx).await?;
-    let body = page_body(&t, Some(&rotated.webhook), Some(&rotated.secret));
-    Ok(shown("Audit webhook", &t.nav("/audit"), body))
+    super::created_once(&state, &t.session, PATH, PATH, &once_key(&t), &rotated.secret)
+}
+
+/// Stopping the webhook is confirmed, saying what stops and what stays.
+pub(super) async fn remove_confirm(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    let Some(hook) = audit::webhook_show(&state.ds, &t.ctx).await? else {
+        return Ok(super::saved(PATH, "No audit webhook is set; nothing to stop."));
+    };
+    let body = html! {
+        form method="post" action="/audit/webhook/remove" class="card" {
+            (csrf_field(t.csrf()))
+            p { "Stop sending audit events to " code { (hook.url) } "? Your SIEM receives nothing more, including the " strong { (hook.backlog) } " event(s) still waiting, and no more checkpoints. The audit log itself keeps everything." }
+            button type="submit" class="danger" { "Stop sending events" }
+            " "
+            a href=(PATH) { "Cancel" }
+        }
+    };
+    Ok(shown("Stop the audit webhook", &t.nav("/audit"), body))
 }
 
 pub(super) async fn remove(
@@ -108,5 +145,8 @@ pub(super) async fn remove(
     CsrfForm(_): CsrfForm,
 ) -> Answer {
     audit::webhook_remove(&state.ds, &t.ctx).await?;
-    Ok(Redirect::to("/audit/webhook").into_response())
+    Ok(super::saved(
+        PATH,
+        "The audit webhook is stopped; events stay in the log and the CSV export.",
+    ))
 }

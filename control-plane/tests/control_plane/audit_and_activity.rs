@@ -55,7 +55,8 @@ async fn the_audit_log_is_searched_and_paged_in_sql_and_exported_as_csv_no_sprea
     assert_eq!(seen as i64, in_tenant, "every row once, over {pages} pages");
     assert!(pages >= 3);
 
-    // Filters run in SQL: `_` in an action is a letter, not a wildcard; days are UTC days.
+    // Filters run in SQL: `_` in an action is a letter, not a wildcard; days are the tenant's
+    // (every row here is near noon UTC, the same day in the tenant's zone).
     let html = admin.get("/audit?action=note_&outcome=refused").await.text().await.expect("page");
     let want = (1..=260).filter(|i| i % 3 == 0 && i % 5 == 0).count();
     assert_eq!(table_rows(&html), want, "note_add refused only");
@@ -67,7 +68,7 @@ async fn the_audit_log_is_searched_and_paged_in_sql_and_exported_as_csv_no_sprea
         .await
         .expect("page");
     let want = (1..=260).filter(|i| i % 10 == 3 && i % 2 == 1).count();
-    assert_eq!(table_rows(&html), want, "one UTC day, one channel");
+    assert_eq!(table_rows(&html), want, "one day, one channel");
 
     // Hostile or mistaken filters: a 400 that says what to write, nothing else.
     for (query, says) in [

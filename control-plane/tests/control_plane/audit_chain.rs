@@ -332,8 +332,8 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
     let set = admin
         .post("/audit/webhook", &[field("csrf", &csrf), field("url", "http://127.0.0.1:9/siem")])
         .await;
-    assert_eq!(set.status(), 200);
-    let shown = set.text().await.expect("html");
+    assert_eq!(set.status(), 303, "post/redirect/get: a reload repeats nothing");
+    let shown = admin.follow(set).await.text().await.expect("html");
     let secret = shown
         .split("id=\"webhook-secret\">")
         .nth(1)
@@ -343,12 +343,8 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
     assert!(secret.starts_with("whsec_"), "{secret}");
     let again = admin.get("/audit/webhook").await.text().await.expect("html");
     assert!(!again.contains(&secret) && again.contains("http://127.0.0.1:9/siem"), "{again}");
-    let rotated = admin
-        .post("/audit/webhook/rotate", &[field("csrf", &csrf)])
-        .await
-        .text()
-        .await
-        .expect("html");
+    let rotated = admin.post("/audit/webhook/rotate", &[field("csrf", &csrf)]).await;
+    let rotated = admin.follow(rotated).await.text().await.expect("html");
     assert!(rotated.contains("whsec_") && !rotated.contains(&secret), "a new secret, once");
     // A forged form changes nothing.
     let forged = admin.post("/audit/webhook", &[field("url", "https://evil.example/x")]).await;
@@ -365,8 +361,15 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
     assert!(moved.text().await.expect("html").contains("needs a passkey"));
     let url = api._db.scalar_string("SELECT url FROM audit_webhooks LIMIT 1").await;
     assert_eq!(url, "http://127.0.0.1:9/siem", "nothing changed");
+    // Stopping is confirmed first: the page says what stops and what stays, and changes nothing.
+    let confirm = admin.get("/audit/webhook/remove").await.text().await.expect("html");
+    assert!(
+        confirm.contains("Stop sending audit events to") && confirm.contains("keeps everything"),
+        "{confirm}"
+    );
+    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM audit_webhooks").await, 1);
     let removed = admin.post("/audit/webhook/remove", &[field("csrf", &csrf)]).await;
-    assert_eq!(removed.status(), 303, "stopping stays one step");
+    assert_eq!(removed.status(), 303);
     assert_eq!(api._db.scalar_i64("SELECT count(*) FROM audit_webhooks").await, 0);
     assert!(
         api._db

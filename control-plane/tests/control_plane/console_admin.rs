@@ -619,3 +619,41 @@ async fn a_failed_sso_save_keeps_what_was_typed_but_never_the_secret() {
     assert!(html.contains("Type the client secret again"), "and it says so");
     assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 0, "nothing saved");
 }
+
+#[tokio::test]
+async fn the_audit_day_filter_is_the_tenants_day_and_times_show_utc_on_hover() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    // Just after midnight and just before the next one, in the tenant's zone.
+    api._db
+        .exec(&format!(
+            "INSERT INTO audit_log (tenant_id, at, channel, action, outcome)
+             SELECT t.id, ('2026-11-10 00:10:00'::timestamp AT TIME ZONE t.zone), 'api', 'zone.early', 'ok'
+             FROM tenants t WHERE t.slug = '{0}';
+             INSERT INTO audit_log (tenant_id, at, channel, action, outcome)
+             SELECT t.id, ('2026-11-10 23:50:00'::timestamp AT TIME ZONE t.zone), 'api', 'zone.late', 'ok'
+             FROM tenants t WHERE t.slug = '{0}';
+             INSERT INTO audit_log (tenant_id, at, channel, action, outcome)
+             SELECT t.id, ('2026-11-11 00:10:00'::timestamp AT TIME ZONE t.zone), 'api', 'zone.next', 'ok'
+             FROM tenants t WHERE t.slug = '{0}';",
+            t0.slug
+        ))
+        .await;
+    let html = admin
+        .get("/audit?action=zone.&since=2026-11-10&until=2026-11-10")
+        .await
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        html.contains("zone.early") && html.contains("zone.late"),
+        "the whole local day: {html}"
+    );
+    assert!(!html.contains("zone.next"), "not the next local day");
+    assert!(
+        html.contains(&format!("day, {}", t0.zone)),
+        "the filter names the zone it reads days in"
+    );
+    assert!(html.contains("<time datetime=\"2026-11-") && html.contains(" UTC\">"), "UTC on hover");
+}

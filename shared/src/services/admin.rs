@@ -1030,7 +1030,7 @@ pub struct AuditFilter {
     pub actor: Option<String>,
     /// A record's public handle (`bkg_…`, `cus_…`, `con_…`, `per_…`): every row about it.
     pub record: Option<String>,
-    /// From this day (`2026-11-30`, UTC) or instant (RFC 3339) on.
+    /// From this day (`2026-11-30`, in the tenant's zone) or instant (RFC 3339) on.
     pub since: Option<String>,
     /// Before this day (the whole day included) or instant.
     pub until: Option<String>,
@@ -1057,6 +1057,16 @@ pub fn audit_instant(
     raw: &str,
     end_of_day: bool,
 ) -> Result<chrono::DateTime<chrono::Utc>> {
+    audit_instant_in(field, raw, end_of_day, None)
+}
+
+/// [`audit_instant`] with days in `zone` (the tenant's: the console's one clock).
+pub fn audit_instant_in(
+    field: &str,
+    raw: &str,
+    end_of_day: bool,
+    zone: Option<&jiff::tz::TimeZone>,
+) -> Result<chrono::DateTime<chrono::Utc>> {
     let bad = || {
         Error::invalid(
             field,
@@ -1070,7 +1080,20 @@ pub fn audit_instant(
     let in_range = |t: chrono::DateTime<chrono::Utc>| (1..=9999).contains(&t.year());
     if let Ok(day) = chrono::NaiveDate::parse_from_str(raw, "%Y-%m-%d") {
         let day = if end_of_day { day.succ_opt().ok_or_else(bad)? } else { day };
-        let at = day.and_hms_opt(0, 0, 0).ok_or_else(bad)?.and_utc();
+        let at = match zone {
+            // The day as the tenant lives it: from its midnight in the tenant's zone.
+            Some(tz) => {
+                let year = i16::try_from(day.year()).map_err(|_| bad())?;
+                let civil = jiff::civil::Date::new(year, day.month() as i8, day.day() as i8)
+                    .map_err(|_| bad())?;
+                let ts = tz
+                    .to_ambiguous_timestamp(civil.at(0, 0, 0, 0))
+                    .compatible()
+                    .map_err(|_| bad())?;
+                chrono::DateTime::from_timestamp(ts.as_second(), 0).ok_or_else(bad)?
+            }
+            None => day.and_hms_opt(0, 0, 0).ok_or_else(bad)?.and_utc(),
+        };
         return if in_range(at) { Ok(at) } else { Err(bad()) };
     }
     chrono::DateTime::parse_from_rfc3339(raw)
@@ -1127,8 +1150,12 @@ pub async fn audit_search(
         let escaped = a.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_");
         format!("{escaped}%")
     });
-    let since = given(&filter.since).map(|s| audit_instant("since", &s, false)).transpose()?;
-    let until = given(&filter.until).map(|s| audit_instant("until", &s, true)).transpose()?;
+    // Days are the tenant's days, as every time the console shows.
+    let zone = Some(&ctx.tenant().zone);
+    let since =
+        given(&filter.since).map(|s| audit_instant_in("since", &s, false, zone)).transpose()?;
+    let until =
+        given(&filter.until).map(|s| audit_instant_in("until", &s, true, zone)).transpose()?;
     let after = match given(&filter.cursor) {
         None => None,
         Some(c) => {
