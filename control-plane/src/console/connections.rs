@@ -166,6 +166,103 @@ fn new_body(t: &Tenant, entered: &Entered<'_>) -> Markup {
     }
 }
 
+/// An edit form as the service's input (the name and toolset as they were when not sent).
+pub(super) fn edit_of<'a>(
+    form: &'a super::extract::Fields,
+    current: &'a admin::ConnectionSummary,
+) -> Result<admin::ConnectionEdit<'a>, Error> {
+    Ok(admin::ConnectionEdit {
+        name: form.get("name").unwrap_or(&current.name),
+        rights: RightSet::parse(&form.all("right"))?,
+        toolset: form.get("toolset").unwrap_or(&current.toolset),
+    })
+}
+
+fn edit_body(t: &Tenant, c: &admin::ConnectionSummary, entered: &Entered<'_>) -> Markup {
+    let toolset = entered.value("toolset", &c.toolset);
+    let had = RightSet::parse_lenient(&c.rights);
+    html! {
+        (entered.summary(&["name", "toolset", "rights"]))
+        form method="post" action={ "/connections/" (segment(&c.connection)) "/edit" } class="card" data-passkey[t.session.row.passkey_policy()] {
+            (csrf_field(t.csrf()))
+            p { "Renaming or narrowing applies from the connection's next call, on every worker; its token stays the same. Giving it more is a decision under the tenant's passkey policy." }
+            label {
+                "Name "
+                input type="text" name="name" required maxlength="80" value=(entered.value("name", &c.name))
+                    aria-invalid=[entered.invalid("name")] aria-describedby=[entered.described("name")];
+                (entered.message("name"))
+            }
+            label {
+                "Toolset "
+                select name="toolset" aria-invalid=[entered.invalid("toolset")] aria-describedby=[entered.described("toolset")] {
+                    @for ts in admin::TOOLSETS { option value=(ts) selected[toolset == *ts] { (ts) } }
+                }
+                (entered.message("toolset"))
+            }
+            (rights_picker(t.ctx.rights().union(had), had, entered))
+            button type="submit" { "Save changes" }
+            " "
+            a href={ "/connections/" (segment(&c.connection)) } { "Cancel" }
+        }
+    }
+}
+
+/// A connection's edit form; a revoked connection has none.
+pub(super) async fn edit_form(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path(handle): Path<String>,
+) -> Answer {
+    let c = admin::connection_get(&state.ds, &t.ctx, &handle).await?;
+    if c.status != "active" {
+        return Err(Error::WrongState {
+            message: format!("{} is revoked, and a revoked connection is read-only", c.connection),
+            use_instead: None,
+        }
+        .into());
+    }
+    let title = format!("Edit {}", c.name);
+    Ok(shown(&title, &t.nav("/connections"), edit_body(&t, &c, &Entered::fresh())))
+}
+
+pub(super) async fn edit(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Path(handle): Path<String>,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    let c = admin::connection_get(&state.ds, &t.ctx, &handle).await?;
+    let again = |e: Error| -> Answer {
+        let mut response = shown(
+            &format!("Edit {}", c.name),
+            &t.nav("/connections"),
+            edit_body(&t, &c, &Entered::failed(&form, &e)),
+        );
+        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
+        Ok(response)
+    };
+    let edit = match edit_of(&form, &c) {
+        Ok(edit) => edit,
+        Err(e) => return again(e),
+    };
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    match admin::connection_edit(&state.ds, &ctx, &c.connection, edit).await {
+        Ok(done) => {
+            let to = format!("/connections/{}", segment(&done.connection));
+            let message = format!(
+                "Saved {}: {} with {}, toolset {}.",
+                done.connection,
+                done.name,
+                done.rights.join(", "),
+                done.toolset
+            );
+            Ok(super::saved(&to, &message))
+        }
+        Err(e @ (Error::Invalid { .. } | Error::WrongState { .. })) => again(e),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The client name of connections made in the console.
 pub(super) const CONSOLE_CLIENT: &str = "console";
 
@@ -281,7 +378,11 @@ pub(super) async fn detail(
             p { "Rights: " (rights_summary(&c.rights)) }
             details { summary { "Every right" } ul { @for r in &c.rights { li { code { (r) } } } } }
             @if c.status == "active" {
-                p { a href={ "/connections/" (c.connection) "/revoke" } { "Revoke this connection…" } }
+                p {
+                    a href={ "/connections/" (segment(&c.connection)) "/edit" } { "Edit name, rights or toolset" }
+                    " · "
+                    a href={ "/connections/" (c.connection) "/revoke" } { "Revoke this connection…" }
+                }
             }
         }
         // A revoked connection is read-only: nothing of it can be set any more.

@@ -74,6 +74,10 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/connections/{connection}", get(connections::detail))
         .route("/connections/{connection}/created", get(connections::created))
         .route(
+            "/connections/{connection}/edit",
+            get(connections::edit_form).post(connections::edit),
+        )
+        .route(
             "/connections/{connection}/revoke",
             get(connections::revoke_confirm).post(connections::revoke),
         )

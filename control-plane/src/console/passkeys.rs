@@ -257,6 +257,11 @@ async fn decision_of(
             s.row.email(),
             super::connections::CONSOLE_CLIENT,
         )),
+        ["connections", handle, "edit"] => {
+            let current = admin::connection_get(ds, need_ctx()?, handle).await?;
+            let edit = super::connections::edit_of(form, &current)?;
+            admin::connection_edit_decision(&current, &edit)
+        }
         ["api-tokens"] => {
             let days = form.get("expires_in_days").and_then(|d| d.trim().parse().ok()).unwrap_or(0);
             Some(Decision::create_api_token(form.get("name").unwrap_or_default(), days))

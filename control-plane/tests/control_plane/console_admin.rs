@@ -657,3 +657,116 @@ async fn the_audit_day_filter_is_the_tenants_day_and_times_show_utc_on_hover() {
     );
     assert!(html.contains("<time datetime=\"2026-11-") && html.contains(" UTC\">"), "UTC on hover");
 }
+
+#[tokio::test]
+async fn a_connection_is_renamed_and_narrowed_in_place_and_widened_only_as_a_decision() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let r = admin
+        .post(
+            "/connections",
+            &form(
+                &csrf,
+                &[
+                    ("name", "Wide"),
+                    ("toolset", "full"),
+                    ("right", "bookings:read"),
+                    ("right", "bookings:write"),
+                ],
+            ),
+        )
+        .await;
+    let page =
+        r.headers()["location"].to_str().expect("ascii").trim_end_matches("/created").to_owned();
+    let handle = page.trim_start_matches("/connections/").to_owned();
+    let rights = format!(
+        "SELECT array_to_string(rights, ' ') || '|' || name || '|' || toolset FROM connections WHERE handle = '{handle}'"
+    );
+    let edit = format!("{page}/edit");
+    let html = admin.get(&edit).await.text().await.expect("html");
+    assert!(html.contains("value=\"Wide\""), "the form holds what the connection has");
+    // Narrowing and renaming: one step, saved and said.
+    let r = admin
+        .post(
+            &edit,
+            &form(
+                &csrf,
+                &[("name", "Narrow"), ("toolset", "read_only"), ("right", "bookings:read")],
+            ),
+        )
+        .await;
+    let after = admin.follow(r).await.text().await.expect("html");
+    assert!(after.contains("Saved ") && after.contains("Narrow"), "{after}");
+    assert_eq!(api._db.scalar_string(&rights).await, "bookings:read|Narrow|read_only");
+    let change = api
+        ._db
+        .scalar_string(&format!("SELECT change::text FROM audit_log WHERE action = 'connection.edit' AND '{handle}' = ANY(targets)"))
+        .await;
+    assert!(
+        change.contains("\"rights\"")
+            && change.contains("\"from\": \"bookings:read bookings:write\""),
+        "{change}"
+    );
+    // Beyond the creator's rights: refused in place.
+    let r = admin
+        .post(
+            &edit,
+            &form(&csrf, &[("name", "Narrow"), ("toolset", "read_only"), ("right", "not:a-right")]),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    // Under the passkey policy, widening waits for a passkey; narrowing does not.
+    api._db.exec("UPDATE tenants SET decisions_need_passkey = true").await;
+    let r = admin
+        .post(
+            &edit,
+            &form(
+                &csrf,
+                &[
+                    ("name", "Narrow"),
+                    ("toolset", "full"),
+                    ("right", "bookings:read"),
+                    ("right", "bookings:write"),
+                ],
+            ),
+        )
+        .await;
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.expect("html").contains("needs a passkey"));
+    assert_eq!(
+        api._db.scalar_string(&rights).await,
+        "bookings:read|Narrow|read_only",
+        "nothing widened"
+    );
+    let r = admin
+        .post(
+            &edit,
+            &form(
+                &csrf,
+                &[("name", "Renamed"), ("toolset", "read_only"), ("right", "bookings:read")],
+            ),
+        )
+        .await;
+    assert_eq!(r.status(), 303, "a rename needs no passkey");
+    api._db.exec("UPDATE tenants SET decisions_need_passkey = false").await;
+    // Revoked: read-only.
+    let revoke = format!("{page}/revoke");
+    let confirm = admin.get(&revoke).await.text().await.expect("html");
+    let mut fields = form_fields(&confirm, &revoke);
+    fields.push(("reason".into(), "done".into()));
+    assert_eq!(admin.post(&revoke, &fields).await.status(), 303);
+    assert_eq!(admin.get(&edit).await.status(), 409);
+    let r = admin
+        .post(
+            &edit,
+            &form(&csrf, &[("name", "Back"), ("toolset", "read_only"), ("right", "bookings:read")]),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    assert!(
+        api._db.scalar_string(&rights).await.ends_with("|Renamed|read_only"),
+        "a revoked connection changes no more"
+    );
+}

@@ -113,6 +113,29 @@ impl Services {
     }
 }
 
+/// Changes an active connection's name, rights and toolset; false when it is not active.
+pub(crate) async fn connection_update(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+    name: &str,
+    rights: &[String],
+    toolset: &str,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE connections SET name = $3, rights = $4, toolset = $5
+         WHERE tenant_id = $1 AND handle = $2 AND status = 'active'",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .bind(name)
+    .bind(rights)
+    .bind(toolset)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 pub(crate) async fn connection_insert(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,

@@ -479,6 +479,130 @@ pub struct ConnectionRevoked {
     pub revoked: bool,
 }
 
+/// What an admin changes of a connection in place.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionEdit<'a> {
+    pub name: &'a str,
+    pub rights: RightSet,
+    pub toolset: &'a str,
+}
+
+/// Whether a toolset lets a connection do more than another: any move but to `read_only` is
+/// counted as more, conservatively (`small` and `full` offer different tools).
+fn toolset_widens(from: &str, to: &str) -> bool {
+    from != to && to != "read_only"
+}
+
+/// The decision an edit is when it widens the connection (rights it lacks, a larger toolset):
+/// `None` when it renames or narrows, which never waits for a passkey.
+pub fn connection_edit_decision(
+    current: &ConnectionSummary,
+    edit: &ConnectionEdit<'_>,
+) -> Option<Decision> {
+    let had = RightSet::parse_lenient(&current.rights);
+    let widens = !edit.rights.is_subset_of(had) || toolset_widens(&current.toolset, edit.toolset);
+    widens.then(|| {
+        let names = edit.rights.names();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        Decision::widen_connection(&current.connection, &names, edit.toolset)
+    })
+}
+
+/// Renames a connection or changes its rights or toolset in place, from its next call on every
+/// worker. Narrowing is one step; widening is a decision under the tenant's passkey policy and
+/// never goes beyond what its creator holds now. A revoked connection is read-only.
+pub async fn connection_edit(
+    ds: &Services,
+    ctx: &OpCtx,
+    handle: &str,
+    edit: ConnectionEdit<'_>,
+) -> Result<ConnectionSummary> {
+    ctx.require(Right::ConnectionsManage)?;
+    let current = connection_get(ds, ctx, handle).await?;
+    if current.status != "active" {
+        return Err(Error::WrongState {
+            message: format!(
+                "{} is revoked, and a revoked connection is read-only",
+                current.connection
+            ),
+            use_instead: None,
+        });
+    }
+    let name = crate::services::fields::label("name", edit.name, 80)?;
+    if !TOOLSETS.contains(&edit.toolset) {
+        return Err(Error::invalid_with_options(
+            "toolset",
+            format!("{:?} is not a toolset", edit.toolset),
+            TOOLSETS.iter().map(|t| (*t).to_owned()).collect(),
+        ));
+    }
+    if edit.rights.is_empty() {
+        return Err(Error::invalid("rights", "keep at least one right, or revoke the connection"));
+    }
+    let creator = member(ds, ctx, &current.creator).await?;
+    let held = ds
+        .membership_get(ctx, creator.id)
+        .await?
+        .map(|m| m.role.parse::<Role>().map(Role::rights))
+        .transpose()?
+        .unwrap_or(RightSet::EMPTY);
+    if !edit.rights.is_subset_of(held) {
+        let excess: Vec<&str> =
+            edit.rights.iter().filter(|r| !held.contains(*r)).map(Right::as_str).collect();
+        return Err(Error::invalid(
+            "rights",
+            format!(
+                "{} does not hold {}; a connection cannot exceed its creator's rights",
+                current.creator,
+                excess.join(", ")
+            ),
+        ));
+    }
+    let decision = connection_edit_decision(&current, &edit);
+    let mut tx = ds.begin().await?;
+    if let Some(decision) = &decision {
+        passkeys::require(&mut tx, ctx, decision).await?;
+    }
+    let rights = edit.rights.names();
+    if !ds_fns::connection_update(&mut tx, ctx, &current.connection, &name, &rights, edit.toolset)
+        .await?
+    {
+        return Err(Error::WrongState {
+            message: format!("{} was revoked meanwhile; nothing changed", current.connection),
+            use_instead: None,
+        });
+    }
+    let mut change = serde_json::Map::new();
+    if name != current.name {
+        change.extend(
+            ds_fns::change("name", &current.name, &name).as_object().cloned().unwrap_or_default(),
+        );
+    }
+    if RightSet::parse_lenient(&current.rights) != edit.rights {
+        change.extend(
+            ds_fns::change("rights", current.rights.join(" "), rights.join(" "))
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    if current.toolset != edit.toolset {
+        change.extend(
+            ds_fns::change("toolset", &current.toolset, edit.toolset)
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    let mut entry = AuditEntry::ok("connection.edit", vec![current.connection.clone()]);
+    entry.change = Some(serde_json::Value::Object(change));
+    ds_fns::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    // Its sessions list other tools from now on.
+    bus::publish(ds.bus(), Event::TenantChanged { tenant: ctx.tenant().handle.to_string() }).await;
+    connection_get(ds, ctx, &current.connection).await
+}
+
 /// The one revocation path (R4): every channel revokes through here, and it audits.
 pub async fn connection_revoke(
     ds: &Services,

@@ -141,6 +141,16 @@ impl Decision {
             .with("client_name", client_name)
     }
 
+    /// Giving an existing connection more than it has: rights it lacks or a larger toolset.
+    pub fn widen_connection(handle: &str, rights: &[&str], toolset: &str) -> Self {
+        let mut rights: Vec<&str> = rights.to_vec();
+        rights.sort_unstable();
+        rights.dedup();
+        Decision::new("widen_connection", handle)
+            .with("rights", rights.join(" "))
+            .with("toolset", toolset)
+    }
+
     /// Creating an API token for oneself, living this many days.
     pub fn create_api_token(name: &str, days: i64) -> Self {
         Decision::new("create_api_token", name.trim()).with("days", days.to_string())
@@ -232,6 +242,7 @@ impl Decision {
                 fact("scope")
             ),
             "create_connection" => format!("Creating the connection “{s}”"),
+            "widen_connection" => format!("Giving the connection {s} more rights"),
             "create_api_token" => format!("Creating the API token “{s}”"),
             "identity_provider" => format!("Changing single sign-on ({s})"),
             "raise_role" => format!("Making {s} {}", fact("role")),

@@ -163,3 +163,28 @@ async fn a_revoked_connection_is_refused_on_the_next_call() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_connection_narrowed_in_place_loses_its_tools_on_the_next_call() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let c = &stack.seed.tenants[0].connections[0];
+    assert!(stack.call(&token, "find_customers", json!({})).await.is_ok());
+    let ctx = stack.operator_in(0).await;
+    admin::connection_edit(
+        &stack.db.ds,
+        &ctx,
+        &c.connection,
+        admin::ConnectionEdit {
+            name: "Narrowed",
+            rights: shared::rights::RightSet::of(&[shared::rights::Right::BookingsRead]),
+            toolset: "full",
+        },
+    )
+    .await
+    .expect("narrow");
+    // Same token, fewer rights: customers are out of reach from the next call on.
+    let refused = stack.call(&token, "find_customers", json!({})).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(stack.call(&token, "find_bookings", json!({})).await.is_ok(), "bookings stay readable");
+}
