@@ -159,7 +159,7 @@ try {
   out.passkey_sign_in = sql(`SELECT signed_in_with FROM console_sessions s JOIN people p ON p.id = s.person_id WHERE lower(p.email) = lower('${args.email}') ORDER BY s.id DESC LIMIT 1`);
 
   step = "turn the tenant's passkey policy on";
-  await page.goto(`${control}/settings`);
+  await page.goto(`${control}/settings/security`);
   await page.click('#passkey-policy button[type="submit"]');
   await page.waitForFunction(() => document.querySelector("#passkey-policy")?.textContent.includes("On:"), null, { timeout: 10000 });
 
@@ -253,19 +253,21 @@ try {
   out.role_raised = sql(`SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id WHERE lower(p.email) = lower('${args["dispatcher-email"]}') AND t.id = (SELECT tenant_id FROM memberships m2 JOIN people p2 ON p2.id = m2.person_id WHERE lower(p2.email) = lower('${args.email}') LIMIT 1)`);
 
   step = "raise a rate limit with the passkey";
-  await page.goto(`${control}/settings`);
+  await page.goto(`${control}/settings/limits`);
   const notifyLimit = page.locator('form[action="/settings/rate-limit"]:has(input[name="class"][value="notify"])').first();
   await notifyLimit.locator('input[name="per_minute"]').fill("60");
   await Promise.all([page.waitForNavigation(), notifyLimit.locator('button[type="submit"]').click()]);
   out.rate_raised = sql(`SELECT per_minute FROM tenant_rate_limits WHERE class = 'notify'`);
 
   step = "loosen the approval policy with the passkey";
+  await page.goto(`${control}/settings/approvals`);
   const notifyPolicy = page.locator('form[action="/settings/approval-policy"]:has(input[name="scope"][value="notify"])');
   await notifyPolicy.locator('select[name="mode"]').selectOption("agent_confirms");
   await Promise.all([page.waitForNavigation(), notifyPolicy.locator('button[type="submit"]').click()]);
   out.policy_loosened = sql(`SELECT count(*) FROM approval_policies WHERE scope = 'class:notify' AND mode = 'agent_confirms'`);
 
   step = "agent access off without a passkey, on again with it";
+  await page.goto(`${control}/settings`);
   await page.fill('form[action="/settings/agent-access"] input[name="reason"]', "drill");
   await Promise.all([page.waitForNavigation(), page.click('form[action="/settings/agent-access"] button[type="submit"]')]);
   out.access_off = await page.locator("#agent-access-state").textContent();
@@ -280,7 +282,7 @@ try {
   out.deny_without_passkey = { status: deny.status, target: status(c.action) };
 
   step = "the policy off, with the passkey";
-  await page.goto(`${control}/settings`);
+  await page.goto(`${control}/settings/security`);
   await Promise.all([page.waitForNavigation(), page.click('#passkey-policy button[type="submit"]')]);
   out.policy_off = sql(`SELECT decisions_need_passkey FROM tenants t JOIN memberships m ON m.tenant_id = t.id JOIN people p ON p.id = m.person_id WHERE lower(p.email) = lower('${args.email}') LIMIT 1`);
 

@@ -339,7 +339,7 @@ fn chain_status(status: &shared::services::audit::ChainStatus) -> Markup {
                 p class="card error" role="alert" {
                     strong { "Tampered: the audit log does not verify. " }
                     @if let Some(p) = &status.problem { (p.detail) "." }
-                    " Compare it with the checkpoints your SIEM received (gatehousectl audit verify --anchors), and tell your security team."
+                    " Compare it with the checkpoints your SIEM received (the offline check in the operations guide), and tell your security team."
                 }
             }
             ChainState::Unanchored => {

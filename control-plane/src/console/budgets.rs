@@ -145,7 +145,7 @@ pub(super) async fn set(
     budgets::set(&state.ds, &ctx, &set).await?;
     let back = match set.connection {
         Some(c) => format!("/connections/{}", segment(c)),
-        None => "/settings".to_owned(),
+        None => "/settings/limits".to_owned(),
     };
     let message = match set.limit {
         Some(n) => format!("Budget saved: at most {n} {} per window.", set.kind),

@@ -18,6 +18,7 @@ code,pre{background:#eef1f5;padding:.1rem .3rem;border-radius:3px;font-size:.9em
 .status-revoked,.status-expired{color:#b42318}.count{font-weight:700}form.inline{display:inline}.approval form{display:inline-block;margin-right:1rem}.status-active{color:#067647}.status-blocked{color:#b42318;font-weight:600}fieldset{border:1px solid #e3e6ea;border-radius:4px}\
 .picture{margin:.5rem 0 1rem;background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:.5rem}.picture svg{display:block;width:100%;height:auto}\
 .muted{color:#5b6472}.banner{margin:0;padding:.55rem 1.5rem;border-bottom:1px solid}.banner-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710}.banner-warning{background:#fff6e0;border-color:#f0d58c;color:#5c4300}.banner a{color:inherit;font-weight:600}\
+nav.tabs{display:flex;flex-wrap:wrap;gap:.25rem 1rem;border-bottom:1px solid #e3e6ea;margin:0 0 1rem;padding-bottom:.4rem}nav.tabs a[aria-current]{font-weight:700;color:#1d2430}\
 .visually-hidden{position:absolute;width:1px;height:1px;overflow:hidden;clip:rect(0 0 0 0);white-space:nowrap}.pager{margin:1rem 0;display:flex;gap:1rem}.toolbar{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:flex-end;justify-content:space-between;margin:0 0 1rem}\
 a.button{display:inline-block;padding:.45rem .9rem;border-radius:4px;background:#2f5bd3;color:#fff;text-decoration:none}.level{display:inline-block;padding:0 .4rem;border-radius:3px;font-size:.85em;border:1px solid #b9c0ca}.level-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710;font-weight:600}\
 .field-error{color:#b42318;display:block;font-size:.9em}[aria-invalid=true]{border-color:#b42318!important;outline:1px solid #b42318}time{text-decoration:underline dotted #b9c0ca}\
@@ -124,7 +125,7 @@ const ADMIN_LINKS: [(&str, &str); 7] = [
     ("/api-tokens", "API tokens"),
     ("/audit", "Audit"),
     ("/messages", "Messages"),
-    ("/settings", "Agent access"),
+    ("/settings", "Settings"),
 ];
 
 /// The session's CSRF token, which every console form carries.

@@ -118,7 +118,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, s: Session) -> Answ
             }
             button type="submit" { "Add a passkey" }
         }
-        p class="muted" { "Lost every passkey? A platform operator can remove them (gatehousectl passkey reset); you then sign in with your password or your organization's sign-in and add a new one." }
+        p class="muted" { "Lost every passkey? Ask your platform operator to reset them; you then sign in with your password or your organization's sign-in and add a new one." }
     };
     Ok(shown("Passkeys", &s.nav("/account/passkeys"), body))
 }
@@ -371,7 +371,12 @@ pub(super) async fn set_policy(
     let on = super::direction(&form)?;
     let ctx = proven(&state, &t.session, t.ctx, &form).await?;
     passkeys::policy_set(&state.ds, &ctx, on).await?;
-    Ok(Redirect::to("/settings").into_response())
+    let message = if on {
+        "The passkey policy is on: every decision that widens what agents may do needs a passkey."
+    } else {
+        "The passkey policy is off: a signed-in session decides alone."
+    };
+    Ok(super::saved("/settings/security", message))
 }
 
 /// The policy's card on the settings page.

@@ -1,5 +1,7 @@
-//! The tenant's agent access: its kill switch (R18), who completes agents' actions by effect
-//! class (R7), and the rate limits per connection. Every switch form names its direction.
+//! The tenant's settings, in sections: agent access (its kill switch, R18), who completes
+//! agents' actions by class and by tool (R7), rate limits and budgets, security (the passkey
+//! policy); single sign-on and the SIEM webhook have their own pages under the same tabs.
+//! Every switch form names its direction.
 
 use std::sync::Arc;
 
@@ -14,14 +16,12 @@ use super::layout::csrf_field;
 use super::{Answer, direction, shown};
 use crate::AppState;
 
-pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
-    let policy = approvals::policy(&state.ds, &t.ctx).await?;
-    let limits = rates::limits(&state.ds, &t.ctx).await?;
-    let passkey_policy = t.session.row.passkey_policy();
-    let budgets = shared::services::budgets::show(&state.ds, &t.ctx, None).await?;
+pub(super) async fn page(t: Tenant) -> Answer {
     let on = t.session.row.tenant_agent_access().unwrap_or(true);
     let body = html! {
+        (tabs("/settings"))
         div class="card" {
+            h2 { "Agent access" }
             p id="agent-access-state" {
                 @if on { "Agents can use this tenant's connections." }
                 @else { "Agent access is OFF: every agent request for this tenant is refused." }
@@ -37,13 +37,63 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
-        p { "Tenant: " (t.ctx.tenant().slug) " · " a href="/settings/sso" { "Single sign-on and ID-JAG" } }
-        (super::passkeys::policy_card(passkey_policy, t.csrf()))
-        (policy_form(&policy, t.csrf(), passkey_policy))
+        p class="muted" { "Tenant: " (t.ctx.tenant().slug) " (" (t.ctx.tenant().zone_name) "). Turning agent access off refuses every agent request at once, on every worker, and stops running tasks; turning it on again is a decision under the passkey policy." }
+    };
+    Ok(shown("Settings", &t.nav("/settings"), body))
+}
+
+/// The settings' sections, in the order an admin looks for them.
+const SECTIONS: [(&str, &str); 6] = [
+    ("/settings", "Agent access"),
+    ("/settings/approvals", "Approvals"),
+    ("/settings/limits", "Limits and budgets"),
+    ("/settings/security", "Security: passkeys"),
+    ("/settings/sso", "Single sign-on"),
+    ("/audit/webhook", "Audit and SIEM"),
+];
+
+/// The settings' own navigation, on every settings page.
+pub(super) fn tabs(current: &str) -> Markup {
+    html! {
+        nav class="tabs" aria-label="Settings sections" {
+            @for (href, label) in SECTIONS {
+                a href=(href) aria-current=[(href == current).then_some("page")] { (label) }
+            }
+        }
+    }
+}
+
+/// Who completes agents' actions, by class and by tool.
+pub(super) async fn approvals_page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    let policy = approvals::policy(&state.ds, &t.ctx).await?;
+    let body = html! {
+        (tabs("/settings/approvals"))
+        (policy_form(&policy, t.csrf(), t.session.row.passkey_policy()))
+    };
+    Ok(shown("Settings: approvals", &t.nav("/settings"), body))
+}
+
+/// Rate limits per connection and the tenant-wide budgets.
+pub(super) async fn limits_page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    let limits = rates::limits(&state.ds, &t.ctx).await?;
+    let budgets = shared::services::budgets::show(&state.ds, &t.ctx, None).await?;
+    let passkey_policy = t.session.row.passkey_policy();
+    let body = html! {
+        (tabs("/settings/limits"))
         (limits_form(&limits, t.csrf(), passkey_policy))
         (super::budgets::section(&budgets, None, None, t.csrf(), passkey_policy))
     };
-    Ok(shown("Agent access", &t.nav("/settings"), body))
+    Ok(shown("Settings: limits and budgets", &t.nav("/settings"), body))
+}
+
+/// The passkey policy, with the way to one's own passkeys and to single sign-on.
+pub(super) async fn security_page(t: Tenant) -> Answer {
+    let body = html! {
+        (tabs("/settings/security"))
+        (super::passkeys::policy_card(t.session.row.passkey_policy(), t.csrf()))
+        p { a href="/account/passkeys" { "Your own passkeys" } " · " a href="/settings/sso" { "Single sign-on and ID-JAG" } }
+    };
+    Ok(shown("Settings: security", &t.nav("/settings"), body))
 }
 
 pub(super) async fn agent_access(
@@ -78,9 +128,7 @@ fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup 
         div class="card" {
             h2 { "Who completes agents' actions" }
             p {
-                "Actions that reach customers (notify), page someone (wake), mute alerts (alert) or delete are prepared by agents and completed as set here. A tool's own rule (set with "
-                code { "gatehousectl approval-policy set --scope TOOL" }
-                ") comes before its class's."
+                "Actions that reach customers (notify), page someone (wake), mute alerts (alert) or delete are prepared by agents and completed as set here. A tool's own rule comes before its class's."
             }
             @for class in approvals::CLASSES.iter() {
                 @let class = class.as_str();
@@ -111,6 +159,27 @@ fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup 
                         li { code { (r.scope["tool:".len()..]) } ": " (r.mode.as_str()) }
                     }
                 }
+            }
+            form method="post" action="/settings/approval-policy" class="policy-row" data-passkey[passkey] {
+                (csrf_field(csrf))
+                h3 { "A rule for one tool" }
+                label {
+                    "Tool "
+                    select name="scope" {
+                        @for op in shared::services::actions::Op::ALL { option value=(op.name()) { (op.name()) } }
+                    }
+                }
+                label {
+                    "completed by "
+                    select name="mode" {
+                        @for (m, label) in &COMPLETIONS { option value=(m.as_str()) { (label) } }
+                    }
+                }
+                label {
+                    input type="checkbox" name="approver_not_creator" value="yes";
+                    " with a person approving: never the connection's own creator"
+                }
+                button type="submit" { "Save the tool's rule" }
             }
         }
     }
@@ -168,7 +237,7 @@ pub(super) async fn set_rate_limit(
         Some(n) => format!("Rate limit saved: {n} {class} call(s) per minute per connection."),
         None => format!("The {class} rate limit is back to its default."),
     };
-    Ok(super::saved("/settings", &message))
+    Ok(super::saved("/settings/limits", &message))
 }
 
 /// A rate-limit form's class and allowance (`None`: back to the default).
@@ -208,5 +277,5 @@ pub(super) async fn set_policy(
     let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
     approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await?;
     let who = COMPLETIONS.iter().find(|(m, _)| *m == mode).map(|(_, w)| *w).unwrap_or("saved");
-    Ok(super::saved("/settings", &format!("Saved: for {scope}, {who}.")))
+    Ok(super::saved("/settings/approvals", &format!("Saved: for {scope}, {who}.")))
 }

@@ -181,10 +181,12 @@ fn settings_body(
     entered: &Entered<'_>,
 ) -> Markup {
     let csrf = t.csrf();
+    let tabs = super::settings::tabs("/settings/sso");
     let domains = idp.map(|i| i.email_domains.join(", ")).unwrap_or_default();
     let hours = idp.map(|i| i.session_hours).unwrap_or(sso::DEFAULT_SESSION_HOURS).to_string();
     let field = |name: &'static str| (entered.invalid(name), entered.described(name));
     html! {
+        (tabs)
         div class="card" {
             h2 { "Your identity provider" }
             p { "Register Gatehouse at your IdP as a web application (OpenID Connect, authorization code) with:" }
@@ -258,7 +260,7 @@ fn settings_body(
         @if idp.is_some() {
             form method="post" action="/settings/sso/remove" class="card" data-passkey[t.session.row.passkey_policy()] {
                 (csrf_field(csrf))
-                p { "Disconnecting ends every session the IdP started; people sign in with passwords again (an operator can set one with " code { "gatehousectl password-reset" } ")." }
+                p { "Disconnecting ends every session the IdP started; people sign in with passwords again (your platform operator can set a password for someone who has none)." }
                 button type="submit" class="danger" { "Disconnect the identity provider" }
             }
         }

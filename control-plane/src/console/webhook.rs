@@ -48,6 +48,7 @@ const PATH: &str = "/audit/webhook";
 fn page_body(t: &Tenant, hook: Option<&WebhookView>, secret: Option<&str>) -> Markup {
     let passkey = t.session.row.passkey_policy();
     html! {
+        (super::settings::tabs("/audit/webhook"))
         @if let Some(s) = secret {
             div class="card ok" role="status" {
                 p { strong { "The signing secret, shown this once:" } }

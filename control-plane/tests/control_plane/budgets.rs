@@ -152,10 +152,10 @@ async fn in_the_console_raising_a_budget_needs_the_passkey_and_lowering_is_one_s
     assert!(page.contains("data-budget=\"customers_messaged\""), "{page}");
     let fields = form_fields(&page, "/budgets");
     let csrf = fields.iter().find(|(k, _)| k == "csrf").map(|(_, v)| v.clone()).expect("csrf");
-    let settings = admin.get("/settings").await.text().await.expect("html");
+    let settings = admin.get("/settings/limits").await.text().await.expect("html");
     assert!(
         settings.contains("id=\"budgets-tenant\""),
-        "Agent access shows the tenant-wide budgets"
+        "Limits and budgets shows the tenant-wide budgets"
     );
     let limit =
         "SELECT coalesce((SELECT limit_units FROM budgets WHERE kind = 'customers_messaged'), -1)";

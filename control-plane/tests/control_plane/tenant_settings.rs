@@ -90,7 +90,7 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     assert_eq!(mode_of(&shown, "send_customer_message"), "agent_confirms", "the default");
     // The console: the Agent access page shows both and changes them, with CSRF.
     let browser = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
-    let html = browser.get("/settings").await.text().await.expect("html");
+    let html = browser.get("/settings/limits").await.text().await.expect("html");
     assert!(
         html.contains("Rate limits per connection") && html.contains("value=\"900\""),
         "the override shows"
@@ -117,7 +117,9 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     let forged =
         vec![("class".to_owned(), "notify".to_owned()), ("per_minute".to_owned(), "99".to_owned())];
     assert_eq!(browser.post("/settings/rate-limit", &forged).await.status(), 403);
-    let mut policy = form_fields(&html, "/settings/approval-policy");
+    let approvals = browser.get("/settings/approvals").await.text().await.expect("html");
+    assert!(approvals.contains("A rule for one tool"), "a tool's own rule is set in the console");
+    let mut policy = form_fields(&approvals, "/settings/approval-policy");
     policy.retain(|(k, _)| k == "csrf");
     let mut no_mode = policy.clone();
     no_mode.push(("scope".into(), "delete".into()));
@@ -126,8 +128,22 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
         422,
         "a form names its mode"
     );
+    let mut tool_rule = policy.clone();
     policy.extend([("scope".into(), "delete".into()), ("mode".into(), "off".into())]);
     assert_eq!(browser.post("/settings/approval-policy", &policy).await.status(), 303);
+    tool_rule.extend([
+        ("scope".into(), "page_technician".into()),
+        ("mode".into(), "person_approves".into()),
+    ]);
+    assert_eq!(browser.post("/settings/approval-policy", &tool_rule).await.status(), 303);
+    assert_eq!(
+        api._db
+            .scalar_string(
+                "SELECT mode FROM approval_policies WHERE scope = 'tool:page_technician'"
+            )
+            .await,
+        "person_approves"
+    );
     assert_eq!(
         api._db
             .scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'notify'")
@@ -142,7 +158,8 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     );
     assert_eq!(
         api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE action IN ('rate_limit.set', 'approval_policy.set') AND channel = 'console'").await,
-        2
+        3,
+        "one rate limit, a class's rule and a tool's rule"
     );
     // A dispatcher holds no tenant settings right: refused, nothing changes.
     let dispatcher = Browser::sign_in(&api, &t0.dispatcher.email, &t0.dispatcher.password).await;
