@@ -25,6 +25,21 @@ async fn an_oauth_client_connects_with_nothing_but_the_mcp_url() {
             .1
             .contains(&"confirm_booking".to_owned())
     );
+    // Another admin first: the tenant's last admin can be neither demoted nor deactivated.
+    stack
+        .ctl(&[
+            "person",
+            "create",
+            "--tenant",
+            &slug,
+            "--email",
+            "second.admin@example.com",
+            "--name",
+            "Second Admin",
+            "--role",
+            "admin",
+        ])
+        .expect("second admin");
     stack
         .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "viewer"])
         .expect("demote");
@@ -105,6 +120,21 @@ async fn an_oauth_client_is_challenged_for_a_right_its_person_can_grant() {
     // A right the person lacks too is no step-up: the tool error names it, as for static tokens.
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     let email = stack.tenant(0)["admin"]["email"].as_str().expect("email").to_owned();
+    // Another admin first: the tenant's last admin can be neither demoted nor deactivated.
+    stack
+        .ctl(&[
+            "person",
+            "create",
+            "--tenant",
+            &slug,
+            "--email",
+            "second.admin@example.com",
+            "--name",
+            "Second Admin",
+            "--role",
+            "admin",
+        ])
+        .expect("second admin");
     stack
         .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "viewer"])
         .expect("demote");
