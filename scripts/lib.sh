@@ -113,8 +113,8 @@ drop_test_databases() {
 ensure_browser() {
   [ -x /usr/bin/chromium ] || apt_install chromium
   command -v node >/dev/null || apt_install nodejs npm
-  if [ ! -d "$REPO/e2e/browser/node_modules/playwright-core" ]; then
-    say "installing playwright-core"
+  if [ ! -d "$REPO/e2e/browser/node_modules/playwright-core" ] || [ ! -d "$REPO/e2e/browser/node_modules/axe-core" ]; then
+    say "installing playwright-core and axe-core"
     (cd "$REPO/e2e/browser" && npm ci --no-audit --no-fund --loglevel=error)
   fi
 }

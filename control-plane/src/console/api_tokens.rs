@@ -22,7 +22,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
             a class="button" href="/api-tokens/new" { "New API token" }
         }
         table {
-            thead { tr { th { "Token" } th { "Acts for" } th { "Created" } th { "Expires" } th { "Status" } th {} } }
+            thead { tr { th { "Token" } th { "Acts for" } th { "Created" } th { "Expires" } th { "Status" } th { span class="visually-hidden" { "Actions" } } } }
             tbody {
                 @for k in &list {
                     tr {

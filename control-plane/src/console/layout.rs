@@ -23,7 +23,7 @@ nav.tabs{display:flex;flex-wrap:wrap;gap:.25rem 1rem;border-bottom:1px solid #e3
 a.button{display:inline-block;padding:.45rem .9rem;border-radius:4px;background:#2f5bd3;color:#fff;text-decoration:none}.level{display:inline-block;padding:0 .4rem;border-radius:3px;font-size:.85em;border:1px solid #b9c0ca}.level-danger{background:#fdecea;border-color:#f5c2bd;color:#7a1710;font-weight:600}\
 .field-error{color:#b42318;display:block;font-size:.9em}[aria-invalid=true]{border-color:#b42318!important;outline:1px solid #b42318}time{text-decoration:underline dotted #b9c0ca}\
 .email{border-left:4px solid #2f5bd3;padding:.25rem 1rem;background:#f8f9fb}.email-body{white-space:pre-wrap;background:#fff;border:1px solid #e3e6ea;padding:.6rem;border-radius:4px}\
-table.change tr.changed td{background:#fff6e0;font-weight:600}dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dt{color:#5b6472}dd{margin:0}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text]{min-width:12rem}.outcome-refused{color:#b42318}";
+table.change tr.changed td{background:#fff6e0;font-weight:600}dl{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dt{color:#5b6472}dd{margin:0}.filters label{display:inline-block;margin-right:1rem}.filters input[type=text],.filters input[type=search]{min-width:12rem}.filters select{min-width:8rem}.outcome-refused{color:#b42318}";
 
 pub struct Nav<'a> {
     pub current: &'a str,

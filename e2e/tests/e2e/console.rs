@@ -99,3 +99,40 @@ async fn an_admin_sees_each_connections_calls_drawn_in_the_browser() {
     assert_eq!(seen["week_bars"], 168, "{seen}");
     assert!(seen["drawn_pixels"].as_u64().is_some_and(|n| n > 0), "the bars are drawn: {seen}");
 }
+
+/// Every page a tenant admin reaches, checked with axe-core (no serious or critical violation)
+/// and photographed at 1400 px and 390 px into the run's `review/` folder (`scripts/screenshots`
+/// runs just this and says where they are).
+#[tokio::test]
+async fn every_console_page_passes_axe_and_is_photographed_at_two_widths() {
+    let stack = Stack::start(Options::for_test("review", 1)).await.expect("stack");
+    let tenant = stack.tenant(0).clone();
+    let shots = std::env::var_os("GATEHOUSE_REVIEW_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| stack.run_dir.join("review"));
+    let out = std::process::Command::new("node")
+        .arg(e2e::repo_root().join("e2e/browser/review.mjs"))
+        .args(["--control", &stack.control_url])
+        .args(["--email", tenant["admin"]["email"].as_str().expect("email")])
+        .args(["--password", tenant["admin"]["password"].as_str().expect("password")])
+        .arg("--shots")
+        .arg(&shots)
+        .output()
+        .expect("node (scripts/test installs playwright-core, axe-core and Chromium)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "serious or critical accessibility violations, or the review failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_slice(out.stdout.trim_ascii()).expect("json");
+    let checked = seen["pages"].as_object().expect("pages");
+    assert!(checked.len() >= 20, "every page was checked: {seen}");
+    for name in checked.keys() {
+        for width in [1400, 390] {
+            let shot = shots.join(format!("{name}-{width}.png"));
+            assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 1000), "{}", shot.display());
+        }
+    }
+    println!("axe: {seen}\nscreenshots: {}", shots.display());
+}
