@@ -121,6 +121,7 @@ pub(super) async fn page(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Answer {
     let waiting = approvals::awaiting(&state.ds, &t.ctx).await?;
+    let history = approvals::history(&state.ds, &t.ctx, 50).await?;
     let csrf = csrf_field(t.csrf());
     let body = html! {
         (decided(&q))
@@ -155,7 +156,34 @@ pub(super) async fn page(
             }
         }
         @if waiting.is_empty() {
-            p class="card" id="no-approvals" { "Nothing waits for approval. Agents' actions wait here when the tenant's policy (Agent access) says a person approves them." }
+            p class="card" id="no-approvals" { "Nothing waits for approval. Agents' actions wait here when the tenant's policy (Settings → Approvals) says a person approves them." }
+        }
+        h2 { "Decided and expired" }
+        @if history.is_empty() {
+            p class="muted" { "No decision yet." }
+        } @else {
+            table id="approval-history" {
+                thead { tr { th { "When" } th { "Action" } th { "What happened" } th { "Who" } th { "Proven by" } th { "Comment" } } }
+                tbody {
+                    @for d in &history {
+                        tr class={ "decided-" (d.outcome) } {
+                            td { (local(&t.ctx, &d.at)) }
+                            td { (d.summary) br; small class="muted" { code { (d.tool) } " · " code { (d.action) } " · " (d.connection) } }
+                            td {
+                                @match d.outcome {
+                                    "approved" => { "approved and executed" }
+                                    "denied" => { "denied" }
+                                    "changed" => { "changed before a decision; its new version waited instead" }
+                                    _ => { "expired with nobody deciding; nothing was done" }
+                                }
+                            }
+                            td { (d.by.as_deref().unwrap_or("—")) }
+                            td { (d.proven.as_deref().unwrap_or("")) }
+                            td { (d.comment.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
         }
     };
     Ok(shown("Approvals", &t.nav("/approvals"), body))

@@ -770,3 +770,45 @@ async fn a_connection_is_renamed_and_narrowed_in_place_and_widened_only_as_a_dec
         "a revoked connection changes no more"
     );
 }
+
+#[tokio::test]
+async fn an_action_that_expired_waiting_is_audited_once_and_listed_with_the_decisions() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let connection = &t0.connections[0].connection;
+    // Raw SQL: an agent's prepared action that waited for a person and expired (the worker is
+    // what prepares them; this suite runs the control plane alone).
+    api._db
+        .exec(&format!(
+            "INSERT INTO pending_actions (tenant_id, handle, connection_id, tool, args, args_digest, content_hash,
+                                          summary, token_hash, expires_at, completion, created_at)
+             SELECT c.tenant_id, 'pac_expiredwhilewaiting01', c.id, 'send_customer_message', '{{}}', 'd', 'h',
+                    'Email Ada Lovelace about her booking', '\\x01', now() - interval '1 minute', 'person_approves',
+                    now() - interval '11 minutes'
+             FROM connections c WHERE c.handle = '{connection}'"
+        ))
+        .await;
+    shared::services::housekeeping(&api._db.ds).await.expect("housekeeping");
+    shared::services::housekeeping(&api._db.ds).await.expect("housekeeping again");
+    let audited = "SELECT count(*) FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id \
+                   WHERE p.handle = 'pac_expiredwhilewaiting01' AND a.channel = 'system' AND a.reason LIKE 'expired while waiting%'";
+    assert_eq!(
+        api._db.scalar_i64(audited).await,
+        1,
+        "one audit row, however often housekeeping runs"
+    );
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let page = admin.get("/approvals").await.text().await.expect("html");
+    assert!(page.contains("id=\"no-approvals\""), "nothing waits any more");
+    let history = page.split("id=\"approval-history\"").nth(1).expect("the history of decisions");
+    assert!(
+        history.contains("Email Ada Lovelace") && history.contains("expired with nobody deciding"),
+        "{history}"
+    );
+    let audit = admin.get("/audit?action=send_customer_message").await.text().await.expect("html");
+    assert!(audit.contains("expired while waiting for a person"), "{audit}");
+    assert!(
+        audit.contains(&format!("({connection}) · created by")),
+        "named as the agent that asked: {audit}"
+    );
+}

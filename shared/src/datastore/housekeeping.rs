@@ -38,6 +38,17 @@ impl Services {
              WHERE status = 'working' AND heartbeat_at < now() - interval '60 seconds'",
             // The console pictures go back a week.
             "DELETE FROM call_activity WHERE hour < now() - interval '8 days'",
+            // An action that waited for a person and expired undecided: one audit row, once.
+            "WITH gone AS (
+                 UPDATE pending_actions SET expiry_audited_at = now()
+                 WHERE status = 'pending' AND completion = 'person_approves'
+                   AND expires_at <= now() AND expiry_audited_at IS NULL
+                 RETURNING id, tenant_id, connection_id, tool)
+             INSERT INTO audit_log (tenant_id, channel, connection_id, connection_name, client_name,
+                                    action, outcome, targets, pending_action_id, reason)
+             SELECT g.tenant_id, 'system', g.connection_id, c.name, c.client_name, g.tool, 'failed',
+                    ARRAY[]::text[], g.id, 'expired while waiting for a person; nothing was done'
+             FROM gone g JOIN connections c ON c.id = g.connection_id",
         ] {
             removed += sqlx::query(sql).execute(self.pool()).await?.rows_affected();
         }

@@ -151,6 +151,23 @@ pub(crate) async fn pending_decided_by(
     Ok(())
 }
 
+/// An action that waited for a person and is done: decided, changed before it could be, or
+/// expired with nobody deciding.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DecidedRow {
+    pub handle: String,
+    pub tool: String,
+    pub summary: String,
+    pub status: String,
+    pub expired: bool,
+    pub at: DateTime<Utc>,
+    pub connection_name: String,
+    pub decider_name: Option<String>,
+    pub decider_email: Option<String>,
+    pub decision_reason: Option<String>,
+    pub proof: Option<serde_json::Value>,
+}
+
 /// An action waiting for a person, as the console lists it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct AwaitingRow {
@@ -185,6 +202,34 @@ impl Services {
              WHERE p.tenant_id = $1 AND p.status = 'pending' AND p.completion = 'person_approves'
                AND p.expires_at > now() AND c.status = 'active' AND p.tool = ANY($3)
              ORDER BY p.created_at, p.id LIMIT $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(limit)
+        .bind(tools)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    /// The latest actions that waited for a person and are done, newest first.
+    pub(crate) async fn pending_decided(
+        &self,
+        ctx: &OpCtx,
+        tools: &[String],
+        limit: i64,
+    ) -> Result<Vec<DecidedRow>> {
+        Ok(sqlx::query_as::<_, DecidedRow>(
+            "SELECT p.handle, p.tool, p.summary, p.status,
+                    (p.status = 'pending' AND p.expires_at <= now()) AS expired,
+                    coalesce(p.decided_at, p.expires_at) AS at, c.name AS connection_name,
+                    d.name AS decider_name, d.email AS decider_email, p.decision_reason,
+                    (SELECT a.proof FROM audit_log a WHERE a.pending_action_id = p.id AND a.actor_id = p.decided_by
+                     ORDER BY a.id DESC LIMIT 1) AS proof
+             FROM pending_actions p
+             JOIN connections c ON c.id = p.connection_id
+             LEFT JOIN people d ON d.id = p.decided_by
+             WHERE p.tenant_id = $1 AND p.completion = 'person_approves' AND p.tool = ANY($3)
+               AND (p.status <> 'pending' OR p.expires_at <= now())
+             ORDER BY coalesce(p.decided_at, p.expires_at) DESC, p.id DESC LIMIT $2",
         )
         .bind(ctx.tenant_id())
         .bind(limit)

@@ -1121,7 +1121,7 @@ fn actor_words(r: &crate::datastore::AuditListRow) -> String {
 }
 
 /// What an audit row's proof says, as people read it.
-fn proven(proof: Option<&serde_json::Value>) -> Option<String> {
+pub(crate) fn proven(proof: Option<&serde_json::Value>) -> Option<String> {
     let p = proof?;
     let method = p.get("method")?.as_str()?;
     Some(match p.get("passkey").and_then(|k| k.as_str()) {

@@ -294,6 +294,52 @@ pub struct Awaiting {
     pub budget: Option<String>,
 }
 
+/// An action that waited for a person, done: what happened, who decided, proven how.
+#[derive(Debug, Serialize)]
+pub struct PastDecision {
+    pub action: String,
+    pub tool: String,
+    pub summary: String,
+    /// `approved`, `denied`, `changed` (superseded before a decision) or `expired`.
+    pub outcome: &'static str,
+    /// When it was decided, or when it expired.
+    pub at: String,
+    pub connection: String,
+    /// The person who decided, by name and email.
+    pub by: Option<String>,
+    pub proven: Option<String>,
+    pub comment: Option<String>,
+}
+
+/// The latest decisions on actions that waited for a person (and those that expired).
+pub async fn history(ds: &Services, ctx: &OpCtx, limit: i64) -> Result<Vec<PastDecision>> {
+    let tools = approvable(ctx);
+    if tools.is_empty() {
+        return Err(Error::Forbidden { right: Right::BookingsNotify });
+    }
+    Ok(ds
+        .pending_decided(ctx, &tools, limit)
+        .await?
+        .into_iter()
+        .map(|r| PastDecision {
+            action: r.handle,
+            tool: r.tool,
+            summary: r.summary,
+            outcome: match (r.status.as_str(), r.expired) {
+                ("executed", _) => "approved",
+                ("rejected", _) => "denied",
+                ("superseded", _) => "changed",
+                _ => "expired",
+            },
+            at: utc(r.at),
+            connection: r.connection_name,
+            by: r.decider_email.map(|e| format!("{} <{e}>", r.decider_name.unwrap_or_default())),
+            proven: crate::services::admin::proven(r.proof.as_ref()),
+            comment: r.decision_reason,
+        })
+        .collect())
+}
+
 fn utc(t: chrono::DateTime<chrono::Utc>) -> String {
     crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
