@@ -590,6 +590,23 @@ impl Stack {
         gatehousectl_with(&self.database_url, &self.nats_url, &with)
     }
 
+    /// Adds a second admin to tenant `slug`: the tenant's last admin can be neither demoted nor
+    /// deactivated, so a test that takes the first admin's role away adds one first.
+    pub fn add_second_admin(&self, slug: &str) -> Result<Value> {
+        self.ctl(&[
+            "person",
+            "create",
+            "--tenant",
+            slug,
+            "--email",
+            "second.admin@example.com",
+            "--name",
+            "Second Admin",
+            "--role",
+            "admin",
+        ])
+    }
+
     /// Kills worker `i` (SIGKILL), as a crashed pod would die.
     pub fn kill_worker(&mut self, i: usize) -> Result<()> {
         let name = format!("worker-{}", i + 1);

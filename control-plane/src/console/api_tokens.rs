@@ -84,10 +84,11 @@ pub(super) async fn create(
     CsrfForm(form): CsrfForm,
 ) -> Answer {
     let again = |e: Error| -> Answer {
-        let body = new_body(&t, &Entered::failed(&form, &e));
-        let mut response = shown("New API token", &t.nav("/api-tokens"), body);
-        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
-        Ok(response)
+        super::shown_again(
+            "New API token",
+            &t.nav("/api-tokens"),
+            new_body(&t, &Entered::failed(&form, &e)),
+        )
     };
     let Some(Ok(days)) = form.get("expires_in_days").map(|d| d.trim().parse::<i64>()) else {
         let why = "choose how many days the token lives (1 to 365)";
@@ -138,13 +139,7 @@ pub(super) async fn created(
             p { a href="/api-tokens" { "Back to API tokens" } }
         },
     };
-    let mut response = shown("API token created", &t.nav("/api-tokens"), body);
-    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
-    response.headers_mut().insert(
-        axum::http::header::CACHE_CONTROL,
-        axum::http::HeaderValue::from_static("no-store"),
-    );
-    Ok(response)
+    super::shown_once("API token created", &t.nav("/api-tokens"), body, clear)
 }
 
 pub(super) async fn revoke_confirm(

@@ -233,13 +233,11 @@ pub(super) async fn edit(
 ) -> Answer {
     let c = admin::connection_get(&state.ds, &t.ctx, &handle).await?;
     let again = |e: Error| -> Answer {
-        let mut response = shown(
+        super::shown_again(
             &format!("Edit {}", c.name),
             &t.nav("/connections"),
             edit_body(&t, &c, &Entered::failed(&form, &e)),
-        );
-        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
-        Ok(response)
+        )
     };
     let edit = match edit_of(&form, &c) {
         Ok(edit) => edit,
@@ -273,10 +271,11 @@ pub(super) async fn create(
 ) -> Answer {
     // A mistake in the form comes back in place, with everything typed kept.
     let again = |e: Error| -> Answer {
-        let body = new_body(&t, &Entered::failed(&form, &e));
-        let mut response = shown("New connection", &t.nav("/connections"), body);
-        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
-        Ok(response)
+        super::shown_again(
+            "New connection",
+            &t.nav("/connections"),
+            new_body(&t, &Entered::failed(&form, &e)),
+        )
     };
     let rights = match RightSet::parse(&form.all("right")) {
         Ok(r) if r.is_empty() => return again(Error::invalid("rights", "tick at least one right")),
@@ -340,13 +339,7 @@ pub(super) async fn created(
             p { a href=(href) { "Go to the connection" } " · " a href="/connections" { "Back to connections" } }
         },
     };
-    let mut response = shown("Connection created", &t.nav("/connections"), body);
-    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
-    response.headers_mut().insert(
-        axum::http::header::CACHE_CONTROL,
-        axum::http::HeaderValue::from_static("no-store"),
-    );
-    Ok(response)
+    super::shown_once("Connection created", &t.nav("/connections"), body, clear)
 }
 
 pub(super) async fn detail(

@@ -296,6 +296,26 @@ fn shown(title: &str, nav: &layout::Nav<'_>, body: Markup) -> Response {
     response
 }
 
+/// A page that showed a one-time secret (or said it was shown): it clears the secret's cookie.
+/// (Every console page is `no-store` already, from the security headers layer.)
+fn shown_once(
+    title: &str,
+    nav: &layout::Nav<'_>,
+    body: Markup,
+    clear: axum::http::HeaderValue,
+) -> Answer {
+    let mut response = shown(title, nav, body);
+    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
+    Ok(response)
+}
+
+/// A form that came back with a mistake: its page again, with the status saying so.
+fn shown_again(title: &str, nav: &layout::Nav<'_>, body: Markup) -> Answer {
+    let mut response = shown(title, nav, body);
+    *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+    Ok(response)
+}
+
 /// The cookie that carries what a save said across its redirect (post/redirect/get).
 pub(crate) const NOTICE_COOKIE: &str = "gh_notice";
 

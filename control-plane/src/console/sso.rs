@@ -319,9 +319,7 @@ pub(super) async fn save(
     let again = |e: Error, idp: Option<sso::IdpView>, clients: Vec<id_jag::ClientView>| -> Answer {
         let entered = Entered::failed(&form, &e);
         let body = settings_body(&state, &t, idp.as_ref(), &clients, None, &entered);
-        let mut response = shown("Single sign-on", &t.nav("/settings"), body);
-        *response.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
-        Ok(response)
+        super::shown_again("Single sign-on", &t.nav("/settings"), body)
     };
     let saved = match input_of(&form) {
         Ok(input) => {

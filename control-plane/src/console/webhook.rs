@@ -90,13 +90,7 @@ pub(super) async fn page(
     // A secret made by the save before the redirect, shown this once.
     let (secret, clear) = super::once_secret(&state, &t.session, &headers, PATH, &once_key(&t));
     let body = page_body(&t, hook.as_ref(), secret.as_deref());
-    let mut response = shown("Audit webhook", &t.nav("/audit"), body);
-    response.headers_mut().append(axum::http::header::SET_COOKIE, clear);
-    response.headers_mut().insert(
-        axum::http::header::CACHE_CONTROL,
-        axum::http::HeaderValue::from_static("no-store"),
-    );
-    Ok(response)
+    super::shown_once("Audit webhook", &t.nav("/audit"), body, clear)
 }
 
 pub(super) async fn set(

@@ -102,6 +102,19 @@ async fn audit_verify_passes_untouched_and_names_every_kind_of_tampering() {
         .await;
     assert!(verify(&api, &slug).0);
 
+    // Edited: what a settings change changed, rewritten, or planted on a row that had none.
+    db.exec(&format!(
+        "{off} UPDATE audit_log SET change = '{{\"role\": {{\"from\": \"viewer\", \"to\": \"admin\"}}}}' WHERE id = {}; {on}",
+        id_at(6)
+    ))
+    .await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok, "{v}");
+    assert_eq!(kind(&v), (json!("edited"), json!(6)), "a planted change is an edit: {v}");
+    db.exec(&format!("{off} UPDATE audit_log SET change = NULL WHERE id = {}; {on}", id_at(6)))
+        .await;
+    assert!(verify(&api, &slug).0, "rows without a change verify as before");
+
     // Reordered: two rows swapped in the chain.
     let swap = format!(
         "{off} UPDATE audit_chain SET seq = -seq WHERE tenant_id = {t} AND seq IN (3, 4);

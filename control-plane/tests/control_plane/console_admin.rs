@@ -812,3 +812,67 @@ async fn an_action_that_expired_waiting_is_audited_once_and_listed_with_the_deci
         "named as the agent that asked: {audit}"
     );
 }
+
+#[tokio::test]
+async fn hostile_filters_and_another_tenants_handles_are_refused_and_change_nothing() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let t1 = &api.seed.tenants[1];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let long = "x".repeat(201);
+    for (path, why) in [
+        ("/people?role=owner".to_owned(), "an unknown role"),
+        ("/people?status=sleeping".to_owned(), "an unknown state"),
+        ("/people?cursor=%7B%7D".to_owned(), "a cursor of no page"),
+        (format!("/people?q={long}"), "a search too long"),
+        (format!("/connections?q={long}"), "a search too long"),
+        (format!("/audit?actor={long}"), "an actor too long"),
+        (format!("/audit?record={long}"), "a record too long"),
+    ] {
+        let status = admin.get(&path).await.status().as_u16();
+        assert!(status == 422 || status == 400, "{why}: {path} answered {status}");
+    }
+    // A repeated filter reads as its last value, never as two.
+    let html = admin.get("/people?role=owner&role=admin").await.text().await.expect("html");
+    assert!(html.contains(&t0.admin.email) && !html.contains(&t0.dispatcher.email), "{html}");
+    // Another tenant's connection: no edit page, no edit, nothing changed.
+    let theirs = &t1.connections[0].connection;
+    let name = format!("SELECT name FROM connections WHERE handle = '{theirs}'");
+    let before = api._db.scalar_string(&name).await;
+    assert_eq!(admin.get(&format!("/connections/{theirs}/edit")).await.status(), 404);
+    let r = admin
+        .post(
+            &format!("/connections/{theirs}/edit"),
+            &form(&csrf, &[("name", "Mine now"), ("toolset", "full"), ("right", "bookings:read")]),
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(api._db.scalar_string(&name).await, before);
+    // Twenty creates of the same form: twenty connections, each its own token, none repeated
+    // by a reload of its page.
+    let created: Vec<String> = futures_util::future::join_all((0..20).map(|i| {
+        let fields = form(
+            &csrf,
+            &[
+                ("name", &format!("Burst {i}")),
+                ("toolset", "read_only"),
+                ("right", "bookings:read"),
+            ],
+        );
+        let admin = &admin;
+        async move {
+            admin.post("/connections", &fields).await.headers()["location"]
+                .to_str()
+                .expect("ascii")
+                .to_owned()
+        }
+    }))
+    .await;
+    let distinct: std::collections::BTreeSet<&String> = created.iter().collect();
+    assert_eq!(distinct.len(), 20);
+    assert_eq!(
+        api._db.scalar_i64("SELECT count(*) FROM connections WHERE name LIKE 'Burst %'").await,
+        20
+    );
+}

@@ -23,20 +23,7 @@ async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
         .expect("revoke");
     assert_eq!(revoked["revoked"], true);
     // Another admin first: the tenant's last admin can be neither demoted nor deactivated.
-    stack
-        .ctl(&[
-            "person",
-            "create",
-            "--tenant",
-            slug,
-            "--email",
-            "second.admin@example.com",
-            "--name",
-            "Second Admin",
-            "--role",
-            "admin",
-        ])
-        .expect("second admin");
+    stack.add_second_admin(slug).expect("second admin");
     let admin = tenant["admin"]["email"].as_str().expect("email");
     stack.ctl(&["person", "deactivate", "--tenant", slug, "--email", admin]).expect("deactivate");
     for w in &stack.worker_urls {

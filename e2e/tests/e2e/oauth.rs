@@ -26,20 +26,7 @@ async fn an_oauth_client_connects_with_nothing_but_the_mcp_url() {
             .contains(&"confirm_booking".to_owned())
     );
     // Another admin first: the tenant's last admin can be neither demoted nor deactivated.
-    stack
-        .ctl(&[
-            "person",
-            "create",
-            "--tenant",
-            &slug,
-            "--email",
-            "second.admin@example.com",
-            "--name",
-            "Second Admin",
-            "--role",
-            "admin",
-        ])
-        .expect("second admin");
+    stack.add_second_admin(&slug).expect("second admin");
     stack
         .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "viewer"])
         .expect("demote");
@@ -121,20 +108,7 @@ async fn an_oauth_client_is_challenged_for_a_right_its_person_can_grant() {
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     let email = stack.tenant(0)["admin"]["email"].as_str().expect("email").to_owned();
     // Another admin first: the tenant's last admin can be neither demoted nor deactivated.
-    stack
-        .ctl(&[
-            "person",
-            "create",
-            "--tenant",
-            &slug,
-            "--email",
-            "second.admin@example.com",
-            "--name",
-            "Second Admin",
-            "--role",
-            "admin",
-        ])
-        .expect("second admin");
+    stack.add_second_admin(&slug).expect("second admin");
     stack
         .ctl(&["person", "set-role", "--tenant", &slug, "--email", &email, "--role", "viewer"])
         .expect("demote");

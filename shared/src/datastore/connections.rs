@@ -100,14 +100,21 @@ impl Services {
         Ok(rows.into_iter().map(|(c,)| c).collect())
     }
 
-    pub(crate) async fn connection_list(&self, ctx: &OpCtx) -> Result<Vec<ConnectionRow>> {
+    /// The tenant's connections, or the one with `handle` (a unique-index lookup).
+    pub(crate) async fn connection_list(
+        &self,
+        ctx: &OpCtx,
+        handle: Option<&str>,
+    ) -> Result<Vec<ConnectionRow>> {
         Ok(sqlx::query_as::<_, ConnectionRow>(
             "SELECT c.id, c.handle, c.name, c.client_name, c.rights, c.status, c.toolset,
                     p.email AS creator_email, c.created_at, c.last_used_at, c.granted_by
              FROM connections c JOIN people p ON p.id = c.creator_id
-             WHERE c.tenant_id = $1 ORDER BY c.created_at, c.id",
+             WHERE c.tenant_id = $1 AND ($2::text IS NULL OR c.handle = $2)
+             ORDER BY c.created_at, c.id",
         )
         .bind(ctx.tenant_id())
+        .bind(handle)
         .fetch_all(self.pool())
         .await?)
     }

@@ -821,20 +821,24 @@ pub async fn connection_get(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<Con
     let not_found =
         || Error::not_found(Resource::Connection, raw.chars().take(40).collect::<String>());
     let handle = ConnectionHandle::parse("connection", raw).map_err(|_| not_found())?;
-    connection_list(ds, ctx)
-        .await?
-        .into_iter()
-        .find(|c| c.connection == handle.as_str())
-        .ok_or_else(not_found)
+    connections(ds, ctx, Some(handle.as_str())).await?.into_iter().next().ok_or_else(not_found)
 }
 
 pub async fn connection_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<ConnectionSummary>> {
+    connections(ds, ctx, None).await
+}
+
+async fn connections(
+    ds: &Services,
+    ctx: &OpCtx,
+    handle: Option<&str>,
+) -> Result<Vec<ConnectionSummary>> {
     ctx.require(Right::ConnectionsManage)?;
     let fmt = |t: chrono::DateTime<chrono::Utc>| {
         crate::datastore::to_ts(t).strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
     };
     Ok(ds
-        .connection_list(ctx)
+        .connection_list(ctx, handle)
         .await?
         .into_iter()
         .map(|c| ConnectionSummary {
