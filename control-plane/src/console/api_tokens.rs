@@ -1,30 +1,51 @@
 //! API tokens for the REST API: the list, creating one for oneself (shown once), revoking.
 //! They never work on the MCP endpoint (R20).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use maud::{Markup, html};
 use shared::error::Error;
 use shared::services::admin;
 
 use super::extract::{CsrfForm, Tenant};
-use super::layout::{Entered, csrf_field};
+use super::layout::{Entered, csrf_field, pager, search_field, select_filter};
 use super::{Answer, local, reason, segment, shown};
 use crate::AppState;
 
-pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
-    let list = admin::api_token_list(&state.ds, &t.ctx).await?;
+/// API tokens per page.
+const PAGE: i64 = 50;
+
+pub(super) async fn list(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Answer {
+    let get = |k: &str| q.get(k).cloned();
+    let filter =
+        admin::ApiTokenFilter { q: get("q"), status: get("status"), cursor: get("cursor") };
+    let found = admin::api_token_page(&state.ds, &t.ctx, &filter, PAGE).await?;
+    let list = &found.rows;
     let ctx = &t.ctx;
+    let statuses = [("active", "active"), ("expired", "expired"), ("revoked", "revoked")];
     let body = html! {
         div class="toolbar" {
             p { "API tokens call the REST API (" code { "/api/v1" } ") as a person, with that person's current role. They never work on the MCP endpoint, and they expire." }
             a class="button" href="/api-tokens/new" { "New API token" }
         }
+        form method="get" action="/api-tokens" class="filters" role="search" {
+            (search_field(filter.q.as_deref(), "Name or person"))
+            (select_filter("status", "Status", &statuses, filter.status.as_deref()))
+            button type="submit" class="plain" { "Search" }
+        }
+        @if list.is_empty() {
+            p class="muted" { "No API token matches this search." }
+        } @else {
         table {
             thead { tr { th { "Token" } th { "Acts for" } th { "Created" } th { "Expires" } th { "Status" } th { span class="visually-hidden" { "Actions" } } } }
             tbody {
-                @for k in &list {
+                @for k in list {
                     tr {
                         td { (k.name) br; code { (k.api_token) } }
                         td { (k.person) }
@@ -40,6 +61,8 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, t: Tenant) -> Answe
                 }
             }
         }
+        }
+        (pager("/api-tokens", &q, found.next.as_deref()))
     };
     Ok(shown("API tokens", &t.nav("/api-tokens"), body))
 }

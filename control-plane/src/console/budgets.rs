@@ -10,7 +10,7 @@ use shared::error::Error;
 use shared::services::budgets::{self, BudgetSet, BudgetView, Scope};
 
 use super::extract::{CsrfForm, Fields, Tenant};
-use super::layout::csrf_field;
+use super::layout::{Entered, RowFailed, csrf_field, in_place};
 use super::{Answer, segment};
 use crate::AppState;
 
@@ -23,6 +23,7 @@ pub(super) fn section(
     can: Option<&[budgets::EffectKind]>,
     csrf: &str,
     passkey: bool,
+    failed: Option<&RowFailed<'_>>,
 ) -> Markup {
     let scope = if connection.is_some() { Scope::Connection } else { Scope::Tenant };
     let rows: Vec<&BudgetView> = shown
@@ -59,7 +60,7 @@ pub(super) fn section(
                             td { (b.used) }
                             td { (b.left) }
                             td {
-                                (form(connection, b.kind.as_str(), Some((b.limit, &b.window)), csrf, passkey))
+                                (form(connection, b.kind.as_str(), Some((b.limit, &b.window)), csrf, passkey, RowFailed::of(failed, b.kind.as_str())))
                                 @if b.default { " " small { "(default)" } }
                                 @else {
                                     " "
@@ -80,7 +81,7 @@ pub(super) fn section(
                         tr data-budget=(k.as_str()) {
                             td { code { (k.as_str()) } }
                             td { "—" } td { "no limit" }
-                            td { (form(None, k.as_str(), None, csrf, passkey)) }
+                            td { (form(None, k.as_str(), None, csrf, passkey, RowFailed::of(failed, k.as_str()))) }
                         }
                     }
                 }
@@ -95,17 +96,28 @@ fn form(
     now: Option<(i64, &str)>,
     csrf: &str,
     passkey: bool,
+    entered: Option<&Entered<'_>>,
 ) -> Markup {
+    let limit = now.map(|n| n.0.to_string()).unwrap_or_default();
+    let limit = entered.map_or(limit.as_str(), |e| e.value("limit", ""));
+    let window = entered.map_or(now.map(|n| n.1).unwrap_or("24h"), |e| e.value("window", ""));
+    let invalid = |f: &str| entered.and_then(|e| e.invalid(f));
+    let described = |f: &str| entered.and_then(|e| e.described(f));
     html! {
         form method="post" action="/budgets" class="inline" data-passkey[passkey] {
             (csrf_field(csrf))
             @if let Some(c) = connection { input type="hidden" name="connection" value=(c); }
             input type="hidden" name="kind" value=(kind);
-            input type="number" name="limit" min="0" max=(budgets::MAX_LIMIT) value=[now.map(|n| n.0)] aria-label={ "Budget of " (kind) } required;
+            input type="number" name="limit" min="0" max=(budgets::MAX_LIMIT) value=(limit) aria-label={ "Budget of " (kind) } required
+                aria-invalid=[invalid("limit")] aria-describedby=[described("limit")];
             " per "
-            input type="text" name="window" size="4" maxlength="6" value=(now.map(|n| n.1).unwrap_or("24h")) aria-label={ "Window of " (kind) } required;
+            input type="text" name="window" size="4" maxlength="6" value=(window) aria-label={ "Window of " (kind) } required
+                aria-invalid=[invalid("window")] aria-describedby=[described("window")];
             " "
             button type="submit" { "Save" }
+            @if let Some(e) = entered {
+                " " (e.message("limit")) (e.message("window")) (e.summary(&["limit", "window"]))
+            }
         }
     }
 }
@@ -140,9 +152,29 @@ pub(super) async fn set(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let set = fields(&form)?;
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
-    budgets::set(&state.ds, &ctx, &set).await?;
+    // A mistake comes back in place: the row's form with what was typed and its message.
+    let again = async |e: Error| -> Answer {
+        if !in_place(&e) {
+            return Err(e.into());
+        }
+        let row = form.get("kind").unwrap_or_default().to_owned();
+        let failed = RowFailed { row, entered: Entered::failed(&form, &e) };
+        match form.get("connection").map(str::trim).filter(|c| !c.is_empty()) {
+            Some(c) => super::connections::detail_again(&state, &t, c, &failed).await,
+            None => {
+                let body = super::settings::limits_body(&state, &t, None, Some(&failed)).await?;
+                super::shown_again("Settings: limits and budgets", &t.nav("/settings"), body)
+            }
+        }
+    };
+    let set = match fields(&form) {
+        Ok(set) => set,
+        Err(e) => return again(e).await,
+    };
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    if let Err(e) = budgets::set(&state.ds, &ctx, &set).await {
+        return again(e).await;
+    }
     let back = match set.connection {
         Some(c) => format!("/connections/{}", segment(c)),
         None => "/settings/limits".to_owned(),

@@ -10,7 +10,7 @@ use shared::rights::{RightSet, RightsLevel};
 use shared::services::{activity, admin};
 
 use super::extract::{CsrfForm, Tenant};
-use super::layout::{Entered, csrf_field, pager, search_field, select_filter};
+use super::layout::{Entered, RowFailed, csrf_field, pager, search_field, select_filter};
 use super::{Answer, local, reason, segment, shown};
 use crate::AppState;
 use shared::error::Error;
@@ -348,10 +348,32 @@ pub(super) async fn detail(
     Path(handle): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Answer {
+    let (title, body) = detail_body(&state, &t, &handle, q.get("span"), None).await?;
+    Ok(shown(&title, &t.nav("/connections"), body))
+}
+
+/// The connection's page again, with a budget row's mistake in place.
+pub(super) async fn detail_again(
+    state: &AppState,
+    t: &Tenant,
+    handle: &str,
+    failed: &RowFailed<'_>,
+) -> Answer {
+    let (title, body) = detail_body(state, t, handle, None, Some(failed)).await?;
+    super::shown_again(&title, &t.nav("/connections"), body)
+}
+
+async fn detail_body(
+    state: &AppState,
+    t: &Tenant,
+    handle: &str,
+    span: Option<&String>,
+    failed: Option<&RowFailed<'_>>,
+) -> Result<(String, maud::Markup), super::Fail> {
     let ctx = &t.ctx;
-    let c = admin::connection_get(&state.ds, ctx, &handle).await?;
+    let c = admin::connection_get(&state.ds, ctx, handle).await?;
     let changes = admin::audit_list(&state.ds, ctx, Some(&c.connection), 50).await?;
-    let span = activity::Span::parse(q.get("span").map(String::as_str));
+    let span = activity::Span::parse(span.map(String::as_str));
     let found =
         activity::activity(&state.ds, ctx, Some(&c.connection), span, jiff::Timestamp::now())
             .await?;
@@ -381,7 +403,7 @@ pub(super) async fn detail(
         // A revoked connection is read-only: nothing of it can be set any more.
         @if c.status == "active" {
             @let can = shared::services::budgets::EffectKind::caused_by(RightSet::parse_lenient(&c.rights));
-            (super::budgets::section(&budgets, Some(&c.connection), Some(&can), t.csrf(), t.session.row.passkey_policy()))
+            (super::budgets::section(&budgets, Some(&c.connection), Some(&can), t.csrf(), t.session.row.passkey_policy(), failed))
         }
         (crate::pictures::section("connection-activity", &base, &found, true))
         h2 { "Recent changes" }
@@ -399,7 +421,7 @@ pub(super) async fn detail(
             }
         }
     };
-    Ok(shown(&c.name, &t.nav("/connections"), body))
+    Ok((c.name.clone(), body))
 }
 
 pub(super) async fn revoke_confirm(

@@ -133,6 +133,26 @@ pub fn csrf_field(token: &str) -> Markup {
     html! { input type="hidden" name="csrf" value=(token); }
 }
 
+/// A form of one row of a settings table (a rate limit, a budget, an approval rule) that came
+/// back with a mistake: which row (`row`) and what was typed there.
+pub struct RowFailed<'a> {
+    pub row: String,
+    pub entered: Entered<'a>,
+}
+
+impl<'a> RowFailed<'a> {
+    /// What was typed into the row `row`, when that row's form is the one that failed.
+    pub fn of(failed: Option<&'a RowFailed<'a>>, row: &str) -> Option<&'a Entered<'a>> {
+        failed.filter(|f| f.row == row).map(|f| &f.entered)
+    }
+}
+
+/// Whether a service's refusal belongs next to a field (it comes back in place) or on the
+/// refusal page (a right, a state, a proof).
+pub fn in_place(e: &shared::error::Error) -> bool {
+    matches!(e, shared::error::Error::Invalid { .. })
+}
+
 /// What a form that failed was given, and why it failed: the page renders the form again with
 /// every value kept (secrets excepted: they say they must be typed again), the message next to
 /// its field in words, and the field marked invalid for screen readers.

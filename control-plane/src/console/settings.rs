@@ -12,8 +12,8 @@ use shared::services::rates::{self, Limit};
 use shared::services::{admin, approvals};
 
 use super::extract::{CsrfForm, Fields, Tenant};
-use super::layout::csrf_field;
-use super::{Answer, direction, shown};
+use super::layout::{Entered, RowFailed, csrf_field, in_place};
+use super::{Answer, Fail, direction, shown};
 use crate::AppState;
 
 pub(super) async fn page(t: Tenant) -> Answer {
@@ -65,25 +65,43 @@ pub(super) fn tabs(current: &str) -> Markup {
 
 /// Who completes agents' actions, by class and by tool.
 pub(super) async fn approvals_page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    Ok(shown("Settings: approvals", &t.nav("/settings"), approvals_body(&state, &t, None).await?))
+}
+
+async fn approvals_body(
+    state: &AppState,
+    t: &Tenant,
+    failed: Option<&RowFailed<'_>>,
+) -> Result<Markup, Fail> {
     let policy = approvals::policy(&state.ds, &t.ctx).await?;
-    let body = html! {
+    Ok(html! {
         (tabs("/settings/approvals"))
-        (policy_form(&policy, t.csrf(), t.session.row.passkey_policy()))
-    };
-    Ok(shown("Settings: approvals", &t.nav("/settings"), body))
+        (policy_form(&policy, t.csrf(), t.session.row.passkey_policy(), failed))
+    })
 }
 
 /// Rate limits per connection and the tenant-wide budgets.
 pub(super) async fn limits_page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
+    let body = limits_body(&state, &t, None, None).await?;
+    Ok(shown("Settings: limits and budgets", &t.nav("/settings"), body))
+}
+
+/// The limits page; a rate-limit row (`rate`) or a budget row (`budget`) that failed shows
+/// what was typed with its message.
+pub(super) async fn limits_body(
+    state: &AppState,
+    t: &Tenant,
+    rate: Option<&RowFailed<'_>>,
+    budget: Option<&RowFailed<'_>>,
+) -> Result<Markup, Fail> {
     let limits = rates::limits(&state.ds, &t.ctx).await?;
     let budgets = shared::services::budgets::show(&state.ds, &t.ctx, None).await?;
     let passkey_policy = t.session.row.passkey_policy();
-    let body = html! {
+    Ok(html! {
         (tabs("/settings/limits"))
-        (limits_form(&limits, t.csrf(), passkey_policy))
-        (super::budgets::section(&budgets, None, None, t.csrf(), passkey_policy))
-    };
-    Ok(shown("Settings: limits and budgets", &t.nav("/settings"), body))
+        (limits_form(&limits, t.csrf(), passkey_policy, rate))
+        (super::budgets::section(&budgets, None, None, t.csrf(), passkey_policy, budget))
+    })
 }
 
 /// The passkey policy, with the way to one's own passkeys and to single sign-on.
@@ -122,7 +140,12 @@ const COMPLETIONS: [(approvals::Completion, &str); 3] = [
 ];
 
 /// The approval policy as a form: one row per effect class.
-fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup {
+fn policy_form(
+    policy: &approvals::Policy,
+    csrf: &str,
+    passkey: bool,
+    failed: Option<&RowFailed<'_>>,
+) -> Markup {
     let tools: Vec<_> = policy.rules.iter().filter(|r| r.scope.starts_with("tool:")).collect();
     html! {
         div class="card" {
@@ -134,16 +157,20 @@ fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup 
                 @let class = class.as_str();
                 @let rule = policy.rules.iter().find(|r| r.scope == format!("class:{class}"));
                 @let mode = rule.map(|r| r.mode).unwrap_or(approvals::DEFAULT);
+                @let e = RowFailed::of(failed, class);
+                @let typed = e.map(|e| e.value("mode", ""));
                 form method="post" action="/settings/approval-policy" class="policy-row" data-passkey[passkey] {
                     (csrf_field(csrf))
+                    @if let Some(e) = e { (e.summary(&["mode"])) }
                     input type="hidden" name="scope" value=(class);
                     label {
                         strong { (class) } " actions: "
-                        select name="mode" aria-label={ "Who completes " (class) " actions" } {
+                        select name="mode" aria-label={ "Who completes " (class) " actions" } aria-invalid=[e.and_then(|e| e.invalid("mode"))] aria-describedby=[e.and_then(|e| e.described("mode"))] {
                             @for (m, label) in &COMPLETIONS {
-                                option value=(m.as_str()) selected[*m == mode] { (label) }
+                                option value=(m.as_str()) selected[typed.map_or(*m == mode, |t| t == m.as_str())] { (label) }
                             }
                         }
+                        @if let Some(e) = e { (e.message("mode")) }
                     }
                     label {
                         input type="checkbox" name="approver_not_creator" value="yes" checked[rule.is_some_and(|r| r.approver_not_creator)];
@@ -160,20 +187,27 @@ fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup 
                     }
                 }
             }
+            @let e = RowFailed::of(failed, TOOL_RULE);
+            @let fresh = Entered::fresh();
+            @let e = e.unwrap_or(&fresh);
             form method="post" action="/settings/approval-policy" class="policy-row" data-passkey[passkey] {
                 (csrf_field(csrf))
                 h3 { "A rule for one tool" }
+                (e.summary(&["scope", "mode"]))
+                input type="hidden" name="row" value=(TOOL_RULE);
                 label {
                     "Tool "
-                    select name="scope" {
-                        @for op in shared::services::actions::Op::ALL { option value=(op.name()) { (op.name()) } }
+                    select name="scope" aria-invalid=[e.invalid("scope")] aria-describedby=[e.described("scope")] {
+                        @for op in shared::services::actions::Op::ALL { option value=(op.name()) selected[e.value("scope", "") == op.name()] { (op.name()) } }
                     }
+                    (e.message("scope"))
                 }
                 label {
                     "completed by "
-                    select name="mode" {
-                        @for (m, label) in &COMPLETIONS { option value=(m.as_str()) { (label) } }
+                    select name="mode" aria-invalid=[e.invalid("mode")] aria-describedby=[e.described("mode")] {
+                        @for (m, label) in &COMPLETIONS { option value=(m.as_str()) selected[e.value("mode", "") == m.as_str()] { (label) } }
                     }
+                    (e.message("mode"))
                 }
                 label {
                     input type="checkbox" name="approver_not_creator" value="yes";
@@ -185,8 +219,16 @@ fn policy_form(policy: &approvals::Policy, csrf: &str, passkey: bool) -> Markup 
     }
 }
 
+/// The row key of the form that sets one tool's rule.
+const TOOL_RULE: &str = "tool-rule";
+
 /// The rate buckets as a form: one row per class.
-fn limits_form(limits: &[Limit], csrf: &str, passkey: bool) -> Markup {
+fn limits_form(
+    limits: &[Limit],
+    csrf: &str,
+    passkey: bool,
+    failed: Option<&RowFailed<'_>>,
+) -> Markup {
     html! {
         div class="card" {
             h2 { "Rate limits per connection" }
@@ -195,6 +237,7 @@ fn limits_form(limits: &[Limit], csrf: &str, passkey: bool) -> Markup {
                 thead { tr { th { "Class" } th { "Counted" } th { "Default" } th { "Per minute" } } }
                 tbody {
                     @for l in limits {
+                        @let e = RowFailed::of(failed, l.class);
                         tr {
                             td { code { (l.class) } }
                             td { @if l.counted == "per_worker" { "on each worker" } @else { "across all workers" } }
@@ -203,9 +246,14 @@ fn limits_form(limits: &[Limit], csrf: &str, passkey: bool) -> Markup {
                                 form method="post" action="/settings/rate-limit" class="inline" data-passkey[passkey] {
                                     (csrf_field(csrf))
                                     input type="hidden" name="class" value=(l.class);
-                                    input type="number" name="per_minute" min="1" max=(rates::MAX_PER_MINUTE) value=(l.per_minute) aria-label={ "Calls per minute for " (l.class) } required;
+                                    @let now = l.per_minute.to_string();
+                                    input type="number" name="per_minute" min="1" max=(rates::MAX_PER_MINUTE)
+                                        value=(e.map_or(now.as_str(), |e| e.value("per_minute", "")))
+                                        aria-label={ "Calls per minute for " (l.class) } required
+                                        aria-invalid=[e.and_then(|e| e.invalid("per_minute"))] aria-describedby=[e.and_then(|e| e.described("per_minute"))];
                                     " "
                                     button type="submit" { "Save" }
+                                    @if let Some(e) = e { " " (e.message("per_minute")) (e.summary(&["per_minute"])) }
                                 }
                                 @if l.overridden {
                                     " "
@@ -230,9 +278,23 @@ pub(super) async fn set_rate_limit(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let (class, per_minute) = rate_fields(&form)?;
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
-    rates::set_limit(&state.ds, &ctx, class, per_minute).await?;
+    let again = async |e: Error| -> Answer {
+        if !in_place(&e) {
+            return Err(e.into());
+        }
+        let row = form.get("class").unwrap_or_default().to_owned();
+        let failed = RowFailed { row, entered: Entered::failed(&form, &e) };
+        let body = limits_body(&state, &t, Some(&failed), None).await?;
+        super::shown_again("Settings: limits and budgets", &t.nav("/settings"), body)
+    };
+    let (class, per_minute) = match rate_fields(&form) {
+        Ok(f) => f,
+        Err(e) => return again(e).await,
+    };
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    if let Err(e) = rates::set_limit(&state.ds, &ctx, class, per_minute).await {
+        return again(e).await;
+    }
     let message = match per_minute {
         Some(n) => format!("Rate limit saved: {n} {class} call(s) per minute per connection."),
         None => format!("The {class} rate limit is back to its default."),
@@ -273,9 +335,24 @@ pub(super) async fn set_policy(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let (scope, mode, not_creator) = policy_fields(&form)?;
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
-    approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await?;
+    let again = async |e: Error| -> Answer {
+        if !in_place(&e) {
+            return Err(e.into());
+        }
+        // The tool-rule form names itself; a class row is its scope.
+        let row = form.get("row").or(form.get("scope")).unwrap_or_default().to_owned();
+        let failed = RowFailed { row, entered: Entered::failed(&form, &e) };
+        let body = approvals_body(&state, &t, Some(&failed)).await?;
+        super::shown_again("Settings: approvals", &t.nav("/settings"), body)
+    };
+    let (scope, mode, not_creator) = match policy_fields(&form) {
+        Ok(f) => f,
+        Err(e) => return again(e).await,
+    };
+    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    if let Err(e) = approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await {
+        return again(e).await;
+    }
     let who = COMPLETIONS.iter().find(|(m, _)| *m == mode).map(|(_, w)| *w).unwrap_or("saved");
     Ok(super::saved("/settings/approvals", &format!("Saved: for {scope}, {who}.")))
 }

@@ -876,3 +876,153 @@ async fn hostile_filters_and_another_tenants_handles_are_refused_and_change_noth
         20
     );
 }
+
+/// The `href` of a page's "Next page" link, as a path to request.
+fn next_page(html: &str) -> String {
+    html.split("rel=\"next\" href=\"")
+        .nth(1)
+        .expect("a next page")
+        .split('"')
+        .next()
+        .expect("href")
+        .replace("&amp;", "&")
+}
+
+#[tokio::test]
+async fn api_tokens_and_messages_page_search_and_filter_in_sql() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    for i in 0..55 {
+        let name = format!("Export {i:02}");
+        let r = admin
+            .post("/api-tokens", &form(&csrf, &[("name", &name), ("expires_in_days", "7")]))
+            .await;
+        assert_eq!(r.status(), 303);
+    }
+    let rows = |html: &str| html.matches("<td>Export ").count();
+    let first = admin.get("/api-tokens").await.text().await.expect("html");
+    assert_eq!(rows(&first), 50, "a page holds 50");
+    assert!(first.find("Export 54").expect("newest first") < first.find("Export 10").expect("x"));
+    let second = admin.get(&next_page(&first)).await.text().await.expect("html");
+    assert_eq!(rows(&second), 5, "the next page holds the rest, without repeats");
+    assert!(second.contains("Export 00") && !second.contains("Export 54"));
+    let found = admin.get("/api-tokens?q=export%2007").await.text().await.expect("html");
+    assert_eq!(rows(&found), 1);
+    let revoked = admin.get("/api-tokens?status=revoked&q=export").await.text().await.expect("h");
+    assert_eq!(rows(&revoked), 0);
+    assert!(revoked.contains("No API token matches"));
+    for bad in ["status=lost", "cursor=nope", &format!("q={}", "x".repeat(201))] {
+        let r = admin.get(&format!("/api-tokens?{bad}")).await;
+        assert_eq!(r.status(), 422, "{bad}");
+    }
+
+    // Messages: 60 of this tenant (some failed) and one of the other tenant's.
+    api._db
+        .exec(&format!(
+            "INSERT INTO outbox (tenant_id, channel, recipient, subject, body, idempotency_key, status)
+             SELECT t.id, 'email', 'c' || i || '@example.com', 'Reminder ' || lpad(i::text, 2, '0'),
+                    'b', 'paging-' || i, CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'sent' END
+             FROM tenants t, generate_series(0, 59) i WHERE t.slug = '{}';
+             INSERT INTO outbox (tenant_id, channel, recipient, subject, body, idempotency_key)
+             SELECT id, 'email', 'x@example.com', 'Reminder elsewhere', 'b', 'paging-other'
+             FROM tenants WHERE slug = '{}'",
+            t0.slug, api.seed.tenants[1].slug
+        ))
+        .await;
+    let rows = |html: &str| html.matches("<td>Reminder ").count();
+    let first = admin.get("/messages?q=reminder").await.text().await.expect("html");
+    assert_eq!(rows(&first), 50);
+    assert!(!first.contains("Reminder elsewhere"), "never another tenant's");
+    let second = admin.get(&next_page(&first)).await.text().await.expect("html");
+    assert_eq!(rows(&second), 10);
+    let failed = admin.get("/messages?q=reminder&status=failed").await.text().await.expect("h");
+    assert_eq!(rows(&failed), 6);
+    let one = admin.get("/messages?q=c7%40example.com").await.text().await.expect("html");
+    assert_eq!(rows(&one), 1);
+    assert_eq!(admin.get("/messages?channel=pigeon").await.status(), 422);
+    assert_eq!(admin.get("/messages?cursor=WyJ4Il0").await.status(), 422);
+}
+
+#[tokio::test]
+async fn a_settings_rows_mistake_comes_back_in_its_row_and_saves_nothing() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let limits = "SELECT count(*) FROM tenant_rate_limits";
+    let budgets = "SELECT count(*) || ':' || coalesce(sum(limit_units), 0) FROM budgets";
+    let (limits_before, budgets_before) =
+        (api._db.scalar_i64(limits).await, api._db.scalar_string(budgets).await);
+
+    // A rate limit that is not a number: the row again, the number kept, the field marked.
+    let r = admin
+        .post("/settings/rate-limit", &form(&csrf, &[("class", "notify"), ("per_minute", "ten")]))
+        .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(html.contains("<header>") && html.contains("Settings sections"), "navigation kept");
+    assert!(html.contains("value=\"ten\""), "what was typed is kept: {html}");
+    assert!(
+        html.contains("aria-describedby=\"per_minute-error\"")
+            && html.contains("id=\"per_minute-error\"")
+            && html.contains("a whole number of calls per minute"),
+        "the message sits next to the field, in words"
+    );
+    assert_eq!(html.matches("aria-invalid=\"true\"").count(), 1, "only the row that failed");
+    // Beyond what the platform allows: the service's refusal, in the same place.
+    let r = admin
+        .post(
+            "/settings/rate-limit",
+            &form(&csrf, &[("class", "read"), ("per_minute", "99999999")]),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(html.contains("value=\"99999999\"") && html.contains("id=\"per_minute-error\""));
+
+    // A tenant budget with an empty window: refused next to the window, the limit kept.
+    let r = admin
+        .post(
+            "/budgets",
+            &form(&csrf, &[("kind", "customers_messaged"), ("limit", "40"), ("window", "")]),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(html.contains("value=\"40\"") && html.contains("id=\"window-error\""), "{html}");
+    assert!(html.contains("say how long the window is"));
+
+    // A connection's budget with a window it cannot parse: its own page again.
+    let con = t0.connections[0].connection.as_str();
+    let r = admin
+        .post(
+            "/budgets",
+            &form(
+                &csrf,
+                &[
+                    ("connection", con),
+                    ("kind", "bookings_changed"),
+                    ("limit", "3"),
+                    ("window", "often"),
+                ],
+            ),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(html.contains(con) && html.contains("value=\"often\""), "{html}");
+    assert!(html.contains("id=\"window-error\""));
+
+    // An approval rule for a tool that does not exist: the tool-rule form again.
+    let r = admin
+        .post(
+            "/settings/approval-policy",
+            &form(&csrf, &[("row", "tool-rule"), ("scope", "launch_rockets"), ("mode", "off")]),
+        )
+        .await;
+    assert_eq!(r.status(), 422, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(api._db.scalar_i64(limits).await, limits_before, "nothing saved");
+    assert_eq!(api._db.scalar_string(budgets).await, budgets_before, "nothing saved");
+}

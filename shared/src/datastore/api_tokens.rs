@@ -65,7 +65,48 @@ pub(crate) async fn api_token_revoke(
     .await?)
 }
 
+/// What a search of the tenant's API tokens asks for.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ApiTokenQuery<'a> {
+    /// Part of the token's name or of its person's email.
+    pub text: Option<&'a str>,
+    /// `active`, `expired` or `revoked`.
+    pub status: Option<&'a str>,
+    /// The last row of the previous page: its creation time and handle.
+    pub after: Option<(DateTime<Utc>, &'a str)>,
+}
+
 impl Services {
+    /// A page of the tenant's API tokens, newest first, searched and filtered in SQL.
+    pub(crate) async fn api_token_search(
+        &self,
+        ctx: &OpCtx,
+        q: &ApiTokenQuery<'_>,
+        limit: i64,
+    ) -> Result<Vec<ApiTokenRow>> {
+        Ok(sqlx::query_as::<_, ApiTokenRow>(
+            "SELECT a.handle, a.name, p.email AS person_email, a.created_at, a.expires_at, a.revoked_at
+             FROM api_tokens a JOIN people p ON p.id = a.person_id
+             WHERE a.tenant_id = $1
+               AND ($2::text IS NULL OR strpos(lower(a.name || ' ' || p.email), lower($2)) > 0)
+               AND CASE $3::text
+                     WHEN 'revoked' THEN a.revoked_at IS NOT NULL
+                     WHEN 'expired' THEN a.revoked_at IS NULL AND a.expires_at <= now()
+                     WHEN 'active' THEN a.revoked_at IS NULL AND a.expires_at > now()
+                     ELSE true END
+               AND ($4::timestamptz IS NULL OR (a.created_at, a.handle) < ($4, $5))
+             ORDER BY a.created_at DESC, a.handle DESC LIMIT $6",
+        )
+        .bind(ctx.tenant_id())
+        .bind(q.text)
+        .bind(q.status)
+        .bind(q.after.map(|a| a.0))
+        .bind(q.after.map(|a| a.1))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
     /// The tenant's API tokens, newest first.
     pub(crate) async fn api_token_list(&self, ctx: &OpCtx) -> Result<Vec<ApiTokenRow>> {
         Ok(sqlx::query_as::<_, ApiTokenRow>(

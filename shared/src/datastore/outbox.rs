@@ -100,16 +100,44 @@ pub struct OutboxListRow {
     pub action_handle: Option<String>,
 }
 
+/// What a search of the tenant's messages asks for.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OutboxQuery<'a> {
+    /// Part of the recipient or the subject.
+    pub text: Option<&'a str>,
+    /// `queued`, `sent` or `failed`.
+    pub status: Option<&'a str>,
+    /// `email` or `page`.
+    pub channel: Option<&'a str>,
+    /// The last message of the previous page.
+    pub before_id: Option<i64>,
+}
+
 impl Services {
-    /// The tenant's outgoing messages, newest first (the text stays out of lists).
-    pub(crate) async fn outbox_list(&self, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
+    /// A page of the tenant's outgoing messages, newest first, searched and filtered in SQL
+    /// (the text stays out of lists).
+    pub(crate) async fn outbox_search(
+        &self,
+        ctx: &OpCtx,
+        q: &OutboxQuery<'_>,
+        limit: i64,
+    ) -> Result<Vec<OutboxListRow>> {
         Ok(sqlx::query_as::<_, OutboxListRow>(
             "SELECT o.id, o.channel, o.recipient, o.subject, o.status, o.attempts, o.created_at, o.sent_at,
                     p.handle AS action_handle
              FROM outbox o LEFT JOIN pending_actions p ON p.id = o.pending_action_id
-             WHERE o.tenant_id = $1 ORDER BY o.id DESC LIMIT $2",
+             WHERE o.tenant_id = $1
+               AND ($2::text IS NULL OR strpos(lower(o.recipient || ' ' || o.subject), lower($2)) > 0)
+               AND ($3::text IS NULL OR o.status = $3)
+               AND ($4::text IS NULL OR o.channel = $4)
+               AND ($5::bigint IS NULL OR o.id < $5)
+             ORDER BY o.id DESC LIMIT $6",
         )
         .bind(ctx.tenant_id())
+        .bind(q.text)
+        .bind(q.status)
+        .bind(q.channel)
+        .bind(q.before_id)
         .bind(limit)
         .fetch_all(self.pool())
         .await?)

@@ -755,6 +755,69 @@ pub async fn api_token_list(ds: &Services, ctx: &OpCtx) -> Result<Vec<ApiTokenSu
     Ok(ds.api_token_list(ctx).await?.into_iter().map(api_token_summary).collect())
 }
 
+/// What an admin looks for among the tenant's API tokens; every field as it came from outside.
+#[derive(Debug, Default, Clone)]
+pub struct ApiTokenFilter {
+    /// Part of the token's name or of its person's email.
+    pub q: Option<String>,
+    /// `active`, `expired` or `revoked`.
+    pub status: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// One page of API tokens and where the next one starts.
+#[derive(Debug, Serialize)]
+pub struct ApiTokenPage {
+    pub rows: Vec<ApiTokenSummary>,
+    pub next: Option<String>,
+}
+
+/// A page of the tenant's API tokens, newest first, searched and filtered in SQL.
+pub async fn api_token_page(
+    ds: &Services,
+    ctx: &OpCtx,
+    filter: &ApiTokenFilter,
+    limit: i64,
+) -> Result<ApiTokenPage> {
+    ctx.require(Right::ConnectionsManage)?;
+    let text = super::filter_search(&filter.q)?;
+    let status = super::filter_one_of(
+        "status",
+        "status",
+        &filter.status,
+        &["active", "expired", "revoked"],
+    )?;
+    let after = match super::filter_value(&filter.cursor) {
+        None => None,
+        Some(c) => {
+            let parts = super::decode_cursor(&c, 2)?;
+            let at = parts[0].parse::<i64>().ok().and_then(chrono::DateTime::from_timestamp_micros);
+            let Some(at) = at else {
+                return Err(Error::invalid(
+                    "cursor",
+                    "not a cursor from a previous page; repeat the search without it",
+                ));
+            };
+            Some((at, parts[1].clone()))
+        }
+    };
+    let query = ds_fns::ApiTokenQuery {
+        text: text.as_deref(),
+        status: status.as_deref(),
+        after: after.as_ref().map(|(at, h)| (*at, h.as_str())),
+    };
+    let mut rows = ds.api_token_search(ctx, &query, limit + 1).await?;
+    let next = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| {
+            super::encode_cursor(&[&r.created_at.timestamp_micros().to_string(), &r.handle])
+        })
+    } else {
+        None
+    };
+    Ok(ApiTokenPage { rows: rows.into_iter().map(api_token_summary).collect(), next })
+}
+
 /// One API token of the tenant, by a handle as it came from outside: anything that is not an
 /// API token handle of this tenant is not found.
 pub async fn api_token_get(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<ApiTokenSummary> {

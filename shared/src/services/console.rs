@@ -340,10 +340,60 @@ pub async fn people_page(
     Ok(PeoplePage { rows, next })
 }
 
-/// What confirmed actions sent (the outbox), newest first, for those who read the audit.
-pub async fn messages(svc: &Services, ctx: &OpCtx, limit: i64) -> Result<Vec<OutboxListRow>> {
+/// What an admin looks for among the tenant's messages; every field as it came from outside.
+#[derive(Debug, Default, Clone)]
+pub struct MessagesFilter {
+    /// Part of the recipient or the subject.
+    pub q: Option<String>,
+    /// `queued`, `sent` or `failed`.
+    pub status: Option<String>,
+    /// `email` or `page`.
+    pub channel: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// One page of messages and where the next one starts.
+pub struct MessagesPage {
+    pub rows: Vec<OutboxListRow>,
+    pub next: Option<String>,
+}
+
+/// What the tenant sent (the outbox), newest first, searched and filtered in SQL, for those
+/// who read the audit.
+pub async fn messages_page(
+    svc: &Services,
+    ctx: &OpCtx,
+    filter: &MessagesFilter,
+    limit: i64,
+) -> Result<MessagesPage> {
     ctx.require(Right::AuditRead)?;
-    svc.outbox_list(ctx, limit).await
+    let text = super::filter_search(&filter.q)?;
+    let status =
+        super::filter_one_of("status", "status", &filter.status, &["queued", "sent", "failed"])?;
+    let channel = super::filter_one_of("channel", "channel", &filter.channel, &["email", "page"])?;
+    let before_id = match super::filter_value(&filter.cursor) {
+        None => None,
+        Some(c) => Some(super::decode_cursor(&c, 1)?[0].parse::<i64>().map_err(|_| {
+            Error::invalid(
+                "cursor",
+                "not a cursor from a previous page; repeat the search without it",
+            )
+        })?),
+    };
+    let query = crate::datastore::OutboxQuery {
+        text: text.as_deref(),
+        status: status.as_deref(),
+        channel: channel.as_deref(),
+        before_id,
+    };
+    let mut rows = svc.outbox_search(ctx, &query, limit + 1).await?;
+    let next = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| super::encode_cursor(&[&r.id.to_string()]))
+    } else {
+        None
+    };
+    Ok(MessagesPage { rows, next })
 }
 
 /// Seals a new secret to be shown once on the page a create redirects to (post/redirect/get):

@@ -109,6 +109,37 @@ pub(crate) fn decode_cursor(cursor: &str, arity: usize) -> Result<Vec<String>> {
         })
 }
 
+/// A list filter's value as it came from outside: trimmed, and absent when empty.
+pub(crate) fn filter_value(v: &Option<String>) -> Option<String> {
+    v.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_owned)
+}
+
+/// A list's search text: at most 200 characters.
+pub(crate) fn filter_search(v: &Option<String>) -> Result<Option<String>> {
+    let text = filter_value(v);
+    if text.as_ref().is_some_and(|q| q.chars().count() > 200) {
+        return Err(Error::invalid("q", "search with at most 200 characters"));
+    }
+    Ok(text)
+}
+
+/// A list filter that takes one of `allowed`; anything else is refused, naming them.
+pub(crate) fn filter_one_of(
+    field: &'static str,
+    what: &str,
+    v: &Option<String>,
+    allowed: &[&str],
+) -> Result<Option<String>> {
+    let value = filter_value(v);
+    match value {
+        Some(ref x) if !allowed.contains(&x.as_str()) => {
+            let (last, rest) = allowed.split_last().unwrap_or((&"", &[]));
+            Err(Error::invalid(field, format!("{what} is {} or {last}", rest.join(", "))))
+        }
+        _ => Ok(value),
+    }
+}
+
 /// One page of records plus the cursor of the next one.
 #[derive(Debug)]
 pub struct Found<T> {
