@@ -379,7 +379,7 @@ async fn detail_body(
             .await?;
     let base = format!("/connections/{}", segment(&c.connection));
     let budgets = shared::services::budgets::show(&state.ds, ctx, Some(&c.connection)).await?;
-    let (state_text, state_class) = effective_state(&t, &c.status);
+    let (state_text, state_class) = effective_state(t, &c.status);
     let used =
         c.last_used_at.as_deref().map(|t| local(ctx, t)).unwrap_or_else(|| html! { "never" });
     let body = html! {
