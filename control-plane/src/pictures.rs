@@ -31,9 +31,11 @@ pub fn section(id: &str, base: &str, activity: &Activity, per_connection: bool) 
         .iter()
         .map(|h| Bar { short: h.short.clone(), long: h.long.clone(), counts: h.by_class.to_vec() })
         .collect();
+    let per_bar = activity.span.per_bar();
     let calls = charts::stacked_bars(
         &format!("{id}-calls"),
-        &format!("Calls per hour over {span_words}, by effect class"),
+        &format!("Calls {per_bar} over {span_words}, by effect class"),
+        &format!("calls {per_bar}"),
         &SERIES,
         &bars,
     );

@@ -419,7 +419,7 @@ try {
     expect(new URL(page.url()).searchParams.get("span") === "week", `the URL has span=week: ${page.url()}`);
     const week = await readSection("tenant-activity");
     expect(/last 7 days/.test(week.heading), `the heading says the last 7 days: "${week.heading}"`);
-    expect(week.bars.length === 168, `the week's stacked chart has 168 g.bar; it has ${week.bars.length}`);
+    expect(week.bars.length === 28, `the week's stacked chart has 28 g.bar (6 hours each); it has ${week.bars.length}`);
     for (const k of Object.keys(ADDED)) {
       expect(seriesOf(week, k) >= seriesOf(day, k), `the week counts at least the day's ${k} calls: ${seriesOf(week, k)} < ${seriesOf(day, k)}`);
     }
@@ -445,14 +445,14 @@ try {
     await page.locator("#connection-activity").getByRole("link", { name: "Show the last 7 days" }).click();
     await page.waitForURL(/span=week/);
     const week = await readSection("connection-activity");
-    expect(new URL(page.url()).pathname === `/connections/${connection}` && week.bars.length === 168, `the connection's week: 168 bars on /connections/${connection}; ${week.bars.length} on ${page.url()}`);
+    expect(new URL(page.url()).pathname === `/connections/${connection}` && week.bars.length === 28, `the connection's week: 28 bars on /connections/${connection}; ${week.bars.length} on ${page.url()}`);
   }
 
   step = "the JSON";
   expect(out.read === ADDED.read && out.notify === ADDED.notify, `read ${out.read}, notify ${out.notify}`);
   expect(json(out.refusals) === json(ADDED_REFUSALS), `refusals ${json(out.refusals)}`);
   expect(out.connection_read === ADDED.read && out.connection_notify === ADDED.notify, `connection read ${out.connection_read}, notify ${out.connection_notify}`);
-  expect(out.week_bars === 168 && out.drawn_pixels > 0, `week_bars ${out.week_bars}, drawn_pixels ${out.drawn_pixels}`);
+  expect(out.week_bars === 28 && out.drawn_pixels > 0, `week_bars ${out.week_bars}, drawn_pixels ${out.drawn_pixels}`);
   out.shots = ["activity.png", "activity-calls-chart.png", "activity-week.png", "connection-activity.png"].map((f) => join(shots, f));
 
   console.log(JSON.stringify(out));

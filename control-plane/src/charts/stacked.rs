@@ -21,7 +21,8 @@ struct Segment {
 /// A stacked bar chart of calls per time bucket by series, as an inline `<svg>`.
 ///
 /// `id` prefixes the DOM ids in the output (title, desc, patterns); only `[a-z0-9-]` is kept.
-pub fn stacked_bars(id: &str, title: &str, series: &[Series], bars: &[Bar]) -> Markup {
+/// `unit` names what the y axis counts (`calls per hour`), written above it.
+pub fn stacked_bars(id: &str, title: &str, unit: &str, series: &[Series], bars: &[Bar]) -> Markup {
     let id = sanitize_id(id);
     let count = |bar: &Bar, s: usize| bar.counts.get(s).copied().unwrap_or(0);
     let series_totals: Vec<u64> = (0..series.len())
@@ -95,6 +96,7 @@ pub fn stacked_bars(id: &str, title: &str, series: &[Series], bars: &[Bar]) -> M
             }
         }
         g class="y-axis" {
+            text class="unit" x="4" y=(px(top - 6.0)) font-size="11" fill=(MUTED) { (Chars(unit)) }
             @for k in 0..=steps {
                 @let v = k.saturating_mul(step);
                 @let y = y_of(v as f64);

@@ -4,7 +4,7 @@ use super::*;
 
 /// The charts as the page receives them.
 fn stacked_bars(id: &str, title: &str, series: &[Series], bars: &[Bar]) -> String {
-    super::stacked_bars(id, title, series, bars).into_string()
+    super::stacked_bars(id, title, "calls per hour", series, bars).into_string()
 }
 
 fn horizontal_bars(id: &str, title: &str, rows: &[(String, u64)]) -> String {
@@ -279,6 +279,14 @@ fn nice_scale_rounds_up_to_one_two_five_steps() {
             .find_map(|p| (step % p == 0 && [1, 2, 5].contains(&(step / p))).then_some(step / p));
         assert!(mantissa.is_some(), "{max}: step {step}");
     }
+}
+
+#[test]
+fn the_y_axis_says_what_it_counts() {
+    let svg = stacked_bars("u", "Calls", &SERIES, &hourly(24, |h| vec![h as u64, 0, 0]));
+    assert_well_formed(&svg);
+    assert!(svg.contains("class=\"unit\""), "{svg}");
+    assert_eq!(occurrences(&svg, ">calls per hour</text>"), 1);
 }
 
 #[test]

@@ -96,7 +96,7 @@ async fn an_admin_sees_each_connections_calls_drawn_in_the_browser() {
     assert_eq!(seen["notify"], 2, "{seen}");
     assert_eq!(seen["refusals"], json!({"permission_denied": 2, "invalid_argument": 1}), "{seen}");
     assert_eq!(seen["connection_read"], 6, "{seen}");
-    assert_eq!(seen["week_bars"], 168, "{seen}");
+    assert_eq!(seen["week_bars"], 28, "{seen}");
     assert!(seen["drawn_pixels"].as_u64().is_some_and(|n| n > 0), "the bars are drawn: {seen}");
 }
 

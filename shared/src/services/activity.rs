@@ -120,19 +120,36 @@ impl Span {
         }
     }
 
+    /// Hours per bar: a day shows each hour; a week shows quarters of days (28 bars a reader
+    /// can tell apart, where 168 hourly ones are slivers).
+    pub fn bucket_hours(self) -> i64 {
+        match self {
+            Span::Day => 1,
+            Span::Week => 6,
+        }
+    }
+
+    /// What one bar counts, in words.
+    pub fn per_bar(self) -> &'static str {
+        match self {
+            Span::Day => "per hour",
+            Span::Week => "per 6 hours",
+        }
+    }
+
     /// From a query parameter: `week`, anything else the day.
     pub fn parse(raw: Option<&str>) -> Span {
         if raw == Some("week") { Span::Week } else { Span::Day }
     }
 }
 
-/// One hour of calls.
+/// One bar's calls: an hour of a day, a quarter day of a week ([`Span::bucket_hours`]).
 #[derive(Debug, Clone)]
 pub struct Hour {
     /// Short axis label in the tenant's zone (`14:00`, or `Mon 30` at midnight of a week),
     /// empty where the axis shows none.
     pub short: String,
-    /// The hour in words: `Tue 1 Dec 14:00–15:00 CET`.
+    /// The bar's time in words: `Tue 1 Dec 14:00–15:00 CET`.
     pub long: String,
     /// Calls per effect class, in the order of [`CLASSES`].
     pub by_class: [u64; 6],
@@ -220,21 +237,28 @@ pub async fn activity(
         None => None,
     };
     let handle = connection.as_ref().map(|c| c.as_str());
+    let zone = &ctx.tenant().zone;
     let this_hour = now.as_second().div_euclid(3600) * 3600;
-    let first = this_hour - (span.hours() - 1) * 3600;
+    // Bars of several hours start at local hours divisible by their length (00, 06, 12, 18).
+    let bucket = span.bucket_hours() * 3600;
+    let local_hour =
+        Timestamp::from_second(this_hour).unwrap_or(now).to_zoned_datetime(zone.clone()).hour()
+            as i64;
+    let this_bar = this_hour - local_hour.rem_euclid(span.bucket_hours()) * 3600;
+    let bars = span.hours() / span.bucket_hours();
+    let first = this_bar - (bars - 1) * bucket;
     let since = DateTime::<Utc>::from_timestamp(first, 0).unwrap_or_default();
     let rows = ds.activity_hours(ctx, handle, since).await?;
-    let zone = &ctx.tenant().zone;
-    let mut hours: Vec<Hour> = (0..span.hours())
+    let mut hours: Vec<Hour> = (0..bars)
         .map(|i| {
-            let start = Timestamp::from_second(first + i * 3600).unwrap_or(now);
+            let start = Timestamp::from_second(first + i * bucket).unwrap_or(now);
             let local = start.to_zoned_datetime(zone.clone());
-            let end = Timestamp::from_second(first + (i + 1) * 3600)
+            let end = Timestamp::from_second(first + (i + 1) * bucket)
                 .unwrap_or(now)
                 .to_zoned_datetime(zone.clone());
             let short = match span {
                 Span::Day if local.hour() % 3 == 0 => local.strftime("%H:%M").to_string(),
-                Span::Week if local.hour() == 0 => local.strftime("%a %-d").to_string(),
+                Span::Week if local.hour() < 6 => local.strftime("%a %-d").to_string(),
                 _ => String::new(),
             };
             Hour {
@@ -252,7 +276,7 @@ pub async fn activity(
     let mut refusals: HashMap<String, u64> = HashMap::new();
     let mut calls = 0;
     for row in rows {
-        let index = (row.hour.timestamp() - first).div_euclid(3600);
+        let index = (row.hour.timestamp() - first).div_euclid(bucket);
         let n = u64::try_from(row.calls).unwrap_or(0);
         calls += n;
         if let (Ok(index), Some(class)) =
