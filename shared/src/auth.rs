@@ -31,6 +31,7 @@ impl AuthFailure {
             CredentialKind::Mcp => "an MCP token (gh_mcp_…) from a Gatehouse connection",
             CredentialKind::Api => "an API token (gh_api_…)",
             CredentialKind::Session => "a console session",
+            CredentialKind::Invitation => "an invitation link",
         };
         match self {
             AuthFailure::Missing => format!("This endpoint takes {wanted} as `Authorization: Bearer <token>`."),
@@ -39,6 +40,9 @@ impl AuthFailure {
                     CredentialKind::Mcp => "an MCP token, which only /mcp accepts",
                     CredentialKind::Api => "an API token, which only /api accepts",
                     CredentialKind::Session => "a console session, which only the console accepts",
+                    CredentialKind::Invitation => {
+                        "an invitation link's token, which only its acceptance page accepts"
+                    }
                 };
                 format!("This endpoint takes {wanted}; the request carried {got}.")
             }

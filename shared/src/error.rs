@@ -21,6 +21,7 @@ pub enum Resource {
     AlertRule,
     Action,
     Passkey,
+    Invitation,
 }
 
 impl Resource {
@@ -45,6 +46,7 @@ impl Resource {
             Resource::AlertRule => "alert rule",
             Resource::Action => "pending action",
             Resource::Passkey => "passkey",
+            Resource::Invitation => "invitation",
         }
     }
 }

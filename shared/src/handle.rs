@@ -41,6 +41,7 @@ kinds! {
     ApiTokenKind => "apt", "API token", ApiTokenHandle;
     PasskeyKind => "pky", "passkey", PasskeyHandle;
     TaskKind => "tsk", "task", TaskHandle;
+    InvitationKind => "inv", "invitation", InvitationHandle;
 }
 
 const ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";

@@ -15,6 +15,8 @@ pub enum CredentialKind {
     Mcp,
     Api,
     Session,
+    /// The link of an invitation to a tenant.
+    Invitation,
 }
 
 impl CredentialKind {
@@ -23,13 +25,19 @@ impl CredentialKind {
             CredentialKind::Mcp => "gh_mcp_",
             CredentialKind::Api => "gh_api_",
             CredentialKind::Session => "gh_ses_",
+            CredentialKind::Invitation => "gh_inv_",
         }
     }
 
     pub fn of(token: &str) -> Option<Self> {
-        [CredentialKind::Mcp, CredentialKind::Api, CredentialKind::Session]
-            .into_iter()
-            .find(|k| token.starts_with(k.prefix()))
+        [
+            CredentialKind::Mcp,
+            CredentialKind::Api,
+            CredentialKind::Session,
+            CredentialKind::Invitation,
+        ]
+        .into_iter()
+        .find(|k| token.starts_with(k.prefix()))
     }
 }
 

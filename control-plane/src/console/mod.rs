@@ -17,6 +17,7 @@ mod banners;
 mod budgets;
 mod connections;
 mod extract;
+mod invitations;
 mod messages;
 mod operator;
 mod passkeys;
@@ -89,6 +90,11 @@ pub fn routes() -> Router<Arc<AppState>> {
             get(api_tokens::revoke_confirm).post(api_tokens::revoke),
         )
         .route("/people", get(people::list))
+        .route("/people/invite", get(invitations::new_form).post(invitations::create))
+        .route("/people/invitations/{invitation}/sent", get(invitations::sent))
+        .route("/people/invitations/{invitation}/revoke", post(invitations::revoke))
+        .route("/invitations/{token}", get(invitations::open).post(invitations::accept))
+        .route("/invitations/{token}/passkey/options", post(invitations::passkey_options))
         .route("/people/role", get(people::role_confirm).post(people::set_role))
         .route("/people/deactivate", get(people::deactivate_confirm).post(people::deactivate))
         .route("/approvals", get(approvals::page))

@@ -94,11 +94,13 @@
         setField(form, 'assertion', JSON.stringify(assertionJson(cred)));
       } else if ('passkeyRegister' in form.dataset) {
         if ('passkey' in form.dataset) await prove(form, submitter);
-        const answer = await post('/account/passkeys/options', form);
+        // A form may name its own options endpoint (joining by an invitation) and then posts
+        // back to itself; adding one to one's account posts to /account/passkeys.
+        const answer = await post(form.dataset.options || '/account/passkeys/options', form);
         const cred = await navigator.credentials.create(creationOptions(answer.options));
         setField(form, 'ceremony', answer.ceremony);
         setField(form, 'credential', JSON.stringify(credentialJson(cred)));
-        form.action = '/account/passkeys';
+        if (!form.dataset.options) form.action = '/account/passkeys';
       } else {
         await prove(form, submitter);
       }

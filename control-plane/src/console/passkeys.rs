@@ -280,6 +280,13 @@ async fn decision_of(
             let url = shared::services::audit::webhook_show(ds, ctx).await?.map(|w| w.url);
             Some(Decision::audit_webhook("rotate", url.as_deref().unwrap_or_default()))
         }
+        ["people", "invite"] => {
+            let role: Role = form.get("role").unwrap_or_default().parse()?;
+            Some(shared::services::invitations::invite_decision(
+                form.get("email").unwrap_or_default(),
+                role,
+            ))
+        }
         ["people", "role"] => {
             let role: Role = form.get("role").unwrap_or_default().parse()?;
             admin::role_decision(ds, need_ctx()?, form.get("email").unwrap_or_default(), role)

@@ -10,7 +10,7 @@ use axum::extract::{Query, State};
 use maud::html;
 use shared::error::{Error, Resource};
 use shared::rights::Role;
-use shared::services::{admin, console};
+use shared::services::{admin, console, invitations};
 
 use super::extract::{CsrfForm, Tenant};
 use super::layout::{csrf_field, pager, search_field, select_filter};
@@ -35,7 +35,13 @@ pub(super) async fn list(
     let found = console::people_page(&state.ds, &t.ctx, &filter, PAGE).await?;
     let me = t.session.row.email().to_lowercase();
     let roles: Vec<(&str, &str)> = Role::ALL.iter().map(|r| (r.as_str(), r.as_str())).collect();
+    let waiting = invitations::list_open(&state.ds, &t.ctx).await?;
     let body = html! {
+        div class="toolbar" {
+            p { "The people of this tenant and their roles. A role's rights are every connection's ceiling: a connection never does more than its creator's role allows now." }
+            a class="button" href="/people/invite" { "Invite someone" }
+        }
+        (super::invitations::waiting(&t, &waiting))
         form method="get" action="/people" class="filters" role="search" {
             (search_field(filter.q.as_deref(), "Name or email"))
             (select_filter("role", "Role", &roles, filter.role.as_deref()))

@@ -17,6 +17,7 @@ mod console_admin;
 mod console_security;
 mod gatehousectl;
 mod id_jag;
+mod invitations;
 mod oauth;
 mod passkey_policy;
 mod people_and_sessions;

@@ -18,6 +18,7 @@ pub mod customers;
 pub mod demo;
 mod fields;
 pub mod id_jag;
+pub mod invitations;
 pub mod jose;
 pub mod oauth;
 pub mod operators;

@@ -36,11 +36,11 @@ const FRESH_SESSION_SECS: i64 = 10 * 60;
 /// Passkey sign-ins one address may start a minute.
 const SIGN_INS_PER_MINUTE: i32 = 30;
 /// The largest credential or assertion a browser sends, in bytes.
-const MAX_CREDENTIAL_BYTES: usize = 16 * 1024;
+pub(crate) const MAX_CREDENTIAL_BYTES: usize = 16 * 1024;
 
 /// The relying party: this console's origin. Built once at start from the public URL.
 pub struct RelyingParty {
-    webauthn: Webauthn,
+    pub(crate) webauthn: Webauthn,
 }
 
 impl RelyingParty {
@@ -171,6 +171,11 @@ impl Decision {
         Decision::new("raise_role", person).with("role", role)
     }
 
+    /// Inviting someone to the tenant with a role.
+    pub fn invite_person(email: &str, role: &str) -> Self {
+        Decision::new("invite_person", email).with("role", role)
+    }
+
     /// Turning the tenant's agent access back on.
     pub fn agent_access_on() -> Self {
         Decision::new("agent_access_on", "tenant")
@@ -246,6 +251,7 @@ impl Decision {
             "create_api_token" => format!("Creating the API token “{s}”"),
             "identity_provider" => format!("Changing single sign-on ({s})"),
             "raise_role" => format!("Making {s} {}", fact("role")),
+            "invite_person" => format!("Inviting {s} as {}", fact("role")),
             "agent_access_on" => "Turning agent access on".into(),
             "global_switch_on" => "Turning agents back on platform-wide".into(),
             "raise_rate_limit" => format!("Raising the {s} rate limit"),

@@ -29,10 +29,10 @@ use crate::datastore::{self as db, AuditEntry, IdpRow, NewIdp, Services};
 use crate::error::{Error, Result};
 use crate::rights::{Right, Role};
 use crate::secret::{self, CredentialKind};
-use crate::services::admin;
 use crate::services::console::SESSION_TTL_SECS;
 use crate::services::jose::{self, Expect, Jti, KeySet, Typ};
 use crate::services::oauth::{FetchPolicy, guarded_fetch, guarded_post, guarded_target};
+use crate::services::{admin, invitations};
 
 /// How long a person has to come back from the IdP.
 pub const SIGN_IN_TTL_SECS: i64 = 600;
@@ -708,7 +708,19 @@ async fn link(
         Some(p) => ds.membership_get(&ctx, p.id).await?,
         None => None,
     };
+    // An address an admin invited joins with the invitation's role, whether its account is
+    // new, exists elsewhere or left this tenant before.
+    let invited = match (&person, &member) {
+        (Some(p), _) if !p.active => None,
+        (_, Some(m)) if m.active => None,
+        _ => {
+            let name: String =
+                name.unwrap_or_default().chars().filter(|c| !c.is_control()).take(100).collect();
+            invitations::accept_through_sso(ds, idp.tenant_id, &email, &name).await?
+        }
+    };
     let person_id = match (person, member) {
+        _ if invited.is_some() => invited.unwrap_or_default(),
         (Some(p), Some(m)) if m.active && p.active => p.id,
         (_, Some(_)) => {
             return Err(refused(format!(

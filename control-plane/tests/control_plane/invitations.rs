@@ -1,0 +1,363 @@
+//! Inviting people from the console and joining by the link: by setting a password, by signing
+//! in to an account that exists, and through the tenant's single sign-on; each once, never
+//! after a revocation or the expiry, never as someone else, audited.
+
+use crate::sso::{FakeIdp, claims, connect, finish, no_redirects, session_of, start};
+use crate::support::*;
+
+async fn csrf(browser: &Browser) -> String {
+    let html = browser.get("/people").await.text().await.expect("html");
+    form_fields(&html, "/logout").into_iter().find(|(k, _)| k == "csrf").expect("csrf").1
+}
+
+fn form(csrf: &str, fields: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut out = vec![("csrf".to_owned(), csrf.to_owned())];
+    out.extend(fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    out
+}
+
+/// Invites `email` as `role`; returns the link shown once after the redirect.
+async fn invite(admin: &Browser, csrf: &str, email: &str, role: &str) -> String {
+    let r = admin
+        .post(
+            "/people/invite",
+            &form(csrf, &[("email", email), ("name", "New Person"), ("role", role)]),
+        )
+        .await;
+    assert_eq!(r.status(), 303, "{:?}", r.text().await);
+    let location = r.headers()["location"].to_str().expect("ascii").to_owned();
+    assert!(location.starts_with("/people/invitations/inv_"), "{location}");
+    let html = admin.follow(r).await.text().await.expect("html");
+    let link = html
+        .split("<pre id=\"invitation-link\">")
+        .nth(1)
+        .expect("the link, once")
+        .split('<')
+        .next()
+        .expect("text")
+        .to_owned();
+    // Once: the page again shows no link.
+    let again = admin.get(&location).await.text().await.expect("html");
+    assert!(!again.contains("gh_inv_") && again.contains("shown once"), "{again}");
+    link
+}
+
+/// The acceptance page of `path` as a browser without a session opens it: the page and the
+/// double-submit cookie with its form token.
+async fn open(api: &Api, path: &str) -> (reqwest::StatusCode, String, String) {
+    let r = no_redirects().get(format!("{}{path}", api.url)).send().await.expect("open");
+    let status = r.status();
+    let cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("gh_invite="))
+        .map(|c| c.split(';').next().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    (status, r.text().await.expect("html"), cookie)
+}
+
+fn token_field(html: &str) -> String {
+    html.split("name=\"invite_csrf\" value=\"")
+        .nth(1)
+        .expect("form token")
+        .split('"')
+        .next()
+        .expect("v")
+        .to_owned()
+}
+
+async fn post_accept(
+    api: &Api,
+    path: &str,
+    cookie: &str,
+    fields: &[(&str, &str)],
+) -> reqwest::Response {
+    no_redirects()
+        .post(format!("{}{path}", api.url))
+        .header("cookie", cookie)
+        .form(fields)
+        .send()
+        .await
+        .expect("accept")
+}
+
+#[tokio::test]
+async fn an_invited_person_joins_once_by_setting_a_password() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let db = &api._db;
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let people = admin.get("/people").await.text().await.expect("html");
+    assert!(
+        people.find("href=\"/people/invite\"").expect("Invite is a button")
+            < people.find("<table").expect("list"),
+        "Invite comes before the list"
+    );
+    let link = invite(&admin, &csrf, "Newcomer@Example.com", "dispatcher").await;
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    assert!(path.starts_with("/invitations/gh_inv_"), "{path}");
+
+    // The email went to the outbox with the link; the audit names the invitation, not the address.
+    assert_eq!(
+        db.scalar_i64(&format!(
+            "SELECT count(*) FROM outbox WHERE recipient = 'newcomer@example.com' AND body LIKE '%{path}%'"
+        ))
+        .await,
+        1
+    );
+    let audit = db
+        .scalar_string("SELECT targets[1] || ' ' || (change->'role'->>'to') FROM audit_log WHERE action = 'person.invite'")
+        .await;
+    assert!(audit.starts_with("inv_") && audit.ends_with(" dispatcher"), "{audit}");
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM invitations WHERE token_hash IS NOT NULL AND position('gh_inv_' in encode(token_hash, 'escape')) > 0").await, 0, "only the hash is kept");
+    let people = admin.get("/people").await.text().await.expect("html");
+    assert!(
+        people.contains("id=\"invitations\"") && people.contains("newcomer@example.com"),
+        "listed as waiting"
+    );
+
+    // Inviting the same address again, or a member, comes back in place.
+    for (email, words) in [
+        ("newcomer@example.com", "waiting already"),
+        (t0.dispatcher.email.as_str(), "already a member"),
+    ] {
+        let r = admin
+            .post(
+                "/people/invite",
+                &form(&csrf, &[("email", email), ("name", "Again"), ("role", "viewer")]),
+            )
+            .await;
+        assert_eq!(r.status(), 422, "{email}");
+        let html = r.text().await.expect("html");
+        assert!(html.contains(words) && html.contains(&format!("value=\"{email}\"")), "{html}");
+    }
+
+    // The page names the tenant and the role; a short password comes back with the name kept.
+    let (status, html, cookie) = open(&api, &path).await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("as <strong>dispatcher</strong>") && html.contains("Set a password"),
+        "{html}"
+    );
+    let form_token = token_field(&html);
+    let r = post_accept(
+        &api,
+        &path,
+        &cookie,
+        &[
+            ("invite_csrf", &form_token),
+            ("how", "password"),
+            ("name", "Nia Newcomer"),
+            ("password", "short"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 422);
+    let html = r.text().await.expect("html");
+    assert!(
+        html.contains("id=\"password-error\"") && html.contains("value=\"Nia Newcomer\""),
+        "{html}"
+    );
+    assert!(!html.contains("value=\"short\""), "a password is never sent back");
+    // Without the page's cookie (another site's form): refused, nobody made.
+    let r = post_accept(
+        &api,
+        &path,
+        "",
+        &[
+            ("invite_csrf", &form_token),
+            ("how", "password"),
+            ("name", "Nia"),
+            ("password", "a long enough password"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM people WHERE lower(email) = 'newcomer@example.com'")
+            .await,
+        0
+    );
+
+    // Joining: signed in, a dispatcher of the tenant, the invitation used, audited.
+    let (_, html, cookie) = open(&api, &path).await;
+    let r = post_accept(
+        &api,
+        &path,
+        &cookie,
+        &[
+            ("invite_csrf", &token_field(&html)),
+            ("how", "password"),
+            ("name", "Nia Newcomer"),
+            ("password", "a long enough password"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 303);
+    let session = session_of(&r).expect("signed in");
+    let home = no_redirects()
+        .get(format!("{}/approvals", api.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .expect("home");
+    assert_eq!(home.status(), 200, "working in the tenant");
+    assert_eq!(
+        db.scalar_string("SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'newcomer@example.com'").await,
+        "dispatcher"
+    );
+    assert_eq!(db.scalar_string("SELECT accepted_how FROM invitations").await, "password");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'person.join'").await,
+        1
+    );
+    // The link works once.
+    let (status, html, _) = open(&api, &path).await;
+    assert_eq!(status, 404);
+    assert!(html.contains("does not work"));
+    let relogin = Browser::sign_in(&api, "newcomer@example.com", "a long enough password").await;
+    assert_eq!(relogin.get("/approvals").await.status(), 200, "the password signs in");
+}
+
+#[tokio::test]
+async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by_signing_in() {
+    let api = Api::start().await;
+    let (t0, t1) = (&api.seed.tenants[0], &api.seed.tenants[1]);
+    let db = &api._db;
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+
+    // Revoked: the link stops working.
+    let link = invite(&admin, &csrf, "gone@example.com", "viewer").await;
+    let handle =
+        db.scalar_string("SELECT handle FROM invitations WHERE email = 'gone@example.com'").await;
+    let r = admin.post(&format!("/people/invitations/{handle}/revoke"), &form(&csrf, &[])).await;
+    assert_eq!(r.status(), 303);
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    assert_eq!(open(&api, &path).await.0, 404);
+    // A second revocation says it was revoked already; another tenant cannot revoke.
+    let r = admin.post(&format!("/people/invitations/{handle}/revoke"), &form(&csrf, &[])).await;
+    assert_eq!(r.status(), 409);
+    let other = Browser::sign_in(&api, &t1.admin.email, &t1.admin.password).await;
+    let other_csrf = crate::invitations::csrf(&other).await;
+    let link = invite(&admin, &csrf, "late@example.com", "viewer").await;
+    let late =
+        db.scalar_string("SELECT handle FROM invitations WHERE email = 'late@example.com'").await;
+    assert_eq!(
+        other
+            .post(&format!("/people/invitations/{late}/revoke"), &form(&other_csrf, &[]))
+            .await
+            .status(),
+        404
+    );
+    // Expired: the same.
+    db.exec("UPDATE invitations SET expires_at = now() - interval '1 second' WHERE email = 'late@example.com'").await;
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    assert_eq!(open(&api, &path).await.0, 404);
+    // An expired invitation does not block a new one to the same address.
+    invite(&admin, &csrf, "late@example.com", "viewer").await;
+    // Made up, or a credential of another kind.
+    for bad in [
+        "/invitations/gh_inv_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "/invitations/gh_ses_abc",
+        &format!("/invitations/{}", "x".repeat(5000)),
+    ] {
+        let (status, html, _) = open(&api, bad).await;
+        assert_eq!(status, 404, "{bad}");
+        assert!(html.contains("does not work"));
+    }
+
+    // Someone with an account (the other tenant's dispatcher) joins by signing in to it.
+    let email = t1.dispatcher.email.as_str();
+    let link = invite(&admin, &csrf, email, "viewer").await;
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let (_, html, cookie) = open(&api, &path).await;
+    assert!(html.contains("Sign in to accept") && !html.contains("Set a password"), "{html}");
+    // A password cannot be set on an account that exists.
+    let r = post_accept(
+        &api,
+        &path,
+        &cookie,
+        &[
+            ("invite_csrf", &token_field_or_blank(&html)),
+            ("how", "password"),
+            ("name", "X"),
+            ("password", "a long enough password"),
+        ],
+    )
+    .await;
+    assert_ne!(r.status(), 303);
+    // Signed in as someone else: refused, not joined.
+    let r = admin.post(&path, &form(&csrf, &[("how", "account")])).await;
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.expect("html").contains("sign out"));
+    let member = format!(
+        "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id \
+         WHERE t.slug = '{}' AND lower(p.email) = lower('{email}')",
+        t0.slug
+    );
+    assert_eq!(db.scalar_i64(&member).await, 0);
+    let invited = Browser::sign_in(&api, email, &t1.dispatcher.password).await;
+    let page = invited.get(&path).await.text().await.expect("html");
+    let session_csrf =
+        form_fields(&page, &path).into_iter().find(|(k, _)| k == "csrf").expect("csrf").1;
+    let r = invited.post(&path, &form(&session_csrf, &[("how", "account")])).await;
+    assert_eq!(r.status(), 303, "{:?}", r.text().await);
+    assert_eq!(db.scalar_i64(&member).await, 1, "joined, keeping the other tenant");
+    assert_eq!(
+        db.scalar_string(&format!(
+            "SELECT accepted_how FROM invitations WHERE lower(email) = lower('{email}')"
+        ))
+        .await,
+        "account"
+    );
+}
+
+fn token_field_or_blank(html: &str) -> String {
+    html.split("name=\"invite_csrf\" value=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn an_invited_address_joins_through_single_sign_on_with_the_invitations_role() {
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
+    let idp = FakeIdp::start().await;
+    let t0 = &api.seed.tenants[0];
+    let db = &api._db;
+    connect(&api, &idp, &t0.slug, "northwind.example", false, false).await.expect("idp");
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    // Without an invitation (joining not allowed) the IdP's word is not enough.
+    let started = start(&api, "uninvited@northwind.example").await;
+    let token = idp.id_token(&claims(
+        &idp,
+        "sub-u",
+        "uninvited@northwind.example",
+        &started.params["nonce"],
+    ));
+    assert_eq!(finish(&api, &idp, &started, token).await.status(), 401);
+    let link = invite(&admin, &csrf, "invitee@northwind.example", "dispatcher").await;
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let (_, html, _) = open(&api, &path).await;
+    assert!(html.contains("Continue with single sign-on"), "{html}");
+    let started = start(&api, "invitee@northwind.example").await;
+    let token =
+        idp.id_token(&claims(&idp, "sub-i", "invitee@northwind.example", &started.params["nonce"]));
+    let r = finish(&api, &idp, &started, token).await;
+    assert_eq!(r.status(), 303, "{:?}", r.text().await);
+    assert_eq!(
+        db.scalar_string("SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'invitee@northwind.example'").await,
+        "dispatcher",
+        "the invitation's role, not the lowest"
+    );
+    assert_eq!(db.scalar_string("SELECT accepted_how FROM invitations").await, "sso");
+    assert_eq!(open(&api, &path).await.0, 404, "used");
+}
