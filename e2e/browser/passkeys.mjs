@@ -259,6 +259,31 @@ try {
   await Promise.all([page.waitForNavigation(), notifyLimit.locator('button[type="submit"]').click()]);
   out.rate_raised = sql(`SELECT per_minute FROM tenant_rate_limits WHERE class = 'notify'`);
 
+  step = "invite someone with the passkey; they join with a passkey of their own";
+  {
+    await page.goto(`${control}/people/invite`);
+    await page.fill('form[action="/people/invite"] input[name="email"]', "passkey.joiner@example.com");
+    await page.fill('form[action="/people/invite"] input[name="name"]', "Pat Joiner");
+    await page.locator('form[action="/people/invite"] select[name="role"]').selectOption("dispatcher");
+    await Promise.all([page.waitForURL(/\/people\/invitations\/inv_[a-z0-9]+\/sent$/), page.click('form[action="/people/invite"] button[type="submit"]')]);
+    const link = (await page.locator("#invitation-link").textContent()).trim().replace("127.0.0.1", "localhost");
+    expect(link.includes("/invitations/gh_inv_"), `the link is shown once after sending: ${link}`);
+    const joiner = await person();
+    await joiner.page.goto(link);
+    await joiner.page.fill('#join-passkey input[name="name"]', "Pat Joiner");
+    await Promise.all([joiner.page.waitForURL((u) => !u.pathname.startsWith("/invitations/")), joiner.page.click('#join-passkey button[type="submit"]')]);
+    out.joined_with_passkey = sql(`SELECT i.accepted_how || ':' || m.role || ':' || (p.password_hash IS NULL) || ':' || (SELECT count(*) FROM passkeys k WHERE k.person_id = p.id) FROM invitations i JOIN people p ON p.id = i.person_id JOIN memberships m ON m.person_id = p.id AND m.tenant_id = i.tenant_id WHERE p.email = 'passkey.joiner@example.com'`);
+    // Signed out, the passkey alone signs them in again.
+    await joiner.context.clearCookies();
+    await joiner.page.goto(`${control}/login`);
+    await Promise.all([joiner.page.waitForURL((u) => !u.pathname.startsWith("/login")), joiner.page.click('#passkey-sign-in button[type="submit"]')]);
+    out.joiner_sign_in = sql(`SELECT s.signed_in_with FROM console_sessions s JOIN people p ON p.id = s.person_id WHERE p.email = 'passkey.joiner@example.com' ORDER BY s.id DESC LIMIT 1`);
+    // The link works once.
+    const again = await joiner.page.goto(link);
+    out.link_again = again.status();
+    await joiner.context.close();
+  }
+
   step = "loosen the approval policy with the passkey";
   await page.goto(`${control}/settings/approvals`);
   const notifyPolicy = page.locator('form[action="/settings/approval-policy"]:has(input[name="scope"][value="notify"])');

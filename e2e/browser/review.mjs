@@ -32,6 +32,7 @@ const pages = [
   ["connections", "/connections"],
   ["connection-new", "/connections/new"],
   ["people", "/people"],
+  ["people-invite", "/people/invite"],
   ["api-tokens", "/api-tokens"],
   ["api-token-new", "/api-tokens/new"],
   ["audit", "/audit"],
@@ -61,6 +62,16 @@ try {
     await page.goto(`${control}${path}`);
     await check(name, true);
   }
+  // An invitation: the page after sending (the link once), and the page its link opens.
+  await page.goto(`${control}/people/invite`);
+  await page.getByLabel("Email").fill("review.invitee@example.com");
+  await page.getByLabel("Name").fill("Review Invitee");
+  await Promise.all([page.waitForNavigation(), page.getByRole("button", { name: "Send the invitation" }).click()]);
+  await check("invitation-sent", true);
+  const link = (await page.locator("#invitation-link").textContent()).trim();
+  await page.context().clearCookies();
+  await page.goto(link.replace(/^https?:\/\/[^/]+/, control));
+  await check("invitation-accept", false);
   console.log(JSON.stringify(out));
   await browser.close();
   process.exit(out.failing.length ? 1 : 0);

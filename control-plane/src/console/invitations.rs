@@ -273,7 +273,10 @@ fn accept_page(
                 @if let Some(by) = &inv.invited_by { (by) " invites you" } @else { "You are invited" }
                 " to join " strong { (inv.tenant) } " on Gatehouse as " strong { (inv.role) } "."
             }
-            p class="muted" { "For " (inv.email) " · the link works until " (inv.expires_at) " (UTC)." }
+            p class="muted" {
+                "For " (inv.email) " · the link works until "
+                time datetime=(inv.expires_at) title={ (inv.expires_at) " UTC" } { (inv.expires_local) } "."
+            }
         }
         @if let Some(m) = general { (error_box(&m)) }
         @if inv.sso {

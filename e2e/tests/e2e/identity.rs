@@ -44,6 +44,11 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
     );
     assert_eq!(seen["agent_status"], "EXECUTED", "{seen}");
     assert_eq!(seen["agent_sees_proof"], "with a passkey", "{seen}");
+    // Inviting under the policy took the admin's passkey; the invited person joined with a
+    // passkey of their own (no password), in the invitation's role, and signs in with it.
+    assert_eq!(seen["joined_with_passkey"], "passkey:dispatcher:true:1", "{seen}");
+    assert_eq!(seen["joiner_sign_in"], "passkey", "{seen}");
+    assert_eq!(seen["link_again"], 404, "an invitation's link works once: {seen}");
     // Every hostile case refused, with the target still waiting.
     for case in [
         "replayed_other",

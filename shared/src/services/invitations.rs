@@ -218,6 +218,8 @@ pub struct Opened {
     pub role: String,
     pub invited_by: Option<String>,
     pub expires_at: String,
+    /// The expiry in the tenant's zone, as the console shows times.
+    pub expires_local: String,
     /// The address has a Gatehouse account: it joins by signing in to it.
     pub account: bool,
     /// The tenant's single sign-on vouches for the address.
@@ -255,6 +257,15 @@ pub async fn open(ds: &Services, token: &str) -> Result<Opened> {
     let account = ds.platform_person_by_email(&row.email).await?.is_some();
     let idp = ds.preauth_idp_for(&tenant.slug).await?.filter(|i| i.tenant_id == tenant.id);
     let domain = row.email.rsplit_once('@').map(|(_, d)| d.to_owned()).unwrap_or_default();
+    // In the tenant's zone, as every console page shows times.
+    let tenant_ref = admin::tenant_ref(&tenant)?;
+    let expires = crate::time::present(
+        db::to_ts(row.expires_at),
+        &tenant_ref.zone,
+        &tenant_ref.zone_name,
+        jiff::Timestamp::now(),
+    )
+    .display;
     Ok(Opened {
         tenant: tenant.name,
         email: row.email,
@@ -262,6 +273,7 @@ pub async fn open(ds: &Services, token: &str) -> Result<Opened> {
         role: row.role,
         invited_by: row.invited_by,
         expires_at: utc_text(row.expires_at),
+        expires_local: expires,
         account,
         sso: idp.as_ref().is_some_and(|i| i.email_domains.contains(&domain)),
         sso_required: idp.is_some_and(|i| i.sso_required),
