@@ -26,3 +26,9 @@ CREATE INDEX invitations_tenant_idx ON invitations (tenant_id, created_at DESC);
 
 -- The messages list pages newest first per tenant.
 CREATE INDEX outbox_tenant_idx ON outbox (tenant_id, id DESC);
+
+-- The passkey a new person joins with is made before the person exists: its ceremony has a
+-- purpose of its own, so no other ceremony can be taken for it, nor it for another.
+ALTER TABLE webauthn_ceremonies DROP CONSTRAINT webauthn_ceremonies_purpose_check;
+ALTER TABLE webauthn_ceremonies ADD CONSTRAINT webauthn_ceremonies_purpose_check
+    CHECK (purpose IN ('register', 'sign_in', 'decision', 'invitation'));

@@ -133,6 +133,7 @@ impl IntoResponse for ApiError {
             | Error::ChangedSincePreview { .. }
             | Error::WrongState { .. } => StatusCode::CONFLICT,
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(detail) => {
                 tracing::error!(error = %detail, "api request failed");
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -166,6 +167,10 @@ impl IntoResponse for ApiError {
                 "read the record again and decide from its current state".to_owned()
             }
             Error::Internal(_) => "retry in a moment; if it persists, an operator can look up the request id in the logs".to_owned(),
+            Error::Unavailable { .. } => format!(
+                "nothing was changed; retry in {} seconds (Retry-After)",
+                shared::error::UNAVAILABLE_RETRY_AFTER_SECS
+            ),
             _ => "read the message, change the request and send it again".to_owned(),
         });
         match error {
@@ -199,6 +204,12 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         let mut response = (status, Json(json!({ "error": body }))).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(shared::error::UNAVAILABLE_RETRY_AFTER_SECS),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

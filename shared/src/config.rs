@@ -131,12 +131,38 @@ impl Common {
     }
 }
 
+/// Libraries that log every request or statement at info: kept at `warn` unless `RUST_LOG`
+/// names them itself, so `RUST_LOG=info` means one line per tool call (rmcp's "Service
+/// initialized" carried the client's capabilities in Debug form on every stateless request).
+const QUIET_LIBRARIES: [&str; 6] = ["rmcp", "sqlx", "hyper", "h2", "tower_http", "async_nats"];
+
+/// The log filter for `RUST_LOG` (`None`: unset): its directives, then `warn` for every quiet
+/// library it does not name.
+pub fn log_filter(rust_log: Option<&str>) -> String {
+    let given = rust_log.map(str::trim).filter(|v| !v.is_empty()).unwrap_or("info");
+    let named = |lib: &str| {
+        given.split(',').any(|d| {
+            let target = d.split(['=', '[']).next().unwrap_or_default().trim();
+            target == lib || target.starts_with(&format!("{lib}::"))
+        })
+    };
+    let mut filter = given.to_owned();
+    for lib in QUIET_LIBRARIES.iter().filter(|lib| !named(lib)) {
+        filter.push_str(&format!(",{lib}=warn"));
+    }
+    filter
+}
+
 /// Initializes logging: JSON lines with dotted field names when `GATEHOUSE_LOG_FORMAT=json`,
-/// readable text otherwise; level from `RUST_LOG` (default info).
+/// readable text otherwise; level from `RUST_LOG` (default info), chatty libraries at `warn`
+/// ([`log_filter`]).
 pub fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,rmcp=warn"));
+    let wanted = log_filter(std::env::var("RUST_LOG").ok().as_deref());
+    let filter = EnvFilter::try_new(&wanted).unwrap_or_else(|e| {
+        eprintln!("RUST_LOG {wanted:?} does not parse ({e}); logging at info");
+        EnvFilter::new(log_filter(None))
+    });
     let json = std::env::var("GATEHOUSE_LOG_FORMAT").is_ok_and(|v| v == "json");
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if json {
@@ -162,4 +188,24 @@ pub async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutting down: draining in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn chatty_libraries_stay_at_warn_unless_rust_log_names_them() {
+        let unset = log_filter(None);
+        assert!(unset.starts_with("info,") && unset.contains("rmcp=warn"), "{unset}");
+        let info = log_filter(Some("info"));
+        for lib in ["rmcp=warn", "sqlx=warn", "hyper=warn", "h2=warn", "tower_http=warn"] {
+            assert!(info.split(',').any(|d| d == lib), "{info} lacks {lib}");
+        }
+        // An operator who asks for a library's lines gets them.
+        let debug = log_filter(Some("info,rmcp=debug,sqlx::query=info"));
+        assert!(!debug.contains("rmcp=warn") && !debug.contains("sqlx=warn"), "{debug}");
+        assert!(debug.contains("hyper=warn"));
+        assert_eq!(log_filter(Some("  ")), log_filter(None));
+    }
 }

@@ -138,6 +138,12 @@ pub enum Error {
     #[error("{decision} needs a passkey: {problem}")]
     PasskeyRequired { decision: String, problem: String },
 
+    /// The database could not serve the call (no connection, a restart, a failover); nothing
+    /// of it was applied and a retry after a few seconds is expected to work. The cause names
+    /// the SQLSTATE (see [`DbFailure`]).
+    #[error("the database is unavailable ({cause})")]
+    Unavailable { cause: String },
+
     /// An internal failure; the message is for logs only.
     #[error("internal error")]
     Internal(String),
@@ -182,8 +188,82 @@ impl Error {
             Error::TurnedOff { .. } => "turned_off_by_policy",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::PasskeyRequired { .. } => "passkey_required",
+            Error::Unavailable { .. } => "unavailable",
             Error::Internal(_) => "internal",
         }
+    }
+}
+
+/// Seconds a caller waits before retrying a call the database could not serve: a pool's wait,
+/// a restart, a failover's promotion all settle within a few.
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u32 = 5;
+
+/// Why Postgres did not serve a statement, as an operator reads it: the SQLSTATE and
+/// Postgres's own message, or what the driver saw (no SQLSTATE: the socket, a pool timeout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbFailure {
+    pub sqlstate: Option<String>,
+    pub message: String,
+}
+
+impl DbFailure {
+    /// Whether the database, not the statement, failed: no connection to be had or kept
+    /// (class 08; 53, out of connections or memory; 57P, shutting down, starting up,
+    /// terminated), a read-only server (25006: a standby, mid-failover), or no answer at all.
+    /// Such a call is worth retrying; nothing of it was applied.
+    pub fn unavailable(&self) -> bool {
+        match self.sqlstate.as_deref() {
+            None => true,
+            Some(c) => {
+                c.starts_with("08") || c.starts_with("53") || c.starts_with("57P") || c == "25006"
+            }
+        }
+    }
+
+    /// The cause in words, for the caller and the log.
+    pub fn cause(&self) -> String {
+        let what = match self.sqlstate.as_deref() {
+            Some("53300") => "Postgres has no free connection (too many clients)",
+            Some(c) if c.starts_with("53") => "Postgres is out of resources",
+            Some("57P03") => "Postgres is starting up or shutting down",
+            Some(c) if c.starts_with("57P") => {
+                "Postgres ended the session (a restart or an operator)"
+            }
+            Some("25006") => "the database is read-only (a standby: a failover is under way)",
+            Some(c) if c.starts_with("08") => "the connection to Postgres failed",
+            Some(_) => "Postgres refused the statement",
+            None => "Postgres could not be reached",
+        };
+        match &self.sqlstate {
+            Some(code) => format!("{what}: SQLSTATE {code}: {}", self.message),
+            None => format!("{what}: {}", self.message),
+        }
+    }
+
+    /// Logs it with its fields (never arguments: a database message names no parameter
+    /// values, only objects and constraints).
+    pub fn log(&self) {
+        let code = self.sqlstate.as_deref().unwrap_or("none");
+        if self.unavailable() {
+            tracing::warn!(db.sqlstate = code, db.message = %self.message, "database unavailable");
+        } else {
+            tracing::error!(db.sqlstate = code, db.message = %self.message, "database error");
+        }
+    }
+
+    fn into_error(self) -> Error {
+        self.log();
+        if self.unavailable() {
+            Error::Unavailable { cause: self.cause() }
+        } else {
+            Error::Internal(format!("database: {}", self.cause()))
+        }
+    }
+}
+
+impl From<DbFailure> for Error {
+    fn from(f: DbFailure) -> Self {
+        f.into_error()
     }
 }
 
@@ -202,7 +282,26 @@ impl From<sqlx::Error> for Error {
             // The connection broke: every other idle connection may have too (a restart).
             crate::datastore::note_broken();
         }
-        Error::Internal(format!("database: {e}"))
+        let failure = match &e {
+            sqlx::Error::Database(db) => DbFailure {
+                sqlstate: db.code().map(|c| c.into_owned()),
+                message: db.message().to_owned(),
+            },
+            sqlx::Error::PoolTimedOut => DbFailure {
+                sqlstate: None,
+                message: "no pooled connection was free within 5 s".into(),
+            },
+            // Not the database's doing: a row that does not decode, a missing row.
+            sqlx::Error::RowNotFound
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::TypeNotFound { .. }
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::Encode(_) => return Error::Internal(format!("database: {e}")),
+            other => DbFailure { sqlstate: None, message: other.to_string() },
+        };
+        failure.into_error()
     }
 }
 

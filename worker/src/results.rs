@@ -350,6 +350,19 @@ impl ErrorBody {
                 message.clone(),
                 "Reconnect with a valid connection token.".into(),
             ),
+            Error::Unavailable { cause } => {
+                let mut body = ErrorBody::new(
+                    error.code(),
+                    format!("The database could not serve this call for a moment ({cause}); nothing was applied."),
+                    format!(
+                        "Retry the same call in {} seconds; a write repeated with the same arguments is applied once.",
+                        shared::error::UNAVAILABLE_RETRY_AFTER_SECS
+                    ),
+                );
+                body.retry_after_secs = Some(shared::error::UNAVAILABLE_RETRY_AFTER_SECS);
+                body.request_id = Some(request_id.to_owned());
+                body
+            }
             Error::Internal(_) => {
                 let mut body = ErrorBody::new(
                     error.code(),

@@ -43,8 +43,11 @@ fn words(e: &Error) -> String {
     }
 }
 
-/// The acceptance forms' double-submit cookie.
-const INVITE_COOKIE: &str = "gh_invite";
+/// The acceptance forms' double-submit cookie: `__Host-` prefixed over https (no sibling
+/// host can plant one), plain over http on a development machine.
+fn invite_cookie(state: &AppState) -> &'static str {
+    if state.public_url.starts_with("https://") { "__Host-gh_invite" } else { "gh_invite" }
+}
 
 // ------------------------------------------------------------------ the admin's side
 
@@ -211,9 +214,15 @@ async fn session_of(state: &AppState, headers: &HeaderMap) -> Option<ConsoleSess
 }
 
 fn with_invite_cookie(state: &AppState, token: &str, mut response: Response) -> Response {
-    let secure = if state.public_url.starts_with("https://") { "; Secure" } else { "" };
+    // `__Host-` cookies must have Path=/; over plain http the cookie stays on /invitations.
+    let (secure, path) = if state.public_url.starts_with("https://") {
+        ("; Secure", "/")
+    } else {
+        ("", "/invitations")
+    };
     let c = format!(
-        "{INVITE_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/invitations; Max-Age=3600{secure}"
+        "{}={token}; HttpOnly; SameSite=Strict; Path={path}; Max-Age=3600{secure}",
+        invite_cookie(state)
     );
     if let Ok(v) = HeaderValue::from_str(&c) {
         response.headers_mut().insert(header::SET_COOKIE, v);
@@ -346,8 +355,8 @@ fn name_field(value: &str, error: Option<String>, id: &str) -> Markup {
 }
 
 /// Whether an acceptance form echoes its page's cookie.
-fn checked(headers: &HeaderMap, form: &BTreeMap<String, String>) -> bool {
-    cookie(headers, INVITE_COOKIE)
+fn checked(state: &AppState, headers: &HeaderMap, form: &BTreeMap<String, String>) -> bool {
+    cookie(headers, invite_cookie(state))
         .filter(|c| !c.is_empty())
         .is_some_and(|c| form.get("invite_csrf").is_some_and(|f| secret::tokens_match(f, &c)))
 }
@@ -375,7 +384,7 @@ pub(super) async fn accept(
                 Err(e) => Err(e),
             }
         }
-        _ if !checked(&headers, &form) => {
+        _ if !checked(&state, &headers, &form) => {
             return closed("This form expired; open the invitation's link again.");
         }
         "password" => {
@@ -421,7 +430,7 @@ pub(super) async fn passkey_options(
     let refuse = |status: StatusCode, message: String| {
         (status, Json(json!({ "error": message }))).into_response()
     };
-    if !checked(&headers, &form) {
+    if !checked(&state, &headers, &form) {
         return refuse(
             StatusCode::FORBIDDEN,
             "This form expired; open the invitation's link again.".into(),

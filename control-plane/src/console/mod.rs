@@ -158,6 +158,7 @@ fn fail(e: Error) -> Response {
         }
         Error::NotFound { .. } => StatusCode::NOT_FOUND,
         Error::WrongState { .. } => StatusCode::CONFLICT,
+        Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         Error::Internal(d) => {
             tracing::error!(error = %d, "console request failed");
             StatusCode::INTERNAL_SERVER_ERROR
@@ -169,12 +170,22 @@ fn fail(e: Error) -> Response {
             format!("Your role does not include {} ({}).", right.as_str(), right.description())
         }
         Error::Internal(_) => "Something failed on our side; try again.".into(),
+        Error::Unavailable { .. } => format!(
+            "The database is unavailable for a moment, so nothing was saved; try again in {} seconds.",
+            shared::error::UNAVAILABLE_RETRY_AFTER_SECS
+        ),
         // In words: the problem itself, never the internal name of the field.
         Error::Invalid { problem, .. } => sentence(problem),
         other => other.to_string(),
     };
     let mut response =
         (status, page("Cannot do that", None, failed_body(&message))).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(shared::error::UNAVAILABLE_RETRY_AFTER_SECS),
+        );
+    }
     // The console's layer draws this again with the person's navigation ([`with_navigation`]).
     response.extensions_mut().insert(Failed(message));
     response

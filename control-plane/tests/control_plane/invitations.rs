@@ -4,6 +4,7 @@
 
 use crate::sso::{FakeIdp, claims, connect, finish, no_redirects, session_of, start};
 use crate::support::*;
+use shared::testing::operator_in;
 
 async fn csrf(browser: &Browser) -> String {
     let html = browser.get("/people").await.text().await.expect("html");
@@ -360,4 +361,116 @@ async fn an_invited_address_joins_through_single_sign_on_with_the_invitations_ro
     );
     assert_eq!(db.scalar_string("SELECT accepted_how FROM invitations").await, "sso");
     assert_eq!(open(&api, &path).await.0, 404, "used");
+}
+
+#[tokio::test]
+async fn an_older_invitation_never_brings_back_or_promotes_someone_added_or_removed_since() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let db = &api._db;
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    let ops = operator_in(&db.ds, &t0.admin.email, &t0.slug).await;
+    // Invited as admin, then added directly as viewer: the invitation is closed.
+    let link = invite(&admin, &csrf, "later@example.com", "admin").await;
+    shared::services::admin::person_create(
+        &db.ds,
+        &ops,
+        "later@example.com",
+        "Lee Later",
+        shared::rights::Role::Viewer,
+        Some("a long enough password"),
+    )
+    .await
+    .expect("added directly");
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    assert_eq!(open(&api, &path).await.0, 404, "the older invitation no longer works");
+    // Invited again while a member: refused. Deactivated, the next invitation brings them back
+    // with its own role, and one sent before the deactivation does not.
+    let r = admin
+        .post(
+            "/people/invite",
+            &form(&csrf, &[("email", "later@example.com"), ("name", "L"), ("role", "admin")]),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+    shared::services::admin::person_deactivate(&db.ds, &ops, "later@example.com")
+        .await
+        .expect("deactivate");
+    let link = invite(&admin, &csrf, "later@example.com", "dispatcher").await;
+    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let invited = Browser::sign_in(&api, "later@example.com", "a long enough password").await;
+    let page = invited.get(&path).await.text().await.expect("html");
+    let session_csrf =
+        form_fields(&page, &path).into_iter().find(|(k, _)| k == "csrf").expect("csrf").1;
+    let r = invited.post(&path, &form(&session_csrf, &[("how", "account")])).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        db.scalar_string("SELECT m.role || ':' || m.active FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'later@example.com'").await,
+        "dispatcher:true"
+    );
+    // The used link's email keeps no live link.
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM outbox WHERE idempotency_key LIKE 'invitation:%' AND body LIKE '%gh_inv_%'").await,
+        0,
+        "used and closed invitations leave no link in the outbox"
+    );
+}
+
+#[tokio::test]
+async fn single_sign_on_never_joins_an_existing_account_by_its_email_and_a_required_idp_is_the_only_way_in()
+ {
+    let api =
+        Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
+            .await;
+    let idp = FakeIdp::start().await;
+    let (t0, t1) = (&api.seed.tenants[0], &api.seed.tenants[1]);
+    let db = &api._db;
+    // The other tenant's dispatcher has an account; this tenant's IdP claims their domain.
+    let email = t1.dispatcher.email.clone();
+    let domain = email.rsplit_once('@').expect("domain").1.to_owned();
+    connect(&api, &idp, &t0.slug, &domain, false, false).await.expect("idp");
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let csrf = csrf(&admin).await;
+    invite(&admin, &csrf, &email, "admin").await;
+    let started = start(&api, &email).await;
+    let token = idp.id_token(&claims(&idp, "sub-victim", &email, &started.params["nonce"]));
+    let r = finish(&api, &idp, &started, token).await;
+    assert_eq!(r.status(), 401, "an account that exists is not joined by the IdP's word");
+    let member = format!(
+        "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id \
+         WHERE t.slug = '{}' AND lower(p.email) = lower('{email}')",
+        t0.slug
+    );
+    assert_eq!(db.scalar_i64(&member).await, 0);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM person_identities").await, 0, "nothing linked");
+
+    // Single sign-on required: the password and account ways are refused, even posted by hand,
+    // and an address the IdP does not vouch for cannot be invited at all.
+    connect(&api, &idp, &t0.slug, &domain, true, false).await.expect("required");
+    let ops = operator_in(&db.ds, &t0.admin.email, &t0.slug).await;
+    let outside = shared::services::invitations::Invite {
+        email: "x@elsewhere.example",
+        name: "X",
+        role: shared::rights::Role::Viewer,
+    };
+    let refused = shared::services::invitations::invite(&db.ds, &ops, outside, &api.url)
+        .await
+        .expect_err("an address the IdP does not vouch for");
+    assert!(refused.to_string().contains("single sign-on only"), "{refused}");
+    let path = db
+        .scalar_string("SELECT substring(body from '/invitations/gh_inv_[a-z2-7]+') FROM outbox WHERE idempotency_key LIKE 'invitation:%'")
+        .await;
+    let invited = Browser::sign_in(&api, &email, &t1.dispatcher.password).await;
+    let page = invited.get(&path).await.text().await.expect("html");
+    assert!(page.contains("single sign-on only") && !page.contains("Sign in to accept"), "{page}");
+    let r = invited.post(&path, &form(&invited_csrf(&invited).await, &[("how", "account")])).await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(db.scalar_i64(&member).await, 0, "not joined by hand either");
+}
+
+/// The CSRF token of a session with no tenant page to read it from: the tenant picker's form.
+async fn invited_csrf(browser: &Browser) -> String {
+    let html = browser.get("/tenants").await.text().await.expect("html");
+    form_fields(&html, "/logout").into_iter().find(|(k, _)| k == "csrf").expect("csrf").1
 }

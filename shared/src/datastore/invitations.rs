@@ -113,6 +113,61 @@ pub(crate) async fn invitation_accept(
         == 1)
 }
 
+/// Whether the person is an active member of the tenant now.
+pub(crate) async fn membership_active(
+    tx: &mut Tx<'_>,
+    tenant_id: i64,
+    person_id: i64,
+) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM memberships WHERE tenant_id = $1 AND person_id = $2 AND active)",
+    )
+    .bind(tenant_id)
+    .bind(person_id)
+    .fetch_one(&mut **tx)
+    .await?)
+}
+
+/// Drops the link from the invitation's email once it can no longer be used (accepted or
+/// revoked), so the outbox keeps no live secret.
+pub(crate) async fn invitation_forget_link(
+    tx: &mut Tx<'_>,
+    tenant_id: i64,
+    handle: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE outbox SET body = 'This invitation was used or revoked; its link no longer works.'
+         WHERE tenant_id = $1 AND idempotency_key = 'invitation:' || $2",
+    )
+    .bind(tenant_id)
+    .bind(handle)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Closes every open invitation of an address to the tenant (the person was added directly,
+/// or deactivated: an older invitation must not bring them back or change their role).
+pub(crate) async fn invitation_close_for(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    email: &str,
+) -> Result<Vec<String>> {
+    let handles: Vec<String> = sqlx::query_scalar(
+        "UPDATE invitations SET revoked_at = now()
+         WHERE tenant_id = $1 AND lower(email) = lower($2) AND accepted_at IS NULL AND revoked_at IS NULL
+         RETURNING handle",
+    )
+    .bind(ctx.tenant_id())
+    .bind(email)
+    .fetch_all(&mut **tx)
+    .await?;
+    for h in &handles {
+        invitation_forget_link(tx, ctx.tenant_id(), h).await?;
+    }
+    Ok(handles)
+}
+
 /// Adds a person invited by email (no password when `password_hash` is `None`), with the
 /// WebAuthn user handle their first passkey was made for.
 pub(crate) async fn preauth_invited_person_insert(

@@ -223,6 +223,22 @@ fn connection_failed(e: &tokio_postgres::Error) -> bool {
     e.as_db_error().is_none() || code.starts_with("08") || code.starts_with("57P")
 }
 
+/// What Postgres said, or what the driver saw when it said nothing.
+pub(crate) fn failure_of(e: &tokio_postgres::Error) -> crate::error::DbFailure {
+    match e.as_db_error() {
+        Some(db) => crate::error::DbFailure {
+            sqlstate: Some(db.code().code().to_owned()),
+            message: db.message().to_owned(),
+        },
+        None => crate::error::DbFailure {
+            sqlstate: e.code().map(|c| c.code().to_owned()),
+            message: std::error::Error::source(e)
+                .map(|s| format!("{e}: {s}"))
+                .unwrap_or_else(|| e.to_string()),
+        },
+    }
+}
+
 impl From<Failure> for Error {
     fn from(failure: Failure) -> Self {
         match failure {
@@ -232,9 +248,12 @@ impl From<Failure> for Error {
                 if connection_failed(&e) {
                     super::note_broken();
                 }
-                Error::Internal(format!("database: {e}"))
+                failure_of(&e).into()
             }
-            Failure::Late(what) => Error::Internal(format!("database: {what} within 5 s")),
+            Failure::Late(what) => {
+                crate::error::DbFailure { sqlstate: None, message: format!("{what} within 5 s") }
+                    .into()
+            }
         }
     }
 }
@@ -411,7 +430,12 @@ impl Pipe {
                     return Ok(link);
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "a pipe connection did not open");
+                    let why = failure_of(&e);
+                    tracing::warn!(
+                        db.sqlstate = why.sqlstate.as_deref().unwrap_or("none"),
+                        db.message = %why.message,
+                        "a pipe connection did not open"
+                    );
                     Failure::Database(e)
                 }
                 Err(_) => Failure::Late("no connection"),

@@ -180,12 +180,10 @@ pub async fn person_create(
         }
     };
     ds_fns::membership_upsert(&mut tx, ctx, person.id, role.as_str()).await?;
-    ds_fns::audit_insert(
-        &mut tx,
-        ctx,
-        AuditEntry::ok("person.create", vec![person.handle.clone()]),
-    )
-    .await?;
+    // Added directly: an invitation still waiting would otherwise change their role later.
+    let mut targets = vec![person.handle.clone()];
+    targets.extend(ds_fns::invitation_close_for(&mut tx, ctx, &person.email).await?);
+    ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.create", targets)).await?;
     tx.commit().await?;
     Ok(PersonCreated {
         person: person.handle,
@@ -318,7 +316,10 @@ pub async fn person_deactivate(
         ds_fns::connection_revoke_where(&mut tx, ctx, None, Some(person.id), "creator deactivated")
             .await?;
     let api_tokens = ds_fns::person_credentials_end(&mut tx, ctx, person.id).await?;
+    // An invitation sent before must not bring them back.
+    let closed = ds_fns::invitation_close_for(&mut tx, ctx, &person.email).await?;
     let mut targets = vec![person.handle.clone()];
+    targets.extend(closed);
     targets.extend(revoked.iter().map(|(_, h)| h.clone()));
     targets.extend(api_tokens.iter().cloned());
     ds_fns::audit_insert(&mut tx, ctx, AuditEntry::ok("person.deactivate", targets)).await?;

@@ -37,14 +37,25 @@ pub struct Invite<'a> {
 }
 
 /// A sent invitation. The link is for the admin to pass on by hand when the email does not
-/// arrive; it is shown once and never stored in the clear.
-#[derive(Debug, Serialize)]
+/// arrive; it is shown once, and kept only in the invitation's email in the outbox until it is
+/// used or revoked.
+#[derive(Serialize)]
 pub struct Invited {
     pub invitation: String,
     pub email: String,
     pub role: String,
     pub expires_at: String,
     pub link: String,
+}
+
+impl std::fmt::Debug for Invited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invited")
+            .field("invitation", &self.invitation)
+            .field("role", &self.role)
+            .field("link", &"(secret)")
+            .finish()
+    }
 }
 
 /// An open invitation as the People page lists it.
@@ -99,22 +110,27 @@ pub async fn invite(
     let email = invite.email.trim().to_lowercase();
     admin::check_person(&email, invite.name, None)?;
     let name = invite.name.trim();
-    if let Some(p) = ds.platform_person_by_email(&email).await? {
-        if !p.active {
-            return Err(Error::WrongState {
-                message: format!(
-                    "{email}'s account is deactivated on this platform; ask a platform operator"
+    if let Some(p) = ds.platform_person_by_email(&email).await?
+        && ds.membership_get(ctx, p.id).await?.is_some_and(|m| m.active)
+    {
+        return Err(Error::WrongState {
+            message: format!(
+                "{email} is already a member of this tenant; change their role on People instead"
+            ),
+            use_instead: None,
+        });
+    }
+    // A tenant entered through single sign-on alone can be joined only through it: an address
+    // its identity provider does not vouch for could never accept.
+    if let Some(idp) = ds.idp_get(ctx).await?.filter(|i| i.sso_required) {
+        let domain = email.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+        if !idp.email_domains.iter().any(|d| d == domain) {
+            return Err(Error::invalid(
+                "email",
+                format!(
+                    "this tenant is entered through single sign-on only, and its identity provider does not sign in addresses of {domain}"
                 ),
-                use_instead: None,
-            });
-        }
-        if ds.membership_get(ctx, p.id).await?.is_some_and(|m| m.active) {
-            return Err(Error::WrongState {
-                message: format!(
-                    "{email} is already a member of this tenant; change their role on People instead"
-                ),
-                use_instead: None,
-            });
+            ));
         }
     }
     let handle = InvitationHandle::generate();
@@ -203,6 +219,7 @@ pub async fn revoke(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<String> {
         AuditEntry::ok("person.invitation_revoke", vec![handle.to_string()]),
     )
     .await?;
+    db::invitation_forget_link(&mut tx, ctx.tenant_id(), handle.as_str()).await?;
     tx.commit().await?;
     Ok(email)
 }
@@ -315,11 +332,23 @@ async fn join(
     person: &db::PersonRow,
     how: &str,
 ) -> Result<()> {
+    // Someone who is a member already keeps the role an admin gave them since: an older
+    // invitation never changes it.
+    if db::membership_active(tx, row.tenant_id, person.id).await? {
+        return Err(Error::WrongState {
+            message: format!(
+                "{} is a member of this tenant already; sign in to work in it",
+                person.email
+            ),
+            use_instead: None,
+        });
+    }
     if !db::invitation_accept(tx, row.id, person.id, how).await? {
         return Err(Error::Unauthenticated(
             "This invitation was used, revoked or has expired meanwhile; ask for a new one.".into(),
         ));
     }
+    db::invitation_forget_link(tx, row.tenant_id, &row.handle).await?;
     db::preauth_invited_membership(tx, row.tenant_id, person.id, &row.role).await?;
     let mut entry = AuditEntry::ok("person.join", vec![person.handle.clone(), row.handle.clone()]);
     entry.change = Some(db::change("role", None::<&str>, &row.role));
@@ -381,6 +410,15 @@ pub async fn accept_signed_in(ds: &Services, token: &str, session: &ConsoleSessi
             use_instead: None,
         });
     }
+    refuse_sso_only(&tenant, sso_required(ds, &tenant).await?)?;
+    // A session another organization's identity provider started vouches for its own tenant
+    // alone: it cannot carry its person into this one.
+    if session.idp_id().is_some() {
+        return Err(Error::invalid(
+            "how",
+            "you are signed in through another organization's single sign-on; sign out, sign in with your password or a passkey, then open the link again",
+        ));
+    }
     let person = ds
         .platform_person_by_email(&row.email)
         .await?
@@ -429,7 +467,7 @@ pub async fn passkey_begin(
     });
     ds.preauth_ceremony_create(
         &secret::hash_token(&id),
-        "register",
+        "invitation",
         None,
         None,
         &state,
@@ -452,10 +490,13 @@ pub async fn accept_with_passkey(
     if credential.len() > passkeys::MAX_CREDENTIAL_BYTES {
         return Err(Error::invalid("credential", "the browser's answer is too large"));
     }
-    let credential: RegisterPublicKeyCredential = serde_json::from_str(credential)
-        .map_err(|e| Error::invalid("credential", format!("not a WebAuthn credential: {e}")))?;
+    let credential: RegisterPublicKeyCredential =
+        serde_json::from_str(credential).map_err(|e| {
+            tracing::info!(error = %e, "an invitation's passkey answer did not parse");
+            Error::invalid("credential", "the browser's answer is not a passkey; try again")
+        })?;
     let taken = ds
-        .preauth_ceremony_take(&secret::hash_token(ceremony), "register", None)
+        .preauth_ceremony_take(&secret::hash_token(ceremony), "invitation", None)
         .await?
         .filter(|c| c.state["invitation"].as_str() == Some(row.handle.as_str()))
         .ok_or_else(|| {
@@ -468,7 +509,7 @@ pub async fn accept_with_passkey(
         .map_err(|e| Error::Internal(format!("ceremony state: {e}")))?;
     let passkey = rp.webauthn.finish_passkey_registration(&credential, &reg).map_err(|e| {
         tracing::info!(error = %e, "invitation passkey refused");
-        Error::Unauthenticated(format!("The passkey did not verify ({e}); try again."))
+        Error::invalid("credential", "the passkey did not verify; try again")
     })?;
     let ctx = accept_ctx(&tenant)?;
     let mut tx = ds.begin().await?;
@@ -495,39 +536,50 @@ pub async fn accept_with_passkey(
     console::session_begin(ds, person.id, ("passkey", Some(stored))).await
 }
 
-/// Single sign-on of an address with a waiting invitation to the IdP's tenant: the person
-/// (made now when new) joins with the invitation's role. `None` when nothing waits.
+/// Who single sign-on brings to an invitation: an address with no account yet, or the person
+/// the IdP's subject was linked to before (by an earlier sign-in). An account that exists is
+/// never joined by its email alone: its person accepts by signing in on the link's page.
+pub(crate) enum SsoJoiner<'a> {
+    New { email: &'a str, name: &'a str },
+    Linked(i64),
+}
+
+/// Single sign-on with a waiting invitation to the IdP's tenant: the person (made now when
+/// new) joins with the invitation's role. `None` when nothing waits.
 pub(crate) async fn accept_through_sso(
     ds: &Services,
     tenant_id: i64,
-    email: &str,
-    name: &str,
+    joiner: SsoJoiner<'_>,
 ) -> Result<Option<i64>> {
-    let Some(row) = ds.preauth_invitation_open_for(tenant_id, email).await? else {
+    let email = match &joiner {
+        SsoJoiner::New { email, .. } => (*email).to_owned(),
+        SsoJoiner::Linked(id) => match ds.preauth_passkey_person(*id).await? {
+            Some(p) if p.active => p.email,
+            _ => return Ok(None),
+        },
+    };
+    let Some(row) = ds.preauth_invitation_open_for(tenant_id, &email).await? else {
         return Ok(None);
     };
+    let existing = ds.platform_person_by_email(&email).await?;
     let mut tx = ds.begin().await?;
     let tenant = db::entry_tenant_by_id(&mut tx, tenant_id).await?;
     let ctx = accept_ctx(&tenant)?;
-    let person = match ds.platform_person_by_email(email).await? {
-        Some(p) if !p.active => {
-            return Err(Error::Unauthenticated(
-                "This account is deactivated; ask your administrator.".into(),
-            ));
-        }
-        Some(p) => p,
-        None => {
+    let person = match (joiner, existing) {
+        (SsoJoiner::Linked(_), Some(p)) => p,
+        (SsoJoiner::New { name, .. }, None) => {
             let name = if name.trim().is_empty() { row.name.as_str() } else { name };
             db::preauth_invited_person_insert(
                 &mut tx,
                 PersonHandle::generate().as_str(),
-                email,
+                &email,
                 name.trim(),
                 None,
                 None,
             )
             .await?
         }
+        _ => return Ok(None),
     };
     join(&mut tx, &ctx, &row, &person, "sso").await?;
     tx.commit().await?;

@@ -684,9 +684,19 @@ async fn link(
         }
         return match ds.membership_get(&ctx, person_id).await? {
             Some(m) if m.active => Ok(person_id),
-            _ => Err(refused(format!(
-                "You are no longer a member of {tenant}; ask one of its admins to add you again."
-            ))),
+            // Invited back: the IdP linked this person before, so its word is theirs.
+            _ => match invitations::accept_through_sso(
+                ds,
+                idp.tenant_id,
+                invitations::SsoJoiner::Linked(person_id),
+            )
+            .await?
+            {
+                Some(id) => Ok(id),
+                None => Err(refused(format!(
+                    "You are no longer a member of {tenant}; ask one of its admins to add you again."
+                ))),
+            },
         };
     }
     let email = email.map(|e| e.trim().to_lowercase()).filter(|e| !e.is_empty()).ok_or_else(|| {
@@ -708,15 +718,15 @@ async fn link(
         Some(p) => ds.membership_get(&ctx, p.id).await?,
         None => None,
     };
-    // An address an admin invited joins with the invitation's role, whether its account is
-    // new, exists elsewhere or left this tenant before.
-    let invited = match (&person, &member) {
-        (Some(p), _) if !p.active => None,
-        (_, Some(m)) if m.active => None,
-        _ => {
+    // A new address an admin invited joins with the invitation's role. An account that
+    // exists accepts on the link's page by signing in to it, never by its email alone.
+    let invited = match &person {
+        Some(_) => None,
+        None => {
             let name: String =
                 name.unwrap_or_default().chars().filter(|c| !c.is_control()).take(100).collect();
-            invitations::accept_through_sso(ds, idp.tenant_id, &email, &name).await?
+            let joiner = invitations::SsoJoiner::New { email: &email, name: &name };
+            invitations::accept_through_sso(ds, idp.tenant_id, joiner).await?
         }
     };
     let person_id = match (person, member) {
