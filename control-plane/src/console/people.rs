@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use maud::html;
-use shared::error::{Error, Resource};
+use shared::error::Error;
 use shared::rights::Role;
 use shared::services::{admin, console, invitations};
 
@@ -92,18 +92,14 @@ pub(super) async fn list(
     Ok(shown("People", &t.nav("/people"), body))
 }
 
-/// The person a confirmation is about: one of this tenant's people, found by email.
+/// The person a confirmation is about (one of this tenant's people, found by email) and how
+/// many active connections they created.
 async fn person_of(
     state: &AppState,
     t: &Tenant,
     email: Option<&String>,
-) -> Answer<console::PersonListRow> {
-    let wanted = email.map(|e| e.trim().to_lowercase()).unwrap_or_default();
-    let people = console::people(&state.ds, &t.ctx).await?;
-    people
-        .into_iter()
-        .find(|p| p.email.to_lowercase() == wanted)
-        .ok_or_else(|| Error::not_found(Resource::Person, wanted).into())
+) -> Answer<(console::PersonListRow, i64)> {
+    Ok(console::person(&state.ds, &t.ctx, email.map(String::as_str).unwrap_or_default()).await?)
 }
 
 /// The confirmation of a role change: the rights it gives and takes, what happens to the
@@ -113,7 +109,7 @@ pub(super) async fn role_confirm(
     t: Tenant,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Answer {
-    let person = person_of(&state, &t, q.get("email")).await?;
+    let (person, connections) = person_of(&state, &t, q.get("email")).await?;
     let role = match q.get("role").map(|r| r.parse::<Role>()) {
         Some(r) => r?,
         None => return Err(Error::invalid("role", "pick a role").into()),
@@ -132,11 +128,6 @@ pub(super) async fn role_confirm(
     }
     let gained = role.rights().without(from.rights());
     let lost = from.rights().without(role.rights());
-    let connections = admin::connection_list(&state.ds, &t.ctx)
-        .await?
-        .into_iter()
-        .filter(|c| c.status == "active" && c.creator.eq_ignore_ascii_case(&person.email))
-        .count();
     let yourself = person.email.eq_ignore_ascii_case(t.session.row.email());
     let body = html! {
         form method="post" action="/people/role" class="card" data-passkey[t.session.row.passkey_policy() && !gained.is_empty()] {
@@ -186,7 +177,7 @@ pub(super) async fn deactivate_confirm(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Answer {
     // A confirmation page exists only for a person of this tenant.
-    let person = person_of(&state, &t, q.get("email")).await?;
+    let (person, _) = person_of(&state, &t, q.get("email")).await?;
     let yourself = person.email.eq_ignore_ascii_case(t.session.row.email());
     let body = html! {
         form method="post" action="/people/deactivate" class="card" {

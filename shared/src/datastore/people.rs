@@ -389,14 +389,25 @@ impl Services {
         .await?)
     }
 
-    pub(crate) async fn people_list(&self, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
-        Ok(sqlx::query_as::<_, PersonListRow>(
-            "SELECT p.handle, p.email, p.name, m.role, (m.active AND p.active) AS active
+    /// One member of the tenant by email, with how many active connections they created.
+    pub(crate) async fn person_in_tenant(
+        &self,
+        ctx: &OpCtx,
+        email: &str,
+    ) -> Result<Option<(PersonListRow, i64)>> {
+        let row: Option<(String, String, String, String, bool, i64)> = sqlx::query_as(
+            "SELECT p.handle, p.email, p.name, m.role, (m.active AND p.active),
+                    (SELECT count(*) FROM connections c
+                     WHERE c.tenant_id = m.tenant_id AND c.creator_id = p.id AND c.status = 'active')
              FROM memberships m JOIN people p ON p.id = m.person_id
-             WHERE m.tenant_id = $1 ORDER BY p.name, p.handle",
+             WHERE m.tenant_id = $1 AND lower(p.email) = lower($2)",
         )
         .bind(ctx.tenant_id())
-        .fetch_all(self.pool())
-        .await?)
+        .bind(email)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.map(|(handle, email, name, role, active, connections)| {
+            (PersonListRow { handle, email, name, role, active }, connections)
+        }))
     }
 }

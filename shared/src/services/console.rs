@@ -276,10 +276,20 @@ pub async fn pick_tenant(svc: &Services, s: &ConsoleSession, tenant_id: i64) -> 
     svc.preauth_session_set_tenant(s.id, tenant_id).await
 }
 
-/// The tenant's people with their roles, for those who manage people.
-pub async fn people(svc: &Services, ctx: &OpCtx) -> Result<Vec<PersonListRow>> {
+/// One of the tenant's people by email (any case), and how many active connections they
+/// created: what a confirmation about them says. Not found when they are no member.
+pub async fn person(svc: &Services, ctx: &OpCtx, email: &str) -> Result<(PersonListRow, i64)> {
     ctx.require(Right::PeopleManage)?;
-    svc.people_list(ctx).await
+    let email = email.trim();
+    if email.is_empty() || email.len() > MAX_EMAIL_LEN {
+        return Err(Error::not_found(
+            crate::error::Resource::Person,
+            email.chars().take(60).collect::<String>(),
+        ));
+    }
+    svc.person_in_tenant(ctx, email)
+        .await?
+        .ok_or_else(|| Error::not_found(crate::error::Resource::Person, email))
 }
 
 /// What an admin looks for among the tenant's people; every field as it came from outside.
