@@ -198,6 +198,10 @@ impl Error {
 /// a restart, a failover's promotion all settle within a few.
 pub const UNAVAILABLE_RETRY_AFTER_SECS: u32 = 5;
 
+/// What a pool's wait that ended without a connection says (sqlx retries a refused connect,
+/// 53300 or 57P03, until the wait ends, and keeps no cause: `Services::explain` finds it).
+pub(crate) const POOL_TIMED_OUT: &str = "no pooled connection was free within 5 s";
+
 /// Why Postgres did not serve a statement, as an operator reads it: the SQLSTATE and
 /// Postgres's own message, or what the driver saw (no SQLSTATE: the socket, a pool timeout).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,7 +293,7 @@ impl From<sqlx::Error> for Error {
             },
             sqlx::Error::PoolTimedOut => DbFailure {
                 sqlstate: None,
-                message: "no pooled connection was free within 5 s".into(),
+                message: POOL_TIMED_OUT.into(),
             },
             // Not the database's doing: a row that does not decode, a missing row.
             sqlx::Error::RowNotFound

@@ -97,9 +97,15 @@ pub async fn authenticate(
     {
         Ok(outcome) => outcome,
         Err(e) => {
-            tracing::error!(error = %e, "connection context lookup failed");
+            // The cause was logged with its SQLSTATE where it was met.
             refused(&state, received, &parts.headers, "database_unavailable");
-            let response = unavailable("The database is unreachable; retry shortly.");
+            let response = match &e {
+                shared::Error::Unavailable { cause } => unavailable_database(cause),
+                _ => {
+                    tracing::error!(error = %e, "connection context lookup failed");
+                    unavailable("The database is unreachable; retry shortly.")
+                }
+            };
             return finish(&state, early.settle(parts.version, response));
         }
     };
@@ -202,6 +208,8 @@ pub async fn authenticate(
             );
         let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
         request.extensions_mut().insert(context.clone());
+        let outage = DatabaseUnavailable::default();
+        request.extensions_mut().insert(outage.clone());
         if let Some(reserved) = reserved {
             request.extensions_mut().insert(reserved);
         }
@@ -209,6 +217,12 @@ pub async fn authenticate(
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
         let response = next.run(request).await;
+        // A JSON answer (not a stream already under way) to a call the database could not
+        // serve becomes the retryable 503 it is.
+        let response = match outage.take() {
+            Some(cause) if !is_event_stream(&response) => unavailable_database(&cause),
+            _ => response,
+        };
         let response = if sent_as_json { malformed_as_json_rpc(response, &body) } else { response };
         if let Some(span) = &span
             && !response.status().is_success()
@@ -536,6 +550,24 @@ fn legacy_header_mismatch(headers: &http::HeaderMap, body: &[u8]) -> Option<Resp
     Some((StatusCode::BAD_REQUEST, Json(body)).into_response())
 }
 
+/// Set by the tool layer when the database could not serve a call: the entry point then
+/// answers the request 503 with `Retry-After` (a retryable outage, never an `internal` tool
+/// error), with the cause in words.
+#[derive(Clone, Default)]
+pub struct DatabaseUnavailable(pub Arc<std::sync::Mutex<Option<String>>>);
+
+impl DatabaseUnavailable {
+    pub fn set(&self, cause: &str) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(cause.to_owned());
+        }
+    }
+
+    fn take(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+}
+
 /// A listen stream's place, taken by the entry point (see [`reserve_listen`]) and handed to
 /// the stream through the request's extensions.
 #[derive(Clone)]
@@ -826,6 +858,28 @@ fn header_safe(text: &str) -> String {
         .chars()
         .filter(|c| c.is_ascii() && !c.is_ascii_control())
         .collect()
+}
+
+fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The database could not serve the call: 503, `Retry-After`, the cause and what to do.
+fn unavailable_database(cause: &str) -> Response {
+    let secs = shared::error::UNAVAILABLE_RETRY_AFTER_SECS;
+    let body = serde_json::json!({
+        "error": "unavailable",
+        "error_description": format!(
+            "The database could not serve this call ({cause}); nothing was applied. Retry the same request in {secs} seconds: a write repeated with the same arguments is applied once."
+        ),
+    });
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    response
 }
 
 fn unavailable(message: &str) -> Response {

@@ -201,6 +201,11 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    for count in state.ds.pipe_plans().await {
+        let plans = &state.metrics.pipe_plans;
+        plans.with_label_values(&[count.statement, "generic"]).set(count.generic);
+        plans.with_label_values(&[count.statement, "custom"]).set(count.custom);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
 }
 

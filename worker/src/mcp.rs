@@ -466,11 +466,23 @@ impl ServerHandler for Server {
             }
             _ => "ok",
         };
-        let (result, label) = match outcome.and_then(Answer::into_json) {
+        let outcome = match outcome.and_then(Answer::into_json) {
+            Err(e @ Error::Unavailable { .. }) => Err(self.state.ds.explain(e).await),
+            other => other,
+        };
+        let (result, label) = match outcome {
             Ok(value) => (results::success(value), label),
             Err(error) => {
                 if let Error::Internal(detail) = &error {
                     tracing::error!(tool.name = name, request.id = %request_id, error = %detail, "tool failed");
+                }
+                if let Error::Unavailable { cause } = &error
+                    && let Some(outage) = context
+                        .extensions
+                        .get::<http::request::Parts>()
+                        .and_then(|p| p.extensions.get::<crate::entry::DatabaseUnavailable>())
+                {
+                    outage.set(cause);
                 }
                 let label = error.code();
                 (results::failure(ErrorBody::from_error(name, &error, &request_id)), label)

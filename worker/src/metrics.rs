@@ -23,6 +23,9 @@ pub struct Metrics {
     /// What listen streams did: `opened`, `refused`, `changed` (toolsListChanged sent),
     /// `unchanged` (woken, same list), `ended` (the credential stopped working).
     pub listen_events: IntCounterVec,
+    /// Executions of each hot-path statement on the pipe's open connections, by plan
+    /// (`generic`, `custom`), read from `pg_prepared_statements` when metrics are scraped.
+    pub pipe_plans: prometheus::IntGaugeVec,
 }
 
 /// The refusal family an outcome belongs to (the `reason` of `refusals_total`), or `None`
@@ -134,6 +137,15 @@ impl Metrics {
             &["event"],
         )
         .expect("valid metric");
+        let pipe_plans = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "pipe_plan_executions",
+                "Executions of each hot-path statement on the pipe's open connections, by plan (generic or custom); any custom one means the plan is not pinned",
+            ),
+            &["statement", "plan"],
+        )
+        .expect("valid metric");
+        registry.register(Box::new(pipe_plans.clone())).expect("register once");
         registry.register(Box::new(listen_streams.clone())).expect("register once");
         registry.register(Box::new(nats_connected.clone())).expect("register once");
         registry.register(Box::new(activity_flush_failures.clone())).expect("register once");
@@ -159,6 +171,7 @@ impl Metrics {
             read_ahead,
             listen_streams,
             listen_events,
+            pipe_plans,
         }
     }
 

@@ -312,7 +312,7 @@ async fn with_postgres_down_workers_answer_503_and_a_retry_after_recovery_execut
         let started = std::time::Instant::now();
         let (status, retry) = write_status(w, &token, "outage@example.net").await;
         assert_eq!(status, 503, "{w}");
-        assert_eq!(retry.as_deref(), Some("30"));
+        assert_eq!(retry.as_deref(), Some("5"));
         assert!(started.elapsed() < std::time::Duration::from_secs(10), "answered promptly");
     }
     let ready = reqwest::get(format!("{}/readyz", stack.worker_urls[0])).await.expect("readyz");

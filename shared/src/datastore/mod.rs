@@ -42,6 +42,7 @@ mod passkeys;
 mod pending;
 mod people;
 mod pipe;
+pub use pipe::PlanCount;
 mod rates;
 mod replay;
 mod service_catalog;
@@ -129,6 +130,9 @@ impl Default for Policy {
     }
 }
 
+/// How long a pooled connection may sit idle before it is closed.
+pub const IDLE_CLOSE: Duration = Duration::from_secs(30);
+
 /// How long a pooled connection may sit idle before it is checked with a ping on its way out.
 pub(crate) const IDLE_BEFORE_PING: Duration = Duration::from_secs(1);
 
@@ -190,7 +194,11 @@ impl Services {
         let pipe_config = pipe::config_for(url, &options);
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
-            .min_connections(1)
+            // Bounded and shrinking: a connection idle for IDLE_CLOSE is closed, none is kept
+            // open for nothing, so an idle process holds (nearly) none and a fleet's sum stays
+            // within what Postgres (or its pooler) allows (docs/operations.md, "Connections").
+            .min_connections(0)
+            .idle_timeout(Some(IDLE_CLOSE))
             .acquire_timeout(Duration::from_secs(5))
             // sqlx pings every connection it hands out by default: a round trip per statement
             // (docs/profile-read-path.md measured it at a tenth of a read's CPU). Only a
@@ -234,6 +242,45 @@ impl Services {
 
     pub(crate) fn pipe(&self) -> &std::sync::Arc<pipe::Pipe> {
         &self.pipe
+    }
+
+    /// An error with its cause found: a pool's wait that ended without a connection says
+    /// nothing of why (sqlx retries a refused connect until the wait ends), so one connect is
+    /// tried here and what Postgres answers is the cause (logged with its SQLSTATE). A
+    /// connect that works means every pooled connection was busy.
+    pub async fn explain(&self, error: Error) -> Error {
+        match &error {
+            Error::Unavailable { cause } if cause.contains(crate::error::POOL_TIMED_OUT) => {}
+            _ => return error,
+        }
+        let options = self.pool.connect_options();
+        let tried = tokio::time::timeout(
+            Duration::from_secs(2),
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&*options),
+        )
+        .await;
+        match tried {
+            Ok(Ok(conn)) => {
+                let _ = sqlx::Connection::close(conn).await;
+                let busy = crate::error::DbFailure {
+                    sqlstate: None,
+                    message: format!(
+                        "every one of this process's {} pooled connections was busy for 5 s",
+                        self.pool.options().get_max_connections()
+                    ),
+                };
+                busy.log();
+                Error::Unavailable { cause: busy.cause() }
+            }
+            Ok(Err(e)) => Error::from(e),
+            Err(_) => error,
+        }
+    }
+
+    /// How the hot path's statements were planned on this process's pipe connections (for
+    /// the worker's metrics): custom plans mean a statement's plan is no longer pinned.
+    pub async fn pipe_plans(&self) -> Vec<PlanCount> {
+        self.pipe.plans().await
     }
 
     #[cfg(any(test, feature = "testing"))]

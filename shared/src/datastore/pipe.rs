@@ -70,6 +70,16 @@ pub(crate) enum Sql {
 
 impl Sql {
     const COUNT: usize = 3;
+    const ALL: [Sql; Sql::COUNT] = [Sql::Context, Sql::ContextAndBooking, Sql::RateTake];
+
+    /// Its name in metrics.
+    fn name(self) -> &'static str {
+        match self {
+            Sql::Context => "context",
+            Sql::ContextAndBooking => "context_and_booking",
+            Sql::RateTake => "rate_take",
+        }
+    }
 
     fn text(self) -> &'static str {
         match self {
@@ -93,6 +103,14 @@ impl Sql {
     fn reads_only(self) -> bool {
         !matches!(self, Sql::RateTake)
     }
+}
+
+/// How one pipe statement was planned: executions with its generic plan and with custom ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanCount {
+    pub statement: &'static str,
+    pub generic: i64,
+    pub custom: i64,
 }
 
 /// One statement prepared on one connection, with where each of its columns is.
@@ -179,6 +197,8 @@ impl Slot {
 
 pub(crate) struct Pipe {
     config: Config,
+    /// The `SET`s every connection runs once it opens.
+    session: String,
     slots: Box<[Slot]>,
     next: AtomicUsize,
     /// Room for twice the slots in connections, those being replaced included.
@@ -292,15 +312,19 @@ impl Pipe {
         // (`synchronous_commit=off`), else every read queued behind a write would wait for a
         // disk flush. A database crash can lose the last moments' counts, so a connection may
         // once exceed its minute's limit by those calls; nothing else is written here.
-        let limits = format!(
-            "-c TimeZone=UTC -c DateStyle=ISO,MDY -c lock_timeout={lock_wait} -c statement_timeout=5s -c synchronous_commit=off"
+        //
+        // Its statements keep one plan whatever the statistics say (`plan_cache_mode =
+        // force_generic_plan`): planned once per connection, never again per call, so a routine
+        // ANALYZE cannot turn them into custom plans that cost more to plan than to run
+        // (docs/architecture.md, "Plans that cannot flip"). The settings are sent as `SET`
+        // once a connection opens, not as startup options, which a pooler such as PgBouncer
+        // refuses.
+        let session = format!(
+            "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET lock_timeout = '{lock_wait}'; \
+             SET statement_timeout = '5s'; SET synchronous_commit = off; \
+             SET plan_cache_mode = force_generic_plan"
         );
-        let options = match config.get_options() {
-            Some(given) => format!("{given} {limits}"),
-            None => limits,
-        };
         config
-            .options(options)
             .application_name("gatehouse-pipe")
             .ssl_mode(tokio_postgres::config::SslMode::Disable)
             .connect_timeout(WAIT)
@@ -314,6 +338,7 @@ impl Pipe {
         let connections = connections.max(1);
         Pipe {
             config,
+            session,
             slots: (0..connections).map(|_| Slot::default()).collect(),
             next: AtomicUsize::new(0),
             room: Arc::new(Semaphore::new(2 * connections)),
@@ -457,12 +482,48 @@ impl Pipe {
                 tracing::debug!(error = %e, "a pipe connection ended");
             }
         });
+        client.batch_execute(&self.session).await?;
         Ok(Link {
             client,
             prepared: Default::default(),
             born: Instant::now(),
             answered_ms: AtomicU64::new(now_ms()),
         })
+    }
+
+    /// How each statement was planned on the pipe's open connections, summed: executions with
+    /// the generic plan and with a custom one (`pg_prepared_statements`). A custom plan here
+    /// means the plan is no longer pinned.
+    pub(crate) async fn plans(&self) -> Vec<PlanCount> {
+        let mut counts: Vec<PlanCount> = Sql::ALL
+            .iter()
+            .map(|s| PlanCount { statement: s.name(), generic: 0, custom: 0 })
+            .collect();
+        for slot in self.slots.iter() {
+            let Some(link) = slot.open() else { continue };
+            let rows = match link
+                .client
+                .query(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements",
+                    &[],
+                )
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the pipe's plans failed");
+                    continue;
+                }
+            };
+            for row in rows {
+                let text: String = row.get(0);
+                if let Some(at) = Sql::ALL.iter().position(|s| s.text() == text) {
+                    counts[at].generic += row.get::<_, i64>(1);
+                    counts[at].custom += row.get::<_, i64>(2);
+                }
+            }
+        }
+        counts
     }
 
     /// Readiness of the hot path: the context statement answers (for no token) on every one

@@ -7,6 +7,7 @@
 mod architecture;
 mod batches;
 mod budgets;
+mod database;
 mod entry;
 mod isolation;
 mod limits;
