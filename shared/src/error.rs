@@ -291,10 +291,9 @@ impl From<sqlx::Error> for Error {
                 sqlstate: db.code().map(|c| c.into_owned()),
                 message: db.message().to_owned(),
             },
-            sqlx::Error::PoolTimedOut => DbFailure {
-                sqlstate: None,
-                message: POOL_TIMED_OUT.into(),
-            },
+            sqlx::Error::PoolTimedOut => {
+                DbFailure { sqlstate: None, message: POOL_TIMED_OUT.into() }
+            }
             // Not the database's doing: a row that does not decode, a missing row.
             sqlx::Error::RowNotFound
             | sqlx::Error::ColumnNotFound(_)

@@ -94,7 +94,7 @@ pub(crate) async fn invitation_revoke(
 
 /// Marks an invitation accepted by `person_id`, once: only an open, unexpired one changes, in
 /// the statement that checks it, so two acceptances at once make one member.
-pub(crate) async fn invitation_accept(
+pub(crate) async fn preauth_invitation_accept(
     tx: &mut Tx<'_>,
     id: i64,
     person_id: i64,
@@ -114,7 +114,7 @@ pub(crate) async fn invitation_accept(
 }
 
 /// Whether the person is an active member of the tenant now.
-pub(crate) async fn membership_active(
+pub(crate) async fn preauth_membership_active(
     tx: &mut Tx<'_>,
     tenant_id: i64,
     person_id: i64,
@@ -130,7 +130,7 @@ pub(crate) async fn membership_active(
 
 /// Drops the link from the invitation's email once it can no longer be used (accepted or
 /// revoked), so the outbox keeps no live secret.
-pub(crate) async fn invitation_forget_link(
+pub(crate) async fn preauth_invitation_forget_link(
     tx: &mut Tx<'_>,
     tenant_id: i64,
     handle: &str,
@@ -163,7 +163,7 @@ pub(crate) async fn invitation_close_for(
     .fetch_all(&mut **tx)
     .await?;
     for h in &handles {
-        invitation_forget_link(tx, ctx.tenant_id(), h).await?;
+        preauth_invitation_forget_link(tx, ctx.tenant_id(), h).await?;
     }
     Ok(handles)
 }

@@ -219,7 +219,7 @@ pub async fn revoke(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<String> {
         AuditEntry::ok("person.invitation_revoke", vec![handle.to_string()]),
     )
     .await?;
-    db::invitation_forget_link(&mut tx, ctx.tenant_id(), handle.as_str()).await?;
+    db::preauth_invitation_forget_link(&mut tx, ctx.tenant_id(), handle.as_str()).await?;
     tx.commit().await?;
     Ok(email)
 }
@@ -334,7 +334,7 @@ async fn join(
 ) -> Result<()> {
     // Someone who is a member already keeps the role an admin gave them since: an older
     // invitation never changes it.
-    if db::membership_active(tx, row.tenant_id, person.id).await? {
+    if db::preauth_membership_active(tx, row.tenant_id, person.id).await? {
         return Err(Error::WrongState {
             message: format!(
                 "{} is a member of this tenant already; sign in to work in it",
@@ -343,12 +343,12 @@ async fn join(
             use_instead: None,
         });
     }
-    if !db::invitation_accept(tx, row.id, person.id, how).await? {
+    if !db::preauth_invitation_accept(tx, row.id, person.id, how).await? {
         return Err(Error::Unauthenticated(
             "This invitation was used, revoked or has expired meanwhile; ask for a new one.".into(),
         ));
     }
-    db::invitation_forget_link(tx, row.tenant_id, &row.handle).await?;
+    db::preauth_invitation_forget_link(tx, row.tenant_id, &row.handle).await?;
     db::preauth_invited_membership(tx, row.tenant_id, person.id, &row.role).await?;
     let mut entry = AuditEntry::ok("person.join", vec![person.handle.clone(), row.handle.clone()]);
     entry.change = Some(db::change("role", None::<&str>, &row.role));
