@@ -164,7 +164,12 @@ pub fn init_tracing() {
         EnvFilter::new(log_filter(None))
     });
     let json = std::env::var("GATEHOUSE_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: a log file or collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().flatten_event(true).init();
     } else {

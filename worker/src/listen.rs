@@ -14,13 +14,33 @@
 //! Streams are bounded per connection and per worker; past a bound the listen request is
 //! refused with a JSON-RPC error that says which bound and what to do. An idle stream is a
 //! parked task and a map entry: no timer, no query.
+//!
+//! **One re-read per credential and push.** The streams a push wakes that present the same
+//! credential share one re-read ([`Streams::reread`]): the work a change costs grows with the
+//! distinct credentials it concerns, not with their streams (a client that opened eight streams,
+//! or eight clients on one connection's token, make one read). Every push starts a new round,
+//! so a stream woken by a later change never takes an answer read before it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shared::bus::Event;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OnceCell};
+
+/// What a woken stream learns from re-reading its credential's context.
+#[derive(Clone, Debug)]
+pub enum Reread {
+    /// The list it would see now (a digest), and when the credential expires.
+    Fresh { digest: Vec<u8>, expires_at: Option<jiff::Timestamp> },
+    /// The credential stopped working: the stream ends.
+    Ended(shared::auth::AuthFailure),
+    /// The database could not answer: look again in a moment.
+    Failed,
+}
+
+/// One round's shared re-read of one credential.
+pub type RereadCell = Arc<OnceCell<Reread>>;
 
 /// Listen streams one connection may hold open at once, on one worker.
 pub const MAX_PER_CONNECTION: usize = 8;
@@ -43,6 +63,8 @@ struct Inner {
     by_tenant: HashMap<String, HashMap<u64, Arc<Notify>>>,
     by_connection: HashMap<String, HashMap<u64, Arc<Notify>>>,
     total: usize,
+    /// This round's re-reads, by credential (the SHA-256 of its `Authorization` value).
+    rereads: HashMap<Vec<u8>, RereadCell>,
 }
 
 /// Why a listen request was refused.
@@ -130,6 +152,13 @@ impl Streams {
         })
     }
 
+    /// The re-read this round shares among the streams of one credential (`key`: a digest
+    /// of the credential): the first stream to ask reads, the others wait for its answer.
+    pub fn reread(&self, key: Vec<u8>) -> RereadCell {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.rereads.entry(key).or_default().clone()
+    }
+
     /// How many streams this worker holds.
     pub fn open_count(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).total
@@ -138,7 +167,9 @@ impl Streams {
     /// Wakes the streams a pushed change may concern. A woken stream re-reads and compares;
     /// waking one whose list did not change sends nothing.
     pub fn poke(&self, event: &Event) {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        // A new round: what was read before this change is not shared after it.
+        inner.rereads.clear();
         let woken = match event {
             Event::GlobalKill(_) => inner.by_tenant.values().flat_map(HashMap::values).collect(),
             Event::TenantAccess { tenant, .. } | Event::TenantChanged { tenant } => {
@@ -155,7 +186,8 @@ impl Streams {
 
     /// Wakes every stream (NATS came back: pushes may have been missed).
     pub fn poke_all(&self) {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.rereads.clear();
         wake(inner.by_tenant.values().flat_map(HashMap::values).collect());
     }
 }

@@ -24,9 +24,9 @@ use shared::services::approvals::Completion;
 use shared::services::outcome::{Outcome, PreviewStatus};
 use shared::telemetry::{self, Attr, Name};
 
-use crate::AppState;
 use crate::results::{self, ErrorBody};
 use crate::tools::{Answer, Env};
+use crate::{AppState, listen};
 
 #[derive(Clone)]
 pub struct Server {
@@ -136,6 +136,34 @@ impl Server {
         Ok(shared::secret::hash_token(&String::from_utf8_lossy(&listed)))
     }
 
+    /// A woken listen stream's question, asked as a new request would (the credential, its
+    /// rights, the creator, the switches), at most [`listen::RECHECKS_AT_ONCE`] at once per
+    /// worker: one push may wake thousands of streams.
+    async fn reread(&self, authorization: Option<&str>) -> listen::Reread {
+        let _slot = self.state.rechecks.acquire().await;
+        self.state.metrics.listen_rereads.inc();
+        let fresh = match shared::auth::authenticate_mcp(
+            &self.state.ds,
+            authorization,
+            &self.state.settings.mcp_url(),
+            jiff::Timestamp::now(),
+            None,
+        )
+        .await
+        {
+            Ok(Ok(fresh)) => fresh,
+            Ok(Err(failure)) => return listen::Reread::Ended(failure),
+            Err(e) => {
+                tracing::warn!(error = %e, "listen stream could not re-read its context");
+                return listen::Reread::Failed;
+            }
+        };
+        match self.list_digest(&fresh).await {
+            Ok(digest) => listen::Reread::Fresh { digest, expires_at: fresh.expires_at },
+            Err(_) => listen::Reread::Failed,
+        }
+    }
+
     /// One listen stream: told when the tool list its connection sees changes, ended when its
     /// credential stops working (see [`crate::listen`]).
     async fn follow_tool_list(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
@@ -168,6 +196,7 @@ impl Server {
         metrics.listen_events.with_label_values(&["opened"]).inc();
         metrics.listen_streams.set(self.state.streams.open_count() as i64);
         let tells = subscription.accepted().tools_list_changed == Some(true);
+        let credential = shared::secret::hash_token(authorization.as_deref().unwrap_or_default());
         let mut seen = self.list_digest(&first).await?;
         let mut expires_at = first.expires_at;
         loop {
@@ -188,44 +217,26 @@ impl Server {
                 metrics.listen_events.with_label_values(&["ended"]).inc();
                 return Ok(());
             }
-            // Re-reads are bounded per worker: one push may wake thousands of streams.
-            let slot = self.state.rechecks.acquire().await;
-            // As a new request would: the credential, its rights, the creator, the switches.
-            let fresh = match shared::auth::authenticate_mcp(
-                &self.state.ds,
-                authorization.as_deref(),
-                &self.state.settings.mcp_url(),
-                jiff::Timestamp::now(),
-                None,
-            )
-            .await
-            {
-                Ok(Ok(fresh)) => fresh,
-                Ok(Err(failure)) => {
+            // One re-read per credential and push, shared by its streams (see `listen`).
+            let cell = self.state.streams.reread(credential.clone());
+            let reread = cell.get_or_init(|| self.reread(authorization.as_deref())).await.clone();
+            let now = match reread {
+                listen::Reread::Fresh { digest, expires_at: at } => {
+                    expires_at = at;
+                    digest
+                }
+                listen::Reread::Ended(failure) => {
                     tracing::info!(connection = %connection, reason = ?failure, "listen stream ended: its credential stopped working");
                     metrics.listen_events.with_label_values(&["ended"]).inc();
                     return Ok(());
                 }
-                Err(e) => {
+                listen::Reread::Failed => {
                     // The database is away: look again in a moment (and at the next change).
-                    tracing::warn!(error = %e, "listen stream could not re-read its context");
-                    drop(slot);
                     registered.wake.notify_one();
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     continue;
                 }
             };
-            expires_at = fresh.expires_at;
-            let now = match self.list_digest(&fresh).await {
-                Ok(now) => now,
-                Err(_) => {
-                    drop(slot);
-                    registered.wake.notify_one();
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            drop(slot);
             if now == seen {
                 metrics.listen_events.with_label_values(&["unchanged"]).inc();
                 tracing::debug!(connection = %connection, "listen stream woken; tool list unchanged");

@@ -23,6 +23,8 @@ pub struct Metrics {
     /// What listen streams did: `opened`, `refused`, `changed` (toolsListChanged sent),
     /// `unchanged` (woken, same list), `ended` (the credential stopped working).
     pub listen_events: IntCounterVec,
+    /// Contexts re-read for woken listen streams (one per credential and push).
+    pub listen_rereads: prometheus::IntCounter,
     /// Executions of each hot-path statement on the pipe's open connections, by plan
     /// (`generic`, `custom`), read from `pg_prepared_statements` when metrics are scraped.
     pub pipe_plans: prometheus::IntGaugeVec,
@@ -146,6 +148,12 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.register(Box::new(pipe_plans.clone())).expect("register once");
+        let listen_rereads = prometheus::IntCounter::new(
+            "listen_rereads_total",
+            "Connection contexts re-read for woken listen streams: one per credential and push, shared by its streams",
+        )
+        .expect("valid metric");
+        registry.register(Box::new(listen_rereads.clone())).expect("register once");
         registry.register(Box::new(listen_streams.clone())).expect("register once");
         registry.register(Box::new(nats_connected.clone())).expect("register once");
         registry.register(Box::new(activity_flush_failures.clone())).expect("register once");
@@ -172,6 +180,7 @@ impl Metrics {
             listen_streams,
             listen_events,
             pipe_plans,
+            listen_rereads,
         }
     }
 

@@ -11,6 +11,7 @@ mod console;
 mod fleet;
 mod identity;
 mod listen;
+mod logs;
 mod oauth;
 mod sso;
 mod support;

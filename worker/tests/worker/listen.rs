@@ -82,3 +82,35 @@ async fn a_stream_is_acknowledged_bounded_and_ended_with_its_result_when_the_wor
     let end = read_until(&mut first, "\"result\"").await;
     assert!(end.contains("\"result\"") && end.contains("\"id\":1"), "{end}");
 }
+
+/// A push that concerns eight streams of one credential costs one re-read of its context, and
+/// every stream is still told; a later push starts a new round.
+#[tokio::test]
+async fn streams_of_one_credential_share_one_reread_per_push() {
+    let stack = Stack::start().await;
+    let t0 = &stack.seed.tenants[0];
+    let token = stack.token(0, 0);
+    let mut streams = Vec::new();
+    for id in 1..=worker::listen::MAX_PER_CONNECTION as i64 {
+        let mut r = listen(&stack, &token, id).await;
+        read_until(&mut r, "subscriptions/acknowledged").await;
+        streams.push(r);
+    }
+    let rereads = || stack.state.metrics.listen_rereads.get();
+    let before = rereads();
+    // The connection's creator becomes a viewer: the list changes for every stream.
+    stack
+        .db
+        .exec("UPDATE memberships SET role = 'viewer' WHERE role = 'admin' AND person_id = (SELECT creator_id FROM connections ORDER BY id LIMIT 1)")
+        .await;
+    let tenant = stack
+        .db
+        .scalar_string(&format!("SELECT handle FROM tenants WHERE slug = '{}'", t0.slug))
+        .await;
+    stack.state.streams.poke(&shared::bus::Event::TenantChanged { tenant });
+    for s in streams.iter_mut() {
+        let told = read_until(s, "notifications/tools/list_changed").await;
+        assert!(told.contains("notifications/tools/list_changed"), "every stream is told: {told}");
+    }
+    assert_eq!(rereads() - before, 1, "one re-read for eight streams of one credential");
+}
