@@ -32,6 +32,8 @@ ensure_packages() {
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
   [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+  # The e2e suite runs a fleet behind PgBouncer (session pooling; see docs/operations.md).
+  [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
   # Passkeys (webauthn-rs) build on OpenSSL.
   command -v pkg-config >/dev/null || missing+=(pkg-config)
   [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)

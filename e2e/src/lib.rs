@@ -74,6 +74,9 @@ pub struct Options {
     /// NATS servers: 1, or 3 for a cluster on loopback ports (worker `i` connects to node
     /// `i % 3`, the control plane to all three, the bucket kept on all three).
     pub nats_nodes: usize,
+    /// Put Debian's PgBouncer between the services and Postgres, allowing at most this many
+    /// server connections for the stack's database (`None`: straight to Postgres).
+    pub pgbouncer: Option<u32>,
 }
 
 impl Options {
@@ -91,8 +94,65 @@ impl Options {
             control_args: Vec::new(),
             env: Vec::new(),
             nats_nodes: 1,
+            pgbouncer: None,
         }
     }
+}
+
+/// PgBouncer (Debian's package) on a free loopback port in front of `pg_server`, for one
+/// database, in session pooling mode with at most `max_server` server connections to it.
+/// Returns its URL (same user) and the process.
+fn start_pgbouncer(
+    pg_server: &str,
+    database: &str,
+    max_server: u32,
+    run_dir: &Path,
+) -> Result<(String, Proc)> {
+    let server = url::Url::parse(pg_server)?;
+    let user = if server.username().is_empty() { "postgres" } else { server.username() };
+    let port = free_port()?;
+    // PgBouncer refuses to run as root: it runs as `postgres`, in a directory of its own.
+    let run_dir = &run_dir.join("pgbouncer");
+    std::fs::create_dir_all(run_dir)?;
+    Command::new("chown").args(["postgres:postgres"]).arg(run_dir).status()?;
+    let userlist = run_dir.join("pgbouncer-users.txt");
+    std::fs::write(&userlist, format!("\"{user}\" \"\"\n"))?;
+    let config = format!(
+        "[databases]\n\
+         {database} = host={host} port={pg_port} dbname={database}\n\
+         [pgbouncer]\n\
+         listen_addr = 127.0.0.1\n\
+         listen_port = {port}\n\
+         unix_socket_dir =\n\
+         auth_type = trust\n\
+         auth_file = {userlist}\n\
+         pool_mode = session\n\
+         max_client_conn = 1000\n\
+         default_pool_size = {max_server}\n\
+         max_db_connections = {max_server}\n\
+         server_reset_query = DISCARD ALL\n\
+         ignore_startup_parameters = extra_float_digits\n\
+         query_wait_timeout = 30\n\
+         logfile = {log}\n\
+         pidfile = {pid}\n",
+        host = server.host_str().unwrap_or("127.0.0.1"),
+        pg_port = server.port().unwrap_or(5432),
+        userlist = userlist.display(),
+        log = run_dir.join("pgbouncer-own.log").display(),
+        pid = run_dir.join("pgbouncer.pid").display(),
+    );
+    let ini = run_dir.join("pgbouncer.ini");
+    std::fs::write(&ini, config)?;
+    let mut cmd = Command::new("runuser");
+    cmd.args(["-u", "postgres", "--", "/usr/sbin/pgbouncer"]).arg(&ini);
+    let proc = spawn_logged("pgbouncer", cmd, run_dir)?;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok((format!("postgres://{user}@127.0.0.1:{port}"), proc));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("pgbouncer did not listen on {port}; see {}", run_dir.join("pgbouncer.log").display())
 }
 
 /// A Postgres server of a test's own (initdb'd as the `postgres` user on a free port), so a
@@ -304,7 +364,16 @@ impl Stack {
         std::fs::create_dir_all(opts.run_dir.join("nginx-tmp"))?;
         psql(&opts.pg_server, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", opts.database))?;
         psql(&opts.pg_server, &format!("CREATE DATABASE {}", opts.database))?;
-        let database_url = format!("{}/{}", opts.pg_server, opts.database);
+        let mut pooler = None;
+        let database_url = match opts.pgbouncer {
+            None => format!("{}/{}", opts.pg_server, opts.database),
+            Some(max_server) => {
+                let (url, proc) =
+                    start_pgbouncer(&opts.pg_server, &opts.database, max_server, &opts.run_dir)?;
+                pooler = Some(proc);
+                format!("{url}/{}", opts.database)
+            }
+        };
         gatehousectl(&database_url, &["migrate"])?;
         let seed = gatehousectl(&database_url, &["demo", "seed"])?;
 
@@ -330,7 +399,7 @@ impl Stack {
         let lb_url = format!("http://127.0.0.1:{lb_port}");
         let control_url = format!("http://127.0.0.1:{control_port}");
         let mut stack = Stack {
-            procs: Vec::new(),
+            procs: pooler.into_iter().collect(),
             database_url: database_url.clone(),
             nats_url: nats_url.clone(),
             nats_ports,

@@ -33,6 +33,9 @@ pub struct Server {
     state: Arc<AppState>,
 }
 
+/// What a listen stream's list digest is while agents are turned away.
+const TURNED_AWAY: &[u8] = b"agents turned away";
+
 impl Server {
     pub fn new(state: Arc<AppState>) -> Self {
         Server { state }
@@ -129,7 +132,7 @@ impl Server {
             || self.state.live.killed()
             || self.state.live.tenant_off(tenant)
         {
-            return Ok(b"agents turned away".to_vec());
+            return Ok(TURNED_AWAY.to_vec());
         }
         let tools = self.visible_tools(&context.ctx).await?;
         let listed = serde_json::to_vec(&tools).unwrap_or_default();
@@ -217,9 +220,15 @@ impl Server {
                 metrics.listen_events.with_label_values(&["ended"]).inc();
                 return Ok(());
             }
-            // One re-read per credential and push, shared by its streams (see `listen`).
-            let cell = self.state.streams.reread(credential.clone());
-            let reread = cell.get_or_init(|| self.reread(authorization.as_deref())).await.clone();
+            // Agents turned away (a switch this worker holds from NATS): every call is refused,
+            // so the usable list is empty whatever the context says; no read is needed to say
+            // so. Otherwise one re-read per credential and push, shared by its streams.
+            let reread = if self.state.live.killed() || self.state.live.tenant_off(&tenant) {
+                listen::Reread::Fresh { digest: TURNED_AWAY.to_vec(), expires_at }
+            } else {
+                let cell = self.state.streams.reread(credential.clone());
+                cell.get_or_init(|| self.reread(authorization.as_deref())).await.clone()
+            };
             let now = match reread {
                 listen::Reread::Fresh { digest, expires_at: at } => {
                     expires_at = at;

@@ -29,6 +29,7 @@ async fn main() -> anyhow::Result<()> {
         // The services inherit this process's environment, OTEL_* included.
         env: Vec::new(),
         nats_nodes: 1,
+        pgbouncer: None,
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;

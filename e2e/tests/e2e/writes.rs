@@ -7,6 +7,42 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn confirmations_and_retries_racing_on_two_workers_take_effect_once() {
     let stack = Stack::start(Options::for_test("race", 2)).await.expect("stack");
+    races_take_effect_once(&stack).await;
+}
+
+/// The same races with Debian's PgBouncer between every process and Postgres (session
+/// pooling, at most 24 server connections for the database): the confirmations' advisory
+/// locks are transaction-scoped, the pipe's session settings are `SET`s, and Postgres sees
+/// only PgBouncer's connections, never more than it allows.
+#[tokio::test]
+async fn the_same_races_behind_pgbouncer_take_effect_once_within_its_connections() {
+    let mut opts = Options::for_test("pooled", 2);
+    opts.pgbouncer = Some(24);
+    opts.db_pool = 6;
+    let database = opts.database.clone();
+    let server = opts.pg_server.clone();
+    let stack = Stack::start(opts).await.expect("stack behind pgbouncer");
+    assert!(
+        !stack.database_url.contains(":5432/"),
+        "the services reach Postgres through the pooler"
+    );
+    races_take_effect_once(&stack).await;
+    let out = std::process::Command::new("psql")
+        .arg(format!("{server}/postgres"))
+        .args([
+            "-Atqc",
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'"),
+        ])
+        .output()
+        .expect("psql");
+    let held: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count");
+    assert!((1..=24).contains(&held), "Postgres holds {held} connections for the stack");
+    let log = std::fs::read_to_string(stack.run_dir.join("pgbouncer/pgbouncer-own.log"))
+        .unwrap_or_default();
+    assert!(!log.contains("ERROR") && !log.contains("unsupported startup parameter"), "{log}");
+}
+
+async fn races_take_effect_once(stack: &Stack) {
     let token = stack.token(0, 0);
     let w = stack.worker_urls.clone();
     let found = tool_call(&w[0], &token, "find_customers", json!({"query": "Koch"})).await;
@@ -40,7 +76,7 @@ async fn confirmations_and_retries_racing_on_two_workers_take_effect_once() {
         }
     }
     assert_eq!(executed, 1);
-    assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox"), 1);
+    assert_eq!(psql_count(stack, "SELECT count(*) FROM outbox"), 1);
 
     // A silent write re-sent on the other worker (a retry after a broken stream) executes once.
     let booking = tool_call(&w[0], &token, "find_bookings", json!({"limit": 1})).await["structuredContent"]["bookings"][0]["booking"].clone();
@@ -69,7 +105,7 @@ async fn confirmations_and_retries_racing_on_two_workers_take_effect_once() {
     }
     assert_eq!(replayed, 19);
     assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM booking_notes WHERE body = 'Retry-safe note'"),
+        psql_count(stack, "SELECT count(*) FROM booking_notes WHERE body = 'Retry-safe note'"),
         1
     );
 }
