@@ -43,6 +43,8 @@ struct Args {
     /// Only the read ratio: get_booking straight to one worker against the bare rmcp peer,
     /// alternated three times, on the demo data; prints, writes nothing.
     reads_only: bool,
+    /// Idle listen streams held by one worker in `--listen-only` (default 10,000).
+    listen_streams: usize,
 }
 
 fn args() -> Args {
@@ -53,6 +55,7 @@ fn args() -> Args {
         cluster_only: false,
         reads_only: false,
         listen_only: false,
+        listen_streams: 10_000,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -61,6 +64,9 @@ fn args() -> Args {
             "--concurrency" => a.concurrency = argv[i + 1].parse().expect("--concurrency N"),
             "--seconds" => a.seconds = argv[i + 1].parse().expect("--seconds N"),
             "--out" => a.out = argv[i + 1].clone(),
+            "--listen-streams" => {
+                a.listen_streams = argv[i + 1].parse().expect("--listen-streams N")
+            }
             "--cluster-only" => {
                 a.cluster_only = true;
                 i += 1;
@@ -81,7 +87,7 @@ fn args() -> Args {
                     "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]\n\
                      gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)\n\
                      gatehouse-bench --reads-only     (get_booking against the bare rmcp peer, alternated; prints, writes nothing)\n\
-                     gatehouse-bench --listen-only    (10,000 idle listen streams and change-to-notification latency; writes the Listen streams section)"
+                     gatehouse-bench --listen-only [--listen-streams 10000]   (idle listen streams on one worker, change-to-notification latency and a tenant switch's fan-out; writes the Listen streams section)"
                 );
                 std::process::exit(0);
             }
@@ -737,7 +743,7 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     if args.listen_only {
-        let figures = listen_bench(10_000).await?;
+        let figures = listen_bench(args.listen_streams).await?;
         write_listen_section(&args.out, &figures)?;
         println!(
             "{} idle streams: RSS {} → {} kB, CPU {:.1} %; change → notification p50 {:.1} ms, p99 {:.1} ms, {} missed, {} unaffected told",
@@ -984,6 +990,7 @@ async fn main() -> Result<()> {
         cluster_only: false,
         reads_only: false,
         listen_only: false,
+        listen_streams: args.listen_streams,
     };
     rows.push(
         load(
@@ -1470,6 +1477,8 @@ struct ListenFigures {
 async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     let mut opts = Options::for_test("bench_listen", 2);
     opts.log_level = "warn".into();
+    // Room for the idle streams and the rounds' streams on the same worker.
+    opts.env.push(("GATEHOUSE_MAX_LISTEN_STREAMS".into(), (idle + 1_000).to_string()));
     opts.db_pool = 8;
     let stack = Stack::start(opts).await?;
     let slug = stack.tenant(0)["slug"].as_str().context("slug")?.to_owned();
