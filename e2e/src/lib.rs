@@ -217,6 +217,61 @@ impl PrivatePostgres {
         std::fs::read_to_string(self.dir.join("port")).unwrap_or_default()
     }
 
+    /// A streaming standby of `primary` (pg_basebackup: a copy of its data directory that
+    /// follows its WAL), started on a port of its own. `synchronous` makes the primary wait for
+    /// it before acknowledging a commit, so no acknowledged commit is lost when it is promoted.
+    pub fn standby_of(
+        primary: &PrivatePostgres,
+        name: &str,
+        synchronous: bool,
+    ) -> Result<PrivatePostgres> {
+        let dir = std::env::temp_dir().join(format!("gatehouse-pg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Command::new("chown").args(["postgres:postgres"]).arg(&dir).status()?;
+        as_postgres(&[
+            &pg_bin("pg_basebackup")?.to_string_lossy(),
+            "-D",
+            &dir.join("data").to_string_lossy(),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            primary.port().trim(),
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+            "-R",
+            "--no-sync",
+        ])?;
+        let port = free_port()?;
+        let standby = PrivatePostgres { dir, url: format!("postgres://postgres@127.0.0.1:{port}") };
+        std::fs::write(standby.dir.join("port"), port.to_string())?;
+        standby.resume()?;
+        if synchronous {
+            let out = Command::new("psql")
+                .arg(format!("{}/postgres", primary.url))
+                .args(["-Atqc", "ALTER SYSTEM SET synchronous_standby_names = '*'"])
+                .output()?;
+            if !out.status.success() {
+                bail!("synchronous_standby_names: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            psql(&primary.url, "SELECT pg_reload_conf()")?;
+        }
+        Ok(standby)
+    }
+
+    /// Promotes a standby to primary and waits until it takes writes.
+    pub fn promote(&self) -> Result<()> {
+        as_postgres(&[
+            &pg_bin("pg_ctl")?.to_string_lossy(),
+            "-D",
+            &self.dir.join("data").to_string_lossy(),
+            "-w",
+            "promote",
+        ])
+    }
+
     /// Starts the server (again) and waits until it accepts connections.
     pub fn resume(&self) -> Result<()> {
         let options = format!(

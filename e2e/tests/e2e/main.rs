@@ -8,6 +8,7 @@ mod audit_webhook;
 mod bench;
 mod clients;
 mod console;
+mod failover;
 mod fleet;
 mod identity;
 mod listen;

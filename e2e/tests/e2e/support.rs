@@ -336,3 +336,14 @@ pub(crate) fn psql_text(stack: &Stack, sql: &str) -> String {
         .expect("psql");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// The rows of a one-column query on the stack's database, as text.
+pub(crate) fn psql_rows(stack: &Stack, sql: &str) -> Vec<String> {
+    let out = std::process::Command::new("psql")
+        .arg(&stack.database_url)
+        .args(["-Atqc", sql])
+        .output()
+        .expect("psql");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}

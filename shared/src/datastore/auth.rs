@@ -150,9 +150,13 @@ impl ConnectionContextRow {
 
 fn refuse_standby(on_standby: bool) -> Result<()> {
     if on_standby {
-        return Err(crate::error::Error::Internal(
-            "connected to a hot standby; the connection context needs the primary".into(),
-        ));
+        // A standby answers reads but not the writes a call may make: retry on the primary.
+        super::note_broken();
+        return Err(crate::error::DbFailure {
+            sqlstate: Some("25006".into()),
+            message: "connected to a hot standby; the connection context needs the primary".into(),
+        }
+        .into());
     }
     Ok(())
 }

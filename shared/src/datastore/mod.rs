@@ -34,6 +34,7 @@ mod bookings;
 mod budgets;
 mod connections;
 mod customers;
+mod failover;
 mod housekeeping;
 mod invitations;
 mod oauth;
@@ -78,8 +79,7 @@ pub use technicians::*;
 pub use tenants::*;
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use std::str::FromStr;
+use sqlx::postgres::PgPoolOptions;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -149,6 +149,11 @@ pub(crate) fn note_broken() {
     LAST_BROKEN_MS.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// When a connection last broke (0: never), for the watcher that follows a failover.
+pub(crate) fn broken_at() -> u64 {
+    LAST_BROKEN_MS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether a connection idle for `idle` is checked with a ping before use: it sat for over a
 /// second, or it was handed back no later than a connection last broke.
 pub(crate) fn check_before_use(idle: Duration) -> bool {
@@ -188,10 +193,18 @@ impl Services {
     }
 
     async fn connect_split(url: &str, pool_size: u32, pipe_size: u32) -> Result<Self> {
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))?
-            .application_name("gatehouse");
-        let pipe_config = pipe::config_for(url, &options);
+        // One server, or several of which the primary is used (see `failover`).
+        let servers = failover::servers(url)?;
+        let all = failover::options_of(&servers)?;
+        let at = if all.len() > 1 { failover::primary(&all).await.unwrap_or(0) } else { 0 };
+        let options = all[at].clone();
+        let mut pipe_config = pipe::config_for(&servers[0], &all[0]);
+        if all.len() > 1 {
+            for other in &all[1..] {
+                pipe_config.host(other.get_host()).port(other.get_port());
+            }
+            pipe_config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(pool_size)
             // Bounded and shrinking: a connection idle for IDLE_CLOSE is closed, none is kept
@@ -215,6 +228,9 @@ impl Services {
             })
             .connect_with(options)
             .await?;
+        if all.len() > 1 {
+            tokio::spawn(failover::follow(pool.clone(), all, at));
+        }
         Ok(Services::with_pipe(pool, pipe::Pipe::new(pipe_config, pipe_size as usize)))
     }
 
