@@ -44,7 +44,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
 
 async fn no_such_route() -> Response {
     let body = json!({"error": {"code": "not_found", "message": "No such route in the REST API.",
-        "fix": "The routes are /api/v1/customers, /api/v1/customers/{customer}, /api/v1/bookings, /api/v1/bookings/{booking} and /api/v1/bookings/{booking}/notes (README: REST API)."}});
+        "fix": "The routes are /api/v1/customers, /api/v1/customers/{customer}, /api/v1/bookings, /api/v1/bookings/{booking} and /api/v1/bookings/{booking}/notes (docs/rest-api.md)."}});
     (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
 
@@ -75,7 +75,7 @@ async fn json_errors(response: Response) -> Response {
         s if s.is_server_error() => ("internal", "retry in a moment"),
         _ => (
             "invalid_request",
-            "send a JSON object as the body, as the README's REST section shows",
+            "send a JSON object as the body, as docs/rest-api.md shows",
         ),
     };
     let message = if detail.is_empty() {
