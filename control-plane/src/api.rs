@@ -73,10 +73,7 @@ async fn json_errors(response: Response) -> Response {
         }
         StatusCode::PAYLOAD_TOO_LARGE => ("too_large", "send a smaller body"),
         s if s.is_server_error() => ("internal", "retry in a moment"),
-        _ => (
-            "invalid_request",
-            "send a JSON object as the body, as docs/rest-api.md shows",
-        ),
+        _ => ("invalid_request", "send a JSON object as the body, as docs/rest-api.md shows"),
     };
     let message = if detail.is_empty() {
         status.canonical_reason().unwrap_or("refused").to_owned()

@@ -158,7 +158,8 @@ pub(crate) fn booking_get_sql_with(tenant: &str, handle: &str, at: &str, note: &
                       WHERE n.tenant_id = b.tenant_id AND n.booking_id = b.id
                         AND ({at}::timestamptz IS NULL OR (n.created_at, n.handle) < ({at}, {note}::text))
                       ORDER BY n.created_at DESC, n.handle DESC LIMIT {page}) n) AS notes,
-               b.notes_count AS notes_total
+               (SELECT coalesce(sum(k.n), 0) FROM booking_note_counts k
+                WHERE k.booking_id = b.id)::bigint AS notes_total
              {FROM}
              WHERE b.tenant_id = {tenant} AND b.handle = {handle}",
         page = NOTES_PAGE + 1
@@ -180,6 +181,23 @@ static BOOKING_FIND_LOCK_SQL: LazyLock<String> =
 /// The single-booking query, built once. Public so the benchmark can run it through pgbench.
 pub(crate) fn booking_get_sql() -> &'static str {
     BOOKING_GET_SQL.as_str()
+}
+
+/// One booking of the tenant, held for `tx` against deletion only (`FOR KEY SHARE`): what
+/// adding a note needs. Writers adding notes to one booking do not wait for each other, nor
+/// for an edit of the booking.
+pub(crate) async fn booking_hold(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<(i64, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT id, handle FROM bookings WHERE tenant_id = $1 AND handle = $2 FOR KEY SHARE",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .fetch_optional(&mut **tx)
+    .await?)
 }
 
 /// Locks one booking of the tenant for a write in `tx`.

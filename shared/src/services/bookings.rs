@@ -696,13 +696,16 @@ pub async fn add_booking_note(
         |mut tx| async move {
             let written: Result<Wrote<NoteWritten>> = async {
                 let tx = &mut tx;
-                let row = locked_booking(tx, ctx, &input.booking).await?;
+                // Held against deletion only: notes on one booking are written side by side.
+                let h = BookingHandle::parse("booking", &input.booking)?;
+                let (id, booking) = db::booking_hold(tx, ctx, h.as_str())
+                    .await?
+                    .ok_or_else(|| Error::not_found(Resource::Booking, h.as_str()))?;
                 let note = NoteHandle::generate();
-                db::booking_note_insert(tx, ctx, note.as_str(), row.id, note_source(ctx), text)
-                    .await?;
+                db::booking_note_insert(tx, ctx, note.as_str(), id, note_source(ctx), text).await?;
                 let written = time::present(now, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
-                let targets = vec![row.handle.clone(), note.to_string()];
-                Ok((NoteWritten { note: note.to_string(), booking: row.handle, written }, targets))
+                let targets = vec![booking.clone(), note.to_string()];
+                Ok((NoteWritten { note: note.to_string(), booking, written }, targets))
             }
             .await;
             (tx, written)

@@ -339,3 +339,57 @@ async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
         .await;
     assert_eq!(ok["replayed"], false);
 }
+
+/// Notes on one busy booking are written side by side: twenty at once all land, the count read
+/// with the booking says so, and the booking's own row is never rewritten for them (the count
+/// lives in sharded rows beside it, and adding a note holds the booking against deletion only).
+#[tokio::test]
+async fn notes_added_at_once_to_one_booking_all_land_without_rewriting_it() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (booking, _, _) = handles(&stack, 0).await;
+    let before = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
+    let total_before = before["notes_total"].as_i64().expect("total");
+    let row_version = format!("SELECT xmin::text FROM bookings WHERE handle = '{booking}'");
+    let xmin = stack.db.scalar_string(&row_version).await;
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let (stack_url, token, booking) = (stack.url.clone(), token.clone(), booking.clone());
+            let http = stack.http.clone();
+            tokio::spawn(async move {
+                let body = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+                    "name": "add_booking_note", "arguments": {"booking": booking, "text": format!("side by side {i}")},
+                    "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}}});
+                http.post(format!("{stack_url}/mcp"))
+                    .header("Content-Type", "application/json")
+                    .header("Accept", "application/json, text/event-stream")
+                    .header("MCP-Protocol-Version", PROTOCOL)
+                    .header("Mcp-Method", "tools/call")
+                    .header("Mcp-Name", "add_booking_note")
+                    .bearer_auth(token)
+                    .body(body.to_string())
+                    .send()
+                    .await
+                    .expect("call")
+                    .json::<Value>()
+                    .await
+                    .expect("json")
+            })
+        })
+        .collect();
+    for c in calls {
+        let r = c.await.expect("join");
+        assert_eq!(r["result"]["isError"], false, "{r}");
+    }
+    let after = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
+    assert_eq!(after["notes_total"].as_i64(), Some(total_before + 20));
+    assert_eq!(
+        stack.db.scalar_string(&row_version).await,
+        xmin,
+        "the booking's row was not rewritten"
+    );
+    // Deleting a note counts down; the sum over the shards stays the truth.
+    stack.db.exec(&format!("DELETE FROM booking_notes WHERE body = 'side by side 3'")).await;
+    let after = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
+    assert_eq!(after["notes_total"].as_i64(), Some(total_before + 19));
+}
