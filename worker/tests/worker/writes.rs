@@ -389,7 +389,7 @@ async fn notes_added_at_once_to_one_booking_all_land_without_rewriting_it() {
         "the booking's row was not rewritten"
     );
     // Deleting a note counts down; the sum over the shards stays the truth.
-    stack.db.exec(&format!("DELETE FROM booking_notes WHERE body = 'side by side 3'")).await;
+    stack.db.exec("DELETE FROM booking_notes WHERE body = 'side by side 3'").await;
     let after = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
     assert_eq!(after["notes_total"].as_i64(), Some(total_before + 19));
 }
