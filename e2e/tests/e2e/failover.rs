@@ -156,10 +156,8 @@ async fn promoting_a_synchronous_standby_under_writers_loses_and_doubles_nothing
         sent.len(),
         confirmed.len()
     );
-    assert!(
-        longest < std::time::Duration::from_secs(10),
-        "answered again within 10 s: {longest:?}"
-    );
+    // A liveness bound, not a speed claim (the figure is printed and kept in operations.md).
+    assert!(longest < std::time::Duration::from_secs(30), "answered again: {longest:?}");
     println!(
         "failover: {} notes and {} messages acknowledged, none lost or doubled; longest wait {longest:?}",
         acknowledged.len(),
