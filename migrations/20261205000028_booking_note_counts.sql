@@ -47,4 +47,5 @@ BEGIN
 END
 $$;
 
-ALTER TABLE bookings DROP COLUMN notes_count;
+-- The old column stays (no longer kept) until no running worker reads it: workers of the
+-- previous release serve during a rolling upgrade. A later migration drops it.

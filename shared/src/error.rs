@@ -239,19 +239,29 @@ impl DbFailure {
             None => "Postgres could not be reached",
         };
         match &self.sqlstate {
-            Some(code) => format!("{what}: SQLSTATE {code}: {}", self.message),
+            Some(code) => format!("{what}: SQLSTATE {code}: {}", self.loggable_message()),
             None => format!("{what}: {}", self.message),
         }
     }
 
-    /// Logs it with its fields (never arguments: a database message names no parameter
-    /// values, only objects and constraints).
+    /// What may be logged of Postgres's message: a data exception's (class 22) quotes the
+    /// value it refused, which may be an argument (R14), so only its SQLSTATE is kept.
+    fn loggable_message(&self) -> &str {
+        match self.sqlstate.as_deref() {
+            Some(c) if c.starts_with("22") => "(a value Postgres refused; not logged)",
+            _ => &self.message,
+        }
+    }
+
+    /// Logs it with its fields: the SQLSTATE, and Postgres's message unless it may quote a
+    /// value (see [`DbFailure::loggable_message`]).
     pub fn log(&self) {
         let code = self.sqlstate.as_deref().unwrap_or("none");
+        let message = self.loggable_message();
         if self.unavailable() {
-            tracing::warn!(db.sqlstate = code, db.message = %self.message, "database unavailable");
+            tracing::warn!(db.sqlstate = code, db.message = %message, "database unavailable");
         } else {
-            tracing::error!(db.sqlstate = code, db.message = %self.message, "database error");
+            tracing::error!(db.sqlstate = code, db.message = %message, "database error");
         }
     }
 
@@ -277,9 +287,10 @@ impl From<sqlx::Error> for Error {
         // terminating the session) end a connection as surely as a broken socket.
         let ended = match &e {
             sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
-            sqlx::Error::Database(db) => {
-                db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
-            }
+            // 25006: a read-only server (a standby): the failover watcher looks for the primary.
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "25006"),
             _ => false,
         };
         if ended {
@@ -319,6 +330,8 @@ impl From<sqlx::migrate::MigrateError> for Error {
 pub enum ActionRefusal {
     Unknown,
     Used,
+    /// The action ran once already (an earlier confirmation, maybe one whose answer was lost).
+    AlreadyExecuted,
     Rejected,
     Expired,
     OtherConnection,
@@ -333,7 +346,7 @@ impl ActionRefusal {
     pub fn code(self) -> &'static str {
         match self {
             ActionRefusal::Unknown => "unknown_token",
-            ActionRefusal::Used => "token_used",
+            ActionRefusal::Used | ActionRefusal::AlreadyExecuted => "token_used",
             ActionRefusal::Rejected => "action_rejected",
             ActionRefusal::Expired => "token_expired",
             ActionRefusal::OtherConnection => "foreign_token",

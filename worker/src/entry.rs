@@ -99,8 +99,10 @@ pub async fn authenticate(
         Err(e) => {
             // The cause was logged with its SQLSTATE where it was met.
             refused(&state, received, &parts.headers, "database_unavailable");
+            // Before authentication the caller is told no more than that the database is away;
+            // the cause (Postgres's message, the pool) stays in the log.
             let response = match &e {
-                shared::Error::Unavailable { cause } => unavailable_database(cause),
+                shared::Error::Unavailable { .. } => unavailable_database("no connection to it"),
                 _ => {
                     tracing::error!(error = %e, "connection context lookup failed");
                     unavailable("The database is unreachable; retry shortly.")
@@ -874,7 +876,7 @@ fn unavailable_database(cause: &str) -> Response {
     let body = serde_json::json!({
         "error": "unavailable",
         "error_description": format!(
-            "The database could not serve this call ({cause}); nothing was applied. Retry the same request in {secs} seconds: a write repeated with the same arguments is applied once."
+            "The database could not serve this call ({cause}). Retry the very same request in {secs} seconds, with the same arguments: if the connection broke while it committed it may have taken effect, and a silent write repeated within ten minutes is answered with its first result (replayed), a confirmation with token_used; neither runs twice."
         ),
     });
     let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();

@@ -159,6 +159,15 @@ impl Streams {
         inner.rereads.entry(key).or_default().clone()
     }
 
+    /// Drops this round's shared re-read of a credential when it failed, so the next try reads
+    /// again instead of meeting the same failure.
+    pub fn forget_reread(&self, key: &[u8], failed: &RereadCell) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.rereads.get(key).is_some_and(|c| Arc::ptr_eq(c, failed)) {
+            inner.rereads.remove(key);
+        }
+    }
+
     /// How many streams this worker holds.
     pub fn open_count(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).total

@@ -227,7 +227,12 @@ impl Server {
                 listen::Reread::Fresh { digest: TURNED_AWAY.to_vec(), expires_at }
             } else {
                 let cell = self.state.streams.reread(credential.clone());
-                cell.get_or_init(|| self.reread(authorization.as_deref())).await.clone()
+                let answer =
+                    cell.get_or_init(|| self.reread(authorization.as_deref())).await.clone();
+                if matches!(answer, listen::Reread::Failed) {
+                    self.state.streams.forget_reread(&credential, &cell);
+                }
+                answer
             };
             let now = match reread {
                 listen::Reread::Fresh { digest, expires_at: at } => {

@@ -265,13 +265,18 @@ impl ErrorBody {
                 let fix = match reason {
                     ActionRefusal::SummaryMismatch => "Call confirm_action again with confirm_summary copied exactly from the preview.".to_owned(),
                     ActionRefusal::Used | ActionRefusal::Rejected => "Nothing more happened. Check list_recent_changes; prepare a new action if one is still needed.".to_owned(),
+                    ActionRefusal::AlreadyExecuted => "It took effect once already: do not prepare it again. list_recent_changes shows what it changed.".to_owned(),
                     ActionRefusal::AwaitingApproval => "A person decides in the console; call confirm_action again later to learn the outcome. Do not prepare it again.".to_owned(),
                     ActionRefusal::Denied => "Tell the user it was denied and why; do not prepare it again unless they ask.".to_owned(),
                     _ => "Prepare the action again with its tool; the preview gives a new token.".to_owned(),
                 };
-                let mut body =
-                    ErrorBody::new(error.code(), format!("Nothing was executed: {message}."), fix);
-                if *reason == ActionRefusal::Used {
+                let said = if *reason == ActionRefusal::AlreadyExecuted {
+                    format!("This call executed nothing new: {message}.")
+                } else {
+                    format!("Nothing was executed: {message}.")
+                };
+                let mut body = ErrorBody::new(error.code(), said, fix);
+                if matches!(reason, ActionRefusal::Used | ActionRefusal::AlreadyExecuted) {
                     body.next_tool = Some("list_recent_changes".into());
                 }
                 body
@@ -353,9 +358,9 @@ impl ErrorBody {
             Error::Unavailable { cause } => {
                 let mut body = ErrorBody::new(
                     error.code(),
-                    format!("The database could not serve this call for a moment ({cause}); nothing was applied."),
+                    format!("The database could not serve this call for a moment ({cause})."),
                     format!(
-                        "Retry the same call in {} seconds; a write repeated with the same arguments is applied once.",
+                        "Retry the very same call, with the same arguments, in {} seconds: if the connection broke while it committed it may have taken effect, and a silent write repeated within ten minutes is then answered with its first result (replayed), a confirmation with token_used. Do not change the arguments or prepare the action again.",
                         shared::error::UNAVAILABLE_RETRY_AFTER_SECS
                     ),
                 );

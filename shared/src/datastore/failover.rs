@@ -101,21 +101,35 @@ pub(crate) fn options_of(servers: &[String]) -> Result<Vec<PgConnectOptions>> {
         .collect()
 }
 
-/// Keeps `pool` pointed at the primary among `servers`: after a connection broke, asks each
-/// server in turn and, when another one takes writes, points new connections there.
-pub(crate) async fn follow(pool: sqlx::PgPool, servers: Vec<PgConnectOptions>, mut at: usize) {
+/// Keeps `pool` pointed at the primary among `servers`: after a connection broke (or a
+/// standby refused a write), asks each server in turn and, when another one takes writes,
+/// points new connections there. Until a primary has answered (a process started mid-failover)
+/// it asks every two seconds whatever happens.
+pub(crate) async fn follow(
+    pool: sqlx::PgPool,
+    servers: Vec<PgConnectOptions>,
+    mut at: usize,
+    mut confirmed: bool,
+) {
     let mut seen = super::broken_at();
+    let mut asked = std::time::Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let broken = super::broken_at();
-        if broken == seen {
+        let unsure = !confirmed && asked.elapsed() >= Duration::from_secs(2);
+        if broken == seen && !unsure {
             continue;
         }
+        asked = std::time::Instant::now();
         // Look until a primary answers: a promotion takes a few seconds.
         for _ in 0..100 {
             match primary(&servers).await {
-                Some(found) if found == at => break,
+                Some(found) if found == at => {
+                    confirmed = true;
+                    break;
+                }
                 Some(found) => {
+                    confirmed = true;
                     tracing::warn!(
                         db.server = found,
                         db.was = at,
@@ -125,7 +139,8 @@ pub(crate) async fn follow(pool: sqlx::PgPool, servers: Vec<PgConnectOptions>, m
                     at = found;
                     break;
                 }
-                None => tokio::time::sleep(Duration::from_millis(250)).await,
+                None if confirmed => tokio::time::sleep(Duration::from_millis(250)).await,
+                None => break,
             }
         }
         seen = super::broken_at();

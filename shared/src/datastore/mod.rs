@@ -196,12 +196,13 @@ impl Services {
         // One server, or several of which the primary is used (see `failover`).
         let servers = failover::servers(url)?;
         let all = failover::options_of(&servers)?;
-        let at = if all.len() > 1 { failover::primary(&all).await.unwrap_or(0) } else { 0 };
+        let found = if all.len() > 1 { failover::primary(&all).await } else { Some(0) };
+        let at = found.unwrap_or(0);
         let options = all[at].clone();
         let mut pipe_config = pipe::config_for(&servers[0], &all[0]);
         if all.len() > 1 {
             for other in &all[1..] {
-                pipe_config.host(other.get_host()).port(other.get_port());
+                pipe_config.host(pipe::bare_host(other.get_host())).port(other.get_port());
             }
             pipe_config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
         }
@@ -229,7 +230,7 @@ impl Services {
             .connect_with(options)
             .await?;
         if all.len() > 1 {
-            tokio::spawn(failover::follow(pool.clone(), all, at));
+            tokio::spawn(failover::follow(pool.clone(), all, at, found.is_some()));
         }
         Ok(Services::with_pipe(pool, pipe::Pipe::new(pipe_config, pipe_size as usize)))
     }
@@ -269,6 +270,10 @@ impl Services {
             Error::Unavailable { cause } if cause.contains(crate::error::POOL_TIMED_OUT) => {}
             _ => return error,
         }
+        // One probe at a time per process: a flood of timed-out calls must not become a flood
+        // of connections beyond the pool's bound.
+        static PROBING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+        let Ok(_probe) = PROBING.try_acquire() else { return error };
         let options = self.pool.connect_options();
         let tried = tokio::time::timeout(
             Duration::from_secs(2),

@@ -557,12 +557,17 @@ pub(crate) fn config_for(url: &str, options: &sqlx::postgres::PgConnectOptions) 
     config
 }
 
+/// A host as tokio-postgres takes it: an IPv6 address without the URL's brackets.
+pub(crate) fn bare_host(host: &str) -> &str {
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
+}
+
 /// The server, port, user and database of `options`.
 pub(crate) fn config_from(options: &sqlx::postgres::PgConnectOptions) -> Config {
     let mut config = Config::new();
     match options.get_socket() {
         Some(socket) => config.host_path(socket),
-        None => config.host(options.get_host()),
+        None => config.host(bare_host(options.get_host())),
     };
     config.port(options.get_port()).user(options.get_username());
     if let Some(database) = options.get_database() {

@@ -467,8 +467,11 @@ pub async fn confirm(
 fn state_refusal(p: &db::PendingRow) -> Option<Error> {
     match p.status.as_str() {
         "executed" => Some(refused(
-            ActionRefusal::Used,
-            format!("action {} was executed already; a token works once", p.handle),
+            ActionRefusal::AlreadyExecuted,
+            format!(
+                "action {} ran once already (an earlier confirm_action, possibly one whose answer was lost) and does not run again",
+                p.handle
+            ),
         )),
         "rejected" => {
             Some(refused(ActionRefusal::Rejected, format!("action {} was rejected", p.handle)))

@@ -159,7 +159,7 @@ async fn a_database_out_of_connections_is_a_503_that_names_53300_and_recovers() 
     let (headers, body) = refused.expect("a 503 while Postgres has no connection to give");
     assert_eq!(headers["retry-after"], "5");
     let said = body["error_description"].as_str().unwrap_or_default();
-    assert!(said.contains("53300") && said.contains("nothing was applied"), "{body}");
+    assert!(said.contains("53300") && said.contains("Retry the very same request"), "{body}");
     let logged = String::from_utf8_lossy(&logs().lock().expect("logs")).to_string();
     assert!(
         logged
