@@ -157,10 +157,32 @@ pub async fn authenticate(
         let bytes = match early {
             EarlyBody::Complete(bytes) => bytes,
             EarlyBody::Refused(refusal) => return closing(version, refusal),
-            EarlyBody::Arriving(head, rest) => match read_rest(head, rest).await {
-                Ok(bytes) => bytes,
-                Err(refusal) => return closing(version, refusal),
-            },
+            EarlyBody::Arriving(head, rest) => {
+                let bytes = match read_rest(head, rest).await {
+                    Ok(bytes) => bytes,
+                    Err(refusal) => return closing(version, refusal),
+                };
+                // The credential was checked before its body arrived; a slow body may have
+                // arrived after a revocation whose push has not reached this worker yet. Asked
+                // again now (one statement, slow bodies only), the answer is the database's.
+                let authorization =
+                    parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+                match auth::authenticate_mcp(
+                    &state.ds,
+                    authorization,
+                    &state.settings.mcp_url(),
+                    jiff::Timestamp::now(),
+                    None,
+                )
+                .await
+                {
+                    Ok(Ok(_)) => bytes,
+                    Ok(Err(failure)) => return closing(version, unauthorized(&state, &failure)),
+                    Err(_) => {
+                        return closing(version, unavailable_database("no connection to it"));
+                    }
+                }
+            }
         };
         if let Some(refusal) = legacy_header_mismatch(&parts.headers, &bytes) {
             return refusal;
