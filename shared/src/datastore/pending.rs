@@ -9,6 +9,50 @@ use crate::error::Result;
 
 // ------------------------------------------------------------------ pending actions (R7)
 
+/// Where a pending action is in its life, and the one place its transitions are written:
+/// `pending` → `executed` (confirmed or approved, once), `rejected` (by the agent or a person),
+/// or `superseded` (its content changed before anyone decided; a newer preview replaces it).
+/// The three ends are final. Expiry is not a state: a `pending` action past its time is expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum PendingStatus {
+    Pending,
+    Executed,
+    Rejected,
+    Superseded,
+}
+
+impl PendingStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingStatus::Pending => "pending",
+            PendingStatus::Executed => "executed",
+            PendingStatus::Rejected => "rejected",
+            PendingStatus::Superseded => "superseded",
+        }
+    }
+
+    /// Whether an action in this state may move to `to`: only a pending one moves, and only
+    /// to an end.
+    pub fn may_become(self, to: PendingStatus) -> bool {
+        self == PendingStatus::Pending && to != PendingStatus::Pending
+    }
+}
+
+impl std::fmt::Display for PendingStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who completes a pending action, fixed when it is prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum PendingCompletion {
+    AgentConfirms,
+    PersonApproves,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingRow {
     pub id: i64,
@@ -18,12 +62,12 @@ pub struct PendingRow {
     pub args: Value,
     pub content_hash: String,
     pub summary: String,
-    pub status: String,
+    pub status: PendingStatus,
     pub expired: bool,
     /// When the preview was made: durations in the preview are measured from here.
     pub created_at: DateTime<Utc>,
-    /// `agent_confirms` or `person_approves`, fixed at the preview.
-    pub completion: String,
+    /// Fixed at the preview.
+    pub completion: PendingCompletion,
     pub approver_not_creator: bool,
     /// The person whose connection prepared it.
     pub creator_id: i64,
@@ -158,7 +202,7 @@ pub struct DecidedRow {
     pub handle: String,
     pub tool: String,
     pub summary: String,
-    pub status: String,
+    pub status: PendingStatus,
     pub expired: bool,
     pub at: DateTime<Utc>,
     pub connection_name: String,
@@ -334,20 +378,28 @@ pub(crate) async fn pending_decide(
     tx: &mut Tx<'_>,
     ctx: &OpCtx,
     id: i64,
-    status: &str,
+    status: PendingStatus,
     result: Option<&Value>,
 ) -> Result<()> {
-    sqlx::query(
+    // Only a pending action moves, and only to an end (PendingStatus::may_become); a caller
+    // holds its row lock, so a row that is no longer pending is a bug, said loudly.
+    if !PendingStatus::Pending.may_become(status) {
+        return Err(crate::error::Error::Internal(format!(
+            "a pending action cannot become {status}"
+        )));
+    }
+    let moved = sqlx::query(
         "UPDATE pending_actions SET status = $2, decided_at = now(), result = $3
-         WHERE id = $1 AND tenant_id = $4",
+         WHERE id = $1 AND tenant_id = $4 AND status = 'pending'",
     )
     .bind(id)
     .bind(status)
     .bind(result)
     .bind(ctx.tenant_id())
     .execute(&mut **tx)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected();
+    one_row(moved, "a pending action changed state under its lock")
 }
 
 /// The person who created a connection.

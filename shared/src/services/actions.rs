@@ -409,15 +409,15 @@ pub async fn confirm(
         Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
     };
-    if p.completion == Completion::PersonApproves.as_str() {
+    if p.completion == db::PendingCompletion::PersonApproves {
         // A person decides this one: the agent learns the outcome and can never complete it.
         drop(tx);
-        return match p.status.as_str() {
-            "executed" => p
+        return match p.status {
+            db::PendingStatus::Executed => p
                 .result
                 .and_then(|r| serde_json::from_value(r).ok())
                 .ok_or_else(|| Error::Internal(format!("action {} has no result", p.handle))),
-            "rejected" => Err(refused(
+            db::PendingStatus::Rejected => Err(refused(
                 ActionRefusal::Denied,
                 format!(
                     "a person denied action {}: {}",
@@ -425,7 +425,7 @@ pub async fn confirm(
                     p.decision_reason.as_deref().unwrap_or("no reason given")
                 ),
             )),
-            "superseded" => match p.replaced_by.as_deref() {
+            db::PendingStatus::Superseded => match p.replaced_by.as_deref() {
                 Some(newer) => Err(refused(
                     ActionRefusal::AwaitingApproval,
                     format!(
@@ -465,18 +465,18 @@ pub async fn confirm(
 
 /// Why a pending action's state refuses it, whichever way it is confirmed.
 fn state_refusal(p: &db::PendingRow) -> Option<Error> {
-    match p.status.as_str() {
-        "executed" => Some(refused(
+    match p.status {
+        db::PendingStatus::Executed => Some(refused(
             ActionRefusal::AlreadyExecuted,
             format!(
                 "action {} ran once already (an earlier confirm_action, possibly one whose answer was lost) and does not run again",
                 p.handle
             ),
         )),
-        "rejected" => {
+        db::PendingStatus::Rejected => {
             Some(refused(ActionRefusal::Rejected, format!("action {} was rejected", p.handle)))
         }
-        "superseded" => Some(refused(
+        db::PendingStatus::Superseded => Some(refused(
             ActionRefusal::Used,
             format!("action {} was replaced by a newer preview; use its token", p.handle),
         )),
@@ -508,7 +508,7 @@ async fn execute(
     match mode {
         Completion::AgentConfirms => {}
         Completion::Off => {
-            db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
+            db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
             let error = Error::TurnedOff { tool: op.name().to_owned(), class: op.class().as_str() };
             return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
         }
@@ -529,7 +529,7 @@ async fn execute(
         Ok(plan) => plan,
         Err(e) => {
             // The action no longer applies (the booking was deleted, confirmed elsewhere…): the token dies.
-            db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
+            db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
             let action = format!("{}.confirm", p.tool);
             db::audit_insert(
                 &mut tx,
@@ -549,7 +549,7 @@ async fn execute(
         }
     };
     if plan.content_hash != p.content_hash {
-        db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
         // The new preview promises what holds from now on.
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
         let completes = Completes {
@@ -644,7 +644,7 @@ async fn run_once(
         // What it did counts against its connection's budgets, whoever completed it.
         budgets::count(&mut tx, ctx, p.connection_id, p.id, &plan.effects()).await?;
         let stored = serde_json::to_value(&out).map_err(|e| Error::Internal(e.to_string()))?;
-        db::pending_decide(&mut tx, ctx, p.id, "executed", Some(&stored)).await?;
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Executed, Some(&stored)).await?;
         db::audit_insert(
             &mut tx,
             ctx,
@@ -670,7 +670,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
         Opened::Mine(tx, p) => (tx, *p),
         Opened::Refused(error) => return Err(error),
     };
-    if p.completion == Completion::PersonApproves.as_str() {
+    if p.completion == db::PendingCompletion::PersonApproves {
         return Err(refused(
             ActionRefusal::AwaitingApproval,
             format!(
@@ -679,7 +679,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
             ),
         ));
     }
-    if p.status != "pending" {
+    if p.status != db::PendingStatus::Pending {
         return Err(refuse(
             tx,
             ctx,
@@ -689,7 +689,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
         )
         .await);
     }
-    db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
+    db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Rejected, None).await?;
     let action = format!("{}.reject", p.tool);
     db::audit_insert(
         &mut tx,
@@ -733,7 +733,7 @@ pub(crate) async fn decide(
         return Err(approvals::no_such_action(raw));
     };
     // Actions the agent completes are not the console's to decide.
-    if p.completion != Completion::PersonApproves.as_str() {
+    if p.completion != db::PendingCompletion::PersonApproves {
         return Err(approvals::no_such_action(raw));
     }
     let op = Op::by_name(&p.tool)
@@ -746,8 +746,8 @@ pub(crate) async fn decide(
     let asker_holds = db::connection_live_rights(&mut tx, ctx, p.connection_id)
         .await?
         .is_some_and(|rights| rights.contains(op.right()));
-    let refusal = match p.status.as_str() {
-        "executed" | "rejected" | "superseded" => Some(refused(
+    let refusal = match p.status {
+        db::PendingStatus::Executed | db::PendingStatus::Rejected | db::PendingStatus::Superseded => Some(refused(
             ActionRefusal::Used,
             format!("action {} was decided already ({})", p.handle, p.status),
         )),
@@ -786,7 +786,7 @@ pub(crate) async fn decide(
         crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
     }
     if !approve {
-        db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Rejected, None).await?;
         db::pending_decided_by(&mut tx, ctx, p.id, Some(person), &reason).await?;
         let entry = AuditEntry {
             action: &action,
@@ -813,7 +813,7 @@ pub(crate) async fn decide(
     let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
         Ok(plan) => plan,
         Err(e) => {
-            db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
+            db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
             let entry = AuditEntry {
                 action: &action,
                 outcome: "failed",
@@ -829,7 +829,7 @@ pub(crate) async fn decide(
     };
     if plan.content_hash != p.content_hash {
         // The person is shown the new version; this one can never execute.
-        db::pending_decide(&mut tx, ctx, p.id, "superseded", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
         let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
         let completes = Completes {
             connection_id: p.connection_id,
@@ -933,7 +933,7 @@ pub async fn confirm_sealed(
         Some(refused(ActionRefusal::Expired, "the confirmation expired; call the tool again"))
     } else if p.connection_id != state.connection
         || p.content_hash != state.content_hash
-        || p.completion != Completion::AgentConfirms.as_str()
+        || p.completion != db::PendingCompletion::AgentConfirms
     {
         Some(stale("does not match its action"))
     } else {
@@ -946,7 +946,7 @@ pub async fn confirm_sealed(
         return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
     }
     if !accept {
-        db::pending_decide(&mut tx, ctx, p.id, "rejected", None).await?;
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Rejected, None).await?;
         let action = format!("{}.reject", p.tool);
         let entry = AuditEntry {
             action: &action,

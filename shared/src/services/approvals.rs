@@ -325,10 +325,10 @@ pub async fn history(ds: &Services, ctx: &OpCtx, limit: i64) -> Result<Vec<PastD
             action: r.handle,
             tool: r.tool,
             summary: r.summary,
-            outcome: match (r.status.as_str(), r.expired) {
-                ("executed", _) => "approved",
-                ("rejected", _) => "denied",
-                ("superseded", _) => "changed",
+            outcome: match (r.status, r.expired) {
+                (db::PendingStatus::Executed, _) => "approved",
+                (db::PendingStatus::Rejected, _) => "denied",
+                (db::PendingStatus::Superseded, _) => "changed",
                 _ => "expired",
             },
             at: utc(r.at),
@@ -434,7 +434,7 @@ pub async fn decision_for(
     let mut tx = ds.begin().await?;
     let p = db::pending_lock_by_handle(&mut tx, ctx, handle)
         .await?
-        .filter(|p| p.completion == Completion::PersonApproves.as_str())
+        .filter(|p| p.completion == db::PendingCompletion::PersonApproves)
         .ok_or_else(|| no_such_action(raw))?;
     tx.rollback().await?;
     Ok(crate::services::passkeys::Decision::approve_action(&p.handle, &p.content_hash))
