@@ -28,6 +28,9 @@ pub struct Common {
     /// 3 on a three-node cluster, so one node can stop).
     pub nats_replicas: usize,
     pub db_max_connections: u32,
+    /// Seconds a pooled connection may sit idle before it is closed (`GATEHOUSE_DB_IDLE_SECS`,
+    /// 1 to 3600, default 30).
+    pub db_idle_secs: u64,
     /// Connections in a worker's hot-path pipe (`GATEHOUSE_DB_PIPE`); `None`: one per four cores.
     pub db_pipe: Option<u32>,
     /// The keys that seal secrets kept in Postgres (`GATEHOUSE_SECRET_KEYS`,
@@ -92,6 +95,15 @@ impl Common {
         let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
         let db_max_connections =
             std::env::var("GATEHOUSE_DB_POOL").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
+        let db_idle_secs = match std::env::var("GATEHOUSE_DB_IDLE_SECS") {
+            Err(_) => 30,
+            Ok(v) => v.trim().parse().ok().filter(|n| (1..=3600).contains(n)).ok_or_else(|| {
+                Error::invalid(
+                    "GATEHOUSE_DB_IDLE_SECS",
+                    "use 1 to 3600 (seconds a pooled connection may sit idle before it is closed)",
+                )
+            })?,
+        };
         let db_pipe = match std::env::var("GATEHOUSE_DB_PIPE") {
             Err(_) => None,
             Ok(v) => Some(v.trim().parse().ok().filter(|n| (1..=64).contains(n)).ok_or_else(|| {
@@ -112,6 +124,7 @@ impl Common {
             nats_url,
             nats_replicas,
             db_max_connections,
+            db_idle_secs,
             db_pipe,
             secret_keys: std::env::var("GATEHOUSE_SECRET_KEYS")
                 .ok()

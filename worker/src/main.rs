@@ -66,10 +66,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let telemetry = shared::telemetry::init("gatehouse-worker").map_err(|e| anyhow::anyhow!(e))?;
     let common = Common::from_env()?;
-    let ds = Services::connect_worker(
+    let ds = Services::connect_worker_idle(
         common.database_url.expose(),
         common.db_max_connections,
         common.db_pipe,
+        std::time::Duration::from_secs(common.db_idle_secs),
     )
     .await?;
     let public_url = args.public_url.trim_end_matches('/').to_owned();

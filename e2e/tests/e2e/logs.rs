@@ -52,3 +52,65 @@ async fn calls_at_info(format: &str) {
     // The figure docs/operations.md states.
     println!("log bytes per 1000 calls at info ({format}): {}", added.len() * 1000 / calls);
 }
+
+/// What a worker holds of Postgres: its pool grows under a burst and gives back what sits idle
+/// (here after 2 s, `GATEHOUSE_DB_IDLE_SECS`; 30 s by default), so an idle worker holds its pipe
+/// alone, at most 3 connections; each is named for who holds it in `pg_stat_activity`.
+#[tokio::test]
+async fn an_idle_worker_gives_its_connections_back() {
+    let mut opts = Options::for_test("idlepool", 1);
+    opts.env.push(("GATEHOUSE_DB_IDLE_SECS".into(), "2".into()));
+    let database = opts.database.clone();
+    let server = opts.pg_server.clone();
+    let stack = Stack::start(opts).await.expect("stack");
+    let held = || {
+        let out = std::process::Command::new("psql")
+            .arg(format!("{server}/postgres"))
+            .args([
+                "-Atqc",
+                &format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'
+                       AND application_name IN ('gatehouse-worker', 'gatehouse-pipe')"
+                ),
+            ])
+            .output()
+            .expect("psql");
+        String::from_utf8_lossy(&out.stdout).trim().parse::<i64>().expect("a count")
+    };
+    let token = stack.token(0, 0);
+    let worker = stack.worker_urls[0].clone();
+    let booking =
+        tool_call(&worker, &token, "find_bookings", json!({"limit": 1})).await["structuredContent"]
+            ["bookings"][0]["booking"]
+            .clone();
+    // A burst of concurrent writes and reads makes the pool open connections.
+    let calls: Vec<_> = (0..24)
+        .map(|i| {
+            let (worker, token, booking) = (worker.clone(), token.clone(), booking.clone());
+            tokio::spawn(async move {
+                tool_call(
+                    &worker,
+                    &token,
+                    "add_booking_note",
+                    json!({"booking": booking, "text": format!("burst {i}")}),
+                )
+                .await
+            })
+        })
+        .collect();
+    for c in calls {
+        assert_eq!(c.await.expect("join")["isError"], false);
+    }
+    let busy = held();
+    assert!(busy > 2, "the burst opened pooled connections: {busy}");
+    // Idle, the worker gives them back (with time to spare for the pool's reaper).
+    let mut idle = busy;
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        idle = held();
+        if idle <= 3 {
+            break;
+        }
+    }
+    assert!(idle <= 3, "an idle worker holds at most 3 connections, not {idle}");
+}

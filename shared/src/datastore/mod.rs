@@ -169,7 +169,14 @@ impl Services {
     /// Connects a pool of at most `max_connections` to `url` (the control plane, the CLI: the
     /// hot path's pipe is never used there and opens nothing).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        Services::connect_split(url, max_connections, max_connections.max(1)).await
+        Services::connect_split(
+            url,
+            max_connections,
+            max_connections.max(1),
+            "gatehouse",
+            IDLE_CLOSE,
+        )
+        .await
     }
 
     /// Connects a worker with at most `max_connections` in all: the hot path's pipe (`pipe`
@@ -186,16 +193,37 @@ impl Services {
         max_connections: u32,
         pipe: Option<u32>,
     ) -> Result<Self> {
+        Services::connect_worker_idle(url, max_connections, pipe, IDLE_CLOSE).await
+    }
+
+    /// [`Services::connect_worker`], closing pooled connections idle for `idle`
+    /// (`GATEHOUSE_DB_IDLE_SECS`). Its pool's connections are named `gatehouse-worker` in
+    /// `pg_stat_activity`, the pipe's `gatehouse-pipe`, the control plane's and the CLI's
+    /// `gatehouse`, so an operator sees who holds what.
+    pub async fn connect_worker_idle(
+        url: &str,
+        max_connections: u32,
+        pipe: Option<u32>,
+        idle: Duration,
+    ) -> Result<Self> {
         let total = max_connections.max(3);
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
         let pipe_size = pipe.unwrap_or(cores.div_ceil(4)).min(total / 3).max(1);
-        Services::connect_split(url, total - 2 * pipe_size, pipe_size).await
+        Services::connect_split(url, total - 2 * pipe_size, pipe_size, "gatehouse-worker", idle)
+            .await
     }
 
-    async fn connect_split(url: &str, pool_size: u32, pipe_size: u32) -> Result<Self> {
+    async fn connect_split(
+        url: &str,
+        pool_size: u32,
+        pipe_size: u32,
+        name: &'static str,
+        idle: Duration,
+    ) -> Result<Self> {
         // One server, or several of which the primary is used (see `failover`).
         let servers = failover::servers(url)?;
-        let all = failover::options_of(&servers)?;
+        let all: Vec<_> =
+            failover::options_of(&servers)?.into_iter().map(|o| o.application_name(name)).collect();
         let found = if all.len() > 1 { failover::primary(&all).await } else { Some(0) };
         let at = found.unwrap_or(0);
         let options = all[at].clone();
@@ -212,7 +240,7 @@ impl Services {
             // open for nothing, so an idle process holds (nearly) none and a fleet's sum stays
             // within what Postgres (or its pooler) allows (docs/operations.md, "Connections").
             .min_connections(0)
-            .idle_timeout(Some(IDLE_CLOSE))
+            .idle_timeout(Some(idle))
             .acquire_timeout(Duration::from_secs(5))
             // sqlx pings every connection it hands out by default: a round trip per statement
             // (docs/profile-read-path.md measured it at a tenth of a read's CPU). Only a
