@@ -349,6 +349,34 @@ enum PersonCmd {
         #[arg(long)]
         email: String,
     },
+    /// Invite someone by email with a role: the email goes through the outbox, and the link
+    /// (valid 7 days, once) is printed once, to pass on by hand.
+    Invite {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        name: String,
+        /// admin, dispatcher or viewer.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// The console's public URL, which the link starts with.
+        #[arg(long, env = "GATEHOUSE_PUBLIC_URL")]
+        console_url: String,
+    },
+    /// The tenant's invitations still waiting.
+    Invitations {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Revoke a waiting invitation (inv_…): its link stops working.
+    Uninvite {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long)]
+        invitation: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -670,7 +698,10 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
             let slug = match &cmd {
                 PersonCmd::Create { t, .. }
                 | PersonCmd::SetRole { t, .. }
-                | PersonCmd::Deactivate { t, .. } => t.tenant.clone(),
+                | PersonCmd::Deactivate { t, .. }
+                | PersonCmd::Invite { t, .. }
+                | PersonCmd::Invitations { t }
+                | PersonCmd::Uninvite { t, .. } => t.tenant.clone(),
             };
             let ctx = in_tenant(&ds, operator.as_ref(), &slug).await?;
             match cmd {
@@ -705,6 +736,50 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                         list(&d.revoked_api_tokens)
                     );
                     Ok((to_json(&d), text))
+                }
+                PersonCmd::Invite { email, name, role, console_url, .. } => {
+                    let invite = shared::services::invitations::Invite {
+                        email: &email,
+                        name: &name,
+                        role: role.parse::<Role>()?,
+                    };
+                    let sent =
+                        shared::services::invitations::invite(&ds, &ctx, invite, &console_url)
+                            .await?;
+                    let text = format!(
+                        "invited {} as {} ({}), until {}; the email is queued. The link, shown once:\n{}",
+                        sent.email, sent.role, sent.invitation, sent.expires_at, sent.link
+                    );
+                    Ok((to_json(&sent), text))
+                }
+                PersonCmd::Invitations { .. } => {
+                    let list = shared::services::invitations::list_open(&ds, &ctx).await?;
+                    let text = if list.is_empty() {
+                        "no invitation is waiting".to_owned()
+                    } else {
+                        list.iter()
+                            .map(|i| {
+                                format!(
+                                    "{}  {}  {}  until {}{}",
+                                    i.invitation,
+                                    i.email,
+                                    i.role,
+                                    i.expires_at,
+                                    if i.expired { " (expired)" } else { "" }
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    };
+                    Ok((to_json(&list), text))
+                }
+                PersonCmd::Uninvite { invitation, .. } => {
+                    let email =
+                        shared::services::invitations::revoke(&ds, &ctx, &invitation).await?;
+                    Ok((
+                        json!({"invitation": invitation, "email": email, "revoked": true}),
+                        format!("the invitation to {email} is revoked; its link no longer works"),
+                    ))
                 }
             }
         }

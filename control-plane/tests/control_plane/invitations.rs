@@ -474,3 +474,72 @@ async fn invited_csrf(browser: &Browser) -> String {
     let html = browser.get("/tenants").await.text().await.expect("html");
     form_fields(&html, "/logout").into_iter().find(|(k, _)| k == "csrf").expect("csrf").1
 }
+
+#[tokio::test]
+async fn gatehousectl_invites_lists_and_revokes_with_json() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let (ok, sent) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &[
+            "person",
+            "invite",
+            "--tenant",
+            &t0.slug,
+            "--email",
+            "cli.invitee@example.com",
+            "--name",
+            "Cli Invitee",
+            "--role",
+            "dispatcher",
+            "--console-url",
+            &api.url,
+        ],
+    );
+    assert!(ok, "{sent}");
+    let link = sent["link"].as_str().expect("the link, once");
+    assert!(link.starts_with(&format!("{}/invitations/gh_inv_", api.url)), "{link}");
+    let handle = sent["invitation"].as_str().expect("handle").to_owned();
+    let (ok, list) =
+        ctl_as(&api._db, Some(&t0.admin.email), &["person", "invitations", "--tenant", &t0.slug]);
+    assert!(ok && list.to_string().contains("cli.invitee@example.com"), "{list}");
+    assert!(!list.to_string().contains("gh_inv_"), "a list never shows a link");
+    // A member, an unknown role: refused, nothing sent.
+    for (email, role) in [(t0.dispatcher.email.as_str(), "viewer"), ("x@example.com", "owner")] {
+        let (ok, refused) = ctl_as(
+            &api._db,
+            Some(&t0.admin.email),
+            &[
+                "person",
+                "invite",
+                "--tenant",
+                &t0.slug,
+                "--email",
+                email,
+                "--name",
+                "X",
+                "--role",
+                role,
+                "--console-url",
+                &api.url,
+            ],
+        );
+        assert!(!ok, "{email} {role}: {refused}");
+    }
+    let (ok, gone) = ctl_as(
+        &api._db,
+        Some(&t0.admin.email),
+        &["person", "uninvite", "--tenant", &t0.slug, "--invitation", &handle],
+    );
+    assert!(ok && gone["revoked"] == true, "{gone}");
+    let path = url::Url::parse(link).expect("url").path().to_owned();
+    assert_eq!(open(&api, &path).await.0, 404, "a revoked link opens nothing");
+    assert_eq!(
+        api._db
+            .scalar_i64("SELECT count(*) FROM outbox WHERE recipient = 'cli.invitee@example.com'")
+            .await,
+        1,
+        "one email for the one invitation"
+    );
+}
