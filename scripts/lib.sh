@@ -32,8 +32,6 @@ ensure_packages() {
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
   command -v nats-server >/dev/null || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
   [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
-  # The e2e suite runs a fleet behind PgBouncer (session pooling; see docs/operations.md).
-  [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
   # Passkeys (webauthn-rs) build on OpenSSL.
   command -v pkg-config >/dev/null || missing+=(pkg-config)
   [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
@@ -98,6 +96,8 @@ ensure_running() {
 # Node 22 with the MCP Inspector, the conformance suite and the TypeScript SDK.
 ensure_all() {
   ensure_running
+  # The e2e suite runs a fleet behind PgBouncer (session pooling; see docs/operations.md).
+  [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
   command -v python3 >/dev/null || apt_install python3 python3-venv
   ensure_venv
   ensure_browser
