@@ -79,9 +79,13 @@ async fn main() -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--dev-ca-cert {}: {e}", path.display()))?;
         fetch.extra_roots.push(reqwest::Certificate::from_pem(&pem)?);
     }
-    let mut ds = Services::connect(common.database_url.expose(), common.db_max_connections)
-        .await?
-        .with_bus(shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas));
+    let mut ds = Services::connect_idle(
+        common.database_url.expose(),
+        common.db_max_connections,
+        std::time::Duration::from_secs(common.db_idle_secs),
+    )
+    .await?
+    .with_bus(shared::bus::Bus::spawn(&common.nats_url, common.nats_replicas));
     if let Some(keys) = common.seal_keys()? {
         ds = ds.with_secret_keys(keys);
     }

@@ -361,8 +361,9 @@ enum PersonCmd {
         /// admin, dispatcher or viewer.
         #[arg(long, default_value = "viewer")]
         role: String,
-        /// The console's public URL, which the link starts with.
-        #[arg(long, env = "GATEHOUSE_PUBLIC_URL")]
+        /// The console's public URL, which the link starts with (the chart sets
+        /// GATEHOUSE_CONTROL_URL in every pod).
+        #[arg(long, env = "GATEHOUSE_CONTROL_URL")]
         console_url: String,
     },
     /// The tenant's invitations still waiting.

@@ -169,14 +169,14 @@ impl Services {
     /// Connects a pool of at most `max_connections` to `url` (the control plane, the CLI: the
     /// hot path's pipe is never used there and opens nothing).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        Services::connect_split(
-            url,
-            max_connections,
-            max_connections.max(1),
-            "gatehouse",
-            IDLE_CLOSE,
-        )
-        .await
+        Services::connect_idle(url, max_connections, IDLE_CLOSE).await
+    }
+
+    /// [`Services::connect`], closing pooled connections idle for `idle`
+    /// (`GATEHOUSE_DB_IDLE_SECS`; the control plane).
+    pub async fn connect_idle(url: &str, max_connections: u32, idle: Duration) -> Result<Self> {
+        Services::connect_split(url, max_connections, max_connections.max(1), "gatehouse", idle)
+            .await
     }
 
     /// Connects a worker with at most `max_connections` in all: the hot path's pipe (`pipe`
