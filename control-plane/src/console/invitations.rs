@@ -138,10 +138,7 @@ pub(super) async fn sent(
     Path(handle): Path<String>,
     headers: HeaderMap,
 ) -> Answer {
-    let open = invitations::list_open(&state.ds, &t.ctx).await?;
-    let Some(inv) = open.into_iter().find(|i| i.invitation == handle) else {
-        return Err(Error::not_found(shared::error::Resource::Invitation, handle).into());
-    };
+    let inv = invitations::get_open(&state.ds, &t.ctx, &handle).await?;
     let (link, clear) =
         super::once_secret(&state, &t.session, &headers, "/people/invitations/", &inv.invitation);
     let body = html! {

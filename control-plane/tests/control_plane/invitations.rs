@@ -59,6 +59,11 @@ async fn open(api: &Api, path: &str) -> (reqwest::StatusCode, String, String) {
     (status, r.text().await.expect("html"), cookie)
 }
 
+/// The path of an invitation's link (the test server's own origin).
+fn path_of(link: &str) -> String {
+    url::Url::parse(link).expect("a link").path().to_owned()
+}
+
 fn token_field(html: &str) -> String {
     html.split("name=\"invite_csrf\" value=\"")
         .nth(1)
@@ -98,7 +103,7 @@ async fn an_invited_person_joins_once_by_setting_a_password() {
         "Invite comes before the list"
     );
     let link = invite(&admin, &csrf, "Newcomer@Example.com", "dispatcher").await;
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     assert!(path.starts_with("/invitations/gh_inv_"), "{path}");
 
     // The email went to the outbox with the link; the audit names the invitation, not the address.
@@ -237,7 +242,7 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
         db.scalar_string("SELECT handle FROM invitations WHERE email = 'gone@example.com'").await;
     let r = admin.post(&format!("/people/invitations/{handle}/revoke"), &form(&csrf, &[])).await;
     assert_eq!(r.status(), 303);
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     assert_eq!(open(&api, &path).await.0, 404);
     // A second revocation says it was revoked already; another tenant cannot revoke.
     let r = admin.post(&format!("/people/invitations/{handle}/revoke"), &form(&csrf, &[])).await;
@@ -254,9 +259,12 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
             .status(),
         404
     );
+    // Nor can another tenant, or a made-up handle, open the page a sent invitation shows.
+    assert_eq!(other.get(&format!("/people/invitations/{late}/sent")).await.status(), 404);
+    assert_eq!(admin.get("/people/invitations/not-a-handle/sent").await.status(), 404);
     // Expired: the same.
     db.exec("UPDATE invitations SET expires_at = now() - interval '1 second' WHERE email = 'late@example.com'").await;
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     assert_eq!(open(&api, &path).await.0, 404);
     // An expired invitation does not block a new one to the same address.
     invite(&admin, &csrf, "late@example.com", "viewer").await;
@@ -274,7 +282,7 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
     // Someone with an account (the other tenant's dispatcher) joins by signing in to it.
     let email = t1.dispatcher.email.as_str();
     let link = invite(&admin, &csrf, email, "viewer").await;
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     let (_, html, cookie) = open(&api, &path).await;
     assert!(html.contains("Sign in to accept") && !html.contains("Set a password"), "{html}");
     // A password cannot be set on an account that exists.
@@ -346,7 +354,7 @@ async fn an_invited_address_joins_through_single_sign_on_with_the_invitations_ro
     ));
     assert_eq!(finish(&api, &idp, &started, token).await.status(), 401);
     let link = invite(&admin, &csrf, "invitee@northwind.example", "dispatcher").await;
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     let (_, html, _) = open(&api, &path).await;
     assert!(html.contains("Continue with single sign-on"), "{html}");
     let started = start(&api, "invitee@northwind.example").await;
@@ -383,7 +391,7 @@ async fn an_older_invitation_never_brings_back_or_promotes_someone_added_or_remo
     )
     .await
     .expect("added directly");
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     assert_eq!(open(&api, &path).await.0, 404, "the older invitation no longer works");
     // Invited again while a member: refused. Deactivated, the next invitation brings them back
     // with its own role, and one sent before the deactivation does not.
@@ -398,7 +406,7 @@ async fn an_older_invitation_never_brings_back_or_promotes_someone_added_or_remo
         .await
         .expect("deactivate");
     let link = invite(&admin, &csrf, "later@example.com", "dispatcher").await;
-    let path = url::Url::parse(&link).expect("url").path().to_owned();
+    let path = path_of(&link);
     let invited = Browser::sign_in(&api, "later@example.com", "a long enough password").await;
     let page = invited.get(&path).await.text().await.expect("html");
     let session_csrf =

@@ -265,6 +265,22 @@ impl Services {
         .await?)
     }
 
+    /// One open invitation of the tenant by its handle.
+    pub(crate) async fn invitation_get_open(
+        &self,
+        ctx: &OpCtx,
+        handle: &str,
+    ) -> Result<Option<InvitationRow>> {
+        Ok(sqlx::query_as::<_, InvitationRow>(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} FROM invitations i LEFT JOIN people p ON p.id = i.invited_by
+             WHERE i.tenant_id = $1 AND i.handle = $2 AND i.accepted_at IS NULL AND i.revoked_at IS NULL"
+        )))
+        .bind(ctx.tenant_id())
+        .bind(handle)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
     /// The tenant's open invitations (expired ones included: the page says so), newest first.
     pub(crate) async fn invitation_list_open(
         &self,

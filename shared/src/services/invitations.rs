@@ -198,6 +198,15 @@ pub async fn list_open(ds: &Services, ctx: &OpCtx) -> Result<Vec<InvitationSumma
     Ok(ds.invitation_list_open(ctx, 200).await?.into_iter().map(summary).collect())
 }
 
+/// One waiting invitation of the tenant, by a handle as it came from outside.
+pub async fn get_open(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<InvitationSummary> {
+    ctx.require(Right::PeopleManage)?;
+    let not_found =
+        || Error::not_found(Resource::Invitation, raw.chars().take(40).collect::<String>());
+    let handle = InvitationHandle::parse("invitation", raw.trim()).map_err(|_| not_found())?;
+    ds.invitation_get_open(ctx, handle.as_str()).await?.map(summary).ok_or_else(not_found)
+}
+
 /// Revokes a waiting invitation: its link stops working. Returns the address it was for.
 pub async fn revoke(ds: &Services, ctx: &OpCtx, raw: &str) -> Result<String> {
     ctx.require(Right::PeopleManage)?;
