@@ -68,13 +68,24 @@ impl AuthFailure {
 pub enum ReadAhead {
     /// `get_booking`: one booking of the tenant and its notes before the cursor.
     Booking { handle: String, notes_before: Option<crate::datastore::NotesBefore> },
+    /// `find_bookings`: one page of a search, the filter as the service runs it (its limit one
+    /// more than the page, to tell whether another follows).
+    Bookings(crate::datastore::BookingFilter),
+}
+
+/// The rows read ahead, by the kind of read.
+pub(crate) enum AheadRows {
+    /// The booking of that handle, or `None` when the tenant has none.
+    Booking(Option<crate::datastore::BookingRow>),
+    /// A search's page, never empty.
+    Bookings(Vec<crate::datastore::BookingRow>),
 }
 
 /// What was read ahead, taken at most once. Its `Debug` shows the key only: the row holds a
 /// customer's data (R14).
 pub struct ReadAheadRow {
     pub(crate) key: ReadAhead,
-    row: std::sync::Mutex<Option<Option<crate::datastore::BookingRow>>>,
+    row: std::sync::Mutex<Option<AheadRows>>,
 }
 
 impl std::fmt::Debug for ReadAheadRow {
@@ -84,11 +95,11 @@ impl std::fmt::Debug for ReadAheadRow {
 }
 
 impl ReadAheadRow {
-    pub(crate) fn new(key: ReadAhead, row: Option<crate::datastore::BookingRow>) -> Self {
-        ReadAheadRow { key, row: std::sync::Mutex::new(Some(row)) }
+    pub(crate) fn new(key: ReadAhead, rows: AheadRows) -> Self {
+        ReadAheadRow { key, row: std::sync::Mutex::new(Some(rows)) }
     }
 
-    pub(crate) fn take(&self) -> Option<Option<crate::datastore::BookingRow>> {
+    pub(crate) fn take(&self) -> Option<AheadRows> {
         self.row.lock().ok()?.take()
     }
 
@@ -107,10 +118,7 @@ impl crate::ctx::ReadAheadSlot for ReadAheadRow {
 /// The row read ahead for `key` with this context, once: `None` when nothing was read ahead
 /// for this very read (another key, another call, or already taken), so the service reads it
 /// itself.
-pub(crate) fn take_read_ahead(
-    ctx: &OpCtx,
-    key: &ReadAhead,
-) -> Option<Option<crate::datastore::BookingRow>> {
+pub(crate) fn take_read_ahead(ctx: &OpCtx, key: &ReadAhead) -> Option<AheadRows> {
     ctx.read_ahead::<ReadAheadRow>().filter(|r| r.key == *key)?.take()
 }
 
@@ -161,15 +169,23 @@ pub async fn authenticate_mcp(
         let row = svc.entry_connection_context(&hash).await?;
         return Ok(mcp_context(row, audience, now));
     };
-    let ReadAhead::Booking { handle, notes_before } = &key;
-    let Some(read) =
-        svc.entry_connection_context_with_booking(&hash, handle, notes_before.clone()).await?
-    else {
-        return Ok(mcp_context(None, audience, now));
+    let (context, rows) = match &key {
+        ReadAhead::Booking { handle, notes_before } => {
+            match svc.entry_connection_context_with_booking(&hash, handle, notes_before.clone()).await? {
+                Some(read) => (Some(read.context), read.booking.map(AheadRows::Booking)),
+                None => (None, None),
+            }
+        }
+        ReadAhead::Bookings(filter) => {
+            match svc.entry_connection_context_with_bookings(&hash, filter).await? {
+                Some(read) => (Some(read.context), read.bookings.map(AheadRows::Bookings)),
+                None => (None, None),
+            }
+        }
     };
-    Ok(mcp_context(Some(read.context), audience, now).map(|mut context| {
-        if let Some(booking) = read.booking {
-            context.ctx = context.ctx.with_read_ahead(ReadAheadRow::new(key, booking));
+    Ok(mcp_context(context, audience, now).map(|mut context| {
+        if let Some(rows) = rows {
+            context.ctx = context.ctx.with_read_ahead(ReadAheadRow::new(key, rows));
         }
         context
     }))

@@ -124,6 +124,14 @@ impl TestDb {
             .await
             .expect("scalar query")
     }
+
+    /// Every row's one text column.
+    pub async fn scalar_strings(&self, sql: &str) -> Vec<String> {
+        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_all(self.ds.pool())
+            .await
+            .expect("scalar query")
+    }
 }
 
 // ---------------------------------------------------------------- builders (STYLE 16)

@@ -1,8 +1,9 @@
 //! The connection context: one query per MCP request (DESIGN step 3, R4).
 
-use crate::datastore::Services;
 use crate::datastore::pipe::{PipeRow, Sql};
+use crate::datastore::{BookingFilter, BookingRow, Services, from_ts};
 use crate::error::Result;
+use tokio_postgres::types::ToSql;
 
 /// Everything a worker needs to decide about one MCP request, read in one round trip:
 /// the token, its connection, the tenant and both switches, the creator and their current
@@ -98,14 +99,35 @@ pub(crate) static CONTEXT_AND_BOOKING_SQL: std::sync::LazyLock<String> =
         format!(
             "WITH ctx AS ({CONTEXT_SELECT})
              SELECT ctx.*, bk.* FROM ctx
-             LEFT JOIN LATERAL ({booking}) bk
-               ON ctx.connection_status = 'active' AND ctx.tenant_agent_access
-                  AND NOT ctx.global_kill AND NOT ctx.on_standby
-                  AND (ctx.token_expires_at IS NULL OR ctx.token_expires_at > now())
-                  AND ctx.creator_active AND ctx.membership_active IS TRUE",
+             LEFT JOIN LATERAL ({booking}) bk ON {READ_GATES}",
             booking = crate::datastore::booking_get_sql_with("ctx.tenant_id", "$2", "$3", "$4"),
         )
     });
+
+/// The connection context and one page of a booking search in its tenant, in one statement,
+/// so a `find_bookings` call costs one round trip ($1 token hash, $2–$9 the search as
+/// [`crate::datastore::booking_find_sql_with`] takes it). One row per booking found, in the
+/// search's order, each carrying the context; one row with the context alone when none is.
+pub(crate) static CONTEXT_AND_BOOKINGS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| {
+        format!(
+            "WITH ctx AS ({CONTEXT_SELECT})
+             SELECT ctx.*, bk.* FROM ctx
+             LEFT JOIN LATERAL ({search}) bk ON {READ_GATES}
+             ORDER BY bk.starts_at, bk.handle",
+            search = crate::datastore::booking_find_sql_with(
+                "ctx.tenant_id",
+                ["$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"]
+            ),
+        )
+    });
+
+/// A tool's read joins its context only for a context that will pass every gate, so a
+/// refused call reads nothing of the tenant's records.
+const READ_GATES: &str = "ctx.connection_status = 'active' AND ctx.tenant_agent_access
+                  AND NOT ctx.global_kill AND NOT ctx.on_standby
+                  AND (ctx.token_expires_at IS NULL OR ctx.token_expires_at > now())
+                  AND ctx.creator_active AND ctx.membership_active IS TRUE";
 
 /// A connection context read together with a tool's read.
 pub struct ContextWithBooking {
@@ -113,7 +135,16 @@ pub struct ContextWithBooking {
     /// `None` when the booking was not read (the statement failed on the tool's part and the
     /// context was read alone); else the booking, when the context's tenant has one of that
     /// handle.
-    pub booking: Option<Option<crate::datastore::BookingRow>>,
+    pub booking: Option<Option<BookingRow>>,
+}
+
+/// A connection context read together with a page of a booking search.
+pub struct ContextWithBookings {
+    pub context: ConnectionContextRow,
+    /// The bookings found, when the search found some and they decoded; `None` otherwise
+    /// (nothing found, the read's part failed): the tool then searches for itself, and an
+    /// empty page is never answered from a row a gate may have emptied.
+    pub bookings: Option<Vec<BookingRow>>,
 }
 
 impl ConnectionContextRow {
@@ -183,12 +214,89 @@ impl Services {
         notes_before: Option<crate::datastore::NotesBefore>,
     ) -> Result<Option<ContextWithBooking>> {
         let (at, note) = notes_before.unzip();
-        let read = self
-            .pipe()
-            .query_opt(Sql::ContextAndBooking, &[&token_hash, &booking, &at, &note])
-            .await;
-        let row = match read {
-            Ok(row) => row,
+        let params: [&(dyn ToSql + Sync); 4] = [&token_hash, &booking, &at, &note];
+        let Some((context, rows)) =
+            self.entry_context_and_read(token_hash, Sql::ContextAndBooking, &params).await?
+        else {
+            return Ok(None);
+        };
+        // The booking's part never decides authentication: should it not decode, the context
+        // stands and the tool reads the booking for itself (and reports what it finds).
+        let booking = rows.and_then(|rows| {
+            let row = rows.first()?;
+            let decoded = row
+                .get::<Option<i64>>("id")
+                .and_then(|found| found.map(|_| BookingRow::from_pipe(row)).transpose());
+            decoded
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "the read-ahead row did not decode; not used"),
+                )
+                .ok()
+        });
+        Ok(Some(ContextWithBooking { context, booking }))
+    }
+
+    /// Looks up an MCP token by hash and a page of a booking search in its tenant, in one
+    /// round trip.
+    pub(crate) async fn entry_connection_context_with_bookings(
+        &self,
+        token_hash: &[u8],
+        filter: &BookingFilter,
+    ) -> Result<Option<ContextWithBookings>> {
+        let (after_at, after_handle) = filter.after.clone().unzip();
+        let (from, to, after_at) =
+            (filter.from.map(from_ts), filter.to.map(from_ts), after_at.map(from_ts));
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &token_hash,
+            &from,
+            &to,
+            &filter.statuses,
+            &filter.technician,
+            &filter.customer,
+            &after_at,
+            &after_handle,
+            &filter.limit,
+        ];
+        let Some((context, rows)) =
+            self.entry_context_and_read(token_hash, Sql::ContextAndBookings, &params).await?
+        else {
+            return Ok(None);
+        };
+        let bookings = rows.and_then(|rows| {
+            let mut found = Vec::with_capacity(rows.len());
+            for row in &rows {
+                match row.get::<Option<i64>>("id") {
+                    Ok(Some(_)) => match BookingRow::from_pipe(row) {
+                        Ok(booking) => found.push(booking),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
+                            return None;
+                        }
+                    },
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
+                        return None;
+                    }
+                }
+            }
+            (!found.is_empty()).then_some(found)
+        });
+        Ok(Some(ContextWithBookings { context, bookings }))
+    }
+
+    /// Runs a statement that reads the connection context and a tool's read together: the
+    /// context (from its first row) and the rows, or the context alone (`None` rows) when the
+    /// tool's part failed in a way the tool's own read reports better.
+    async fn entry_context_and_read(
+        &self,
+        token_hash: &[u8],
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<(ConnectionContextRow, Option<Vec<PipeRow>>)>> {
+        let read = self.pipe().query(sql, params).await;
+        let rows = match read {
+            Ok(rows) => rows,
             // A value Postgres refuses in the tool's part (SQLSTATE class 22, data exception),
             // or a lock on the tool's tables (55P03, a migration's, say: the pipe waits for
             // locks only briefly, as statements are queued behind it): the context alone
@@ -202,33 +310,21 @@ impl Services {
             {
                 tracing::warn!(error = ?failure, "the read-ahead failed; the context is read alone");
                 let context = self.entry_connection_context(token_hash).await?;
-                return Ok(context.map(|context| ContextWithBooking { context, booking: None }));
+                return Ok(context.map(|context| (context, None)));
             }
             Err(failure) => return Err(failure.into()),
         };
-        let Some(row) = row else {
+        let Some(first) = rows.first() else {
             return Ok(None);
         };
-        if !row.columns_distinct() {
+        if !first.columns_distinct() {
             return Err(crate::error::Error::Internal(
                 "the read-ahead statement names a column twice".into(),
             ));
         }
-        let context = ConnectionContextRow::from_pipe(&row)?;
+        let context = ConnectionContextRow::from_pipe(first)?;
         refuse_standby(context.on_standby)?;
-        // The booking's part never decides authentication: should it not decode, the context
-        // stands and the tool reads the booking for itself (and reports what it finds).
-        let decoded = row.get::<Option<i64>>("id").and_then(|found| {
-            found.map(|_| crate::datastore::BookingRow::from_pipe(&row)).transpose()
-        });
-        let booking = match decoded {
-            Ok(booking) => Some(booking),
-            Err(e) => {
-                tracing::warn!(error = %e, "the read-ahead row did not decode; not used");
-                None
-            }
-        };
-        Ok(Some(ContextWithBooking { context, booking }))
+        Ok(Some((context, Some(rows))))
     }
 
     /// Looks up an API token by hash, with its person's current membership.

@@ -92,7 +92,7 @@ pub struct NoteRow {
 }
 
 /// Booking filters, already parsed and resolved to instants.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BookingFilter {
     pub from: Option<jiff::Timestamp>,
     pub to: Option<jiff::Timestamp>,
@@ -119,26 +119,46 @@ const FROM: &str = "
     JOIN services s ON s.id = b.service_id AND s.tenant_id = b.tenant_id
     LEFT JOIN technicians t ON t.id = b.technician_id AND t.tenant_id = b.tenant_id";
 
-/// The filter of a booking search ($1 tenant, $2–$3 range, $4 statuses, $5 technician, $6 customer).
-const FILTER: &str = "
-    WHERE b.tenant_id = $1
-      AND ($2::timestamptz IS NULL OR b.starts_at >= $2)
-      AND ($3::timestamptz IS NULL OR b.starts_at < $3)
-      AND (cardinality($4::text[]) = 0 OR b.status = ANY($4))
-      AND ($5::text IS NULL OR t.handle = $5)
-      AND ($6::text IS NULL OR c.handle = $6)";
+/// The filter of a booking search, with the given expressions for the tenant and for
+/// `[from, to, statuses, technician, customer]`. An open end of the range is an infinite
+/// bound rather than `$n IS NULL OR …`: the range stays a condition of the tenant's
+/// start-time index whatever the parameters, so the one generic plan walks that index in
+/// order and stops at the page (a catch-all `OR` made the generic plan sort the whole tenant:
+/// 1.4 s on a million bookings, against 0.2 ms; docs/architecture.md).
+fn filter_with(tenant: &str, [from, to, statuses, technician, customer]: [&str; 5]) -> String {
+    format!(
+        "
+    WHERE b.tenant_id = {tenant}
+      AND b.starts_at >= coalesce({from}::timestamptz, '-infinity'::timestamptz)
+      AND b.starts_at < coalesce({to}::timestamptz, 'infinity'::timestamptz)
+      AND (cardinality({statuses}::text[]) = 0 OR b.status = ANY({statuses}))
+      AND ({technician}::text IS NULL OR t.handle = {technician})
+      AND ({customer}::text IS NULL OR c.handle = {customer})"
+    )
+}
+
+/// A booking search with the given expressions for the tenant and for `[from, to, statuses,
+/// technician, customer, after at, after handle, limit]`: one statement whatever the filter,
+/// so it is prepared once and keeps one plan (the tenant's start-time index, in order).
+pub(crate) fn booking_find_sql_with(tenant: &str, p: [&str; 8]) -> String {
+    let [from, to, statuses, technician, customer, at, handle, limit] = p;
+    format!(
+        "{SELECT}, '[]'::json AS notes, 0::bigint AS notes_total {FROM} {filter}
+               AND (b.starts_at, b.handle)
+                   > (coalesce({at}::timestamptz, '-infinity'::timestamptz), coalesce({handle}::text, ''))
+             ORDER BY b.starts_at, b.handle
+             LIMIT {limit}",
+        filter = filter_with(tenant, [from, to, statuses, technician, customer]),
+    )
+}
 
 static BOOKING_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{SELECT}, '[]'::json AS notes, 0::bigint AS notes_total {FROM} {FILTER}
-               AND ($7::timestamptz IS NULL OR (b.starts_at, b.handle) > ($7, $8))
-             ORDER BY b.starts_at, b.handle
-             LIMIT $9"
-    )
+    booking_find_sql_with("$1", ["$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"])
 });
 
-static BOOKING_COUNT_SQL: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT count(*) {FROM} {FILTER}"));
+static BOOKING_COUNT_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT count(*) {FROM} {}", filter_with("$1", ["$2", "$3", "$4", "$5", "$6"]))
+});
 
 /// How many notes a single-booking result shows; earlier ones are paged with a cursor (R21).
 pub const NOTES_PAGE: i64 = 20;

@@ -66,11 +66,16 @@ pub(crate) enum Sql {
     ContextAndBooking = 1,
     /// One call counted in a connection's rate window.
     RateTake = 2,
+    /// The connection context and one page of a booking search in its tenant ($1 token hash,
+    /// $2–$9 the search: range, statuses, technician, customer, keyset, limit): one row per
+    /// booking, or one with the context alone when none matches.
+    ContextAndBookings = 3,
 }
 
 impl Sql {
-    const COUNT: usize = 3;
-    const ALL: [Sql; Sql::COUNT] = [Sql::Context, Sql::ContextAndBooking, Sql::RateTake];
+    const COUNT: usize = 4;
+    const ALL: [Sql; Sql::COUNT] =
+        [Sql::Context, Sql::ContextAndBooking, Sql::RateTake, Sql::ContextAndBookings];
 
     /// Its name in metrics.
     fn name(self) -> &'static str {
@@ -78,6 +83,7 @@ impl Sql {
             Sql::Context => "context",
             Sql::ContextAndBooking => "context_and_booking",
             Sql::RateTake => "rate_take",
+            Sql::ContextAndBookings => "context_and_bookings",
         }
     }
 
@@ -86,6 +92,7 @@ impl Sql {
             Sql::Context => super::CONNECTION_CONTEXT_SQL,
             Sql::ContextAndBooking => super::auth::CONTEXT_AND_BOOKING_SQL.as_str(),
             Sql::RateTake => super::rates::RATE_TAKE_SQL,
+            Sql::ContextAndBookings => super::auth::CONTEXT_AND_BOOKINGS_SQL.as_str(),
         }
     }
 
@@ -96,6 +103,17 @@ impl Sql {
             Sql::Context => &[Type::BYTEA],
             Sql::ContextAndBooking => &[Type::BYTEA, Type::TEXT, Type::TIMESTAMPTZ, Type::TEXT],
             Sql::RateTake => &[Type::INT8, Type::INT8, Type::TEXT, Type::INT4],
+            Sql::ContextAndBookings => &[
+                Type::BYTEA,
+                Type::TIMESTAMPTZ,
+                Type::TIMESTAMPTZ,
+                Type::TEXT_ARRAY,
+                Type::TEXT,
+                Type::TEXT,
+                Type::TIMESTAMPTZ,
+                Type::TEXT,
+                Type::INT8,
+            ],
         }
     }
 
@@ -351,6 +369,15 @@ impl Pipe {
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
     ) -> std::result::Result<Option<PipeRow>, Failure> {
+        Ok(self.query(sql, params).await?.into_iter().next())
+    }
+
+    /// Runs `sql` on the next connection and answers its rows.
+    pub(crate) async fn query(
+        self: &Arc<Self>,
+        sql: Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<PipeRow>, Failure> {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         self.query_on(index, sql, params).await
     }
@@ -362,7 +389,7 @@ impl Pipe {
         index: usize,
         sql: Sql,
         params: &[&(dyn ToSql + Sync)],
-    ) -> std::result::Result<Option<PipeRow>, Failure> {
+    ) -> std::result::Result<Vec<PipeRow>, Failure> {
         let deadline = tokio::time::Instant::now() + WAIT;
         let mut again = true;
         loop {
@@ -371,15 +398,18 @@ impl Pipe {
                 .map_err(|_| Failure::Late("no connection"))??;
             let answer = tokio::time::timeout_at(deadline, async {
                 let prepared = link.prepared(sql).await?;
-                let row = link.client.query_opt(&prepared.statement, params).await?;
-                Ok::<_, tokio_postgres::Error>((row, prepared.columns.clone()))
+                let rows = link.client.query(&prepared.statement, params).await?;
+                Ok::<_, tokio_postgres::Error>((rows, prepared.columns.clone()))
             })
             .await;
             let slot = &self.slots[index];
             match answer {
-                Ok(Ok((row, columns))) => {
+                Ok(Ok((rows, columns))) => {
                     link.answered();
-                    return Ok(row.map(|row| PipeRow { row, columns }));
+                    return Ok(rows
+                        .into_iter()
+                        .map(|row| PipeRow { row, columns: columns.clone() })
+                        .collect());
                 }
                 Ok(Err(e)) => {
                     if e.as_db_error().is_some() {

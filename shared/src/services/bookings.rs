@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::ReadAhead;
+use crate::auth::{AheadRows, ReadAhead};
 use crate::ctx::OpCtx;
 use crate::datastore::{
     self as db, BookingChange, BookingFilter, BookingRow, NewBooking, Services, Tx, from_ts, to_ts,
@@ -129,10 +129,12 @@ pub async fn find(
     input: &FindBookingsInput,
 ) -> Result<Found<BookingRow>> {
     ctx.require(Right::BookingsRead)?;
-    let mut filter = filter(input)?;
-    let page = filter.limit;
-    filter.limit += 1;
-    let mut items = ds.booking_find(ctx, &filter).await?;
+    let filter = search(input)?;
+    let page = filter.limit - 1;
+    let mut items = match crate::auth::take_read_ahead(ctx, &ReadAhead::Bookings(filter.clone())) {
+        Some(AheadRows::Bookings(rows)) => rows,
+        _ => ds.booking_find(ctx, &filter).await?,
+    };
     if items.is_empty() {
         // Only an empty page pays for telling a foreign handle from a quiet one.
         crate::datastore::booking_filter_refs(ds.pool(), ctx, &filter).await?;
@@ -151,15 +153,27 @@ pub async fn find(
 pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<BookingRow> {
     ctx.require(Right::BookingsRead)?;
     let (handle, before) = get_key(input)?;
-    let key = ReadAhead::Booking { handle: handle.as_str().to_owned(), notes_before: before };
+    let key =
+        ReadAhead::Booking { handle: handle.as_str().to_owned(), notes_before: before.clone() };
     let row = match crate::auth::take_read_ahead(ctx, &key) {
-        Some(row) => row,
-        None => {
-            let ReadAhead::Booking { notes_before, .. } = key;
-            ds.booking_get(ctx, &handle, notes_before).await?
-        }
+        Some(AheadRows::Booking(row)) => row,
+        _ => ds.booking_get(ctx, &handle, before).await?,
     };
     row.ok_or_else(|| Error::not_found(Resource::Booking, handle.as_str()))
+}
+
+/// The search a `find_bookings` input runs: its filter, the limit one more than the page (the
+/// extra row tells whether another page follows).
+fn search(input: &FindBookingsInput) -> Result<BookingFilter> {
+    let mut filter = filter(input)?;
+    filter.limit += 1;
+    Ok(filter)
+}
+
+/// What a `find_bookings` call will read, when its input parses: the worker reads the page in
+/// the statement that reads the call's context. `None` for an input [`find`] would refuse.
+pub fn find_read_ahead(input: &FindBookingsInput) -> Option<ReadAhead> {
+    search(input).ok().map(ReadAhead::Bookings)
 }
 
 /// What a `get_booking` call will read, when its input says it clearly: the worker reads it
@@ -1278,7 +1292,7 @@ mod read_ahead_tests {
             all,
             connection,
         )
-        .with_read_ahead(ReadAheadRow::new(key, Some(row())))
+        .with_read_ahead(ReadAheadRow::new(key, AheadRows::Booking(Some(row()))))
     }
 
     /// Services whose database is never reached: a read that is not served from the

@@ -135,7 +135,8 @@ pub fn tools() -> Vec<ToolSpec> {
                 untrusted: &[ThirdPartyText::CustomerNote],
             },
             find_bookings,
-        ),
+        )
+        .reads_ahead(bookings::find_read_ahead),
         tool(
             Def {
                 name: "get_booking",

@@ -63,16 +63,30 @@ async fn the_hot_paths_plans_stay_generic_on_skewed_bloated_analyzed_data() {
                 .expect("get_booking")
         }
     };
+    let search = |args: Value| {
+        let token = token.clone();
+        let stack = &stack;
+        async move { stack.call(&token, "find_bookings", args).await.expect("find_bookings") }
+    };
     for _ in 0..20 {
         read(hot).await;
         read(cold).await;
+        search(json!({"limit": 10})).await;
     }
     stack.db.exec("ANALYZE bookings; ANALYZE booking_notes; ANALYZE connections; ANALYZE connection_tokens").await;
     for _ in 0..60 {
         let b = read(hot).await;
         assert_eq!(b["booking"], hot);
         read(cold).await;
+        let page = search(json!({"limit": 10})).await;
+        assert_eq!(page["count"], 10, "{page}");
+        search(json!({"from": "2026-01-01T00:00:00Z", "to": "2036-01-01T00:00:00Z", "limit": 10}))
+            .await;
     }
+    let custom = metric(&stack, &stack.url, &plans("context_and_bookings", "custom")).await;
+    let generic = metric(&stack, &stack.url, &plans("context_and_bookings", "generic")).await;
+    assert_eq!(custom, 0, "no search was planned anew");
+    assert!(generic >= 80, "every search ran the one generic plan: {generic}");
     let custom = metric(&stack, &stack.url, &plans("context_and_booking", "custom")).await;
     let generic = metric(&stack, &stack.url, &plans("context_and_booking", "generic")).await;
     assert_eq!(custom, 0, "no call was planned anew");

@@ -238,16 +238,24 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     // read after authentication, as any body, and the tool reads for itself. Same answer.
     let registry = Registry::new();
     let ahead: Vec<&ToolSpec> = registry.all().iter().filter(|t| t.reads_ahead_any()).collect();
-    assert!(ahead.len() >= 2, "get_booking and booking_brief at least");
+    assert!(ahead.len() >= 3, "get_booking, booking_brief and find_bookings at least");
     let small = stack.connection_with("small").await;
     let mut fast = Value::Null;
     for spec in ahead {
-        assert!(spec.refs.iter().any(|r| r.field == "booking"), "{}: reads a booking", spec.name);
+        // Arguments that read something: every read-ahead tool is named here, so a new one
+        // cannot join the registry without this test calling it.
+        let args = if spec.refs.iter().any(|r| r.field == "booking") {
+            json!({"booking": booking})
+        } else if spec.name == "find_bookings" {
+            json!({"limit": 3})
+        } else {
+            panic!("{}: a read-ahead tool this test has no arguments for", spec.name)
+        };
         let caller = if spec.toolsets.contains(&"full") { token.clone() } else { small.clone() };
         let (used, unused) = (counted("used"), counted("unused"));
-        let quick = stack.ok(&caller, spec.name, json!({"booking": booking})).await;
+        let quick = stack.ok(&caller, spec.name, args.clone()).await;
         assert_eq!((counted("used"), counted("unused")), (used + 1, unused), "{}", spec.name);
-        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": spec.name, "arguments": {"booking": booking},
+        let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": spec.name, "arguments": args,
             "_meta": {"io.modelcontextprotocol/protocolVersion": PROTOCOL, "io.modelcontextprotocol/clientCapabilities": {}}}})
         .to_string()
         .into_bytes();
@@ -272,7 +280,11 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
             &json_text[json_text.find('{').expect("json")..=json_text.rfind('}').expect("json")];
         let slow: Value = serde_json::from_str(json_text).expect("json answer");
         let mut slow = slow["result"]["structuredContent"].clone();
-        assert_eq!(slow["booking"], booking.as_str(), "{}: {slow}", spec.name);
+        if spec.name == "find_bookings" {
+            assert_eq!(slow["count"], 3, "{slow}");
+        } else {
+            assert_eq!(slow["booking"], booking.as_str(), "{}: {slow}", spec.name);
+        }
         // Relative times ("in 3 days") may tick between the two calls; the rest is equal.
         let mut quick_cmp = quick.clone();
         for v in [&mut slow, &mut quick_cmp] {
@@ -393,4 +405,117 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     let (status, _, answer) = call_booking().await;
     assert_eq!(status, 401, "{answer}");
     assert!(!answer.to_string().contains(customer), "{answer}");
+}
+
+/// `find_bookings` reads its page in the statement that reads the call's context: every page
+/// of a walk is served that way and equals the page the pool reads for a call whose body came
+/// late; a search only ever sees its token's tenant (R3); a caller without `bookings:read` is
+/// refused naming the right and nothing of the page reaches it; an empty page, a foreign filter
+/// handle and a bad argument are answered by the tool's own read, as before.
+#[tokio::test]
+async fn a_search_with_its_context_in_one_statement_pages_as_the_pool_does() {
+    let stack = Stack::start().await;
+    let counted =
+        |outcome: &str| stack.state.metrics.read_ahead.with_label_values(&[outcome]).get();
+    let token = stack.token(0, 0);
+    let own: std::collections::HashSet<String> = stack
+        .db
+        .scalar_strings(&format!(
+            "SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{}'",
+            stack.seed.tenants[0].slug
+        ))
+        .await
+        .into_iter()
+        .collect();
+    assert!(own.len() > 4, "the seed has bookings to page through");
+    // Walk every page three at a time: each page from the read-ahead.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut args = json!({"limit": 3});
+        if let Some(c) = &cursor {
+            args["cursor"] = json!(c);
+        }
+        let used = counted("used");
+        let page = stack.ok(&token, "find_bookings", args.clone()).await;
+        assert_eq!(counted("used"), used + 1, "page served from the read-ahead: {page}");
+        for b in page["bookings"].as_array().expect("bookings") {
+            seen.push(b["booking"].as_str().expect("handle").to_owned());
+        }
+        // The same page read by the tool itself (the service, without a read-ahead).
+        let ctx = stack.connection_ctx(&token).await;
+        let input: shared::services::bookings::FindBookingsInput =
+            serde_json::from_value(args).expect("input");
+        let found =
+            shared::services::bookings::find(&stack.db.ds, &ctx, &input).await.expect("find");
+        let handles: Vec<&str> = found.items.iter().map(|b| b.handle.as_str()).collect();
+        let served: Vec<&str> = page["bookings"]
+            .as_array()
+            .expect("bookings")
+            .iter()
+            .map(|b| b["booking"].as_str().expect("handle"))
+            .collect();
+        assert_eq!(served, handles, "the same page either way");
+        assert_eq!(page["next_cursor"].as_str(), found.next_cursor.as_deref());
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let distinct: std::collections::HashSet<String> = seen.iter().cloned().collect();
+    assert_eq!(distinct.len(), seen.len(), "no booking twice: {seen:?}");
+    assert_eq!(distinct, own, "every booking of the tenant, and only those (R3)");
+    // Another tenant's token searches its own tenant only.
+    let foreign = stack.ok(&stack.token(1, 0), "find_bookings", json!({"limit": 100})).await;
+    for b in foreign["bookings"].as_array().expect("bookings") {
+        assert!(!own.contains(b["booking"].as_str().expect("handle")), "{b}");
+    }
+    // An empty page is not answered from the read-ahead (a gate may have emptied it).
+    let used = counted("used");
+    let empty =
+        stack.ok(&token, "find_bookings", json!({"from": "1990-01-01", "to": "1990-01-02", "zone": "UTC"})).await;
+    assert_eq!(empty["count"], 0, "{empty}");
+    assert_eq!(counted("used"), used, "the tool searched for itself");
+    // Another tenant's technician as a filter: not found, as before.
+    let other_tech = stack
+        .db
+        .scalar_string(&format!(
+            "SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id WHERE t.slug = '{}' LIMIT 1",
+            stack.seed.tenants[1].slug
+        ))
+        .await;
+    let err = stack
+        .call(&token, "find_bookings", json!({"technician": other_tech}))
+        .await
+        .expect_err("foreign technician");
+    assert_eq!(err["code"], "not_found", "{err}");
+    // A bad argument is the caller's error naming the field; nothing was read ahead.
+    let err = stack
+        .call(&token, "find_bookings", json!({"status": "lost"}))
+        .await
+        .expect_err("bad status");
+    assert_eq!(err["field"], "status", "{err}");
+    // Without bookings:read: refused naming the right, the page dropped unused.
+    let narrow = stack
+        .admin_connection(
+            "customers only",
+            shared::rights::RightSet::of(&[shared::rights::Right::CustomersRead]),
+            "full",
+        )
+        .await;
+    let unused = counted("unused");
+    let (status, _, answer) = stack
+        .raw(
+            Some(&narrow),
+            "tools/call",
+            Some("find_bookings"),
+            json!({"name": "find_bookings", "arguments": {"limit": 3}}),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    assert!(answer.to_string().contains("bookings:read"), "{answer}");
+    assert!(!own.iter().any(|h| answer.to_string().contains(h.as_str())), "{answer}");
+    assert_eq!(counted("unused"), unused + 1);
 }

@@ -476,6 +476,21 @@ impl Stack {
         shared::testing::operator_in(&self.db.ds, operator, &self.seed.tenants[t].slug).await
     }
 
+    /// The context a call with `token` runs in, read as the worker reads it (no read-ahead).
+    pub(crate) async fn connection_ctx(&self, token: &str) -> shared::OpCtx {
+        shared::auth::authenticate_mcp(
+            &self.db.ds,
+            Some(&format!("Bearer {token}")),
+            &self.state.settings.mcp_url(),
+            jiff::Timestamp::now(),
+            None,
+        )
+        .await
+        .expect("database")
+        .expect("a live token")
+        .ctx
+    }
+
     pub(crate) async fn ok(&self, token: &str, tool: &str, args: Value) -> Value {
         self.call(token, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
     }
