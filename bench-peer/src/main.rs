@@ -1,7 +1,8 @@
 //! Reference peers for the benchmark: the same booking lookup with no Gatehouse gates.
 //!
-//! - `--mode rmcp`: a bare rmcp Streamable HTTP server (stateless, JSON responses) with one tool,
-//!   `get_booking`, that runs the lookup SQL and returns its fields — no auth, rights, switches,
+//! - `--mode rmcp`: a bare rmcp Streamable HTTP server (stateless, JSON responses) with two tools,
+//!   `get_booking`, that runs the lookup SQL and returns its fields, and `find_bookings`, that
+//!   runs Gatehouse's search statement for a page of bookings — no auth, rights, switches,
 //!   replay or presenters. Gatehouse's cost is the ratio against it.
 //! - `--mode plain`: the same lookup as plain JSON over axum + sqlx: the floor under any MCP layer.
 
@@ -27,14 +28,9 @@ fn lookup_sql() -> &'static str {
     shared::services::read_path_statements().1
 }
 
-async fn lookup(pool: &PgPool, tenant: i64, handle: &str) -> Value {
-    let query = sqlx::query(lookup_sql())
-        .bind(tenant)
-        .bind(handle)
-        .bind(None::<chrono::DateTime<chrono::Utc>>)
-        .bind(None::<String>);
-    match query.fetch_optional(pool).await {
-        Ok(Some(r)) => json!({
+/// A booking row as the peer answers it.
+fn booking(r: &sqlx::postgres::PgRow) -> Value {
+    json!({
             "booking": r.get::<String, _>("handle"), "status": r.get::<String, _>("status"),
             "starts_at": r.get::<chrono::DateTime<chrono::Utc>, _>("starts_at").to_rfc3339(),
             "zone": r.get::<String, _>("zone"),
@@ -42,8 +38,42 @@ async fn lookup(pool: &PgPool, tenant: i64, handle: &str) -> Value {
             "customer": r.get::<String, _>("customer_handle"), "customer_name": r.get::<String, _>("customer_name"),
             "service": r.get::<String, _>("service_name"),
             "notes": r.get::<Value, _>("notes"), "notes_total": r.get::<i64, _>("notes_total"),
-        }),
+    })
+}
+
+async fn lookup(pool: &PgPool, tenant: i64, handle: &str) -> Value {
+    let query = sqlx::query(lookup_sql())
+        .bind(tenant)
+        .bind(handle)
+        .bind(None::<chrono::DateTime<chrono::Utc>>)
+        .bind(None::<String>);
+    match query.fetch_optional(pool).await {
+        Ok(Some(r)) => booking(&r),
         Ok(None) => json!({"error": "not found"}),
+        Err(e) => json!({"error": e.to_string()}),
+    }
+}
+
+/// Gatehouse's search statement for the first `limit` bookings of the tenant (one more read,
+/// as Gatehouse reads, to tell whether a next page exists).
+async fn search(pool: &PgPool, tenant: i64, limit: i64) -> Value {
+    let none_at = None::<chrono::DateTime<chrono::Utc>>;
+    let query = sqlx::query(shared::services::search_statement())
+        .bind(tenant)
+        .bind(none_at)
+        .bind(none_at)
+        .bind(Vec::<String>::new())
+        .bind(None::<String>)
+        .bind(None::<String>)
+        .bind(none_at)
+        .bind(None::<String>)
+        .bind(limit + 1);
+    match query.fetch_all(pool).await {
+        Ok(rows) => {
+            let more = rows.len() as i64 > limit;
+            let bookings: Vec<Value> = rows.iter().take(limit as usize).map(booking).collect();
+            json!({"count": bookings.len(), "bookings": bookings, "more": more})
+        }
         Err(e) => json!({"error": e.to_string()}),
     }
 }
@@ -65,11 +95,19 @@ impl ServerHandler for Bare {
         _c: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let schema = json!({"type": "object", "properties": {"booking": {"type": "string"}}});
-        Ok(ListToolsResult::with_all_items(vec![Tool::new(
-            "get_booking",
-            "lookup",
-            Arc::new(schema.as_object().cloned().unwrap_or_default()),
-        )]))
+        let search = json!({"type": "object", "properties": {"limit": {"type": "integer"}}});
+        Ok(ListToolsResult::with_all_items(vec![
+            Tool::new(
+                "get_booking",
+                "lookup",
+                Arc::new(schema.as_object().cloned().unwrap_or_default()),
+            ),
+            Tool::new(
+                "find_bookings",
+                "search",
+                Arc::new(search.as_object().cloned().unwrap_or_default()),
+            ),
+        ]))
     }
 
     async fn call_tool(
@@ -77,6 +115,17 @@ impl ServerHandler for Bare {
         request: CallToolRequestParams,
         _c: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if request.name == "find_bookings" {
+            let limit = request
+                .arguments
+                .as_ref()
+                .and_then(|a| a.get("limit"))
+                .and_then(Value::as_i64)
+                .unwrap_or(25);
+            return Ok(
+                CallToolResult::structured(search(&self.pool, self.tenant, limit).await).into()
+            );
+        }
         let handle = request
             .arguments
             .as_ref()
@@ -113,7 +162,12 @@ async fn main() -> anyhow::Result<()> {
         // The benchmark runs several peers one after another on one Postgres: an idle peer
         // gives its connections back within seconds.
         .idle_timeout(std::time::Duration::from_secs(2))
-        .connect(&std::env::var("DATABASE_URL")?)
+        // The plan settings Gatehouse's pipe runs with, so the two differ by the gates only.
+        .connect_with(
+            std::env::var("DATABASE_URL")?
+                .parse::<sqlx::postgres::PgConnectOptions>()?
+                .options([("plan_cache_mode", "force_generic_plan")]),
+        )
         .await?;
     let peer = Bare { pool, tenant };
     let router = if mode == "plain" {

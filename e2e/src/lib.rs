@@ -189,8 +189,25 @@ fn as_postgres(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Settings of a private Postgres for tests: nothing waits for the disk.
+const TEST_SETTINGS: &str = "-c fsync=off";
+
+/// Settings of a private Postgres that claims production conditions (the benchmark): commits
+/// reach the disk, autovacuum runs (with the aggressive thresholds managed services use, so a
+/// run of minutes sees it work), memory as on a small dedicated server.
+pub const PRODUCTION_SETTINGS: &str = "-c fsync=on -c synchronous_commit=on -c autovacuum=on \
+     -c autovacuum_naptime=10s -c autovacuum_vacuum_scale_factor=0.05 \
+     -c autovacuum_analyze_scale_factor=0.02 -c shared_buffers=1GB -c effective_cache_size=4GB \
+     -c work_mem=16MB -c max_connections=200 -c random_page_cost=1.1";
+
 impl PrivatePostgres {
     pub fn start(name: &str) -> Result<PrivatePostgres> {
+        PrivatePostgres::start_with(name, TEST_SETTINGS)
+    }
+
+    /// A private Postgres with these server settings (`-c name=value …`), kept for every
+    /// restart.
+    pub fn start_with(name: &str, settings: &str) -> Result<PrivatePostgres> {
         let dir = std::env::temp_dir().join(format!("gatehouse-pg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -209,6 +226,7 @@ impl PrivatePostgres {
         let port = free_port()?;
         let pg = PrivatePostgres { dir, url: format!("postgres://postgres@127.0.0.1:{port}") };
         std::fs::write(pg.dir.join("port"), port.to_string())?;
+        std::fs::write(pg.dir.join("settings"), settings)?;
         pg.resume()?;
         Ok(pg)
     }
@@ -274,8 +292,10 @@ impl PrivatePostgres {
 
     /// Starts the server (again) and waits until it accepts connections.
     pub fn resume(&self) -> Result<()> {
+        let settings = std::fs::read_to_string(self.dir.join("settings"))
+            .unwrap_or_else(|_| TEST_SETTINGS.to_owned());
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 {settings}",
             self.port(),
             self.dir.display()
         );
@@ -879,6 +899,25 @@ pub async fn tool_names(base: &str, token: &str) -> (u16, Vec<String>) {
 /// is still a success, and a pretty-printed or streamed error is still an error.
 pub mod bench {
     use serde_json::Value;
+
+    /// The report followed by the sections of the page it replaces (`old`) that it does not
+    /// write itself (the listen streams' section, measurements written by hand): a run
+    /// replaces its own figures and keeps the rest, in their order.
+    pub fn with_kept_sections(report: &str, old: &str) -> String {
+        let written: Vec<&str> = report.lines().filter(|l| l.starts_with("## ")).collect();
+        let mut kept = String::new();
+        let mut keeping = false;
+        for line in old.lines() {
+            if line.starts_with("## ") {
+                keeping = !written.contains(&line);
+            }
+            if keeping {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        if kept.is_empty() { report.to_owned() } else { format!("{}\n\n{kept}", report.trim_end()) }
+    }
 
     /// What the read ratios say against the 95 % target: the gated rate against the bare rmcp
     /// peer with sqlx's defaults (`bare`) and against the same peer without its ping before

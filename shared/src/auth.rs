@@ -171,7 +171,10 @@ pub async fn authenticate_mcp(
     };
     let (context, rows) = match &key {
         ReadAhead::Booking { handle, notes_before } => {
-            match svc.entry_connection_context_with_booking(&hash, handle, notes_before.clone()).await? {
+            match svc
+                .entry_connection_context_with_booking(&hash, handle, notes_before.clone())
+                .await?
+            {
                 Some(read) => (Some(read.context), read.booking.map(AheadRows::Booking)),
                 None => (None, None),
             }

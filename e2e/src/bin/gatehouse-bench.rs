@@ -400,6 +400,51 @@ fn bulk_load(url: &str) -> Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// What a year of use leaves in the benchmark's tenant: three of its bookings with ten thousand
+/// notes each (the notes' statistics skewed), a write phase that rewrites a fifth of the
+/// bookings and deletes some notes (dead rows left for autovacuum), then a plain `ANALYZE`, as
+/// autovacuum's analyze runs it: the statistics the pipe's plans must not follow.
+fn skew(url: &str, slug: &str) -> Result<()> {
+    for sql in [
+        format!(
+            "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, body)
+             SELECT b.tenant_id, 'bnt_hot' || b.id || '_' || g, b.id, 'customer', 'note ' || g
+             FROM (SELECT b.* FROM bookings b JOIN tenants t ON t.id = b.tenant_id
+                   WHERE t.slug = '{slug}' ORDER BY b.starts_at DESC LIMIT 3) b,
+                  generate_series(1, 10000) g"
+        ),
+        "UPDATE bookings SET net_minor = net_minor WHERE id % 5 = 0".to_owned(),
+        "DELETE FROM booking_notes WHERE handle LIKE 'bnt_hot%' AND id % 7 = 0".to_owned(),
+        "ANALYZE".to_owned(),
+    ] {
+        psql(url, &sql)?;
+    }
+    Ok(())
+}
+
+/// The worker's pipe statements and how Postgres planned their executions (generic, custom),
+/// from the worker's own metric.
+async fn plan_counts(http: &reqwest::Client, worker: &str) -> Result<Vec<(String, i64, i64)>> {
+    let text = http.get(format!("{worker}/metrics")).send().await?.text().await?;
+    let mut counts: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("gatehouse_worker_pipe_plan_executions{")) {
+        let label = |name: &str| {
+            let at = line.find(&format!("{name}=\""))? + name.len() + 2;
+            line[at..].split('"').next().map(str::to_owned)
+        };
+        let (Some(statement), Some(plan)) = (label("statement"), label("plan")) else { continue };
+        let value: i64 =
+            line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) as i64;
+        let entry = counts.entry(statement).or_default();
+        if plan == "generic" {
+            entry.0 += value;
+        } else {
+            entry.1 += value;
+        }
+    }
+    Ok(counts.into_iter().map(|(s, (g, c))| (s, g, c)).collect())
+}
+
 /// The plan Postgres runs for a statement, as it ran it.
 fn explain(url: &str, sql: &str) -> Result<String> {
     psql(url, &format!("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {sql}"))
@@ -417,6 +462,8 @@ fn pgbench_run(
     std::fs::create_dir_all(&logs)?;
     let out = Command::new("pgbench")
         .current_dir(&logs)
+        // The plan settings of Gatehouse's pipe.
+        .env("PGOPTIONS", "-c plan_cache_mode=force_generic_plan")
         .args([
             "-n",
             "-M",
@@ -765,14 +812,23 @@ async fn main() -> Result<()> {
         );
         return Ok(());
     }
+    // A Postgres of its own with production settings (commits on disk, autovacuum on): the
+    // machine's shared server runs with autovacuum off.
+    let postgres = e2e::PrivatePostgres::start_with("bench", e2e::PRODUCTION_SETTINGS)?;
     let mut opts = Options::for_test("bench", 2);
     opts.log_level = "warn".into();
     opts.db_pool = 16;
+    opts.pg_server = postgres.url.clone();
     let mut stack = Stack::start(opts).await?;
     eprintln!(
         "loading the large tables (100 tenants of 10,000 bookings, 100,000 connections, 1,000,000 tokens)"
     );
     let bulk_secs = if args.reads_only { 0.0 } else { bulk_load(&stack.database_url)? };
+    if !args.reads_only {
+        let slug = stack.tenant(0)["slug"].as_str().context("slug")?.to_owned();
+        eprintln!("skewing the data (three hot bookings of 10,000 notes, a write phase, ANALYZE)");
+        skew(&stack.database_url, &slug)?;
+    }
     let sizes = psql(
         &stack.database_url,
         "SELECT (SELECT count(*) FROM tenants) || ' tenants, ' || (SELECT count(*) FROM bookings) || ' bookings, '
@@ -944,6 +1000,59 @@ async fn main() -> Result<()> {
         );
         return Ok(());
     }
+    // The search ratio: find_bookings against the same search on both peers, alternated three
+    // times; every alternation's ratio is reported (the target holds in each, not on average).
+    let bare_find = Target {
+        url: format!("{peer_rmcp}/mcp"),
+        tool: Some("find_bookings"),
+        tokens: Default::default(),
+        write: false,
+        body: mcp_body("find_bookings", json!({"limit": 10})),
+        rotate: Default::default(),
+    };
+    let tuned_find = Target { url: tuned.url.clone(), ..bare_find.clone() };
+    let (mut ours_find, mut peer_find, mut tuned_finds, mut search_ratios) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let o = load("find_bookings (10), straight to one worker", &find(&w1), &args, &pids[..1])
+            .await?;
+        let p = load(
+            "peer: bare rmcp server, same search (10), no gates",
+            &bare_find,
+            &args,
+            &rmcp_pid,
+        )
+        .await?;
+        let t = load(
+            "peer: the same search, its pool without the ping before each statement",
+            &tuned_find,
+            &args,
+            &tuned_pid,
+        )
+        .await?;
+        search_ratios.push((o.rate / p.rate, o.rate / t.rate));
+        ours_find.push(o);
+        peer_find.push(p);
+        tuned_finds.push(t);
+    }
+    let (ours_find, peer_find, tuned_find_row) =
+        (median_run(ours_find), median_run(peer_find), median_run(tuned_finds));
+    let search_line = format!(
+        "- Gatehouse `find_bookings` (10 bookings, context and search in one statement), one worker: {} of the bare rmcp peer running the same search with sqlx's defaults, and {} of the same peer without the ping before each statement, in the three alternations (target ≥ 95 % in every one). CPU per call: worker {:.3} ms, peer {:.3} ms ({:.3} ms tuned).",
+        search_ratios
+            .iter()
+            .map(|(p, _)| format!("**{:.0} %**", 100.0 * p))
+            .collect::<Vec<_>>()
+            .join(", "),
+        search_ratios
+            .iter()
+            .map(|(_, t)| format!("**{:.0} %**", 100.0 * t))
+            .collect::<Vec<_>>()
+            .join(", "),
+        ours_find.cpu_ms_per_call.unwrap_or(0.0),
+        peer_find.cpu_ms_per_call.unwrap_or(0.0),
+        tuned_find_row.cpu_ms_per_call.unwrap_or(0.0),
+    );
     let mut rows = vec![ours];
     rows.push(load("get_booking, nginx over one worker", &get(&lb1), &args, &pids[..1]).await?);
     let loaded_rss = Arc::new(std::sync::Mutex::new(vec![0.0f64; pids.len()]));
@@ -961,9 +1070,7 @@ async fn main() -> Result<()> {
     };
     rows.push(load("get_booking, nginx over two workers", &get(&lb2), &args, &pids).await?);
     sampler.abort();
-    rows.push(
-        load("find_bookings (10), straight to one worker", &find(&w1), &args, &pids[..1]).await?,
-    );
+    rows.push(ours_find);
     rows.push(load("find_bookings (10), nginx over two workers", &find(&lb2), &args, &pids).await?);
     rows.push(peer);
     rows.push(peer_tuned);
@@ -1049,6 +1156,14 @@ async fn main() -> Result<()> {
         )
         .await?,
     );
+    // The search peers' median runs, after every positional row above.
+    rows.push(peer_find);
+    rows.push(tuned_find_row);
+    let plan_table: String = plan_counts(&http, &w1)
+        .await?
+        .iter()
+        .map(|(statement, generic, custom)| format!("| {statement} | {generic} | {custom} |\n"))
+        .collect();
 
     // Confirmed notifies: prepare a batch of previews, then confirm them concurrently.
     let customer = found["result"]["structuredContent"]["bookings"][0]["customer"]["customer"]
@@ -1232,6 +1347,7 @@ async fn main() -> Result<()> {
          plain axum + sqlx {cp:.3} ms: {gate}.\n\
          - Worker CPU per call, nginx over one worker vs two: {c1:.3} ms vs {c2:.3} ms ({cdiff:+.0} %; target within 10 %).\n\
          - Two workers vs one through nginx: {two_one:.2}× the rate (two cores shared by everything: CPU per call is the measure).\n\
+         {search_line}\n\
          - Silent writes (`add_booking_note`, {c} clients, across {n_spread} of the tenant's bookings): Gatehouse {w_gh:.0}/s against pgbench running the same \
          statements (context, rate window, then replay lock and lookup, row lock, note, replay entry and audit in one \
          transaction) at {w_sql:.0}/s: **{w_ratio:.2}×** (target ≥ 1.0).\n\n\
@@ -1251,9 +1367,16 @@ async fn main() -> Result<()> {
          | all three servers up | {c50:.2} | {c99:.2} | {cn} | {cmiss} |\n\
          | one server stopped (its worker moved to another) | {d50:.2} | {d99:.2} | {dn} | {dmiss} |\n\n\
          ## Large tables\n\n\
-         Every figure above was measured with the database holding {sizes} (loaded in {bulk_secs:.0} s before the \
-         first scenario; 100 tenants of 10,000 bookings, 1,000 connections and 10,000 tokens each, beside the demo \
-         tenants). The read's statement stays index lookups; its plan as Postgres ran it in this run:\n\n\
+         Every figure above was measured on a Postgres of the benchmark's own with production settings (commits \
+         on disk, autovacuum on with managed-service thresholds, 1 GB shared buffers), the database holding {sizes} \
+         (loaded in {bulk_secs:.0} s before the first scenario; 100 tenants of 10,000 bookings, 1,000 connections and \
+         10,000 tokens each, beside the demo tenants), then skewed as a year of use leaves it: three of the \
+         benchmark tenant's bookings with 10,000 notes each, a fifth of all bookings rewritten and some notes \
+         deleted (dead rows left for autovacuum), then `ANALYZE`. The peers and pgbench pin generic plans as \
+         the worker's pipe does (docs/architecture.md), so they differ by the gates only. How Postgres planned the worker's \
+         pipe statements over the whole run (`gatehouse_worker_pipe_plan_executions`, worker 1):\n\n\
+         | statement | generic plan executions | custom plan executions |\n|---|---|---|\n{plan_table}\n\
+         The read's statement stays index lookups; its plan as Postgres ran it in this run:\n\n\
          ```\n{plans}\n```\n\n\
          ## Worker memory (RSS)\n\n\
          | worker | idle MiB | peak under load MiB |\n|---|---|---|\n{mem}\n\
@@ -1308,6 +1431,10 @@ async fn main() -> Result<()> {
             .enumerate()
             .map(|(i, (a, b))| format!("| worker-{} | {a:.1} | {b:.1} |\n", i + 1))
             .collect::<String>(),
+    );
+    let report = e2e::bench::with_kept_sections(
+        &report,
+        &std::fs::read_to_string(&args.out).unwrap_or_default(),
     );
     std::fs::write(&args.out, &report)?;
     println!("{report}");

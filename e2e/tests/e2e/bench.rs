@@ -24,6 +24,20 @@ fn the_benchmarks_verdict_says_which_peer_the_read_meets() {
 }
 
 #[test]
+fn a_benchmark_run_replaces_its_own_sections_and_keeps_the_others() {
+    use e2e::bench::with_kept_sections;
+    let old = "# Benchmarks\nold intro\n## Ratios\nold ratio\n## Listen streams\nstreams 10000\n## Fifty writers\nby hand\n";
+    let report = "# Benchmarks\nnew intro\n## Ratios\nnew ratio\n";
+    let page = with_kept_sections(report, old);
+    assert!(page.starts_with(report.trim_end()), "{page}");
+    assert!(!page.contains("old ratio") && !page.contains("old intro"), "{page}");
+    let streams = page.find("## Listen streams\nstreams 10000").expect("kept");
+    let fifty = page.find("## Fifty writers\nby hand").expect("kept");
+    assert!(streams < fifty, "in their order: {page}");
+    assert_eq!(with_kept_sections(report, ""), report, "a first run writes the report alone");
+}
+
+#[test]
 fn the_benchmark_checker_counts_only_what_a_user_wanted() {
     use e2e::bench::{Outcome, judge_mcp, judge_plain};
     let result = |r: Value| json!({"jsonrpc": "2.0", "id": 1, "result": r}).to_string();

@@ -152,9 +152,8 @@ pub(crate) fn booking_find_sql_with(tenant: &str, p: [&str; 8]) -> String {
     )
 }
 
-static BOOKING_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
-    booking_find_sql_with("$1", ["$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"])
-});
+static BOOKING_FIND_SQL: LazyLock<String> =
+    LazyLock::new(|| booking_find_sql_with("$1", ["$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"]));
 
 static BOOKING_COUNT_SQL: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT count(*) {FROM} {}", filter_with("$1", ["$2", "$3", "$4", "$5", "$6"]))
@@ -197,6 +196,11 @@ pub(crate) static BOOKING_LOCK_SQL: LazyLock<String> = LazyLock::new(|| {
 
 static BOOKING_FIND_LOCK_SQL: LazyLock<String> =
     LazyLock::new(|| format!("{} FOR UPDATE OF b", BOOKING_FIND_SQL.as_str()));
+
+/// The booking search, built once (for the benchmark's peer).
+pub(crate) fn booking_find_sql() -> &'static str {
+    BOOKING_FIND_SQL.as_str()
+}
 
 /// The single-booking query, built once. Public so the benchmark can run it through pgbench.
 pub(crate) fn booking_get_sql() -> &'static str {

@@ -60,6 +60,12 @@ pub fn read_path_statements() -> (&'static str, &'static str) {
     (crate::datastore::CONNECTION_CONTEXT_SQL, crate::datastore::booking_get_sql())
 }
 
+/// The booking search `find_bookings` runs ($1 tenant, $2–$3 range, $4 statuses, $5
+/// technician, $6 customer, $7–$8 keyset, $9 limit), as text for the benchmark's peer.
+pub fn search_statement() -> &'static str {
+    crate::datastore::booking_find_sql()
+}
+
 /// The statements of a silent write (`add_booking_note`) after its connection context, in the
 /// order they run, as text for the benchmark to run through pgbench: the rate window, then in
 /// one transaction the replay lock and lookup, the booking's row lock, the note, the replay

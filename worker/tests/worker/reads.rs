@@ -472,8 +472,13 @@ async fn a_search_with_its_context_in_one_statement_pages_as_the_pool_does() {
     }
     // An empty page is not answered from the read-ahead (a gate may have emptied it).
     let used = counted("used");
-    let empty =
-        stack.ok(&token, "find_bookings", json!({"from": "1990-01-01", "to": "1990-01-02", "zone": "UTC"})).await;
+    let empty = stack
+        .ok(
+            &token,
+            "find_bookings",
+            json!({"from": "1990-01-01", "to": "1990-01-02", "zone": "UTC"}),
+        )
+        .await;
     assert_eq!(empty["count"], 0, "{empty}");
     assert_eq!(counted("used"), used, "the tool searched for itself");
     // Another tenant's technician as a filter: not found, as before.
