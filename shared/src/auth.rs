@@ -297,7 +297,7 @@ pub(crate) fn mcp_context(
         expires_at: row.token_expires_at.map(to_ts),
         read_limit: row
             .read_per_minute
-            .unwrap_or_else(|| crate::services::rates::default_per_minute("read")),
+            .unwrap_or_else(|| crate::effect::default_per_minute("read")),
     })
 }
 

@@ -38,3 +38,17 @@ impl EffectClass {
         )
     }
 }
+
+/// The default allowance of a rate class (`read`, `silent_write`, `notify`, …) per connection
+/// and minute, defined once.
+pub fn default_per_minute(class: &str) -> i32 {
+    match class {
+        "read" => 600,
+        "silent_write" => 120,
+        "notify" => 30,
+        "wake" => 10,
+        "alert" => 10,
+        "delete" => 20,
+        _ => 60,
+    }
+}

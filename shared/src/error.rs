@@ -5,7 +5,7 @@
 //! the field, the allowed values, the resource to look up instead. Internal detail (a database
 //! message) stays in [`Error::Internal`] and is logged, never shown.
 
-use crate::rights::Right;
+use crate::rights::catalog::Right;
 
 /// The kinds of object a handle can name; adapters turn these into "look it up with …" hints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +265,7 @@ impl DbFailure {
         }
     }
 
-    fn into_error(self) -> Error {
+    pub(crate) fn into_error(self) -> Error {
         self.log();
         if self.unavailable() {
             Error::Unavailable { cause: self.cause() }
@@ -278,50 +278,6 @@ impl DbFailure {
 impl From<DbFailure> for Error {
     fn from(f: DbFailure) -> Self {
         f.into_error()
-    }
-}
-
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        // SQLSTATE class 08 (connection exception) and 57P (the server shutting down or
-        // terminating the session) end a connection as surely as a broken socket.
-        let ended = match &e {
-            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
-            // 25006: a read-only server (a standby): the failover watcher looks for the primary.
-            sqlx::Error::Database(db) => db
-                .code()
-                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "25006"),
-            _ => false,
-        };
-        if ended {
-            // The connection broke: every other idle connection may have too (a restart).
-            crate::datastore::note_broken();
-        }
-        let failure = match &e {
-            sqlx::Error::Database(db) => DbFailure {
-                sqlstate: db.code().map(|c| c.into_owned()),
-                message: db.message().to_owned(),
-            },
-            sqlx::Error::PoolTimedOut => {
-                DbFailure { sqlstate: None, message: POOL_TIMED_OUT.into() }
-            }
-            // Not the database's doing: a row that does not decode, a missing row.
-            sqlx::Error::RowNotFound
-            | sqlx::Error::ColumnNotFound(_)
-            | sqlx::Error::ColumnDecode { .. }
-            | sqlx::Error::Decode(_)
-            | sqlx::Error::TypeNotFound { .. }
-            | sqlx::Error::ColumnIndexOutOfBounds { .. }
-            | sqlx::Error::Encode(_) => return Error::Internal(format!("database: {e}")),
-            other => DbFailure { sqlstate: None, message: other.to_string() },
-        };
-        failure.into_error()
-    }
-}
-
-impl From<sqlx::migrate::MigrateError> for Error {
-    fn from(e: sqlx::migrate::MigrateError) -> Self {
-        Error::Internal(format!("migration: {e}"))
     }
 }
 

@@ -190,7 +190,7 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
     let earlier_notes_cursor =
         (with_notes && row.notes.0.len() > page).then(|| shown.last()).flatten().and_then(|n| {
             let at = n.created_at.parse::<Timestamp>().ok()?;
-            Some(crate::services::encode_cursor(&[&at.as_microsecond().to_string(), &n.handle]))
+            Some(crate::cursor::encode_cursor(&[&at.as_microsecond().to_string(), &n.handle]))
         });
     let notes = with_notes.then(|| {
         shown

@@ -121,7 +121,7 @@ pub(super) async fn create(
     // that speaks as someone else and outlives the admin's own membership.
     let name = form.get("name").unwrap_or_default();
     let email = t.session.row.email();
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let k = match admin::api_token_create(&state.ds, &ctx, email, name, Some(days)).await {
         Ok(k) => k,
         Err(e @ Error::Invalid { .. }) => return again(e),

@@ -206,10 +206,12 @@ pub(super) async fn decide(
 ) -> Answer {
     let reason = form.get("reason").unwrap_or_default();
     let now = jiff::Timestamp::now();
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let decided = match decision.as_str() {
-        "approve" => approvals::approve(&state.ds, &ctx, &action, reason, now).await?,
-        "deny" => approvals::deny(&state.ds, &t.ctx, &action, reason, now).await?,
+        "approve" => {
+            shared::services::actions::approve(&state.ds, &ctx, &action, reason, now).await?
+        }
+        "deny" => shared::services::actions::deny(&state.ds, &t.ctx, &action, reason, now).await?,
         _ => return Err(no_such_decision().into()),
     };
     // Post, redirect, get: a reload never sends the decision again.

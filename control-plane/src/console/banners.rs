@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use shared::OpCtx;
 use shared::rights::Right;
 use shared::services::audit::{self, ChainState};
+use shared::services::console::ConsoleSession;
 
-use super::extract::Session;
 use super::layout::Banner;
 use crate::AppState;
 
@@ -23,8 +23,7 @@ pub const AUDIT_EVERY: Duration = Duration::from_secs(30);
 #[derive(Default)]
 pub struct AuditSeen(Mutex<HashMap<i64, (Instant, Option<Banner>)>>);
 
-pub(super) async fn of(state: &AppState, session: &Session, ctx: &OpCtx) -> Vec<Banner> {
-    let row = &session.row;
+pub(super) async fn of(state: &AppState, row: &ConsoleSession, ctx: &OpCtx) -> Vec<Banner> {
     let mut out = Vec::new();
     if row.global_kill() {
         out.push(Banner {

@@ -1,18 +1,14 @@
 //! Budgets on effects in the console: a connection's (on its page) and the tenant-wide ones
 //! (on Agent access), used and left, and the forms that set them. Raising one is a widening
-//! decision: the forms carry `data-passkey` and `passkeys::decision_of` names it.
+//! decision: the forms carry `data-passkey` and `decisions::decision_of` names it.
+//! The form posts to `settings::set_budget`, which shows the page it came from again on a mistake.
 
-use std::sync::Arc;
-
-use axum::extract::State;
 use maud::{Markup, html};
 use shared::error::Error;
 use shared::services::budgets::{self, BudgetSet, BudgetView, Scope};
 
-use super::extract::{CsrfForm, Fields, Tenant};
-use super::layout::{Entered, RowFailed, csrf_field, in_place};
-use super::{Answer, segment};
-use crate::AppState;
+use super::extract::Fields;
+use super::layout::{Entered, RowFailed, csrf_field};
 
 /// The budgets as a table with a form per row: a connection's (`connection` given) or the
 /// tenant's. A tenant-wide budget not set yet gets a row to set it.
@@ -145,43 +141,4 @@ pub(super) fn fields(form: &Fields) -> Result<BudgetSet<'_>, Error> {
         limit,
         window_secs,
     })
-}
-
-pub(super) async fn set(
-    State(state): State<Arc<AppState>>,
-    t: Tenant,
-    CsrfForm(form): CsrfForm,
-) -> Answer {
-    // A mistake comes back in place: the row's form with what was typed and its message.
-    let again = async |e: Error| -> Answer {
-        if !in_place(&e) {
-            return Err(e.into());
-        }
-        let row = form.get("kind").unwrap_or_default().to_owned();
-        let failed = RowFailed { row, entered: Entered::failed(&form, &e) };
-        match form.get("connection").map(str::trim).filter(|c| !c.is_empty()) {
-            Some(c) => super::connections::detail_again(&state, &t, c, &failed).await,
-            None => {
-                let body = super::settings::limits_body(&state, &t, None, Some(&failed)).await?;
-                super::shown_again("Settings: limits and budgets", &t.nav("/settings"), body)
-            }
-        }
-    };
-    let set = match fields(&form) {
-        Ok(set) => set,
-        Err(e) => return again(e).await,
-    };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
-    if let Err(e) = budgets::set(&state.ds, &ctx, &set).await {
-        return again(e).await;
-    }
-    let back = match set.connection {
-        Some(c) => format!("/connections/{}", segment(c)),
-        None => "/settings/limits".to_owned(),
-    };
-    let message = match set.limit {
-        Some(n) => format!("Budget saved: at most {n} {} per window.", set.kind),
-        None => format!("The {} budget is back to its default.", set.kind),
-    };
-    Ok(super::saved(&back, &message))
 }

@@ -243,7 +243,7 @@ pub(super) async fn edit(
         Ok(edit) => edit,
         Err(e) => return again(e),
     };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     match admin::connection_edit(&state.ds, &ctx, &c.connection, edit).await {
         Ok(done) => {
             let to = format!("/connections/{}", segment(&done.connection));
@@ -289,7 +289,7 @@ pub(super) async fn create(
         rights,
         toolset: form.get("toolset").unwrap_or("full"),
     };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     match admin::connection_create(&state.ds, &ctx, new).await {
         Ok(c) => {
             let to = format!("/connections/{}/created", segment(&c.connection));

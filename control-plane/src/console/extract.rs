@@ -152,7 +152,7 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
         let session = Session::from_request_parts(parts, state).await?;
         match session.ctx() {
             Some(ctx) => {
-                let banners = super::banners::of(state, &session, &ctx).await;
+                let banners = super::banners::of(state, &session.row, &ctx).await;
                 Ok(Tenant { session, ctx, banners })
             }
             // Shut out by the tenant's single sign-on requirement: the home page says so.
@@ -162,20 +162,7 @@ impl FromRequestParts<Arc<AppState>> for Tenant {
     }
 }
 
-/// A posted form's fields, in the order sent. A field named twice reads as its last value,
-/// except through [`Fields::all`].
-pub struct Fields(Vec<(String, String)>);
-
-impl Fields {
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-    }
-
-    /// Every value of a field that may repeat (checkboxes).
-    pub fn all(&self, name: &str) -> Vec<&str> {
-        self.0.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str()).collect()
-    }
-}
+pub use super::layout::Fields;
 
 /// A form posted by the signed-in person, whose `csrf` field matched the session's token.
 pub struct CsrfForm(pub Fields);

@@ -113,7 +113,7 @@ pub(super) async fn create(
         name: form.get("name").unwrap_or_default(),
         role,
     };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     match invitations::invite(&state.ds, &ctx, invite, &state.public_url).await {
         Ok(sent) => {
             let to = format!("/people/invitations/{}/sent", segment(&sent.invitation));

@@ -158,7 +158,7 @@ pub fn in_place(e: &shared::error::Error) -> bool {
 /// its field in words, and the field marked invalid for screen readers.
 #[derive(Default)]
 pub struct Entered<'a> {
-    fields: Option<&'a super::extract::Fields>,
+    fields: Option<&'a Fields>,
     /// The field at fault (empty when the problem is the form's as a whole) and the message.
     error: Option<(String, String)>,
 }
@@ -170,7 +170,7 @@ impl<'a> Entered<'a> {
     }
 
     /// A form that came back with `error`.
-    pub fn failed(fields: &'a super::extract::Fields, error: &shared::error::Error) -> Self {
+    pub fn failed(fields: &'a Fields, error: &shared::error::Error) -> Self {
         let error = match error {
             shared::error::Error::Invalid { field, problem, .. } => {
                 (field.clone(), problem.clone())
@@ -305,3 +305,18 @@ pub const SCRIPT: &str = "document.addEventListener('click', (e) => {\n  const b
 async function approvalsCount() {\n  const el = document.getElementById('approvals-count');\n  if (!el) return;\n\
   try { const r = await fetch('/approvals/count', {credentials: 'same-origin'}); if (r.ok) { const n = (await r.json()).count; el.textContent = n > 0 ? `(${n})` : ''; } } catch (_) {}\n}\n\
 approvalsCount();\nsetInterval(approvalsCount, 5000);\n";
+
+/// A posted form's fields, in the order sent. A field named twice reads as its last value,
+/// except through [`Fields::all`].
+pub struct Fields(pub(super) Vec<(String, String)>);
+
+impl Fields {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Every value of a field that may repeat (checkboxes).
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.0.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str()).collect()
+    }
+}

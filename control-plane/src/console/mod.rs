@@ -16,6 +16,7 @@ mod audit;
 mod banners;
 mod budgets;
 mod connections;
+mod decisions;
 mod extract;
 mod invitations;
 mod messages;
@@ -25,6 +26,7 @@ mod people;
 mod settings;
 mod sign_in;
 mod sso;
+mod step_up;
 mod webhook;
 
 use std::sync::Arc;
@@ -66,7 +68,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/account/passkeys", get(passkeys::page).post(passkeys::register))
         .route("/account/passkeys/options", post(passkeys::register_options))
         .route("/account/passkeys/{passkey}/remove", post(passkeys::remove))
-        .route("/passkeys/decision", post(passkeys::decision))
+        .route("/passkeys/decision", post(decisions::decision))
         .route("/settings/passkey-policy", post(passkeys::set_policy))
         .route("/logout", post(sign_in::logout))
         .route("/tenants", get(sign_in::tenants).post(sign_in::pick_tenant))
@@ -102,7 +104,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/approvals/{action}/{decision}", post(approvals::decide))
         .route("/settings/approval-policy", post(settings::set_policy))
         .route("/settings/rate-limit", post(settings::set_rate_limit))
-        .route("/budgets", post(budgets::set))
+        .route("/budgets", post(settings::set_budget))
         .route("/settings", get(settings::page))
         .route("/settings/approvals", get(settings::approvals_page))
         .route("/settings/limits", get(settings::limits_page))

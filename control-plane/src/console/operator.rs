@@ -43,7 +43,7 @@ pub(super) async fn global_switch(
     CsrfForm(form): CsrfForm,
 ) -> Answer {
     let mut operator = operators::from_session(&state.ds, &s.row).await?;
-    if let Some((ceremony, assertion)) = super::passkeys::assertion(&form) {
+    if let Some((ceremony, assertion)) = super::step_up::assertion(&form) {
         let proof = shared::services::passkeys::prove(
             &state.ds,
             &state.passkeys,

@@ -165,7 +165,7 @@ pub(super) async fn set_role(
         Some(r) => r?,
         None => return Err(Error::invalid("role", "pick a role").into()),
     };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx, &form).await?;
     let done = admin::person_set_role(&state.ds, &ctx, form.get("email").unwrap_or_default(), role)
         .await?;
     Ok(saved("/people", &format!("{} is now {}.", done.email, done.role)))

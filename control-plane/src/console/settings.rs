@@ -13,7 +13,7 @@ use shared::services::{admin, approvals};
 
 use super::extract::{CsrfForm, Fields, Tenant};
 use super::layout::{Entered, RowFailed, csrf_field, in_place};
-use super::{Answer, Fail, direction, shown};
+use super::{Answer, Fail, direction, segment, shown};
 use crate::AppState;
 
 pub(super) async fn page(t: Tenant) -> Answer {
@@ -108,7 +108,7 @@ pub(super) async fn limits_body(
 pub(super) async fn security_page(t: Tenant) -> Answer {
     let body = html! {
         (tabs("/settings/security"))
-        (super::passkeys::policy_card(t.session.row.passkey_policy(), t.csrf()))
+        (policy_card(t.session.row.passkey_policy(), t.csrf()))
         p { a href="/account/passkeys" { "Your own passkeys" } " · " a href="/settings/sso" { "Single sign-on and ID-JAG" } }
     };
     Ok(shown("Settings: security", &t.nav("/settings"), body))
@@ -122,7 +122,7 @@ pub(super) async fn agent_access(
     // Agent access `on` lets agents in; `off` is the kill switch for the tenant.
     let kill = !direction(&form)?;
     let reason = form.get("reason").unwrap_or_default();
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx, &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx, &form).await?;
     admin::kill_switch_set(&state.ds, admin::SwitchScope::Tenant(&ctx), kill, reason).await?;
     let message = if kill {
         "Agent access is now off: every agent request for this tenant is refused."
@@ -291,7 +291,7 @@ pub(super) async fn set_rate_limit(
         Ok(f) => f,
         Err(e) => return again(e).await,
     };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     if let Err(e) = rates::set_limit(&state.ds, &ctx, class, per_minute).await {
         return again(e).await;
     }
@@ -349,10 +349,71 @@ pub(super) async fn set_policy(
         Ok(f) => f,
         Err(e) => return again(e).await,
     };
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     if let Err(e) = approvals::policy_set(&state.ds, &ctx, scope, Some(mode), not_creator).await {
         return again(e).await;
     }
     let who = COMPLETIONS.iter().find(|(m, _)| *m == mode).map(|(_, w)| *w).unwrap_or("saved");
     Ok(super::saved("/settings/approvals", &format!("Saved: for {scope}, {who}.")))
+}
+
+/// The policy's card on the settings page.
+pub(super) fn policy_card(on: bool, csrf: &str) -> Markup {
+    html! {
+        div class="card" id="passkey-policy" {
+            h2 { "Decisions need a passkey" }
+            @if on {
+                p { "On: approving an agent's action, consenting to an agent beyond reading, creating a connection, raising a role, a rate limit, a budget or the approval policy's looseness, and turning agent access back on each need a passkey confirmation made for that decision. Denying, revoking and turning things off stay one step." }
+            } @else {
+                p { "Off: a signed-in session decides alone. Turn it on so a stolen session or password cannot approve or widen anything." }
+            }
+            form method="post" action="/settings/passkey-policy" data-passkey[on] {
+                (csrf_field(csrf))
+                input type="hidden" name="to" value=(if on { "off" } else { "on" });
+                button type="submit" class=(if on { "danger" } else { "" }) {
+                    @if on { "Turn the passkey policy off" } @else { "Require a passkey for decisions" }
+                }
+            }
+        }
+    }
+}
+
+/// Sets or resets one budget (a connection's or the tenant's) from its row's form.
+pub(super) async fn set_budget(
+    State(state): State<Arc<AppState>>,
+    t: Tenant,
+    CsrfForm(form): CsrfForm,
+) -> Answer {
+    // A mistake comes back in place: the row's form with what was typed and its message.
+    let again = async |e: Error| -> Answer {
+        if !in_place(&e) {
+            return Err(e.into());
+        }
+        let row = form.get("kind").unwrap_or_default().to_owned();
+        let failed = RowFailed { row, entered: Entered::failed(&form, &e) };
+        match form.get("connection").map(str::trim).filter(|c| !c.is_empty()) {
+            Some(c) => super::connections::detail_again(&state, &t, c, &failed).await,
+            None => {
+                let body = limits_body(&state, &t, None, Some(&failed)).await?;
+                super::shown_again("Settings: limits and budgets", &t.nav("/settings"), body)
+            }
+        }
+    };
+    let set = match super::budgets::fields(&form) {
+        Ok(set) => set,
+        Err(e) => return again(e).await,
+    };
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    if let Err(e) = shared::services::budgets::set(&state.ds, &ctx, &set).await {
+        return again(e).await;
+    }
+    let back = match set.connection {
+        Some(c) => format!("/connections/{}", segment(c)),
+        None => "/settings/limits".to_owned(),
+    };
+    let message = match set.limit {
+        Some(n) => format!("Budget saved: at most {n} {} per window.", set.kind),
+        None => format!("The {} budget is back to its default.", set.kind),
+    };
+    Ok(super::saved(&back, &message))
 }

@@ -323,7 +323,7 @@ pub(super) async fn save(
     };
     let saved = match input_of(&form) {
         Ok(input) => {
-            let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+            let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
             sso::idp_set(&state.ds, &ctx, &state.fetch, input).await
         }
         Err(e) => Err(e),
@@ -344,7 +344,7 @@ pub(super) async fn remove(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     sso::idp_remove(&state.ds, &ctx).await?;
     Ok(Redirect::to("/settings/sso").into_response())
 }
@@ -354,7 +354,7 @@ pub(super) async fn register_client(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let registered =
         id_jag::client_register(&state.ds, &ctx, form.get("name").unwrap_or_default()).await?;
     let idp = sso::idp_show(&state.ds, &t.ctx).await?;

@@ -99,7 +99,7 @@ pub(super) async fn set(
     CsrfForm(form): CsrfForm,
 ) -> Answer {
     let url = form.get("url").unwrap_or_default().to_owned();
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let (hook, secret) = audit::webhook_set(&state.ds, &ctx, &url, &state.fetch).await?;
     match secret {
         Some(secret) => super::created_once(&state, &t.session, PATH, PATH, &once_key(&t), &secret),
@@ -112,7 +112,7 @@ pub(super) async fn rotate(
     t: Tenant,
     CsrfForm(form): CsrfForm,
 ) -> Answer {
-    let ctx = super::passkeys::proven(&state, &t.session, t.ctx.clone(), &form).await?;
+    let ctx = super::step_up::proven(&state, &t.session, t.ctx.clone(), &form).await?;
     let rotated = audit::webhook_rotate(&state.ds, &ctx).await?;
     super::created_once(&state, &t.session, PATH, PATH, &once_key(&t), &rotated.secret)
 }

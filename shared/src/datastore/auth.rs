@@ -1,6 +1,7 @@
 //! The connection context: one query per MCP request (DESIGN step 3, R4).
 
-use crate::datastore::pipe::{PipeRow, Sql};
+use crate::datastore::hot_path::Sql;
+use crate::datastore::pipe::PipeRow;
 use crate::datastore::{BookingFilter, BookingRow, Services, from_ts};
 use crate::error::Result;
 use tokio_postgres::types::ToSql;
@@ -57,77 +58,6 @@ pub struct ApiContextRow {
     /// The token is past its expiry.
     pub expired: bool,
 }
-
-/// The token and everything its call is decided on: the connection, tenant, switches and the
-/// creator's current membership. A plain select (no CTE, no write), so it can stand alone or
-/// be the first part of a statement that also carries a tool's read.
-const CONTEXT_SELECT: &str = r#"
-            SELECT tok.kind AS token_kind, tok.expires_at AS token_expires_at,
-                   tok.audience AS token_audience,
-                   c.id AS connection_id, c.handle AS connection_handle,
-                   c.name AS connection_name, c.client_name, c.rights AS connection_rights,
-                   c.status AS connection_status, c.toolset AS connection_toolset,
-                   t.id AS tenant_id, t.handle AS tenant_handle, t.slug AS tenant_slug,
-                   t.zone AS tenant_zone, t.currency::text AS tenant_currency,
-                   t.agent_access AS tenant_agent_access,
-                   p.id AS creator_id, p.handle AS creator_handle, p.active AS creator_active,
-                   m.role AS creator_role, m.active AS membership_active,
-                   (SELECT global_kill FROM platform_state) AS global_kill,
-                   t.read_per_minute,
-                   coalesce(current_setting('in_hot_standby', true), 'off') = 'on' AS on_standby
-            FROM connection_tokens tok
-            JOIN connections c ON c.id = tok.connection_id
-            JOIN tenants t ON t.id = c.tenant_id
-            JOIN people p ON p.id = c.creator_id
-            LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
-            WHERE tok.token_hash = $1 AND tok.kind IN ('static', 'access')
-            "#;
-
-/// The hot-path query: the token, its connection, tenant, switches and the creator's current
-/// membership in one round trip. Public so the benchmark can run the same SQL through pgbench.
-/// `last_used_at` is not stamped here: the workers' activity flush writes it with the counts,
-/// off the request path.
-pub(crate) const CONNECTION_CONTEXT_SQL: &str = CONTEXT_SELECT;
-
-/// The connection context and one booking of the context's tenant in one statement, so a
-/// `get_booking` call costs one round trip ($1 token hash, $2 booking handle, $3–$4 the
-/// notes cursor). The booking is looked up only in the token's tenant and only for an active
-/// connection; whether the caller may see it is still decided in Rust from the context, before
-/// the row is used (see [`crate::auth::ReadAhead`]).
-pub(crate) static CONTEXT_AND_BOOKING_SQL: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| {
-        format!(
-            "WITH ctx AS ({CONTEXT_SELECT})
-             SELECT ctx.*, bk.* FROM ctx
-             LEFT JOIN LATERAL ({booking}) bk ON {READ_GATES}",
-            booking = crate::datastore::booking_get_sql_with("ctx.tenant_id", "$2", "$3", "$4"),
-        )
-    });
-
-/// The connection context and one page of a booking search in its tenant, in one statement,
-/// so a `find_bookings` call costs one round trip ($1 token hash, $2–$9 the search as
-/// [`crate::datastore::booking_find_sql_with`] takes it). One row per booking found, in the
-/// search's order, each carrying the context; one row with the context alone when none is.
-pub(crate) static CONTEXT_AND_BOOKINGS_SQL: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| {
-        format!(
-            "WITH ctx AS ({CONTEXT_SELECT})
-             SELECT ctx.*, bk.* FROM ctx
-             LEFT JOIN LATERAL ({search}) bk ON {READ_GATES}
-             ORDER BY bk.starts_at, bk.handle",
-            search = crate::datastore::booking_find_sql_with(
-                "ctx.tenant_id",
-                ["$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"]
-            ),
-        )
-    });
-
-/// A tool's read joins its context only for a context that will pass every gate, so a
-/// refused call reads nothing of the tenant's records.
-const READ_GATES: &str = "ctx.connection_status = 'active' AND ctx.tenant_agent_access
-                  AND NOT ctx.global_kill AND NOT ctx.on_standby
-                  AND (ctx.token_expires_at IS NULL OR ctx.token_expires_at > now())
-                  AND ctx.creator_active AND ctx.membership_active IS TRUE";
 
 /// A connection context read together with a tool's read.
 pub struct ContextWithBooking {
@@ -351,5 +281,43 @@ impl Services {
         .fetch_optional(self.pool())
         .await?;
         Ok(row)
+    }
+}
+
+impl BookingRow {
+    /// Reads a booking from a row of the pipe (the read-ahead); `sqlx::FromRow` reads the same
+    /// columns from a pool row, and the worker's read-ahead test holds both to one answer.
+    pub(crate) fn from_pipe(row: &PipeRow) -> Result<Self> {
+        let notes: tokio_postgres::types::Json<Vec<crate::datastore::NoteRow>> =
+            row.get("notes")?;
+        Ok(BookingRow {
+            id: row.get("id")?,
+            customer_id: row.get("customer_id")?,
+            service_id: row.get("service_id")?,
+            technician_id: row.get("technician_id")?,
+            handle: row.get("handle")?,
+            status: row.get("status")?,
+            starts_at: row.get("starts_at")?,
+            zone: row.get("zone")?,
+            currency: row.get("currency")?,
+            net_minor: row.get("net_minor")?,
+            tax_minor: row.get("tax_minor")?,
+            total_minor: row.get("total_minor")?,
+            customer_note: row.get("customer_note")?,
+            customer_handle: row.get("customer_handle")?,
+            customer_name: row.get("customer_name")?,
+            customer_email: row.get("customer_email")?,
+            technician_handle: row.get("technician_handle")?,
+            technician_name: row.get("technician_name")?,
+            service_handle: row.get("service_handle")?,
+            service_name: row.get("service_name")?,
+            duration_minutes: row.get("duration_minutes")?,
+            tax_rate_bp: row.get("tax_rate_bp")?,
+            priority: row.get("priority")?,
+            reference: row.get("reference")?,
+            updated_at: row.get("updated_at")?,
+            notes: sqlx::types::Json(notes.0),
+            notes_total: row.get("notes_total")?,
+        })
     }
 }

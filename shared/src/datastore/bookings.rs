@@ -43,43 +43,6 @@ pub struct BookingRow {
     pub notes_total: i64,
 }
 
-impl BookingRow {
-    /// Reads a booking from a row of the pipe (the read-ahead); `sqlx::FromRow` reads the same
-    /// columns from a pool row, and the worker's read-ahead test holds both to one answer.
-    pub(crate) fn from_pipe(row: &super::pipe::PipeRow) -> Result<Self> {
-        let notes: tokio_postgres::types::Json<Vec<NoteRow>> = row.get("notes")?;
-        Ok(BookingRow {
-            id: row.get("id")?,
-            customer_id: row.get("customer_id")?,
-            service_id: row.get("service_id")?,
-            technician_id: row.get("technician_id")?,
-            handle: row.get("handle")?,
-            status: row.get("status")?,
-            starts_at: row.get("starts_at")?,
-            zone: row.get("zone")?,
-            currency: row.get("currency")?,
-            net_minor: row.get("net_minor")?,
-            tax_minor: row.get("tax_minor")?,
-            total_minor: row.get("total_minor")?,
-            customer_note: row.get("customer_note")?,
-            customer_handle: row.get("customer_handle")?,
-            customer_name: row.get("customer_name")?,
-            customer_email: row.get("customer_email")?,
-            technician_handle: row.get("technician_handle")?,
-            technician_name: row.get("technician_name")?,
-            service_handle: row.get("service_handle")?,
-            service_name: row.get("service_name")?,
-            duration_minutes: row.get("duration_minutes")?,
-            tax_rate_bp: row.get("tax_rate_bp")?,
-            priority: row.get("priority")?,
-            reference: row.get("reference")?,
-            updated_at: row.get("updated_at")?,
-            notes: Json(notes.0),
-            notes_total: row.get("notes_total")?,
-        })
-    }
-}
-
 /// Where a page of notes starts: before this note (written at, handle).
 pub type NotesBefore = (DateTime<Utc>, String);
 

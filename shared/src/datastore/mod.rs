@@ -35,6 +35,7 @@ mod budgets;
 mod connections;
 mod customers;
 mod failover;
+mod hot_path;
 mod housekeeping;
 mod invitations;
 mod oauth;
@@ -63,6 +64,7 @@ pub use bookings::*;
 pub(crate) use budgets::*;
 pub use connections::*;
 pub use customers::*;
+pub(crate) use hot_path::{CONNECTION_CONTEXT_SQL, CONTEXT_AND_BOOKING_SQL, RATE_TAKE_SQL};
 pub use invitations::*;
 pub use oauth::*;
 pub use outbox::*;
@@ -112,7 +114,7 @@ pub struct Services {
     secret_keys: Option<std::sync::Arc<crate::seal::SealKeys>>,
     /// The Ed25519 keys that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`); `None`:
     /// the chain is kept, no checkpoint is signed.
-    audit_keys: Option<std::sync::Arc<crate::services::audit::SigningKeys>>,
+    audit_keys: Option<std::sync::Arc<crate::signing::SigningKeys>>,
 }
 
 /// Time windows of the write rails; defaults suit production, tests shorten them.
@@ -384,15 +386,12 @@ impl Services {
     }
 
     /// With the keys that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`).
-    pub fn with_audit_keys(
-        mut self,
-        keys: std::sync::Arc<crate::services::audit::SigningKeys>,
-    ) -> Self {
+    pub fn with_audit_keys(mut self, keys: std::sync::Arc<crate::signing::SigningKeys>) -> Self {
         self.audit_keys = Some(keys);
         self
     }
 
-    pub(crate) fn audit_keys(&self) -> Option<&crate::services::audit::SigningKeys> {
+    pub(crate) fn audit_keys(&self) -> Option<&crate::signing::SigningKeys> {
         self.audit_keys.as_deref()
     }
 
@@ -447,6 +446,55 @@ impl Services {
     /// Starts the one kind of transaction services use; dropping it uncommitted rolls back.
     pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
         Ok(self.pool().begin().await?)
+    }
+}
+
+// The driver's errors become the kernel's here, beside the connection bookkeeping they feed
+// (`note_broken`), so the error module needs nothing of the store.
+impl From<sqlx::Error> for crate::error::Error {
+    fn from(e: sqlx::Error) -> Self {
+        // SQLSTATE class 08 (connection exception) and 57P (the server shutting down or
+        // terminating the session) end a connection as surely as a broken socket.
+        let ended = match &e {
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => true,
+            // 25006: a read-only server (a standby): the failover watcher looks for the primary.
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "25006"),
+            _ => false,
+        };
+        if ended {
+            // The connection broke: every other idle connection may have too (a restart).
+            note_broken();
+        }
+        let failure = match &e {
+            sqlx::Error::Database(db) => crate::error::DbFailure {
+                sqlstate: db.code().map(|c| c.into_owned()),
+                message: db.message().to_owned(),
+            },
+            sqlx::Error::PoolTimedOut => crate::error::DbFailure {
+                sqlstate: None,
+                message: crate::error::POOL_TIMED_OUT.into(),
+            },
+            // Not the database's doing: a row that does not decode, a missing row.
+            sqlx::Error::RowNotFound
+            | sqlx::Error::ColumnNotFound(_)
+            | sqlx::Error::ColumnDecode { .. }
+            | sqlx::Error::Decode(_)
+            | sqlx::Error::TypeNotFound { .. }
+            | sqlx::Error::ColumnIndexOutOfBounds { .. }
+            | sqlx::Error::Encode(_) => {
+                return crate::error::Error::Internal(format!("database: {e}"));
+            }
+            other => crate::error::DbFailure { sqlstate: None, message: other.to_string() },
+        };
+        failure.into_error()
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for crate::error::Error {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        crate::error::Error::Internal(format!("migration: {e}"))
     }
 }
 

@@ -6,6 +6,18 @@ use crate::ctx::OpCtx;
 use crate::datastore::*;
 use crate::error::Result;
 
+/// What `/oauth/authorize` was asked for, validated.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, sqlx::FromRow)]
+pub struct AuthorizeRequest {
+    pub client_id: String,
+    pub redirect_uri: String,
+    pub code_challenge: String,
+    pub state: Option<String>,
+    pub resource: String,
+    /// Rights asked for (the `scope`); the read rights are ticked when absent.
+    pub scope: Option<String>,
+}
+
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ClientRow {
     pub client_id: String,
@@ -353,7 +365,7 @@ impl Services {
         handle: &str,
         session_id: i64,
         tenant_id: i64,
-        req: &crate::services::oauth::AuthorizeRequest,
+        req: &AuthorizeRequest,
         ttl_secs: i64,
     ) -> Result<()> {
         sqlx::query(
@@ -382,7 +394,7 @@ impl Services {
         handle: &str,
         session_id: i64,
         tenant_id: i64,
-    ) -> Result<Option<crate::services::oauth::AuthorizeRequest>> {
+    ) -> Result<Option<AuthorizeRequest>> {
         Ok(sqlx::query_as(
             "UPDATE oauth_requests SET used_at = now()
              WHERE handle = $1 AND session_id = $2 AND tenant_id = $3 AND used_at IS NULL AND expires_at > now()
@@ -403,7 +415,7 @@ impl Services {
         handle: &str,
         session_id: i64,
         tenant_id: i64,
-    ) -> Result<Option<crate::services::oauth::AuthorizeRequest>> {
+    ) -> Result<Option<AuthorizeRequest>> {
         Ok(sqlx::query_as(
             "SELECT client_id, redirect_uri, code_challenge, state, resource, scope FROM oauth_requests
              WHERE handle = $1 AND session_id = $2 AND tenant_id = $3 AND used_at IS NULL AND expires_at > now()",

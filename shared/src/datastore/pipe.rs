@@ -34,9 +34,10 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OnceCell, Semaphore};
-use tokio_postgres::types::{FromSql, ToSql, Type};
+use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 
+pub(crate) use super::hot_path::Sql;
 use crate::error::{Error, Result};
 
 /// How long a request may wait for its statement's answer, connecting included, before it is
@@ -51,77 +52,6 @@ const LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// covers the second, and bounds how long statements queued behind one blocked by the first
 /// wait for it.
 const LOCK_WAIT: &str = "50ms";
-
-/// The statements the pipe runs, each prepared on a pipe connection when first needed there.
-///
-/// Before adding one that writes: the pipe's sessions commit without waiting for the WAL flush
-/// (see `Pipe::new`), and [`Sql::reads_only`] decides what is sent again after a lost
-/// connection. Only a write whose loss in a crash is harmless (a rate counter) belongs here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Sql {
-    /// The connection context ($1 token hash).
-    Context = 0,
-    /// The connection context and one booking of its tenant ($1 token hash, $2 handle, $3–$4
-    /// the notes cursor).
-    ContextAndBooking = 1,
-    /// One call counted in a connection's rate window.
-    RateTake = 2,
-    /// The connection context and one page of a booking search in its tenant ($1 token hash,
-    /// $2–$9 the search: range, statuses, technician, customer, keyset, limit): one row per
-    /// booking, or one with the context alone when none matches.
-    ContextAndBookings = 3,
-}
-
-impl Sql {
-    const COUNT: usize = 4;
-    const ALL: [Sql; Sql::COUNT] =
-        [Sql::Context, Sql::ContextAndBooking, Sql::RateTake, Sql::ContextAndBookings];
-
-    /// Its name in metrics.
-    fn name(self) -> &'static str {
-        match self {
-            Sql::Context => "context",
-            Sql::ContextAndBooking => "context_and_booking",
-            Sql::RateTake => "rate_take",
-            Sql::ContextAndBookings => "context_and_bookings",
-        }
-    }
-
-    fn text(self) -> &'static str {
-        match self {
-            Sql::Context => super::CONNECTION_CONTEXT_SQL,
-            Sql::ContextAndBooking => super::auth::CONTEXT_AND_BOOKING_SQL.as_str(),
-            Sql::RateTake => super::rates::RATE_TAKE_SQL,
-            Sql::ContextAndBookings => super::auth::CONTEXT_AND_BOOKINGS_SQL.as_str(),
-        }
-    }
-
-    /// The parameters' types, given rather than inferred, so a statement's meaning does not
-    /// depend on what the server makes of it.
-    fn types(self) -> &'static [Type] {
-        match self {
-            Sql::Context => &[Type::BYTEA],
-            Sql::ContextAndBooking => &[Type::BYTEA, Type::TEXT, Type::TIMESTAMPTZ, Type::TEXT],
-            Sql::RateTake => &[Type::INT8, Type::INT8, Type::TEXT, Type::INT4],
-            Sql::ContextAndBookings => &[
-                Type::BYTEA,
-                Type::TIMESTAMPTZ,
-                Type::TIMESTAMPTZ,
-                Type::TEXT_ARRAY,
-                Type::TEXT,
-                Type::TEXT,
-                Type::TIMESTAMPTZ,
-                Type::TEXT,
-                Type::INT8,
-            ],
-        }
-    }
-
-    /// Whether sending it twice changes nothing (so a lost connection may be retried).
-    fn reads_only(self) -> bool {
-        !matches!(self, Sql::RateTake)
-    }
-}
 
 /// How one pipe statement was planned: executions with its generic plan and with custom ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -805,7 +735,7 @@ mod tests {
             for connection in &tenant.connections {
                 let hash = crate::secret::hash_token(&connection.token);
                 let pooled = sqlx::query_as::<_, super::super::ConnectionContextRow>(
-                    super::super::CONNECTION_CONTEXT_SQL,
+                    super::super::hot_path::CONNECTION_CONTEXT_SQL,
                 )
                 .bind(&hash)
                 .fetch_optional(db.ds.pool())

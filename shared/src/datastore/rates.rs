@@ -1,20 +1,9 @@
 //! Rate windows shared by every worker.
 
 use crate::ctx::OpCtx;
-use crate::datastore::pipe::Sql;
+use crate::datastore::hot_path::Sql;
 use crate::datastore::*;
 use crate::error::{Error, Result};
-
-/// Counts one call of a connection's class in the current minute's window.
-pub(crate) const RATE_TAKE_SQL: &str = "WITH up AS (
-                 INSERT INTO rate_windows (connection_id, class, window_start, count)
-                 VALUES ($1, $3, date_trunc('minute', now()), 1)
-                 ON CONFLICT (connection_id, class, window_start) DO UPDATE SET count = rate_windows.count + 1
-                 RETURNING count, window_start)
-             SELECT up.count,
-                    coalesce((SELECT per_minute FROM tenant_rate_limits WHERE tenant_id = $2 AND class = $3), $4) AS per_minute,
-                    extract(epoch FROM up.window_start + interval '1 minute' - now())::float8 AS seconds_left
-             FROM up";
 
 impl Services {
     /// Counts one call of the context's connection `connection_id` in the current minute's

@@ -710,6 +710,29 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
 
 // ------------------------------------------------------------------ a person decides
 
+/// A person approves a waiting action in the console (or the REST API): the action runs once, through the same engine an
+/// agent's confirmation uses.
+pub async fn approve(
+    ds: &Services,
+    ctx: &OpCtx,
+    handle: &str,
+    reason: &str,
+    now: jiff::Timestamp,
+) -> Result<Decided> {
+    decide(ds, ctx, handle, reason, true, now).await
+}
+
+/// A person denies a waiting action; the agent is told, with the reason.
+pub async fn deny(
+    ds: &Services,
+    ctx: &OpCtx,
+    handle: &str,
+    reason: &str,
+    now: jiff::Timestamp,
+) -> Result<Decided> {
+    decide(ds, ctx, handle, reason, false, now).await
+}
+
 /// A person approves or denies an action that waits for them (`person_approves`), under the
 /// same lock and checks as `confirm_action`: the action's state and expiry, the approver's
 /// live right, the policy's rule on who may approve, the connection still active, the switches,

@@ -408,17 +408,6 @@ pub enum Decided {
     },
 }
 
-/// A person approves a waiting action in the console.
-pub async fn approve(
-    ds: &Services,
-    ctx: &OpCtx,
-    handle: &str,
-    reason: &str,
-    now: jiff::Timestamp,
-) -> Result<Decided> {
-    crate::services::actions::decide(ds, ctx, handle, reason, true, now).await
-}
-
 /// The decision approving a waiting action is, as a passkey ceremony names it: its handle
 /// and the content hash of what it would do now. An action that changes after the ceremony
 /// began no longer matches, so the assertion cannot approve the new version.
@@ -438,17 +427,6 @@ pub async fn decision_for(
         .ok_or_else(|| no_such_action(raw))?;
     tx.rollback().await?;
     Ok(crate::services::passkeys::Decision::approve_action(&p.handle, &p.content_hash))
-}
-
-/// A person denies a waiting action; the agent is told, with the reason.
-pub async fn deny(
-    ds: &Services,
-    ctx: &OpCtx,
-    handle: &str,
-    reason: &str,
-    now: jiff::Timestamp,
-) -> Result<Decided> {
-    crate::services::actions::decide(ds, ctx, handle, reason, false, now).await
 }
 
 /// The comment a person gives with a decision: optional (empty when none), bounded, plain

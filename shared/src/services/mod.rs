@@ -33,9 +33,6 @@ pub mod tasks;
 pub mod technicians;
 pub mod two_step;
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-
 use crate::error::{Error, Result};
 
 /// Drops what outlived its use: rate windows, old replay entries, expired sessions and codes,
@@ -97,24 +94,7 @@ pub(crate) fn limit(requested: Option<u32>) -> Result<i64> {
     }
 }
 
-/// Opaque page cursors: a keyset position, base64url-encoded JSON.
-pub(crate) fn encode_cursor(parts: &[&str]) -> String {
-    URL_SAFE_NO_PAD.encode(serde_json::to_vec(parts).unwrap_or_default())
-}
-
-pub(crate) fn decode_cursor(cursor: &str, arity: usize) -> Result<Vec<String>> {
-    URL_SAFE_NO_PAD
-        .decode(cursor.trim())
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<Vec<String>>(&bytes).ok())
-        .filter(|parts| parts.len() == arity)
-        .ok_or_else(|| {
-            Error::invalid(
-                "cursor",
-                "not a cursor from a previous page; repeat the search without it",
-            )
-        })
-}
+pub(crate) use crate::cursor::{decode_cursor, encode_cursor};
 
 /// A list filter's value as it came from outside: trimmed, and absent when empty.
 pub(crate) fn filter_value(v: &Option<String>) -> Option<String> {

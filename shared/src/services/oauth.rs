@@ -338,17 +338,7 @@ pub async fn accept_metadata_document(
     ds.preauth_oauth_client_get(url).await?.ok_or_else(|| oauth("server_error", "client vanished"))
 }
 
-/// What `/oauth/authorize` was asked for, validated.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
-pub struct AuthorizeRequest {
-    pub client_id: String,
-    pub redirect_uri: String,
-    pub code_challenge: String,
-    pub state: Option<String>,
-    pub resource: String,
-    /// Rights asked for (the `scope`); the read rights are ticked when absent.
-    pub scope: Option<String>,
-}
+pub use crate::datastore::AuthorizeRequest;
 
 /// Validates an authorization request for `client`. Errors before the redirect URI is known to
 /// be the client's are shown to the person, never redirected (RFC 6749 §4.1.2.1).

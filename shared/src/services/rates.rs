@@ -26,18 +26,7 @@ pub const MAX_PER_MINUTE: i32 = 1_000_000;
 /// capacity is at stake, and an operator decides.
 pub const TENANT_CEILING_FACTOR: i32 = 10;
 
-/// The default allowance per connection and minute, defined once.
-pub fn default_per_minute(class: &str) -> i32 {
-    match class {
-        "read" => 600,
-        "silent_write" => 120,
-        "notify" => 30,
-        "wake" => 10,
-        "alert" => 10,
-        "delete" => 20,
-        _ => 60,
-    }
-}
+pub use crate::effect::default_per_minute;
 
 /// Counts one call of `class` for the context's connection in the shared window.
 pub async fn take_shared(ds: &Services, ctx: &OpCtx, class: &'static str) -> Result<()> {

@@ -145,8 +145,14 @@ async fn a_person_approves_past_the_budget_once_and_what_they_approved_counts() 
     assert_eq!(err["code"], "awaiting_approval", "{err}");
     let ctx = stack.operator_in(0).await;
     let handle = second["action"].as_str().expect("handle");
-    let decided =
-        approvals::approve(&stack.db.ds, &ctx, handle, "expected", jiff::Timestamp::now()).await;
+    let decided = shared::services::actions::approve(
+        &stack.db.ds,
+        &ctx,
+        handle,
+        "expected",
+        jiff::Timestamp::now(),
+    )
+    .await;
     assert!(matches!(decided, Ok(approvals::Decided::Executed { .. })), "{decided:?}");
     let done = stack.confirm(&stack.url, &token, &second).await.expect("the outcome");
     assert_eq!(done["status"], "EXECUTED");
@@ -197,7 +203,8 @@ async fn a_policy_changed_mid_flight_is_obeyed_and_off_stays_off() {
     let err = stack.message(&token, &fixture.customer).await.expect_err("off");
     assert_eq!(err["code"], "turned_off_by_policy", "{err}");
     let handle = held["action"].as_str().expect("handle");
-    let refused = approvals::approve(ds, &ctx, handle, "go", jiff::Timestamp::now()).await;
+    let refused =
+        shared::services::actions::approve(ds, &ctx, handle, "go", jiff::Timestamp::now()).await;
     assert!(refused.is_err(), "an action of a class turned off is not approved: {refused:?}");
     assert_eq!(stack.count("SELECT count(*) FROM outbox WHERE subject = 'Your visit'").await, 0);
     // Back to the agent confirming: nothing was executed, so the budget is whole again.
