@@ -11,6 +11,8 @@ mod datastore;
 pub mod effect;
 pub mod error;
 pub mod handle;
+#[cfg(test)]
+mod house;
 pub mod input;
 pub mod money;
 pub mod rights;

@@ -39,6 +39,12 @@ pub use crate::services::two_step::{Op, TwoStep};
 use crate::time;
 use crate::views;
 
+mod mrtr;
+mod person;
+
+pub use mrtr::{ConfirmState, confirm_sealed, confirm_state, request_digest};
+pub use person::{approve, deny};
+
 // ------------------------------------------------------------------ inputs of the rail
 
 /// Execute a prepared action.
@@ -524,43 +530,25 @@ async fn execute(
             ));
         }
     }
-    let at = At { now, previewed: to_ts(p.created_at) };
-    let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
-        Ok(plan) => plan,
-        Err(e) => {
-            // The action no longer applies (the booking was deleted, confirmed elsewhere…): the token dies.
-            db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-            let action = format!("{}.confirm", p.tool);
-            db::audit_insert(
-                &mut tx,
-                ctx,
-                AuditEntry {
-                    action: &action,
-                    outcome: "failed",
-                    targets: Vec::new(),
-                    pending_action: Some(p.id),
-                    reason: None,
-                    change: None,
-                },
-            )
-            .await?;
+    let action = format!("{}.confirm", p.tool);
+    let completes = Completes {
+        connection_id: p.connection_id,
+        mode: Completion::AgentConfirms,
+        approver_not_creator: false,
+    };
+    let plan = match replan(ds, &mut tx, ctx, op, &p, now, &action, completes).await? {
+        Replanned::Same(plan) => plan,
+        Replanned::Failed(e) => {
             tx.commit().await?;
             return Err(e);
         }
+        Replanned::Changed(preview) => {
+            tx.commit().await?;
+            return Err(Error::ChangedSincePreview {
+                preview: Box::new(super::presented(&preview)?),
+            });
+        }
     };
-    if plan.content_hash != p.content_hash {
-        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        // The new preview promises what holds from now on.
-        let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
-        let completes = Completes {
-            connection_id: p.connection_id,
-            mode: Completion::AgentConfirms,
-            approver_not_creator: false,
-        };
-        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
-        tx.commit().await?;
-        return Err(Error::ChangedSincePreview { preview: Box::new(super::presented(&preview)?) });
-    }
     // The budgets again, under the action's lock and theirs: lowered since the preview, or
     // used up by actions executed meanwhile, it goes to a person instead.
     let over = budgets::check(&mut tx, ctx, p.connection_id, Some(p.id), &plan.effects()).await?;
@@ -587,6 +575,60 @@ async fn execute(
         ));
     }
     run_once(tx, ctx, op, &p, &plan, None, now).await
+}
+
+/// What re-planning a locked pending action found.
+enum Replanned {
+    /// It would do exactly what was previewed: run this plan.
+    Same(Plan),
+    /// It no longer applies (the booking was deleted, confirmed elsewhere…): the action is
+    /// dropped and the failure audited; commit and answer the error.
+    Failed(Error),
+    /// What it would do changed: the action is dropped and a new preview stored (completed as
+    /// `completes` says); commit and show it.
+    Changed(Preview),
+}
+
+/// The confirm engine's one re-plan, whoever completes the action (the agent's
+/// `confirm_action`, a person's approval, the multi round-trip retry): plan again under row
+/// locks, at the preview's instant, and compare content hashes. Only a plan that hashes the
+/// same may run; anything else drops the action in `tx`, so no decision ever runs a version
+/// nobody saw.
+#[allow(clippy::too_many_arguments)]
+async fn replan(
+    ds: &Services,
+    tx: &mut Tx<'static>,
+    ctx: &OpCtx,
+    op: Op,
+    p: &db::PendingRow,
+    now: Timestamp,
+    action: &str,
+    completes: Completes,
+) -> Result<Replanned> {
+    let at = At { now, previewed: to_ts(p.created_at) };
+    let plan = match plan(tx, ctx, op, &p.args, at).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            db::pending_decide(tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
+            let entry = AuditEntry {
+                action,
+                outcome: "failed",
+                targets: Vec::new(),
+                pending_action: Some(p.id),
+                reason: None,
+                change: None,
+            };
+            db::audit_insert(tx, ctx, entry).await?;
+            return Ok(Replanned::Failed(e));
+        }
+    };
+    if plan.content_hash == p.content_hash {
+        return Ok(Replanned::Same(plan));
+    }
+    db::pending_decide(tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
+    // The new preview promises what holds from now on.
+    let fresh = self::plan(tx, ctx, op, &p.args, At::fresh(now)).await?;
+    Ok(Replanned::Changed(store_preview(tx, ctx, ds, op, &p.args, &fresh, now, completes).await?))
 }
 
 /// Hands an action the agent was to confirm to a person, and tells who could approve it.
@@ -706,282 +748,4 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
     .await?;
     tx.commit().await?;
     Ok(Rejected::new(p.handle, p.tool))
-}
-
-// ------------------------------------------------------------------ a person decides
-
-/// A person approves a waiting action in the console (or the REST API): the action runs once, through the same engine an
-/// agent's confirmation uses.
-pub async fn approve(
-    ds: &Services,
-    ctx: &OpCtx,
-    handle: &str,
-    reason: &str,
-    now: jiff::Timestamp,
-) -> Result<Decided> {
-    decide(ds, ctx, handle, reason, true, now).await
-}
-
-/// A person denies a waiting action; the agent is told, with the reason.
-pub async fn deny(
-    ds: &Services,
-    ctx: &OpCtx,
-    handle: &str,
-    reason: &str,
-    now: jiff::Timestamp,
-) -> Result<Decided> {
-    decide(ds, ctx, handle, reason, false, now).await
-}
-
-/// A person approves or denies an action that waits for them (`person_approves`), under the
-/// same lock and checks as `confirm_action`: the action's state and expiry, the approver's
-/// live right, the policy's rule on who may approve, the connection still active, the switches,
-/// and a re-plan whose content hash must match. Executes at most once.
-pub(crate) async fn decide(
-    ds: &Services,
-    ctx: &OpCtx,
-    raw: &str,
-    reason: &str,
-    approve: bool,
-    now: Timestamp,
-) -> Result<Decided> {
-    let person = ctx.actor_person_id().ok_or(Error::NoActor)?;
-    let handle = raw.trim();
-    if !handle.starts_with("pac_") || handle.len() > 64 {
-        return Err(approvals::no_such_action(raw));
-    }
-    let reason = approvals::decision_reason(reason)?;
-    let mut tx = ds.begin().await?;
-    let Some(p) = db::pending_lock_by_handle(&mut tx, ctx, handle).await? else {
-        return Err(approvals::no_such_action(raw));
-    };
-    // Actions the agent completes are not the console's to decide.
-    if p.completion != db::PendingCompletion::PersonApproves {
-        return Err(approvals::no_such_action(raw));
-    }
-    let op = Op::by_name(&p.tool)
-        .ok_or_else(|| Error::Internal(format!("unknown pending tool {}", p.tool)))?;
-    ctx.require(op.right())?;
-    // The rule on who may approve is the stricter of the one stored and the one now in force.
-    let (now_mode, now_not_creator) = approvals::policy_tx(&mut tx, ctx).await?.for_op(op);
-    let not_creator = p.approver_not_creator || now_not_creator;
-    // The connection that asked must still hold the right: its creator may have been demoted.
-    let asker_holds = db::connection_live_rights(&mut tx, ctx, p.connection_id)
-        .await?
-        .is_some_and(|rights| rights.contains(op.right()));
-    let refusal = match p.status {
-        db::PendingStatus::Executed | db::PendingStatus::Rejected | db::PendingStatus::Superseded => Some(refused(
-            ActionRefusal::Used,
-            format!("action {} was decided already ({})", p.handle, p.status),
-        )),
-        _ if p.expired => {
-            Some(refused(ActionRefusal::Expired, format!("action {} expired", p.handle)))
-        }
-        _ if p.connection_status != "active" => Some(Error::WrongState {
-            message: format!("the connection that asked for action {} was revoked", p.handle),
-            use_instead: None,
-        }),
-        _ if approve && now_mode == Completion::Off => Some(Error::TurnedOff {
-            tool: op.name().to_owned(),
-            class: op.class().as_str(),
-        }),
-        _ if approve && !asker_holds => Some(Error::WrongState {
-            message: format!(
-                "the connection that asked for action {} no longer holds {} (its creator's role changed)",
-                p.handle,
-                op.right().as_str()
-            ),
-            use_instead: None,
-        }),
-        _ if approve && not_creator && p.creator_id == person => Some(Error::WrongState {
-            message: "this tenant's policy needs someone other than the connection's creator to approve it".into(),
-            use_instead: None,
-        }),
-        _ => None,
-    };
-    if let Some(error) = refusal {
-        return Err(error);
-    }
-    let action = format!("{}.{}", p.tool, if approve { "approve" } else { "deny" });
-    if approve {
-        // Under the passkey policy, an assertion made for this action as it is now.
-        let decision = Decision::approve_action(&p.handle, &p.content_hash);
-        crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
-    }
-    if !approve {
-        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Rejected, None).await?;
-        db::pending_decided_by(&mut tx, ctx, p.id, Some(person), &reason).await?;
-        let entry = AuditEntry {
-            action: &action,
-            outcome: "denied",
-            targets: Vec::new(),
-            pending_action: Some(p.id),
-            reason: Some(reason.as_str()).filter(|r| !r.is_empty()),
-            change: None,
-        };
-        db::audit_insert(&mut tx, ctx, entry).await?;
-        tx.commit().await?;
-        return Ok(Decided::Denied { action: p.handle });
-    }
-    let (agent_access, killed) = db::switches(&mut tx, ctx).await?;
-    if killed || !agent_access {
-        return Err(Error::WrongState {
-            message:
-                "agent access is turned off, so agents' actions wait; turn it back on to approve"
-                    .into(),
-            use_instead: None,
-        });
-    }
-    let at = At { now, previewed: to_ts(p.created_at) };
-    let plan = match plan(&mut tx, ctx, op, &p.args, at).await {
-        Ok(plan) => plan,
-        Err(e) => {
-            db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-            let entry = AuditEntry {
-                action: &action,
-                outcome: "failed",
-                targets: Vec::new(),
-                pending_action: Some(p.id),
-                reason: None,
-                change: None,
-            };
-            db::audit_insert(&mut tx, ctx, entry).await?;
-            tx.commit().await?;
-            return Err(e);
-        }
-    };
-    if plan.content_hash != p.content_hash {
-        // The person is shown the new version; this one can never execute.
-        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        let fresh = self::plan(&mut tx, ctx, op, &p.args, At::fresh(now)).await?;
-        let completes = Completes {
-            connection_id: p.connection_id,
-            mode: Completion::PersonApproves,
-            approver_not_creator: p.approver_not_creator,
-        };
-        let preview = store_preview(&mut tx, ctx, ds, op, &p.args, &fresh, now, completes).await?;
-        let replaced_by = preview.action;
-        // The agent's token follows the action to its new version.
-        db::pending_replaced(&mut tx, ctx, p.id, &replaced_by).await?;
-        tx.commit().await?;
-        return Ok(Decided::Changed { action: p.handle, replaced_by });
-    }
-    let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
-    Ok(Decided::Executed { action: p.handle, result: Box::new(out) })
-}
-
-// ------------------------------------------------------------------ multi round-trip (MRTR)
-
-/// What a sealed `requestState` binds (MCP 2026-07-28 multi round-trip confirmation): the
-/// connection, the tool, the digest of the request's arguments, the pending action and the
-/// hash of exactly what it will do, and when it stops being answerable.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ConfirmState {
-    pub connection: i64,
-    pub tool: String,
-    pub request_digest: String,
-    pub action: String,
-    pub content_hash: String,
-    pub expires: i64,
-}
-
-/// The digest of a tool call's arguments as sent (canonical JSON, nulls dropped): what a
-/// retry must repeat exactly.
-pub fn request_digest(arguments: &Value) -> String {
-    let kept = match arguments {
-        Value::Object(map) => Value::Object(
-            map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect(),
-        ),
-        other => other.clone(),
-    };
-    sha256_hex(canonical_json(&kept).as_bytes())
-}
-
-/// The state to seal for a preview this connection just received: everything it binds is in
-/// the preview the rail returned, so nothing is read again.
-pub fn confirm_state(
-    ctx: &OpCtx,
-    preview: &Preview,
-    request_digest: String,
-) -> Result<ConfirmState> {
-    // Only what the agent may confirm is sealed; an action a person approves never is.
-    if preview.status != PreviewStatus::Preview || preview.content_hash.is_empty() {
-        return Err(Error::Internal(format!("action {} cannot be sealed", preview.action)));
-    }
-    Ok(ConfirmState {
-        connection: connection_id(ctx)?,
-        tool: preview.tool.clone(),
-        request_digest,
-        action: preview.action.clone(),
-        content_hash: preview.content_hash.clone(),
-        expires: preview.expires_at,
-    })
-}
-
-/// The person answered the elicitation of a sealed state: accepted executes once through the
-/// same engine as `confirm_action`; declined rejects the pending action. The state must be
-/// this connection's, for this tool and these exact arguments, unexpired, and its action must
-/// still be the one sealed (content hash) and unused: single use is the pending action row.
-pub async fn confirm_sealed(
-    ds: &Services,
-    ctx: &OpCtx,
-    state: &ConfirmState,
-    tool: &str,
-    request_digest: &str,
-    accept: bool,
-    now: Timestamp,
-) -> Result<Outcome> {
-    let stale = |why: &str| {
-        refused(
-            ActionRefusal::Unknown,
-            format!("requestState {why}; call the tool again without it for a new confirmation"),
-        )
-    };
-    let mut tx = ds.begin().await?;
-    let Some(p) = db::pending_lock_by_handle(&mut tx, ctx, &state.action).await? else {
-        return Err(stale("names no action"));
-    };
-    // Every refusal of a state that names an action of this tenant is audited with it, as
-    // confirm_action's are.
-    let refusal = if Some(state.connection) != ctx.connection().map(|c| c.id) {
-        Some(refused(
-            ActionRefusal::OtherConnection,
-            "this requestState belongs to another connection",
-        ))
-    } else if state.tool != tool || state.request_digest != request_digest {
-        Some(stale(
-            "was issued for another tool call (the tool and its arguments must be repeated exactly)",
-        ))
-    } else if state.expires <= now.as_second() {
-        Some(refused(ActionRefusal::Expired, "the confirmation expired; call the tool again"))
-    } else if p.connection_id != state.connection
-        || p.content_hash != state.content_hash
-        || p.completion != db::PendingCompletion::AgentConfirms
-    {
-        Some(stale("does not match its action"))
-    } else {
-        None
-    };
-    if let Some(error) = refusal {
-        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
-    }
-    if let Some(error) = state_refusal(&p) {
-        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
-    }
-    if !accept {
-        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Rejected, None).await?;
-        let action = format!("{}.reject", p.tool);
-        let entry = AuditEntry {
-            action: &action,
-            outcome: "rejected",
-            targets: Vec::new(),
-            pending_action: Some(p.id),
-            reason: Some("declined in the client"),
-            change: None,
-        };
-        db::audit_insert(&mut tx, ctx, entry).await?;
-        tx.commit().await?;
-        return Ok(Outcome::Rejected(Rejected::new(p.handle, p.tool)));
-    }
-    execute(ds, tx, ctx, p, now).await.map(Outcome::Executed)
 }

@@ -1,0 +1,255 @@
+use std::str::FromStr;
+
+use super::*;
+use crate::testing::TestDb;
+
+fn pipe(db: &TestDb, connections: usize) -> Arc<Pipe> {
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
+    Arc::new(Pipe::new(config_for(&db.url, &options), connections))
+}
+
+/// The backend of each of the pipe's connections.
+async fn pids(pipe: &Arc<Pipe>) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for index in 0..pipe.slots.len() {
+        let link = pipe.link(index).await.expect("link");
+        let row = link.client.query_one("SELECT pg_backend_pid()", &[]).await.expect("pid");
+        pids.push(row.get(0));
+    }
+    pids
+}
+
+/// How many backends the pipes of this test's database hold.
+async fn pipe_backends(db: &TestDb) -> i64 {
+    db.scalar_i64(&format!(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = '{}' AND application_name = 'gatehouse-pipe'",
+        db.name
+    ))
+    .await
+}
+
+async fn terminate(db: &TestDb, pids: &[i32]) {
+    for pid in pids {
+        db.exec(&format!("SELECT pg_terminate_backend({pid})")).await;
+    }
+}
+
+/// A token hash no token has: the context statements answer with no row.
+const NO_TOKEN: &[u8] = b"no such token";
+const NO_CURSOR: (Option<chrono::DateTime<chrono::Utc>>, Option<String>) = (None, None);
+
+#[tokio::test]
+async fn concurrent_requests_share_the_pipes_connections_and_each_gets_its_own_answer() {
+    let db = TestDb::new().await;
+    let seed = crate::services::demo::seed(&db.ds, None, "").await.expect("seed");
+    let tokens: Vec<(String, String)> = seed
+        .tenants
+        .iter()
+        .flat_map(|t| t.connections.iter().map(|c| (c.token.clone(), c.connection.clone())))
+        .collect();
+    assert!(tokens.len() >= 4);
+    let pipe = pipe(&db, 2);
+    // 96 statements in flight on two connections, for different tokens and for none: each
+    // answer is the one its own statement asked for.
+    let mut calls = Vec::new();
+    for n in 0..96 {
+        let pipe = pipe.clone();
+        let (token, connection) = tokens[n % tokens.len()].clone();
+        calls.push(tokio::spawn(async move {
+            let hash =
+                if n % 3 == 0 { NO_TOKEN.to_vec() } else { crate::secret::hash_token(&token) };
+            let (at, note) = NO_CURSOR;
+            let row = pipe
+                .query_opt(Sql::ContextAndBooking, &[&hash, &"bkg_none", &at, &note])
+                .await
+                .expect("answered");
+            let got = row.map(|row| row.get::<String>("connection_handle").expect("handle"));
+            (n, connection, got)
+        }));
+    }
+    for call in calls {
+        let (n, connection, got) = call.await.expect("joined");
+        if n % 3 == 0 {
+            assert_eq!(got, None, "call {n}: no such token, no row");
+        } else {
+            assert_eq!(got, Some(connection), "call {n}: its own token's connection");
+        }
+    }
+    assert_eq!(pipe_backends(&db).await, 2, "two connections served all 96");
+}
+
+#[tokio::test]
+async fn a_connection_the_server_ends_is_replaced_and_the_read_that_met_it_is_answered() {
+    let db = TestDb::new().await;
+    let pipe = pipe(&db, 1);
+    let first = pids(&pipe).await;
+    // A statement the server refuses (a NUL in a handle) fails alone, with its SQLSTATE:
+    // the connection stays and serves the next.
+    let (at, note) = NO_CURSOR;
+    let refused = pipe.query_opt(Sql::ContextAndBooking, &[&NO_TOKEN, &"bkg\0", &at, &note]).await;
+    let Err(failure) = refused else { panic!("refused: {:?}", refused.is_ok()) };
+    assert!(failure.sqlstate().is_some_and(|c| c.starts_with("22")), "{failure:?}");
+    assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
+    assert_eq!(pids(&pipe).await, first, "same backend");
+    // A restart ends the backend. The read sent right after, on the connection not yet
+    // seen closed, is sent again on a new one and answered: no request fails for it.
+    terminate(&db, &first).await;
+    assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
+    assert_ne!(pids(&pipe).await, first, "a new backend");
+    assert_eq!(pipe_backends(&db).await, 1);
+}
+
+#[tokio::test]
+async fn a_connection_whose_prepared_statements_went_stale_is_replaced_unseen() {
+    let db = TestDb::new().await;
+    let pipe = pipe(&db, 1);
+    let first = pids(&pipe).await;
+    assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
+    // A migration changes the type of a column the context returns: the server refuses the
+    // statement prepared before it (0A000), and the pipe prepares it again on a new
+    // connection instead of meeting the same refusal until the connection ages out.
+    db.exec("ALTER TABLE tenants ALTER COLUMN slug TYPE varchar(200)").await;
+    assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
+    assert_ne!(pids(&pipe).await, first, "a new connection");
+}
+
+/// Holds `table` locked as a migration would, until the returned connection rolls back.
+async fn lock(db: &TestDb, table: &str) -> sqlx::PgConnection {
+    use sqlx::Connection as _;
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+    )))
+    .execute(&mut holder)
+    .await
+    .expect("lock");
+    holder
+}
+
+#[tokio::test]
+async fn a_request_cancelled_mid_statement_leaves_the_connection_serving_others() {
+    let db = TestDb::new().await;
+    // Statements wait for locks long enough here that the request is cancelled while its
+    // statement still waits.
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
+    let pipe = Arc::new(Pipe::waiting_for_locks(config_for(&db.url, &options), 1, "5s"));
+    let first = pids(&pipe).await;
+    // A request whose statement waits behind a lock is cancelled (its client hung up).
+    let mut holder = lock(&db, "connection_tokens").await;
+    let waiting = tokio::spawn({
+        let pipe = pipe.clone();
+        async move { pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.map(|r| r.is_none()) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiting.abort();
+    assert!(waiting.await.is_err_and(|e| e.is_cancelled()));
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.expect("unlock");
+    // The next request is answered, on the same backend.
+    assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("answered").is_none());
+    assert_eq!(pids(&pipe).await, first);
+}
+
+#[tokio::test]
+async fn a_statement_behind_a_lock_gives_up_soon_and_holds_up_the_others_no_longer() {
+    let db = TestDb::new().await;
+    let pipe = pipe(&db, 1);
+    // A migration holds the bookings: the context and booking read gives up within the lock
+    // timeout (and the caller falls back to the context alone); the context statement
+    // queued behind it on the same connection is answered right after.
+    let mut holder = lock(&db, "bookings").await;
+    let started = Instant::now();
+    let (at, note) = NO_CURSOR;
+    let params: [&(dyn ToSql + Sync); 4] = [&NO_TOKEN, &"bkg_x", &at, &note];
+    let (blocked, behind) = tokio::join!(pipe.query_opt(Sql::ContextAndBooking, &params), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await
+    });
+    let Err(failure) = blocked else { panic!("answered behind the lock") };
+    assert_eq!(failure.sqlstate(), Some("55P03"), "lock_timeout: {failure:?}");
+    assert!(behind.expect("answered").is_none());
+    assert!(started.elapsed() < WAIT, "the lock timeout ended it, not the request's wait");
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.expect("unlock");
+}
+
+#[tokio::test]
+async fn the_pipe_reads_every_context_as_the_pool_reads_it() {
+    let db = TestDb::new().await;
+    let seed = crate::services::demo::seed(&db.ds, None, "").await.expect("seed");
+    // Vary what may be absent or false: one creator without a membership, one tenant
+    // switched off, one token with an expiry and an audience, one override.
+    db.exec(
+        "DELETE FROM memberships WHERE (tenant_id, person_id) IN
+           (SELECT tenant_id, creator_id FROM connections ORDER BY id LIMIT 1);
+         UPDATE tenants SET agent_access = false, read_per_minute = 77
+           WHERE id = (SELECT max(id) FROM tenants);
+         UPDATE connection_tokens SET expires_at = now() + interval '1 hour',
+                audience = 'https://mcp.example/mcp'
+           WHERE id = (SELECT max(id) FROM connection_tokens)",
+    )
+    .await;
+    let mut seen = 0;
+    for tenant in &seed.tenants {
+        for connection in &tenant.connections {
+            let hash = crate::secret::hash_token(&connection.token);
+            let pooled = sqlx::query_as::<_, super::super::ConnectionContextRow>(
+                super::super::hot_path::CONNECTION_CONTEXT_SQL,
+            )
+            .bind(&hash)
+            .fetch_optional(db.ds.pool())
+            .await
+            .expect("pool");
+            let piped = db.ds.entry_connection_context(&hash).await.expect("pipe");
+            assert_eq!(format!("{piped:?}"), format!("{pooled:?}"), "{}", connection.name);
+            assert!(piped.is_some());
+            seen += 1;
+        }
+    }
+    assert!(seen >= 4);
+    db.ds.ping_hot_path().await.expect("ready");
+}
+
+#[tokio::test]
+async fn rows_are_read_by_column_name_and_a_missing_or_mistyped_column_is_an_error() {
+    let db = TestDb::new().await;
+    let seed = crate::services::demo::seed(&db.ds, None, "").await.expect("seed");
+    let token = &seed.tenants[0].connections[0].token;
+    let pipe = pipe(&db, 1);
+    let row = pipe
+        .query_opt(Sql::Context, &[&crate::secret::hash_token(token)])
+        .await
+        .expect("answered")
+        .expect("a row");
+    assert!(row.columns_distinct());
+    assert_eq!(row.get::<String>("tenant_slug").expect("slug"), seed.tenants[0].slug);
+    assert!(row.get::<i32>("no_such_column").is_err());
+    assert!(row.get::<String>("tenant_id").is_err(), "a wrong type is an error, not a guess");
+}
+
+#[test]
+fn the_pipe_reads_database_url_as_the_pool_does() {
+    let url =
+        "postgres://app:p%40ss%2Fw0rd@db.internal:6543/bookings?options=-c%20search_path%3Dgh";
+    let options = sqlx::postgres::PgConnectOptions::from_str(url).expect("sqlx reads it");
+    let config = config_for(url, &options);
+    assert_eq!(config.get_password(), Some(b"p@ss/w0rd".as_slice()), "percent-decoded");
+    assert_eq!(config.get_user(), Some("app"));
+    assert_eq!(config.get_dbname(), Some("bookings"));
+    assert_eq!(config.get_ports(), &[6543]);
+    assert!(
+        matches!(config.get_hosts(), [tokio_postgres::config::Host::Tcp(h)] if h == "db.internal")
+    );
+    assert_eq!(config.get_options(), options.get_options());
+    // A `password` parameter wins over the URL's, as in sqlx.
+    let param = "postgres://app:old@db.internal/bookings?password=n%26w";
+    let options = sqlx::postgres::PgConnectOptions::from_str(param).expect("sqlx reads it");
+    assert_eq!(config_for(param, &options).get_password(), Some(b"n&w".as_slice()));
+    // A socket directory, as sqlx reads `host=`.
+    let socket = "postgres:///bookings?host=/run/postgresql&user=app";
+    let options = sqlx::postgres::PgConnectOptions::from_str(socket).expect("sqlx reads it");
+    let config = config_for(socket, &options);
+    assert!(
+        matches!(config.get_hosts(), [tokio_postgres::config::Host::Unix(p)] if p.ends_with("postgresql"))
+    );
+    assert_eq!(config.get_user(), Some("app"));
+}
