@@ -15,6 +15,7 @@ pub mod handle;
 mod house;
 pub mod input;
 pub mod money;
+pub mod policies;
 pub mod rights;
 pub mod seal;
 mod sealed;

@@ -1,0 +1,535 @@
+//! Tenants' policies in Cedar: the schema generated from the tool registry, a tenant's policy
+//! set compiled once per version, and the verdict for one call.
+//!
+//! **Policies narrow; rights permit.** The person's role and the connection's rights stay the
+//! first gate. A tenant's set holds `forbid` policies only; Gatehouse evaluates them beside one
+//! implicit `permit(principal, action, resource);`, so with no policy everything the rights
+//! allow is allowed, and each `forbid` takes something away. A `forbid` annotated `@approval`
+//! sends a two-step action to a person instead of refusing it. Every policy carries `@id`
+//! (named in refusals and in the audit) and `@reason` (shown to the agent and the admin).
+//!
+//! The schema: principal `Connection` (its creator's role, the client, how it was granted),
+//! action the tool (`Action::"cancel_booking"`), resource the record the call names (`Booking`,
+//! `Customer`, `Technician`) or the `Tenant`, context the arguments (`context.args`, typed from
+//! the tool's input schema), the tenant's local time (`context.now`), the phase (`call`,
+//! `prepare`, `confirm`) and the number of records the action touches (`context.effects`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cedar_policy::{
+    Authorizer, Context, Decision, Entities, Entity, EntityUid, PolicySet, Request,
+    RestrictedExpression, Schema, ValidationMode, Validator,
+};
+use serde_json::{Value, json};
+
+use crate::effect::EffectClass;
+
+/// The largest policy set a tenant may keep, in bytes of source.
+pub const MAX_SOURCE_BYTES: usize = 64 * 1024;
+/// The most policies a set may hold.
+pub const MAX_POLICIES: usize = 500;
+/// How deep brackets may nest in a policy's source (Cedar's parser recurses on them).
+pub const MAX_NESTING: usize = 32;
+
+/// One tool as the schema sees it: its name, class and input schema (JSON Schema).
+pub struct ToolFacts<'a> {
+    pub name: &'a str,
+    pub class: EffectClass,
+    pub input_schema: &'a serde_json::Map<String, Value>,
+}
+
+/// The resource types a call may name.
+const RESOURCE_TYPES: [&str; 4] = ["Tenant", "Booking", "Customer", "Technician"];
+
+/// The Cedar schema (JSON form) of these tools: one action per tool, its context typed from
+/// the tool's arguments. Arguments of a type Cedar has no word for (objects, fractions) are
+/// left out, so a policy cannot name them.
+pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
+    let string = || json!({"type": "String"});
+    let long = || json!({"type": "Long"});
+    let optional = |t: Value| {
+        let mut t = t;
+        t["required"] = json!(false);
+        t
+    };
+    let mut actions = serde_json::Map::new();
+    for tool in tools {
+        let required: Vec<&str> = tool
+            .input_schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let mut args = serde_json::Map::new();
+        if let Some(props) = tool.input_schema.get("properties").and_then(Value::as_object) {
+            for (name, prop) in props {
+                let Some(mut ty) = cedar_type(prop) else { continue };
+                if !required.contains(&name.as_str()) {
+                    ty["required"] = json!(false);
+                }
+                args.insert(name.clone(), ty);
+            }
+        }
+        let context = json!({"type": "Record", "attributes": {
+            "args": {"type": "Record", "attributes": args},
+            "class": string(),
+            "phase": string(),
+            "effects": long(),
+            "now": {"type": "Record", "attributes": {
+                "hour": long(), "minute": long(), "weekday": string(), "date": string(),
+            }},
+        }});
+        let _ = tool.class;
+        actions.insert(
+            tool.name.to_owned(),
+            json!({"appliesTo": {
+                "principalTypes": ["Connection"],
+                "resourceTypes": RESOURCE_TYPES,
+                "context": context,
+            }}),
+        );
+    }
+    json!({"": {
+        "entityTypes": {
+            "Connection": {"shape": {"type": "Record", "attributes": {
+                "role": string(), "client": string(), "grant": string(), "name": string(),
+            }}},
+            "Tenant": {},
+            "Booking": {"shape": {"type": "Record", "attributes": {
+                "status": optional(string()),
+                "hours_until_start": optional(long()),
+            }}},
+            "Customer": {},
+            "Technician": {},
+        },
+        "actions": actions,
+    }})
+}
+
+/// The Cedar type of one argument's JSON Schema, when Cedar has one.
+fn cedar_type(prop: &Value) -> Option<Value> {
+    let ty = match prop.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        // `["string", "null"]`: an optional argument.
+        Some(Value::Array(types)) => {
+            let mut named = types.iter().filter_map(Value::as_str).filter(|t| *t != "null");
+            match (named.next(), named.next()) {
+                (Some(one), None) => one,
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    match ty {
+        "string" => Some(json!({"type": "String"})),
+        "integer" => Some(json!({"type": "Long"})),
+        "boolean" => Some(json!({"type": "Boolean"})),
+        "array" => {
+            let items = prop.get("items")?;
+            let inner = cedar_type(items)?;
+            Some(json!({"type": "Set", "element": inner}))
+        }
+        _ => None,
+    }
+}
+
+/// A problem in a policy set's source, at its line (1-based; 0 when Cedar gave no place).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Problem {
+    pub line: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line > 0 {
+            write!(f, "line {}: {}", self.line, self.message)
+        } else {
+            f.write_str(&self.message)
+        }
+    }
+}
+
+fn line_of(source: &str, offset: usize) -> usize {
+    source[..offset.min(source.len())].matches('\n').count() + 1
+}
+
+fn problems_of(source: &str, diagnostic: &dyn miette::Diagnostic, message: String) -> Problem {
+    let line = diagnostic
+        .labels()
+        .and_then(|mut labels| labels.next())
+        .map(|label| line_of(source, label.offset()))
+        .unwrap_or(0);
+    let help = diagnostic.help().map(|h| format!(" ({h})")).unwrap_or_default();
+    Problem { line, message: format!("{message}{help}") }
+}
+
+/// One policy as the tenant wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PolicyInfo {
+    pub id: String,
+    pub reason: String,
+    pub approval: bool,
+}
+
+/// A tenant's policy set, parsed, validated and ready to evaluate.
+pub struct Compiled {
+    set: PolicySet,
+    schema: Arc<PolicySchema>,
+    /// By Cedar's id of each policy: what the tenant named it and why.
+    info: BTreeMap<String, PolicyInfo>,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiled").field("policies", &self.info.len()).finish()
+    }
+}
+
+/// The schema in both forms: JSON (what the arguments are typed as) and parsed.
+pub struct PolicySchema {
+    pub json: Value,
+    schema: Schema,
+}
+
+impl PolicySchema {
+    /// Parses the schema once per process from its JSON form.
+    pub fn new(json: Value) -> Result<PolicySchema, String> {
+        let schema =
+            Schema::from_json_value(json.clone()).map_err(|e| format!("the policy schema: {e}"))?;
+        Ok(PolicySchema { json, schema })
+    }
+}
+
+impl Compiled {
+    /// Parses and validates `source` against `schema`: every problem, each at its line.
+    pub fn compile(source: &str, schema: Arc<PolicySchema>) -> Result<Compiled, Vec<Problem>> {
+        if source.len() > MAX_SOURCE_BYTES {
+            return Err(vec![Problem {
+                line: 0,
+                message: format!(
+                    "the policy set is {} bytes; at most {MAX_SOURCE_BYTES} are kept",
+                    source.len()
+                ),
+            }]);
+        }
+        if let Some(line) = too_deep(source) {
+            return Err(vec![Problem {
+                line,
+                message: format!("brackets nest deeper than {MAX_NESTING} levels here"),
+            }]);
+        }
+        let tenant: PolicySet = source.parse().map_err(|e: cedar_policy::ParseErrors| {
+            e.iter().map(|p| problems_of(source, p, p.to_string())).collect::<Vec<_>>()
+        })?;
+        let mut problems = Vec::new();
+        let mut info = BTreeMap::new();
+        let mut ids = std::collections::HashSet::new();
+        let count = tenant.policies().count();
+        if count > MAX_POLICIES {
+            problems.push(Problem {
+                line: 0,
+                message: format!("{count} policies; a set holds at most {MAX_POLICIES}"),
+            });
+        }
+        if tenant.templates().next().is_some() {
+            problems.push(Problem {
+                line: 0,
+                message:
+                    "templates (`?principal`, `?resource`) are not used here; write the policy out"
+                        .into(),
+            });
+        }
+        for policy in tenant.policies() {
+            // The policy's text as written, found in the source: its line.
+            let line = source.find(&policy.to_string()).map(|at| line_of(source, at)).unwrap_or(0);
+            if policy.effect() != cedar_policy::Effect::Forbid {
+                problems.push(Problem {
+                    line,
+                    message: "only `forbid` policies are kept: rights permit, policies narrow (write `forbid (…) unless { … }` to allow only some calls)".into(),
+                });
+            }
+            let id = policy.annotation("id").map(str::trim).unwrap_or_default().to_owned();
+            if id.is_empty()
+                || id.len() > 64
+                || !id.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                problems.push(Problem {
+                    line,
+                    message:
+                        "every policy needs `@id(\"…\")`: 1 to 64 letters, digits, `-`, `_` or `.`"
+                            .into(),
+                });
+            } else if !ids.insert(id.clone()) {
+                problems.push(Problem { line, message: format!("@id(\"{id}\") is used twice") });
+            }
+            let reason = policy.annotation("reason").map(str::trim).unwrap_or_default().to_owned();
+            if reason.is_empty() || reason.chars().count() > 300 {
+                problems.push(Problem {
+                    line,
+                    message: "every policy needs `@reason(\"…\")`, at most 300 characters: the agent and the admin read it".into(),
+                });
+            }
+            info.insert(
+                policy.id().to_string(),
+                PolicyInfo { id, reason, approval: policy.annotation("approval").is_some() },
+            );
+        }
+        let validation =
+            Validator::new(schema.schema.clone()).validate(&tenant, ValidationMode::Strict);
+        for error in validation.validation_errors() {
+            problems.push(problems_of(source, error, error.to_string()));
+        }
+        if !problems.is_empty() {
+            problems.sort_by_key(|p| p.line);
+            return Err(problems);
+        }
+        let mut set = tenant;
+        let base = cedar_policy::Policy::parse(
+            Some(cedar_policy::PolicyId::new("gatehouse-rights-permit")),
+            "permit(principal, action, resource);",
+        )
+        .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
+        set.add(base).map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
+        Ok(Compiled { set, schema, info })
+    }
+
+    /// The tenant's policies, as written.
+    pub fn policies(&self) -> impl Iterator<Item = &PolicyInfo> {
+        self.info.values()
+    }
+
+    /// The verdict for one call.
+    pub fn evaluate(&self, call: &Call<'_>) -> Verdict {
+        match self.request(call) {
+            Ok((request, entities)) => {
+                let answer = Authorizer::new().is_authorized(&request, &self.set, &entities);
+                if let Some(error) = answer.diagnostics().errors().next() {
+                    return Verdict::Error(format!("a policy failed to evaluate: {error}"));
+                }
+                if answer.decision() == Decision::Allow {
+                    return Verdict::Allow;
+                }
+                let mut hits: Vec<&PolicyInfo> = answer
+                    .diagnostics()
+                    .reason()
+                    .filter_map(|id| self.info.get(&id.to_string()))
+                    .collect();
+                hits.sort_by(|a, b| a.id.cmp(&b.id));
+                match hits.iter().find(|p| !p.approval) {
+                    Some(hard) => Verdict::Forbid((*hard).clone()),
+                    None => match hits.first() {
+                        Some(soft) => Verdict::Approval((*soft).clone()),
+                        None => Verdict::Error("denied by no policy the tenant wrote".into()),
+                    },
+                }
+            }
+            Err(e) => Verdict::Error(e),
+        }
+    }
+
+    fn request(&self, call: &Call<'_>) -> Result<(Request, Entities), String> {
+        let uid = |ty: &str, id: &str| -> Result<EntityUid, String> {
+            let ty = ty.parse().map_err(|e| format!("{e}"))?;
+            Ok(EntityUid::from_type_name_and_id(ty, id.parse().map_err(|e| format!("{e}"))?))
+        };
+        let principal = uid("Connection", &call.connection.handle)?;
+        let action = uid("Action", call.tool)?;
+        let (resource_type, resource_id) = call.resource.uid();
+        let resource = uid(resource_type, resource_id)?;
+        let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
+        let connection = Entity::new(
+            principal.clone(),
+            [
+                ("role".to_owned(), string(&call.connection.role)),
+                ("client".to_owned(), string(&call.connection.client)),
+                ("grant".to_owned(), string(&call.connection.grant)),
+                ("name".to_owned(), string(&call.connection.name)),
+            ]
+            .into_iter()
+            .collect(),
+            Default::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut attrs = std::collections::HashMap::new();
+        if let Resource::Booking { status, hours_until_start, .. } = &call.resource {
+            if let Some(s) = status {
+                attrs.insert("status".to_owned(), string(s));
+            }
+            if let Some(h) = hours_until_start {
+                attrs.insert("hours_until_start".to_owned(), RestrictedExpression::new_long(*h));
+            }
+        }
+        let record =
+            Entity::new(resource.clone(), attrs, Default::default()).map_err(|e| e.to_string())?;
+        let schema = &self.schema.schema;
+        let entities = Entities::from_entities([connection, record], Some(schema))
+            .map_err(|e| format!("the call's entities: {e}"))?;
+        let context = Context::from_json_value(
+            json!({
+                "args": facts_of(&self.schema.json, call.tool, &call.args),
+                "class": call.class.as_str(),
+                "phase": call.phase,
+                "effects": call.effects,
+                "now": {
+                    "hour": call.now.hour(),
+                    "minute": call.now.minute(),
+                    "weekday": call.now.strftime("%A").to_string(),
+                    "date": call.now.strftime("%Y-%m-%d").to_string(),
+                },
+            }),
+            Some((schema, &action)),
+        )
+        .map_err(|e| format!("the call's context: {e}"))?;
+        let request = Request::new(principal, action, resource, context, Some(schema))
+            .map_err(|e| format!("the call: {e}"))?;
+        Ok((request, entities))
+    }
+}
+
+/// How deep brackets nest, when deeper than allowed: the line where it happens.
+fn too_deep(source: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut line = 1;
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in source.chars() {
+        if c == '\n' {
+            line += 1;
+        }
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Some(line);
+                }
+            }
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The connection a call comes through, as policies see it.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub handle: String,
+    /// The creator's current role in the tenant.
+    pub role: String,
+    pub client: String,
+    /// `static`, `oauth` or `id_jag`.
+    pub grant: String,
+    pub name: String,
+}
+
+/// The record a call names.
+#[derive(Debug, Clone)]
+pub enum Resource {
+    Tenant(String),
+    Booking { handle: String, status: Option<String>, hours_until_start: Option<i64> },
+    Customer(String),
+    Technician(String),
+}
+
+impl Resource {
+    fn uid(&self) -> (&'static str, &str) {
+        match self {
+            Resource::Tenant(h) => ("Tenant", h),
+            Resource::Booking { handle, .. } => ("Booking", handle),
+            Resource::Customer(h) => ("Customer", h),
+            Resource::Technician(h) => ("Technician", h),
+        }
+    }
+}
+
+/// One call, as policies see it.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub connection: &'a Principal,
+    pub tool: &'a str,
+    pub class: EffectClass,
+    /// `call` (a read or a silent write), `prepare` or `confirm` (a two-step action).
+    pub phase: &'static str,
+    /// The call's arguments as sent; those the schema types are kept ([`facts_of`]).
+    pub args: Value,
+    pub resource: Resource,
+    /// How many records the action touches (0 for a read).
+    pub effects: i64,
+    /// The tenant's local time.
+    pub now: jiff::ZonedDateTime,
+}
+
+/// What a policy set decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// A `forbid` matched: refused, naming it.
+    Forbid(PolicyInfo),
+    /// Only `@approval` policies matched: a person decides.
+    Approval(PolicyInfo),
+    /// The set could not be evaluated for this call: refused (never allowed).
+    Error(String),
+}
+
+/// The arguments of a call that the schema of `tool` types, taken from `args`: values of
+/// another type are dropped (the tool's own parsing refuses them before anything runs).
+pub fn facts_of(schema_json: &Value, tool: &str, args: &Value) -> Value {
+    let attributes = &schema_json[""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
+        ["attributes"];
+    let mut out = serde_json::Map::new();
+    if let (Some(attributes), Some(args)) = (attributes.as_object(), args.as_object()) {
+        for (name, ty) in attributes {
+            let Some(value) = args.get(name) else { continue };
+            if fits(ty, value) {
+                out.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+fn fits(ty: &Value, value: &Value) -> bool {
+    match ty["type"].as_str() {
+        Some("String") => value.is_string(),
+        Some("Long") => value.is_i64(),
+        Some("Boolean") => value.is_boolean(),
+        Some("Set") => {
+            value.as_array().is_some_and(|items| items.iter().all(|i| fits(&ty["element"], i)))
+        }
+        _ => false,
+    }
+}
+
+/// Whether replacing the set `old` with `new` may widen what agents may do. Decided
+/// conservatively on the policies as written: the new set narrows only when it keeps every
+/// policy of the old one word for word (adding a `forbid` or an `@approval` narrows); removing
+/// or changing any policy widens.
+pub fn widens(old: &str, new: &str) -> bool {
+    let policies = |source: &str| -> Option<Vec<String>> {
+        let set: PolicySet = source.parse().ok()?;
+        Some(
+            set.policies()
+                .map(|p| p.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect(),
+        )
+    };
+    match (policies(old), policies(new)) {
+        (Some(old), Some(new)) => old.iter().any(|p| !new.contains(p)),
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+use super::*;
+
+fn schema() -> Arc<PolicySchema> {
+    let cancel = json!({"type": "object", "properties": {
+        "booking": {"type": "string"}, "reason": {"type": ["string", "null"]},
+        "note": {"type": "object"}}, "required": ["booking"]});
+    let message = json!({"type": "object", "properties": {
+        "customer": {"type": "string"}, "subject": {"type": "string"}}, "required": ["customer"]});
+    let tools = [
+        ToolFacts {
+            name: "cancel_booking",
+            class: EffectClass::Notify,
+            input_schema: cancel.as_object().expect("object"),
+        },
+        ToolFacts {
+            name: "send_customer_message",
+            class: EffectClass::Notify,
+            input_schema: message.as_object().expect("object"),
+        },
+    ];
+    Arc::new(PolicySchema::new(schema_json(&tools)).expect("schema"))
+}
+
+fn principal() -> Principal {
+    Principal {
+        handle: "con_a".into(),
+        role: "member".into(),
+        client: "Claude".into(),
+        grant: "static".into(),
+        name: "n".into(),
+    }
+}
+
+fn call<'a>(
+    who: &'a Principal,
+    tool: &'a str,
+    hour: i8,
+    hours_until_start: Option<i64>,
+) -> Call<'a> {
+    let now = jiff::civil::date(2026, 12, 7)
+        .at(hour, 30, 0, 0)
+        .to_zoned_datetime(jiff::tz::TimeZone::UTC)
+        .expect("zoned");
+    Call {
+        connection: who,
+        tool,
+        class: EffectClass::Notify,
+        phase: "prepare",
+        args: json!({"booking": "bkg_x", "customer": "cus_x"}),
+        resource: match hours_until_start {
+            Some(h) => Resource::Booking {
+                handle: "bkg_x".into(),
+                status: Some("confirmed".into()),
+                hours_until_start: Some(h),
+            },
+            None => Resource::Tenant("ten_x".into()),
+        },
+        effects: 1,
+        now,
+    }
+}
+
+const RULES: &str = r#"
+@id("cancel-48h")
+@reason("agents cancel only bookings that start more than 48 hours from now")
+forbid (principal, action == Action::"cancel_booking", resource is Booking)
+when { resource has hours_until_start && resource.hours_until_start < 48 };
+
+@id("quiet-hours")
+@reason("no message to a customer between 20:00 and 08:00")
+forbid (principal, action == Action::"send_customer_message", resource)
+when { context.now.hour >= 20 || context.now.hour < 8 };
+
+@id("big-batches")
+@approval
+@reason("more than 20 records at once needs a person")
+forbid (principal, action, resource) when { context.effects > 20 };
+"#;
+
+#[test]
+fn a_forbid_names_its_policy_an_approval_sends_to_a_person_and_the_rest_is_allowed() {
+    let compiled = Compiled::compile(RULES, schema()).expect("compiles");
+    let who = principal();
+    assert_eq!(compiled.evaluate(&call(&who, "cancel_booking", 10, Some(100))), Verdict::Allow);
+    match compiled.evaluate(&call(&who, "cancel_booking", 10, Some(12))) {
+        Verdict::Forbid(p) => assert_eq!(p.id, "cancel-48h"),
+        other => panic!("{other:?}"),
+    }
+    match compiled.evaluate(&call(&who, "send_customer_message", 21, None)) {
+        Verdict::Forbid(p) => {
+            assert_eq!(p.id, "quiet-hours");
+            assert!(p.reason.contains("20:00"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(compiled.evaluate(&call(&who, "send_customer_message", 9, None)), Verdict::Allow);
+    let mut batch = call(&who, "send_customer_message", 9, None);
+    batch.effects = 21;
+    match compiled.evaluate(&batch) {
+        Verdict::Approval(p) => assert_eq!(p.id, "big-batches"),
+        other => panic!("{other:?}"),
+    }
+    // A hard forbid beats an approval.
+    let mut both = call(&who, "send_customer_message", 22, None);
+    both.effects = 21;
+    assert!(matches!(compiled.evaluate(&both), Verdict::Forbid(p) if p.id == "quiet-hours"));
+    // No policy: everything the rights allow.
+    let empty = Compiled::compile("", schema()).expect("an empty set");
+    assert_eq!(empty.evaluate(&call(&who, "cancel_booking", 10, Some(1))), Verdict::Allow);
+}
+
+#[test]
+fn a_set_that_does_not_parse_or_validate_is_refused_with_each_problem_at_its_line() {
+    let parse = Compiled::compile("@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) when { context.now.hour >> 3 };", schema()).expect_err("parse");
+    assert!(parse.iter().all(|p| p.line == 3), "{parse:?}");
+    let unknown = "\n\n@id(\"x\")\n@reason(\"r\")\nforbid (principal, action == Action::\"no_such_tool\", resource);";
+    let problems = Compiled::compile(unknown, schema()).expect_err("schema");
+    assert!(
+        problems.iter().any(|p| p.line == 5 && p.message.contains("no_such_tool")),
+        "{problems:?}"
+    );
+    let typo = "@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) when { context.now.hours > 3 };";
+    assert!(Compiled::compile(typo, schema()).is_err(), "an attribute the schema lacks");
+    let permit = "@id(\"x\")\n@reason(\"r\")\npermit (principal, action, resource);";
+    let problems = Compiled::compile(permit, schema()).expect_err("permit");
+    assert!(problems[0].message.contains("only `forbid`"), "{problems:?}");
+    let unnamed = "forbid (principal, action, resource);";
+    let problems = Compiled::compile(unnamed, schema()).expect_err("no id");
+    assert!(
+        problems.iter().any(|p| p.message.contains("@id"))
+            && problems.iter().any(|p| p.message.contains("@reason")),
+        "{problems:?}"
+    );
+    let twice = "@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource);\n@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) when { context.effects > 1 };";
+    assert!(
+        Compiled::compile(twice, schema())
+            .expect_err("twice")
+            .iter()
+            .any(|p| p.message.contains("twice"))
+    );
+    // Another tenant's entities are just names that match nothing of this tenant's calls; a
+    // policy's principal is this tenant's connection or nothing.
+    let deep = format!(
+        "@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) when {{ {}true{} }};",
+        "(".repeat(200),
+        ")".repeat(200)
+    );
+    let problems = Compiled::compile(&deep, schema()).expect_err("deep");
+    assert!(problems[0].message.contains("nest"), "{problems:?}");
+    let huge = "// x\n".repeat(MAX_SOURCE_BYTES / 4);
+    assert!(Compiled::compile(&huge, schema()).expect_err("huge")[0].message.contains("bytes"));
+}
+
+#[test]
+fn a_policy_forbidding_everything_works_like_a_kill_switch_and_an_evaluation_error_denies() {
+    let all =
+        "@id(\"stop\")\n@reason(\"agents are paused\")\nforbid (principal, action, resource);";
+    let compiled = Compiled::compile(all, schema()).expect("compiles");
+    let who = principal();
+    for tool in ["cancel_booking", "send_customer_message"] {
+        assert!(
+            matches!(compiled.evaluate(&call(&who, tool, 10, Some(100))), Verdict::Forbid(p) if p.id == "stop")
+        );
+    }
+    // A tool the schema does not know cannot be evaluated: refused, never allowed.
+    assert!(matches!(compiled.evaluate(&call(&who, "no_such_tool", 10, None)), Verdict::Error(_)));
+}
+
+#[test]
+fn adding_a_forbid_narrows_and_anything_else_widens() {
+    let one = "@id(\"a\")\n@reason(\"r\")\nforbid (principal, action, resource) when { context.effects > 5 };";
+    let two = format!(
+        "{one}\n@id(\"b\")\n@approval\n@reason(\"r\")\nforbid (principal, action, resource) when {{ context.effects > 2 }};"
+    );
+    assert!(!widens("", one));
+    assert!(!widens(one, &two));
+    assert!(widens(&two, one), "removing a policy widens");
+    assert!(widens(one, &one.replace("> 5", "> 50")), "changing one widens");
+    assert!(widens(one, "not cedar"), "a set that does not parse is taken to widen");
+}
+
+#[test]
+fn the_schema_types_the_arguments_cedar_can_name_and_facts_keep_only_those() {
+    let cancel = json!({"type": "object", "properties": {
+        "booking": {"type": "string"}, "limit": {"type": "integer"}, "statuses": {"type": "array", "items": {"type": "string"}},
+        "nested": {"type": "object"}, "price": {"type": "number"}}, "required": ["booking"]});
+    let tools = [ToolFacts {
+        name: "t",
+        class: EffectClass::Read,
+        input_schema: cancel.as_object().expect("object"),
+    }];
+    let json = schema_json(&tools);
+    let args =
+        &json[""]["actions"]["t"]["appliesTo"]["context"]["attributes"]["args"]["attributes"];
+    assert_eq!(args["booking"]["type"], "String");
+    assert!(args["booking"].get("required").is_none(), "required stays required");
+    assert_eq!(args["limit"]["required"], false);
+    assert_eq!(args["statuses"]["type"], "Set");
+    assert!(args.get("nested").is_none() && args.get("price").is_none(), "{args}");
+    let facts = facts_of(
+        &json,
+        "t",
+        &json!({"booking": "bkg_1", "limit": "ten", "statuses": ["a"], "nested": {}}),
+    );
+    assert_eq!(facts, json!({"booking": "bkg_1", "statuses": ["a"]}));
+}
