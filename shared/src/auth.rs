@@ -76,7 +76,7 @@ pub enum ReadAhead {
 /// The rows read ahead, by the kind of read.
 pub(crate) enum AheadRows {
     /// The booking of that handle, or `None` when the tenant has none.
-    Booking(Option<crate::datastore::BookingRow>),
+    Booking(Box<Option<crate::datastore::BookingRow>>),
     /// A search's page, never empty.
     Bookings(Vec<crate::datastore::BookingRow>),
 }
@@ -175,7 +175,9 @@ pub async fn authenticate_mcp(
                 .entry_connection_context_with_booking(&hash, handle, notes_before.clone())
                 .await?
             {
-                Some(read) => (Some(read.context), read.booking.map(AheadRows::Booking)),
+                Some(read) => {
+                    (Some(read.context), read.booking.map(|b| AheadRows::Booking(Box::new(b))))
+                }
                 None => (None, None),
             }
         }

@@ -163,7 +163,7 @@ pub async fn get(ds: &Services, ctx: &OpCtx, input: &GetBookingInput) -> Result<
     let key =
         ReadAhead::Booking { handle: handle.as_str().to_owned(), notes_before: before.clone() };
     let row = match crate::auth::take_read_ahead(ctx, &key) {
-        Some(AheadRows::Booking(row)) => row,
+        Some(AheadRows::Booking(row)) => *row,
         _ => ds.booking_get(ctx, &handle, before).await?,
     };
     row.ok_or_else(|| Error::not_found(Resource::Booking, handle.as_str()))

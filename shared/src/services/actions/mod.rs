@@ -594,7 +594,7 @@ enum Replanned {
 /// locks, at the preview's instant, and compare content hashes. Only a plan that hashes the
 /// same may run; anything else drops the action in `tx`, so no decision ever runs a version
 /// nobody saw.
-#[allow(clippy::too_many_arguments)]
+#[expect(clippy::too_many_arguments, reason = "the engine's one re-plan step")]
 async fn replan(
     ds: &Services,
     tx: &mut Tx<'static>,

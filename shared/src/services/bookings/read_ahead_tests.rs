@@ -65,7 +65,7 @@ fn context(rights: &[Right]) -> OpCtx {
         all,
         connection,
     )
-    .with_read_ahead(ReadAheadRow::new(key, AheadRows::Booking(Some(row()))))
+    .with_read_ahead(ReadAheadRow::new(key, AheadRows::Booking(Box::new(Some(row())))))
 }
 
 /// Services whose database is never reached: a read that is not served from the
