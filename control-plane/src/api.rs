@@ -121,6 +121,7 @@ impl IntoResponse for ApiError {
             | Error::NoActor
             | Error::NotInToolset { .. }
             | Error::TurnedOff { .. }
+            | Error::PolicyRefused { .. }
             | Error::PasskeyRequired { .. } => StatusCode::FORBIDDEN,
             Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict { .. }

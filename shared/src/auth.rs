@@ -138,6 +138,13 @@ pub struct McpContext {
     /// When the credential stops working (OAuth access tokens); `None` for static tokens. A
     /// listen stream ends then at the latest.
     pub expires_at: Option<jiff::Timestamp>,
+    /// The tenant's policy set in force (0: none), read with the context: a worker's compiled
+    /// copy is checked against it on every call.
+    pub policy_version: i32,
+    /// The connection's creator's current role, and how the connection was granted, as the
+    /// tenant's policies see them.
+    pub creator_role: crate::rights::Role,
+    pub grant: &'static str,
 }
 
 /// The credential of an `Authorization` header value: `Bearer <token>`, the scheme matched
@@ -259,10 +266,10 @@ pub(crate) fn mcp_context(
     if row.connection_status != "active" {
         return Err(AuthFailure::Revoked);
     }
-    let creator_rights =
+    let creator_role =
         current_role(row.creator_active, row.creator_role.as_deref(), row.membership_active)
-            .ok_or(AuthFailure::CreatorGone)?
-            .rights();
+            .ok_or(AuthFailure::CreatorGone)?;
+    let creator_rights = creator_role.rights();
     let token_rights = RightSet::parse_lenient(&row.connection_rights);
     let tenant = tenant_ref(
         row.tenant_id,
@@ -300,6 +307,13 @@ pub(crate) fn mcp_context(
         read_limit: row
             .read_per_minute
             .unwrap_or_else(|| crate::effect::default_per_minute("read")),
+        policy_version: row.policy_version,
+        creator_role,
+        grant: match row.connection_grant.as_str() {
+            "id_jag" => "id_jag",
+            "oauth" => "oauth",
+            _ => "static",
+        },
     })
 }
 

@@ -19,6 +19,20 @@ pub enum EffectClass {
 }
 
 impl EffectClass {
+    /// The class of this name (`read`, `silent_write`, …).
+    pub fn parse(name: &str) -> Option<EffectClass> {
+        [
+            EffectClass::Read,
+            EffectClass::SilentWrite,
+            EffectClass::Notify,
+            EffectClass::Wake,
+            EffectClass::Alert,
+            EffectClass::Delete,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             EffectClass::Read => "read",

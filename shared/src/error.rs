@@ -120,6 +120,12 @@ pub enum Error {
     #[error("{tool} is turned off for agents in this tenant ({class} actions)")]
     TurnedOff { tool: String, class: &'static str },
 
+    /// A policy the tenant wrote refuses the call (`policy` is its `@id`, `reason` its
+    /// `@reason`); `approval` when the policy sends such actions to a person and this call could
+    /// not wait for one. A policy set that cannot be evaluated refuses too, never allows.
+    #[error("the tenant's policy {policy} refuses this: {reason}")]
+    PolicyRefused { policy: String, reason: String, approval: bool },
+
     /// The tool is not in the connection's toolset (R21).
     #[error("{tool} is not in this connection's toolset {toolset}")]
     NotInToolset { tool: String, toolset: String, available_in: Vec<String> },
@@ -186,6 +192,7 @@ impl Error {
             Error::RateLimited { .. } => "rate_limited",
             Error::NotInToolset { .. } => "not_in_toolset",
             Error::TurnedOff { .. } => "turned_off_by_policy",
+            Error::PolicyRefused { .. } => "forbidden_by_policy",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::PasskeyRequired { .. } => "passkey_required",
             Error::Unavailable { .. } => "unavailable",

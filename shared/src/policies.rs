@@ -48,27 +48,20 @@ const RESOURCE_TYPES: [&str; 4] = ["Tenant", "Booking", "Customer", "Technician"
 pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
     let string = || json!({"type": "String"});
     let long = || json!({"type": "Long"});
-    let optional = |t: Value| {
-        let mut t = t;
+    fn optional(mut t: Value) -> Value {
         t["required"] = json!(false);
         t
-    };
+    }
     let mut actions = serde_json::Map::new();
     for tool in tools {
-        let required: Vec<&str> = tool
-            .input_schema
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        // Every argument is optional to a policy (test it with `has`): a call that left one out
+        // is refused by the tool's own parsing, and the replay of audited calls, which keeps no
+        // arguments (R19), must still evaluate.
         let mut args = serde_json::Map::new();
         if let Some(props) = tool.input_schema.get("properties").and_then(Value::as_object) {
             for (name, prop) in props {
-                let Some(mut ty) = cedar_type(prop) else { continue };
-                if !required.contains(&name.as_str()) {
-                    ty["required"] = json!(false);
-                }
-                args.insert(name.clone(), ty);
+                let Some(ty) = cedar_type(prop) else { continue };
+                args.insert(name.clone(), optional(ty));
             }
         }
         let context = json!({"type": "Record", "attributes": {
@@ -420,6 +413,14 @@ fn too_deep(source: &str) -> Option<usize> {
         }
     }
     None
+}
+
+/// What the worker knows of the caller from the connection context: the policy version in
+/// force and who the connection is.
+#[derive(Debug, Clone)]
+pub struct CallerFacts {
+    pub version: i32,
+    pub principal: Principal,
 }
 
 /// The connection a call comes through, as policies see it.

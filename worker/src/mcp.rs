@@ -54,6 +54,46 @@ fn bound(context: &RequestContext<RoleServer>) -> Result<Arc<McpContext>, ErrorD
         })
 }
 
+/// The tenant's policies for a read or a silent write, before the tool runs (two-step actions
+/// are decided by the engine at prepare and at confirm, with what their plan touches). No
+/// policy set: nothing to read, the call goes on.
+async fn policy_gate(
+    state: &crate::AppState,
+    spec: &crate::tools::ToolSpec,
+    bound: &McpContext,
+    arguments: Option<&serde_json::Map<String, Value>>,
+) -> Result<(), Error> {
+    if bound.policy_version == 0
+        || spec.class.two_step()
+        || matches!(spec.name, "confirm_action" | "reject_action")
+    {
+        return Ok(());
+    }
+    let ctx = &bound.ctx;
+    let Some(connection) = ctx.connection() else { return Ok(()) };
+    let caller = shared::policies::CallerFacts {
+        version: bound.policy_version,
+        principal: shared::policies::Principal {
+            handle: connection.handle.to_string(),
+            role: bound.creator_role.as_str().to_owned(),
+            client: connection.client_name.clone(),
+            grant: bound.grant.to_owned(),
+            name: connection.name.clone(),
+        },
+    };
+    let args = arguments.map(|a| Value::Object(a.clone())).unwrap_or_default();
+    shared::services::policies::check_call(
+        &state.ds,
+        ctx,
+        &caller,
+        spec.name,
+        spec.class,
+        &args,
+        jiff::Timestamp::now(),
+    )
+    .await
+}
+
 /// The request's span, when traces are exported.
 fn traced(context: &RequestContext<RoleServer>) -> Option<&telemetry::RequestTrace> {
     context.extensions.get::<http::request::Parts>()?.extensions.get::<telemetry::RequestTrace>()
@@ -396,6 +436,10 @@ impl ServerHandler for Server {
             Err(Error::Forbidden { right })
         } else if let Err(limited) = self.take_rate(spec, &ctx, bound.read_limit).await {
             Err(limited)
+        } else if let Err(refused) =
+            policy_gate(&self.state, spec, &bound, request.arguments.as_ref()).await
+        {
+            Err(refused)
         } else if spec.tasks == crate::tools::TaskSupport::Optional
             && context.client_capabilities().is_some_and(|c| c.supports_tasks())
         {

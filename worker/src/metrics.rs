@@ -39,6 +39,7 @@ pub fn refusal_reason(outcome: &str) -> Option<&'static str> {
         // connection's missing rights, so it neither hides nor fakes a rights spike.
         "unauthenticated" => "unauthenticated",
         "kill_switch" | "agent_access_off" | "turned_off_by_policy" => "switch",
+        "forbidden_by_policy" => "policy",
         "rate_limited" => "rate_bucket",
         "overloaded" => "overload",
         // A browser page of another site: counted apart, it says nothing about a connection.

@@ -319,6 +319,15 @@ impl ErrorBody {
                 error.to_string(),
                 "Tell the user: a person decides this in the Gatehouse console with their passkey.".to_owned(),
             ),
+            Error::PolicyRefused { policy, reason, approval } => ErrorBody::new(
+                error.code(),
+                if *approval {
+                    format!("The tenant's policy `{policy}` sends such calls to a person ({reason}), and this one cannot wait for one. Nothing was done.")
+                } else {
+                    format!("The tenant's policy `{policy}` refuses this call: {reason}. Nothing was done.")
+                },
+                "Do not retry the same call; tell the user which policy refused it. A tenant admin reads and changes the policies in the console (Policies) or with `gatehousectl policy show`.".to_owned(),
+            ),
             Error::TurnedOff { tool, class } => ErrorBody::new(
                 error.code(),
                 format!("A tenant admin turned {class} actions off for agents, so {tool} prepares nothing here."),
@@ -418,7 +427,7 @@ pub fn error_schema() -> Value {
                         "not_found", "invalid_argument", "unknown_field", "permission_denied", "conflict",
                         "duplicate", "count_mismatch", "changed_since_preview", "wrong_state",
                         "unknown_token", "token_used", "action_rejected", "token_expired", "foreign_token",
-                        "summary_mismatch", "awaiting_approval", "action_denied", "turned_off_by_policy",
+                        "summary_mismatch", "awaiting_approval", "action_denied", "turned_off_by_policy", "forbidden_by_policy",
                         "rate_limited", "not_in_toolset", "unauthenticated", "internal"]},
                     "message": {"type": "string"},
                     "fix": {"type": "string"},

@@ -34,6 +34,10 @@ pub struct ConnectionContextRow {
     pub global_kill: bool,
     /// The tenant's override of the per-worker read bucket, if it set one.
     pub read_per_minute: Option<i32>,
+    /// The tenant's policy set in force (0: none).
+    pub policy_version: i32,
+    /// How the connection was granted: `static`, `oauth` or `id_jag`.
+    pub connection_grant: String,
     /// The server is a hot standby, whose data may lag a revocation: nothing is decided on it.
     /// Read through `current_setting('in_hot_standby')` (stable) rather than
     /// `pg_is_in_recovery()`, which is volatile and would keep the planner from folding the
@@ -104,6 +108,8 @@ impl ConnectionContextRow {
             membership_active: row.get("membership_active")?,
             global_kill: row.get("global_kill")?,
             read_per_minute: row.get("read_per_minute")?,
+            policy_version: row.get("policy_version")?,
+            connection_grant: row.get("connection_grant")?,
             on_standby: row.get("on_standby")?,
         })
     }

@@ -91,7 +91,10 @@ const CONTEXT_SELECT: &str = r#"
                    p.id AS creator_id, p.handle AS creator_handle, p.active AS creator_active,
                    m.role AS creator_role, m.active AS membership_active,
                    (SELECT global_kill FROM platform_state) AS global_kill,
-                   t.read_per_minute,
+                   t.read_per_minute, t.policy_version,
+                   CASE WHEN c.granted_by = 'idp' THEN 'id_jag'
+                        WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END
+                     AS connection_grant,
                    coalesce(current_setting('in_hot_standby', true), 'off') = 'on' AS on_standby
             FROM connection_tokens tok
             JOIN connections c ON c.id = tok.connection_id

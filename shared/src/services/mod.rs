@@ -26,6 +26,7 @@ pub mod outbox;
 pub mod outcome;
 pub mod passkeys;
 mod planners;
+pub mod policies;
 mod rails;
 pub mod rates;
 pub mod sso;

@@ -219,6 +219,12 @@ impl Decision {
     }
 
     /// Turning the passkey policy itself off.
+    /// Putting a policy set in force that may widen what agents may do (see
+    /// `policies::widens`): its version and the digest of its source.
+    pub fn policy_widen(version: i32, digest: &str) -> Self {
+        Decision::new("policy_widen", version.to_string()).with("digest", digest)
+    }
+
     pub fn passkey_policy_off() -> Self {
         Decision::new("passkey_policy_off", "tenant")
     }

@@ -14,6 +14,7 @@ mod limits;
 mod listen;
 mod live_rights;
 mod operations;
+mod policies;
 mod reads;
 mod registry_matrix;
 mod support;

@@ -47,6 +47,10 @@ pub(super) enum Command {
     /// A tenant's rate buckets: calls per connection and minute, by effect class.
     #[command(subcommand)]
     RateLimit(RateLimitCmd),
+    /// A tenant's policies in Cedar (forbid rules over tools, arguments, records and time):
+    /// show, check, simulate against the audited calls, set, and the history of versions.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
     /// Budgets on effects: how many customers messaged, bookings changed, technicians paged,
     /// alert-minutes muted and records deleted a connection (or the whole tenant) may cause in a
     /// rolling window before its agent's actions wait for a person.
@@ -521,4 +525,51 @@ pub(super) enum BudgetCmd {
 pub(super) enum DemoCmd {
     /// Create two demo tenants with people, bookings and connections; prints logins and tokens.
     Seed,
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum PolicyCmd {
+    /// The policy set in force: its version, who set it, its policies and its source.
+    Show {
+        #[command(flatten)]
+        t: InTenant,
+    },
+    /// Check a policy file against the schema without a tenant: every problem at its line.
+    Check {
+        /// The policy set's file (Cedar).
+        file: std::path::PathBuf,
+    },
+    /// Replay the tenant's audited agent calls of a window against a draft: what it would
+    /// have allowed, forbidden or sent to a person, by policy, with examples.
+    Simulate {
+        #[command(flatten)]
+        t: InTenant,
+        /// The draft policy set's file (Cedar).
+        file: std::path::PathBuf,
+        /// The window, in hours back from now (1 to 2160).
+        #[arg(long, default_value_t = 168)]
+        hours: i64,
+    },
+    /// Put a policy set in force as the next version. Refused, with the set in force
+    /// unchanged, when it does not parse or validate, or when another version was set since
+    /// the one `--expect-version` names.
+    Set {
+        #[command(flatten)]
+        t: InTenant,
+        /// The policy set's file (Cedar).
+        file: std::path::PathBuf,
+        /// The version this edit started from (default: the one in force now).
+        #[arg(long)]
+        expect_version: Option<i32>,
+        /// Why, kept with the version.
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+    /// The versions, newest first, with what each added and removed.
+    History {
+        #[command(flatten)]
+        t: InTenant,
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
 }

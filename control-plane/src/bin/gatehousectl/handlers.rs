@@ -346,3 +346,145 @@ pub(super) async fn audit(
         }
     }
 }
+
+/// Reads a policy file, with a clear error when it cannot.
+pub(super) fn policy_file(path: &std::path::Path) -> shared::Result<String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| Error::invalid("file", format!("cannot read {}: {e}", path.display())))
+}
+
+pub(super) async fn policy(
+    ds: &Services,
+    operator: Option<&Operator>,
+    cmd: PolicyCmd,
+) -> shared::Result<(Value, String)> {
+    use shared::services::policies;
+    if let PolicyCmd::Check { file } = &cmd {
+        let source = policy_file(file)?;
+        return match policies::check(&source) {
+            Ok(found) => {
+                let text = format!(
+                    "{} polic{} check against the schema:\n{}",
+                    found.len(),
+                    if found.len() == 1 { "y" } else { "ies" },
+                    found
+                        .iter()
+                        .map(|p| format!(
+                            "  {}{}: {}",
+                            p.id,
+                            if p.approval { " (@approval)" } else { "" },
+                            p.reason
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+                Ok((json!({"ok": true, "policies": found}), text))
+            }
+            Err(problems) => Err(Error::invalid(
+                "policy",
+                problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+            )),
+        };
+    }
+    let slug = match &cmd {
+        PolicyCmd::Show { t }
+        | PolicyCmd::Simulate { t, .. }
+        | PolicyCmd::Set { t, .. }
+        | PolicyCmd::History { t, .. } => t.tenant.clone(),
+        PolicyCmd::Check { .. } => unreachable!("answered above"),
+    };
+    let ctx = in_tenant(ds, operator, &slug).await?;
+    match cmd {
+        PolicyCmd::Show { .. } => {
+            let view = policies::show(ds, &ctx).await?;
+            let text = if view.version == 0 {
+                "No policy set: agents may do what their rights allow.".to_owned()
+            } else {
+                format!(
+                    "Version {} (set by {} at {}{}):\n{}\n\n{}",
+                    view.version,
+                    view.author.as_deref().unwrap_or("?"),
+                    view.set_at.as_deref().unwrap_or("?"),
+                    view.note
+                        .as_deref()
+                        .filter(|n| !n.is_empty())
+                        .map(|n| format!(": {n}"))
+                        .unwrap_or_default(),
+                    view.policies
+                        .iter()
+                        .map(|p| format!(
+                            "  {}{}: {}",
+                            p.id,
+                            if p.approval { " (@approval)" } else { "" },
+                            p.reason
+                        ))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                    view.source.trim_end()
+                )
+            };
+            Ok((to_json(&view), text))
+        }
+        PolicyCmd::Simulate { file, hours, .. } => {
+            let source = policy_file(&file)?;
+            let sim = policies::simulate(ds, &ctx, &source, hours).await?;
+            let mut text = format!(
+                "{} calls of the last {hours} h: {} allowed, {} forbidden, {} to a person, {} not evaluated.",
+                sim.calls, sim.allowed, sim.forbidden, sim.to_a_person, sim.errors
+            );
+            for c in &sim.by_policy {
+                text.push_str(&format!(
+                    "\n  {}: {} forbidden, {} to a person",
+                    c.policy, c.forbidden, c.to_a_person
+                ));
+            }
+            for e in &sim.examples {
+                text.push_str(&format!(
+                    "\n    {} {} by {} at {} ({})",
+                    e.verdict, e.tool, e.connection, e.at, e.policy
+                ));
+            }
+            text.push_str(&format!("\n{}", sim.caveat));
+            Ok((to_json(&sim), text))
+        }
+        PolicyCmd::Set { file, expect_version, note, .. } => {
+            let source = policy_file(&file)?;
+            let expected = match expect_version {
+                Some(v) => v,
+                None => policies::show(ds, &ctx).await?.version,
+            };
+            let done = policies::set(ds, &ctx, &source, expected, &note).await?;
+            let text = format!(
+                "Version {} is in force ({} polic{}; it {} what agents may do).",
+                done.version,
+                done.policies.len(),
+                if done.policies.len() == 1 { "y" } else { "ies" },
+                if done.widens { "may widen" } else { "only narrows" }
+            );
+            Ok((to_json(&done), text))
+        }
+        PolicyCmd::History { limit, .. } => {
+            let versions = policies::history(ds, &ctx, limit).await?;
+            let text = versions
+                .iter()
+                .map(|v| {
+                    format!(
+                        "version {} by {} at {}{}: +{} -{} lines",
+                        v.version,
+                        v.author,
+                        v.set_at,
+                        if v.note.is_empty() { String::new() } else { format!(" ({})", v.note) },
+                        v.added.len(),
+                        v.removed.len()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            Ok((
+                json!({"versions": versions}),
+                if text.is_empty() { "No versions yet.".into() } else { text },
+            ))
+        }
+        PolicyCmd::Check { .. } => unreachable!("answered above"),
+    }
+}

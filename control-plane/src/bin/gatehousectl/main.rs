@@ -460,6 +460,7 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
                 .join("\n");
             Ok((json!({"limits": limits}), text))
         }
+        Command::Policy(cmd) => policy(&ds, operator.as_ref(), cmd).await,
         Command::Budget(cmd) => {
             let (slug, connection) = match &cmd {
                 BudgetCmd::Show { t, connection } | BudgetCmd::Set { t, connection, .. } => {

@@ -24,6 +24,7 @@ use crate::datastore::{
     self as db, AuditEntry, NewMessage, NewPending, Services, Tx, from_ts, to_ts,
 };
 use crate::error::{ActionRefusal, Error, Resource, Result};
+use crate::policies::Verdict;
 use crate::secret;
 use crate::services::approvals::{self, Completion, Decided};
 use crate::services::budgets;
@@ -33,6 +34,7 @@ use crate::services::outcome::{
 };
 use crate::services::passkeys::Decision;
 use crate::services::planners::plan;
+use crate::services::policies;
 use crate::services::rails::args_digest;
 use crate::services::two_step::{Apply, At, Plan};
 pub use crate::services::two_step::{Op, TwoStep};
@@ -172,11 +174,13 @@ fn connection_id(ctx: &OpCtx) -> Result<i64> {
 }
 
 /// Who completes a pending action, fixed when it is stored.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Completes {
     connection_id: i64,
     mode: Completion,
     approver_not_creator: bool,
+    /// The tenant's `@approval` policy that sends this action to a person, when one does.
+    policy: Option<crate::policies::PolicyInfo>,
 }
 
 /// Stores a pending action for `plan` and returns the preview. An action a person must
@@ -198,7 +202,12 @@ async fn store_preview(
 ) -> Result<Preview> {
     let effects = plan.effects();
     let over = budgets::check(tx, ctx, completes.connection_id, None, &effects).await?;
-    let budget = budgets::reason(&over);
+    let policy_note = completes
+        .policy
+        .as_ref()
+        .map(|p| format!("the tenant's policy `{}` sends it to a person: {}", p.id, p.reason));
+    let over_budget = budgets::reason(&over);
+    let budget = over_budget.clone().or(policy_note);
     let mut completes = completes;
     if budget.is_some() && completes.mode == Completion::AgentConfirms {
         completes.mode = Completion::PersonApproves;
@@ -257,7 +266,7 @@ async fn store_preview(
     let expires =
         time::present(to_ts(expires_at), &ctx.tenant().zone, &ctx.tenant().zone_name, now);
     if person {
-        tell_approvers(tx, ctx, op, (id, &handle), completes, &expires.display).await?;
+        tell_approvers(tx, ctx, op, (id, &handle), completes.clone(), &expires.display).await?;
     }
     Ok(Preview {
         status: if person { PreviewStatus::AwaitingApproval } else { PreviewStatus::Preview },
@@ -268,6 +277,7 @@ async fn store_preview(
         expires,
         effect: plan.preview.clone(),
         next: match (&budget, person) {
+            (Some(why), _) if over_budget.is_none() => approvals::policy_note(why),
             (Some(why), _) => approvals::over_budget_note(why),
             (None, true) => approvals::awaiting_note(completes.approver_not_creator).to_owned(),
             (None, false) => "Nothing has happened yet. Show confirm_summary to the user; if they agree, call confirm_action with confirm_token and confirm_summary exactly as given, otherwise reject_action.".to_owned(),
@@ -345,7 +355,33 @@ pub async fn prepare<T: TwoStep + Serialize>(
         return Err(Error::TurnedOff { tool: op.name().to_owned(), class: op.class().as_str() });
     }
     let plan = plan(&mut tx, ctx, op, &args, At::fresh(now)).await?;
-    let completes = Completes { connection_id: connection_id(ctx)?, mode, approver_not_creator };
+    // The tenant's policies, with what the plan touches: a `forbid` refuses (audited), an
+    // `@approval` one sends the action to a person.
+    let effects = plan.targets.len() as i64;
+    let verdict =
+        policies::two_step(ds, &mut tx, ctx, op.name(), op.class(), &args, effects, "prepare", now)
+            .await?;
+    if let Some(error) = policies::refused_by(&verdict) {
+        let action = format!("{}.preview", op.name());
+        let why = error.to_string();
+        let entry = AuditEntry {
+            action: &action,
+            outcome: "refused",
+            targets: plan.targets.clone(),
+            pending_action: None,
+            reason: Some(&why),
+            change: None,
+        };
+        db::audit_insert(&mut tx, ctx, entry).await?;
+        tx.commit().await?;
+        return Err(error);
+    }
+    let policy = match verdict {
+        Verdict::Approval(p) => Some(p),
+        _ => None,
+    };
+    let completes =
+        Completes { connection_id: connection_id(ctx)?, mode, approver_not_creator, policy };
     let preview = store_preview(&mut tx, ctx, ds, op, &args, &plan, now, completes).await?;
     tx.commit().await?;
     Ok(preview)
@@ -535,6 +571,7 @@ async fn execute(
         connection_id: p.connection_id,
         mode: Completion::AgentConfirms,
         approver_not_creator: false,
+        policy: None,
     };
     let plan = match replan(ds, &mut tx, ctx, op, &p, now, &action, completes).await? {
         Replanned::Same(plan) => plan,
@@ -549,6 +586,44 @@ async fn execute(
             });
         }
     };
+    // The tenant's policies again, as they are now and with what the plan touches now.
+    let effects = plan.targets.len() as i64;
+    let verdict = policies::two_step(
+        ds,
+        &mut tx,
+        ctx,
+        op.name(),
+        op.class(),
+        &p.args,
+        effects,
+        "confirm",
+        now,
+    )
+    .await?;
+    if let Some(error) = policies::refused_by(&verdict) {
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
+        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
+    }
+    if let Verdict::Approval(policy) = verdict {
+        let why =
+            format!("the tenant's policy `{}` sends it to a person: {}", policy.id, policy.reason);
+        to_person(&mut tx, ctx, op, &p, false, now).await?;
+        budgets::note(&mut tx, ctx, p.id, &why).await?;
+        let entry = AuditEntry {
+            action: &action,
+            outcome: "awaiting_approval",
+            targets: Vec::new(),
+            pending_action: Some(p.id),
+            reason: Some(&why),
+            change: None,
+        };
+        db::audit_insert(&mut tx, ctx, entry).await?;
+        tx.commit().await?;
+        return Err(refused(
+            ActionRefusal::AwaitingApproval,
+            format!("{why}; action {} now waits for a person's approval in the console", p.handle),
+        ));
+    }
     // The budgets again, under the action's lock and theirs: lowered since the preview, or
     // used up by actions executed meanwhile, it goes to a person instead.
     let over = budgets::check(&mut tx, ctx, p.connection_id, Some(p.id), &plan.effects()).await?;
@@ -645,6 +720,7 @@ async fn to_person(
         connection_id: p.connection_id,
         mode: Completion::PersonApproves,
         approver_not_creator,
+        policy: None,
     };
     let expires = db::pending_expiry(tx, ctx, p.id).await?;
     let expires = jiff::Timestamp::from_second(expires).unwrap_or(now);

@@ -133,6 +133,7 @@ pub(crate) async fn decide(
         connection_id: p.connection_id,
         mode: Completion::PersonApproves,
         approver_not_creator: p.approver_not_creator,
+        policy: None,
     };
     let plan = match replan(ds, &mut tx, ctx, op, &p, now, &action, completes).await? {
         Replanned::Same(plan) => plan,
@@ -148,6 +149,23 @@ pub(crate) async fn decide(
             return Ok(Decided::Changed { action: p.handle, replaced_by });
         }
     };
+    // A person's approval answers an `@approval` policy; a `forbid` refuses even them.
+    let effects = plan.targets.len() as i64;
+    let verdict = policies::two_step(
+        ds,
+        &mut tx,
+        ctx,
+        op.name(),
+        op.class(),
+        &p.args,
+        effects,
+        "confirm",
+        now,
+    )
+    .await?;
+    if let Some(error) = policies::refused_by(&verdict) {
+        return Err(error);
+    }
     let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
     Ok(Decided::Executed { action: p.handle, result: Box::new(out) })
 }

@@ -1,0 +1,177 @@
+//! Tenants' policy sets: every version kept, the tenant's row naming the one in force.
+
+use chrono::{DateTime, Utc};
+
+use crate::ctx::OpCtx;
+use crate::datastore::*;
+use crate::error::Result;
+
+/// One version of a tenant's policy set.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PolicyRow {
+    pub version: i32,
+    pub source: String,
+    pub author: String,
+    pub note: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl Services {
+    /// The version in force (0: none) and its source.
+    pub(crate) async fn policy_current(&self, ctx: &OpCtx) -> Result<Option<PolicyRow>> {
+        Ok(sqlx::query_as::<_, PolicyRow>(
+            "SELECT p.version, p.source, p.author, p.note, p.created_at
+             FROM tenants t JOIN tenant_policies p ON p.tenant_id = t.id AND p.version = t.policy_version
+             WHERE t.id = $1",
+        )
+        .bind(ctx.tenant_id())
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// One version's source.
+    pub(crate) async fn policy_at(&self, ctx: &OpCtx, version: i32) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT source FROM tenant_policies WHERE tenant_id = $1 AND version = $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(version)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// The versions, newest first.
+    pub(crate) async fn policy_history(&self, ctx: &OpCtx, limit: i64) -> Result<Vec<PolicyRow>> {
+        Ok(sqlx::query_as::<_, PolicyRow>(
+            "SELECT version, source, author, note, created_at FROM tenant_policies
+             WHERE tenant_id = $1 ORDER BY version DESC LIMIT $2",
+        )
+        .bind(ctx.tenant_id())
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}
+
+/// The version in force, read in `tx` with the tenant's row held, so two admins setting the
+/// set at once are told apart.
+pub(crate) async fn policy_version_locked(tx: &mut Tx<'_>, ctx: &OpCtx) -> Result<i32> {
+    Ok(sqlx::query_scalar("SELECT policy_version FROM tenants WHERE id = $1 FOR UPDATE")
+        .bind(ctx.tenant_id())
+        .fetch_one(&mut **tx)
+        .await?)
+}
+
+/// The version in force, read in `tx`.
+pub(crate) async fn policy_version_in(tx: &mut Tx<'_>, ctx: &OpCtx) -> Result<i32> {
+    Ok(sqlx::query_scalar("SELECT policy_version FROM tenants WHERE id = $1")
+        .bind(ctx.tenant_id())
+        .fetch_one(&mut **tx)
+        .await?)
+}
+
+/// Stores `source` as version `version` and puts it in force.
+pub(crate) async fn policy_insert(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    version: i32,
+    source: &str,
+    author: &str,
+    note: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO tenant_policies (tenant_id, version, source, author_id, author, note)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(ctx.tenant_id())
+    .bind(version)
+    .bind(source)
+    .bind(ctx.actor_person_id())
+    .bind(author)
+    .bind(note)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE tenants SET policy_version = $2 WHERE id = $1")
+        .bind(ctx.tenant_id())
+        .bind(version)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// What a booking is, as policies see it: its status and its start.
+pub(crate) async fn policy_booking_facts<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    ctx: &OpCtx,
+    handle: &str,
+) -> Result<Option<(String, DateTime<Utc>)>> {
+    Ok(sqlx::query_as(
+        "SELECT status, starts_at FROM bookings WHERE tenant_id = $1 AND handle = $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(handle)
+    .fetch_optional(executor)
+    .await?)
+}
+
+/// Who a connection is, as policies see it: its creator's role, client and how it was granted.
+pub(crate) async fn policy_principal<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    ctx: &OpCtx,
+    connection_id: i64,
+) -> Result<Option<(String, String, String, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT c.handle, coalesce(m.role, ''), c.client_name, c.name,
+                CASE WHEN c.granted_by = 'idp' THEN 'id_jag'
+                     WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END
+         FROM connections c
+         LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
+         WHERE c.tenant_id = $1 AND c.id = $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(connection_id)
+    .fetch_optional(executor)
+    .await?)
+}
+
+/// One audited agent call, as a policy replay reads it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ReplayedCall {
+    pub action: String,
+    pub connection: String,
+    pub role: String,
+    pub client: String,
+    pub name: String,
+    pub grant: String,
+    pub targets: Vec<String>,
+    pub at: DateTime<Utc>,
+}
+
+impl Services {
+    /// The tenant's agent calls of the last `hours`, oldest first, at most `limit`.
+    pub(crate) async fn policy_replay(
+        &self,
+        ctx: &OpCtx,
+        hours: i64,
+        limit: i64,
+    ) -> Result<Vec<ReplayedCall>> {
+        Ok(sqlx::query_as::<_, ReplayedCall>(
+            "SELECT a.action, c.handle AS connection, coalesce(m.role, '') AS role,
+                    c.client_name AS client, c.name,
+                    CASE WHEN c.granted_by = 'idp' THEN 'id_jag'
+                         WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END AS grant,
+                    a.targets, a.at
+             FROM audit_log a
+             JOIN connections c ON c.id = a.connection_id AND c.tenant_id = a.tenant_id
+             LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
+             WHERE a.tenant_id = $1 AND a.channel = 'mcp' AND a.at > now() - make_interval(hours => $2::int)
+               AND a.action NOT LIKE '%.confirm' AND a.action NOT LIKE '%.reject'
+             ORDER BY a.at LIMIT $3",
+        )
+        .bind(ctx.tenant_id())
+        .bind(hours as i32)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

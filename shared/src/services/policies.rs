@@ -1,0 +1,514 @@
+//! Tenants' policies: a security team's rules over calls, in Cedar (see `crate::policies` for
+//! the language's side). Set and read here, by the console, the CLI and the REST API alike;
+//! enforced on every call: reads and silent writes at the worker's gate ([`check_call`]), two-
+//! step actions at prepare and again at confirm, with the records the plan touches
+//! ([`two_step`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::ctx::OpCtx;
+use crate::datastore::{self as db, AuditEntry, Services};
+use crate::effect::EffectClass;
+use crate::error::{Error, Result};
+use crate::policies::{
+    Call, CallerFacts, Compiled, PolicyInfo, PolicySchema, Principal, Problem, Resource, Verdict,
+};
+use crate::rights::Right;
+
+/// The registry as policies see it, generated from the worker's tool registry and committed
+/// (`shared/src/policies/registry.json`; the worker's test
+/// `the_policy_schema_is_the_registrys` fails until a new tool is in it): each tool's class
+/// and the Cedar schema.
+static REGISTRY: LazyLock<Value> = LazyLock::new(|| {
+    serde_json::from_str(include_str!("../policies/registry.json"))
+        .expect("the committed policy registry is JSON")
+});
+
+/// The schema every policy set is validated and evaluated against.
+pub fn schema() -> Arc<PolicySchema> {
+    static SCHEMA: LazyLock<Arc<PolicySchema>> = LazyLock::new(|| {
+        Arc::new(
+            PolicySchema::new(REGISTRY["schema"].clone())
+                .expect("the committed policy schema is Cedar's"),
+        )
+    });
+    SCHEMA.clone()
+}
+
+/// Each tool's effect class, by name.
+fn classes() -> &'static HashMap<String, EffectClass> {
+    static CLASSES: LazyLock<HashMap<String, EffectClass>> = LazyLock::new(|| {
+        REGISTRY["classes"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(tool, class)| {
+                        Some((tool.clone(), EffectClass::parse(class.as_str()?)?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    &CLASSES
+}
+
+/// The committed registry file's content for these tools (the worker's test writes and
+/// compares it).
+pub fn registry_json(tools: &[crate::policies::ToolFacts<'_>]) -> Value {
+    let classes: serde_json::Map<String, Value> =
+        tools.iter().map(|t| (t.name.to_owned(), Value::from(t.class.as_str()))).collect();
+    serde_json::json!({"classes": classes, "schema": crate::policies::schema_json(tools)})
+}
+
+/// Compiled sets by tenant, one version each: a new version replaces the old.
+type ByTenant = HashMap<i64, (i32, Arc<Compiled>)>;
+static COMPILED: LazyLock<Mutex<ByTenant>> = LazyLock::new(Default::default);
+
+/// The tenant's set at `version`, compiled once per process and version (`None` for version
+/// 0: no policy). A version that no longer compiles (the schema lost a tool it names) is an
+/// error, and calls are refused with it, never allowed.
+pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option<Arc<Compiled>>> {
+    if version <= 0 {
+        return Ok(None);
+    }
+    let tenant = ctx.tenant_id();
+    if let Some((v, set)) = COMPILED.lock().ok().and_then(|m| m.get(&tenant).cloned())
+        && v == version
+    {
+        return Ok(Some(set));
+    }
+    let source = ds.policy_at(ctx, version).await?.ok_or_else(|| {
+        Error::Internal(format!("policy version {version} of the tenant is missing"))
+    })?;
+    let set = Arc::new(Compiled::compile(&source, schema()).map_err(|problems| {
+        Error::PolicyRefused {
+            policy: format!("version {version}"),
+            reason: format!("the tenant's policy set no longer compiles: {}", join(&problems)),
+            approval: false,
+        }
+    })?);
+    if let Ok(mut map) = COMPILED.lock() {
+        map.insert(tenant, (version, set.clone()));
+    }
+    Ok(Some(set))
+}
+
+fn join(problems: &[Problem]) -> String {
+    problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// The record a call's arguments name, as policies see it.
+async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    ctx: &OpCtx,
+    args: &Value,
+    now: jiff::Timestamp,
+) -> Result<Resource> {
+    let named = |field: &str, prefix: &str| {
+        args.get(field).and_then(Value::as_str).filter(|h| h.starts_with(prefix)).map(str::to_owned)
+    };
+    if let Some(handle) = named("booking", "bkg_") {
+        let facts = db::policy_booking_facts(executor, ctx, &handle).await?;
+        let (status, hours) = match facts {
+            Some((status, starts)) => {
+                let starts = crate::datastore::to_ts(starts);
+                let hours = (starts.as_second() - now.as_second()).div_euclid(3600);
+                (Some(status), Some(hours))
+            }
+            None => (None, None),
+        };
+        return Ok(Resource::Booking { handle, status, hours_until_start: hours });
+    }
+    if let Some(handle) = named("customer", "cus_") {
+        return Ok(Resource::Customer(handle));
+    }
+    if let Some(handle) = named("technician", "tec_") {
+        return Ok(Resource::Technician(handle));
+    }
+    Ok(Resource::Tenant(ctx.tenant().handle.to_string()))
+}
+
+/// The gate for reads and silent writes: refused when a `forbid` matches (or an `@approval`
+/// one: a read or silent write cannot wait for a person), or when the set cannot be evaluated.
+pub async fn check_call(
+    ds: &Services,
+    ctx: &OpCtx,
+    caller: &CallerFacts,
+    tool: &str,
+    class: EffectClass,
+    args: &Value,
+    now: jiff::Timestamp,
+) -> Result<()> {
+    let Some(set) = compiled(ds, ctx, caller.version).await? else { return Ok(()) };
+    let resource = resource_of(ds.pool(), ctx, args, now).await?;
+    let call = Call {
+        connection: &caller.principal,
+        tool,
+        class,
+        phase: "call",
+        args: args.clone(),
+        resource,
+        effects: 0,
+        now: now.to_zoned_datetime(ctx.tenant().zone.clone()),
+    };
+    match set.evaluate(&call) {
+        Verdict::Allow => Ok(()),
+        Verdict::Forbid(p) | Verdict::Approval(p) => Err(refusal(&p)),
+        Verdict::Error(e) => Err(evaluation_error(e)),
+    }
+}
+
+fn refusal(p: &PolicyInfo) -> Error {
+    Error::PolicyRefused { policy: p.id.clone(), reason: p.reason.clone(), approval: p.approval }
+}
+
+fn evaluation_error(e: String) -> Error {
+    Error::PolicyRefused { policy: "(evaluation)".into(), reason: e, approval: false }
+}
+
+/// The verdict for a two-step action at `phase` (`prepare`, `confirm`), in `tx`, with the
+/// records its plan touches (`effects`).
+#[expect(clippy::too_many_arguments, reason = "one call's facts, each from the engine")]
+pub(crate) async fn two_step(
+    ds: &Services,
+    tx: &mut db::Tx<'static>,
+    ctx: &OpCtx,
+    tool: &str,
+    class: EffectClass,
+    args: &Value,
+    effects: i64,
+    phase: &'static str,
+    now: jiff::Timestamp,
+) -> Result<Verdict> {
+    let version = db::policy_version_in(tx, ctx).await?;
+    let Some(set) = compiled(ds, ctx, version).await? else { return Ok(Verdict::Allow) };
+    let Some(connection) = ctx.connection() else { return Ok(Verdict::Allow) };
+    let Some((handle, role, client, name, grant)) =
+        db::policy_principal(&mut **tx, ctx, connection.id).await?
+    else {
+        return Ok(Verdict::Error("the connection is gone".into()));
+    };
+    let principal = Principal { handle, role, client, grant, name };
+    let resource = resource_of(&mut **tx, ctx, args, now).await?;
+    let call = Call {
+        connection: &principal,
+        tool,
+        class,
+        phase,
+        args: args.clone(),
+        resource,
+        effects,
+        now: now.to_zoned_datetime(ctx.tenant().zone.clone()),
+    };
+    Ok(set.evaluate(&call))
+}
+
+/// The refusal of a two-step action by policy: the error the agent sees.
+pub(crate) fn refused_by(verdict: &Verdict) -> Option<Error> {
+    match verdict {
+        Verdict::Forbid(p) => Some(refusal(p)),
+        Verdict::Error(e) => Some(evaluation_error(e.clone())),
+        Verdict::Allow | Verdict::Approval(_) => None,
+    }
+}
+
+// ------------------------------------------------------------------ reading and setting
+
+/// The set in force.
+#[derive(Debug, Serialize)]
+pub struct PolicyView {
+    /// 0 when the tenant has none.
+    pub version: i32,
+    pub source: String,
+    pub policies: Vec<PolicyInfo>,
+    pub author: Option<String>,
+    pub note: Option<String>,
+    pub set_at: Option<String>,
+}
+
+pub async fn show(ds: &Services, ctx: &OpCtx) -> Result<PolicyView> {
+    ctx.require(Right::TenantSwitch)?;
+    let Some(row) = ds.policy_current(ctx).await? else {
+        return Ok(PolicyView {
+            version: 0,
+            source: String::new(),
+            policies: Vec::new(),
+            author: None,
+            note: None,
+            set_at: None,
+        });
+    };
+    let policies = Compiled::compile(&row.source, schema())
+        .map(|c| c.policies().cloned().collect())
+        .unwrap_or_default();
+    Ok(PolicyView {
+        version: row.version,
+        source: row.source,
+        policies,
+        author: Some(row.author),
+        note: Some(row.note),
+        set_at: Some(row.created_at.to_rfc3339()),
+    })
+}
+
+/// Checks a draft against the schema: every problem at its line, or the policies it holds.
+pub fn check(source: &str) -> std::result::Result<Vec<PolicyInfo>, Vec<Problem>> {
+    Compiled::compile(source, schema()).map(|c| c.policies().cloned().collect())
+}
+
+/// What setting a set came to.
+#[derive(Debug, Serialize)]
+pub struct PolicySetOutcome {
+    pub version: i32,
+    pub previous: i32,
+    /// Whether it may widen what agents may do (then it was a passkey decision).
+    pub widens: bool,
+    pub policies: Vec<PolicyInfo>,
+}
+
+/// Puts `source` in force as the next version, when `expected` is the version in force (two
+/// admins editing at once: the second is told, nothing is lost). A set that does not parse or
+/// validate is refused with every problem at its line, and the set in force stays.
+pub async fn set(
+    ds: &Services,
+    ctx: &OpCtx,
+    source: &str,
+    expected: i32,
+    note: &str,
+) -> Result<PolicySetOutcome> {
+    ctx.require(Right::TenantSwitch)?;
+    let note = note.trim();
+    if note.chars().count() > 300 {
+        return Err(Error::invalid("note", "at most 300 characters"));
+    }
+    let compiled = Compiled::compile(source, schema())
+        .map_err(|problems| Error::invalid("policy", join(&problems)))?;
+    let mut tx = ds.begin().await?;
+    let current = db::policy_version_locked(&mut tx, ctx).await?;
+    if current != expected {
+        return Err(Error::WrongState {
+            message: format!(
+                "the policy set changed while you edited it: version {current} is in force, your edit started from version {expected}; nothing was saved. Read version {current}, apply your change to it and set it again"
+            ),
+            use_instead: None,
+        });
+    }
+    let old = match current {
+        0 => String::new(),
+        v => ds.policy_at(ctx, v).await?.unwrap_or_default(),
+    };
+    let widens = crate::policies::widens(&old, source);
+    let version = current + 1;
+    if widens {
+        let digest = crate::canon::sha256_hex(source.as_bytes());
+        let decision = crate::services::passkeys::Decision::policy_widen(version, &digest);
+        crate::services::passkeys::require(&mut tx, ctx, &decision).await?;
+    }
+    let author = ctx.actor_handle().unwrap_or("operator").to_owned();
+    db::policy_insert(&mut tx, ctx, version, source, &author, note).await?;
+    let change = db::change("policy_version", current.to_string(), version.to_string());
+    db::audit_insert(
+        &mut tx,
+        ctx,
+        AuditEntry {
+            action: "policy.set",
+            outcome: "ok",
+            targets: Vec::new(),
+            pending_action: None,
+            reason: Some(note).filter(|n| !n.is_empty()),
+            change: Some(change),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(PolicySetOutcome {
+        version,
+        previous: current,
+        widens,
+        policies: compiled.policies().cloned().collect(),
+    })
+}
+
+/// One version in the history, with what it changed from the one before.
+#[derive(Debug, Serialize)]
+pub struct PolicyVersion {
+    pub version: i32,
+    pub author: String,
+    pub note: String,
+    pub set_at: String,
+    /// Lines added since the previous version.
+    pub added: Vec<String>,
+    /// Lines removed since the previous version.
+    pub removed: Vec<String>,
+}
+
+pub async fn history(ds: &Services, ctx: &OpCtx, limit: i64) -> Result<Vec<PolicyVersion>> {
+    ctx.require(Right::TenantSwitch)?;
+    let rows = ds.policy_history(ctx, limit.clamp(1, 100) + 1).await?;
+    let mut out = Vec::new();
+    for (i, row) in rows.iter().enumerate().take(limit.clamp(1, 100) as usize) {
+        let before = rows.get(i + 1).map(|r| r.source.as_str()).unwrap_or_default();
+        let (added, removed) = diff(before, &row.source);
+        out.push(PolicyVersion {
+            version: row.version,
+            author: row.author.clone(),
+            note: row.note.clone(),
+            set_at: row.created_at.to_rfc3339(),
+            added,
+            removed,
+        });
+    }
+    Ok(out)
+}
+
+/// The lines of `after` not in `before`, and of `before` not in `after`.
+fn diff(before: &str, after: &str) -> (Vec<String>, Vec<String>) {
+    let lines = |s: &str| -> Vec<String> {
+        s.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).map(str::to_owned).collect()
+    };
+    let (b, a) = (lines(before), lines(after));
+    let added = a.iter().filter(|l| !b.contains(l)).cloned().collect();
+    let removed = b.iter().filter(|l| !a.contains(l)).cloned().collect();
+    (added, removed)
+}
+
+// ------------------------------------------------------------------ simulation
+
+/// What a draft would have done to the tenant's audited calls of a window.
+#[derive(Debug, Serialize)]
+pub struct Simulation {
+    pub calls: usize,
+    pub allowed: usize,
+    pub forbidden: usize,
+    pub to_a_person: usize,
+    pub errors: usize,
+    /// By policy id: how many calls it would have forbidden or sent to a person.
+    pub by_policy: Vec<PolicyCount>,
+    /// Up to five calls each policy would have caught.
+    pub examples: Vec<SimulatedCall>,
+    /// What the replay cannot know: the audit log keeps no arguments (R19), so a rule that
+    /// reads `context.args` is replayed with none.
+    pub caveat: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PolicyCount {
+    pub policy: String,
+    pub forbidden: usize,
+    pub to_a_person: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SimulatedCall {
+    pub policy: String,
+    pub verdict: &'static str,
+    /// Why the call could not be evaluated, for a verdict of `error`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    pub tool: String,
+    pub connection: String,
+    pub at: String,
+}
+
+/// Replays the tenant's audited calls of the last `hours` against `source`.
+pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> Result<Simulation> {
+    ctx.require(Right::TenantSwitch)?;
+    if !(1..=24 * 90).contains(&hours) {
+        return Err(Error::invalid("hours", "a window of 1 hour to 90 days"));
+    }
+    let set = Compiled::compile(source, schema())
+        .map_err(|problems| Error::invalid("policy", join(&problems)))?;
+    let calls = ds.policy_replay(ctx, hours, 20_000).await?;
+    let mut sim = Simulation {
+        calls: 0,
+        allowed: 0,
+        forbidden: 0,
+        to_a_person: 0,
+        errors: 0,
+        by_policy: Vec::new(),
+        examples: Vec::new(),
+        caveat: "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args is replayed without them.".into(),
+    };
+    let mut counts: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+    let mut shown: HashMap<String, usize> = HashMap::new();
+    for call in calls {
+        let (tool, phase) = match call.action.strip_suffix(".preview") {
+            Some(tool) => (tool.to_owned(), "prepare"),
+            None => (call.action.clone(), "call"),
+        };
+        let Some(class) = classes().get(tool.as_str()).copied() else { continue };
+        sim.calls += 1;
+        let principal = Principal {
+            handle: call.connection.clone(),
+            role: call.role.clone(),
+            client: call.client.clone(),
+            grant: call.grant.clone(),
+            name: call.name.clone(),
+        };
+        let first = call.targets.first().cloned().unwrap_or_default();
+        let resource = if first.starts_with("bkg_") {
+            Resource::Booking { handle: first, status: None, hours_until_start: None }
+        } else if first.starts_with("cus_") {
+            Resource::Customer(first)
+        } else if first.starts_with("tec_") {
+            Resource::Technician(first)
+        } else {
+            Resource::Tenant(ctx.tenant().handle.to_string())
+        };
+        let at = crate::datastore::to_ts(call.at);
+        let verdict = set.evaluate(&Call {
+            connection: &principal,
+            tool: &tool,
+            class,
+            phase,
+            args: Value::Object(Default::default()),
+            resource,
+            effects: call.targets.len() as i64,
+            now: at.to_zoned_datetime(ctx.tenant().zone.clone()),
+        });
+        let mut why = None;
+        let (policy, word) = match &verdict {
+            Verdict::Allow => {
+                sim.allowed += 1;
+                continue;
+            }
+            Verdict::Forbid(p) => {
+                sim.forbidden += 1;
+                counts.entry(p.id.clone()).or_default().0 += 1;
+                (p.id.clone(), "forbidden")
+            }
+            Verdict::Approval(p) => {
+                sim.to_a_person += 1;
+                counts.entry(p.id.clone()).or_default().1 += 1;
+                (p.id.clone(), "to a person")
+            }
+            Verdict::Error(e) => {
+                sim.errors += 1;
+                why = Some(e.clone());
+                ("(evaluation)".to_owned(), "error")
+            }
+        };
+        let seen = shown.entry(policy.clone()).or_default();
+        if *seen < 5 {
+            *seen += 1;
+            sim.examples.push(SimulatedCall {
+                policy,
+                verdict: word,
+                why,
+                tool,
+                connection: call.connection,
+                at: crate::time::present(at, &ctx.tenant().zone, &ctx.tenant().zone_name, at)
+                    .display,
+            });
+        }
+    }
+    sim.by_policy = counts
+        .into_iter()
+        .map(|(policy, (forbidden, to_a_person))| PolicyCount { policy, forbidden, to_a_person })
+        .collect();
+    Ok(sim)
+}

@@ -1,0 +1,211 @@
+//! Tenants' policies in Cedar, enforced on real calls: a `forbid` refuses naming its `@id` and
+//! `@reason`, an `@approval` one sends a two-step action to a person, a policy forbidding
+//! everything works like a kill switch, and a set that does not parse, validate or start from
+//! the version in force changes nothing. The committed schema is the registry's.
+
+use crate::support::*;
+use shared::services::policies;
+use worker::tools::Registry;
+
+/// The committed policy registry (tool classes and the Cedar schema) is generated from the
+/// tool registry: a new tool fails this test until the file is written again
+/// (`GATEHOUSE_WRITE_POLICY_REGISTRY=1 cargo test -p worker the_policy_schema`).
+#[test]
+fn the_policy_schema_is_the_registrys() {
+    let registry = Registry::new();
+    let facts: Vec<shared::policies::ToolFacts<'_>> = registry
+        .all()
+        .iter()
+        .map(|t| shared::policies::ToolFacts {
+            name: t.name,
+            class: t.class,
+            input_schema: &t.tool.input_schema,
+        })
+        .collect();
+    let generated = policies::registry_json(&facts);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/src/policies/registry.json");
+    let text = serde_json::to_string_pretty(&generated).expect("json") + "\n";
+    if std::env::var_os("GATEHOUSE_WRITE_POLICY_REGISTRY").is_some() {
+        std::fs::write(&path, &text).expect("write the registry");
+    }
+    let committed = std::fs::read_to_string(&path).expect("the committed registry");
+    assert_eq!(
+        committed, text,
+        "regenerate shared/src/policies/registry.json (see the doc comment)"
+    );
+    for spec in registry.all() {
+        assert!(
+            generated["schema"][""]["actions"].get(spec.name).is_some(),
+            "{} has its action",
+            spec.name
+        );
+    }
+}
+
+const NO_CUSTOMER_READS: &str = r#"
+@id("no-customer-reads")
+@reason("agents do not read customer records in this tenant")
+forbid (principal, action == Action::"get_customer", resource);
+"#;
+
+async fn set(stack: &Stack, source: &str) -> i32 {
+    let ctx = stack.operator_in(0).await;
+    let current = policies::show(&stack.db.ds, &ctx).await.expect("show").version;
+    policies::set(&stack.db.ds, &ctx, source, current, "test").await.expect("set").version
+}
+
+#[tokio::test]
+async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (_, customer, _) = handles(&stack, 0).await;
+    stack.ok(&token, "get_customer", json!({"customer": customer})).await;
+    assert_eq!(set(&stack, NO_CUSTOMER_READS).await, 1);
+    let err = stack
+        .call(&token, "get_customer", json!({"customer": customer}))
+        .await
+        .expect_err("refused");
+    assert_eq!(err["code"], "forbidden_by_policy", "{err}");
+    let message = err["message"].as_str().expect("message");
+    assert!(
+        message.contains("no-customer-reads") && message.contains("do not read customer records"),
+        "{err}"
+    );
+    assert!(err["fix"].as_str().expect("fix").contains("policy"), "{err}");
+    // Other tools, and another tenant, are untouched.
+    stack.ok(&token, "find_bookings", json!({"limit": 1})).await;
+    let (_, other, _) = handles(&stack, 1).await;
+    stack.ok(&stack.token(1, 0), "get_customer", json!({"customer": other})).await;
+    // Forbidding everything works like a kill switch for the tenant's agents.
+    set(&stack, "@id(\"pause\")\n@reason(\"agents are paused during the audit\")\nforbid (principal, action, resource);").await;
+    for (tool, args) in [("find_bookings", json!({"limit": 1})), ("find_technicians", json!({}))] {
+        let err = stack.call(&token, tool, args).await.expect_err("paused");
+        assert!(err["message"].as_str().expect("message").contains("pause"), "{tool}: {err}");
+    }
+    // Back to no policy: everything the rights allow.
+    set(&stack, "").await;
+    stack.ok(&token, "get_customer", json!({"customer": customer})).await;
+}
+
+#[tokio::test]
+async fn two_step_actions_are_decided_at_prepare_and_at_confirm_with_their_records() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let slug = stack.seed.tenants[0].slug.clone();
+    let soon = stack.db.scalar_string(&format!("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.starts_at BETWEEN now() + interval '1 hour' AND now() + interval '47 hours' ORDER BY b.starts_at LIMIT 1")).await;
+    let later = stack.db.scalar_string(&format!("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.starts_at > now() + interval '72 hours' ORDER BY b.starts_at LIMIT 1")).await;
+    set(&stack, r#"
+@id("delete-48h")
+@reason("agents delete only bookings that start more than 48 hours from now")
+forbid (principal, action == Action::"delete_booking", resource is Booking)
+when { resource has hours_until_start && resource.hours_until_start < 48 };
+
+@id("messages-need-a-person")
+@approval
+@reason("every message to a customer is approved by a person")
+forbid (principal, action == Action::"send_customer_message", resource) when { context.effects >= 1 };
+"#).await;
+    let err =
+        stack.call(&token, "delete_booking", json!({"booking": soon})).await.expect_err("soon");
+    assert_eq!(err["code"], "forbidden_by_policy", "{err}");
+    assert!(err["message"].as_str().expect("message").contains("delete-48h"), "{err}");
+    let refused = stack.count("SELECT count(*) FROM audit_log WHERE action = 'delete_booking.preview' AND outcome = 'refused' AND reason LIKE '%delete-48h%'").await;
+    assert_eq!(refused, 1, "the refusal is audited with the policy");
+    let preview = stack.ok(&token, "delete_booking", json!({"booking": later})).await;
+    assert_eq!(preview["status"], "PREVIEW", "{preview}");
+    // An @approval policy sends the action to a person, naming the policy.
+    let (_, customer, _) = handles(&stack, 0).await;
+    let waiting = stack
+        .ok(
+            &token,
+            "send_customer_message",
+            json!({"customer": customer, "subject": "Hello", "body": "We arrive at nine."}),
+        )
+        .await;
+    assert_eq!(waiting["status"], "AWAITING_APPROVAL", "{waiting}");
+    assert!(
+        waiting["next"].as_str().expect("next").contains("messages-need-a-person"),
+        "{waiting}"
+    );
+    // A policy put in force after the preview decides at confirm: the previewed delete is
+    // refused now, audited, and cannot run.
+    set(&stack, "@id(\"no-deletes\")\n@reason(\"no deletions this week\")\nforbid (principal, action == Action::\"delete_booking\", resource);").await;
+    let err = stack
+        .call(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]}))
+        .await
+        .expect_err("refused at confirm");
+    assert!(err["message"].as_str().expect("message").contains("no-deletes"), "{err}");
+    let still =
+        stack.count(&format!("SELECT count(*) FROM bookings WHERE handle = '{later}'")).await;
+    assert_eq!(still, 1, "nothing was deleted");
+}
+
+#[tokio::test]
+async fn a_set_that_does_not_parse_validate_or_start_from_the_version_in_force_changes_nothing() {
+    let stack = Stack::start().await;
+    let ctx = stack.operator_in(0).await;
+    let ds = &stack.db.ds;
+    assert_eq!(set(&stack, NO_CUSTOMER_READS).await, 1);
+    for (bad, says) in [
+        ("forbid (principal, action, resource) when { 1 +* 2 };", "line 1"),
+        (
+            "@id(\"x\")\n@reason(\"r\")\nforbid (principal, action == Action::\"no_such_tool\", resource);",
+            "line 3",
+        ),
+        ("@id(\"x\")\n@reason(\"r\")\npermit (principal, action, resource);", "only `forbid`"),
+        (
+            "@id(\"x\")\n@reason(\"r\")\nforbid (principal == Connection::\"con_of_another_tenant\", action, resource) when { context.args.nope == 1 };",
+            "nope",
+        ),
+    ] {
+        let err = policies::set(ds, &ctx, bad, 1, "").await.expect_err("refused");
+        assert!(err.to_string().contains(says), "{bad}: {err}");
+    }
+    assert_eq!(policies::show(ds, &ctx).await.expect("show").version, 1, "the set in force stays");
+    // Two admins edit at once: the second, starting from version 1 after the first set 2, is
+    // told and loses nothing.
+    policies::set(ds, &ctx, "", 1, "first").await.expect("first");
+    let err = policies::set(ds, &ctx, NO_CUSTOMER_READS, 1, "second").await.expect_err("conflict");
+    assert!(err.to_string().contains("version 2 is in force"), "{err}");
+    let history = policies::history(ds, &ctx, 10).await.expect("history");
+    assert_eq!(history.iter().map(|v| v.version).collect::<Vec<_>>(), vec![2, 1]);
+    assert!(history[0].removed.iter().any(|l| l.contains("no-customer-reads")), "{:?}", history[0]);
+    // Widening is decided conservatively: removing a policy widens, adding one narrows.
+    assert!(shared::policies::widens(NO_CUSTOMER_READS, ""));
+    assert!(!shared::policies::widens("", NO_CUSTOMER_READS));
+}
+
+#[tokio::test]
+async fn a_draft_is_simulated_against_the_audited_calls() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (_, customer, _) = handles(&stack, 0).await;
+    for _ in 0..3 {
+        stack
+            .ok(
+                &token,
+                "send_customer_message",
+                json!({"customer": customer, "subject": "Hi", "body": "See you."}),
+            )
+            .await;
+    }
+    let ctx = stack.operator_in(0).await;
+    let draft = "@id(\"quiet\")\n@reason(\"no messages\")\nforbid (principal, action == Action::\"send_customer_message\", resource);";
+    let sim = policies::simulate(&stack.db.ds, &ctx, draft, 24).await.expect("simulate");
+    assert!(sim.calls >= 3, "{sim:?}");
+    assert_eq!(sim.forbidden, 3, "{sim:?}");
+    assert_eq!(sim.by_policy[0].policy, "quiet");
+    assert!(!sim.examples.is_empty());
+    // Enforcing it then does what the simulation said: the same call is refused.
+    set(&stack, draft).await;
+    let err = stack
+        .call(
+            &token,
+            "send_customer_message",
+            json!({"customer": customer, "subject": "Hi", "body": "See you."}),
+        )
+        .await
+        .expect_err("refused");
+    assert_eq!(err["code"], "forbidden_by_policy");
+}
