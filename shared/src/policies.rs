@@ -293,8 +293,13 @@ impl Compiled {
         self.info.values()
     }
 
-    /// The verdict for one call.
+    /// The verdict for one call. Arguments larger than a policy may read (a string over
+    /// [`MAX_ARG_CHARS`], a list over [`MAX_ARG_ITEMS`]) refuse the call rather than make every
+    /// policy scan them.
     pub fn evaluate(&self, call: &Call<'_>) -> Verdict {
+        if let Some(problem) = oversized(&call.args) {
+            return Verdict::Error(problem);
+        }
         match self.request(call) {
             Ok((request, entities)) => {
                 let answer = Authorizer::new().is_authorized(&request, &self.set, &entities);
@@ -381,15 +386,51 @@ impl Compiled {
     }
 }
 
+/// The longest argument text a policy reads.
+pub const MAX_ARG_CHARS: usize = 16 * 1024;
+/// The longest argument list a policy reads.
+pub const MAX_ARG_ITEMS: usize = 200;
+
+fn oversized(args: &Value) -> Option<String> {
+    match args {
+        Value::String(s) if s.chars().count() > MAX_ARG_CHARS => Some(format!(
+            "an argument of {} characters is longer than the tenant's policies read ({MAX_ARG_CHARS})",
+            s.chars().count()
+        )),
+        Value::Array(items) if items.len() > MAX_ARG_ITEMS => Some(format!(
+            "an argument of {} items is longer than the tenant's policies read ({MAX_ARG_ITEMS})",
+            items.len()
+        )),
+        Value::Array(items) => items.iter().find_map(oversized),
+        Value::Object(map) => map.values().find_map(oversized),
+        _ => None,
+    }
+}
+
 /// How deep brackets nest, when deeper than allowed: the line where it happens.
 fn too_deep(source: &str) -> Option<usize> {
+    // `if` nests without brackets: many of them are refused as too deep as well.
+    if source.matches("if ").count() > MAX_NESTING * 4 {
+        return Some(1);
+    }
     let mut depth = 0usize;
     let mut line = 1;
     let mut in_string = false;
+    let mut in_comment = false;
     let mut escaped = false;
-    for c in source.chars() {
+    let mut chars = source.chars().peekable();
+    while let Some(c) = chars.next() {
         if c == '\n' {
             line += 1;
+            in_comment = false;
+            continue;
+        }
+        if in_comment {
+            continue;
+        }
+        if !in_string && c == '/' && chars.peek() == Some(&'/') {
+            in_comment = true;
+            continue;
         }
         if in_string {
             match (escaped, c) {
@@ -414,6 +455,13 @@ fn too_deep(source: &str) -> Option<usize> {
     }
     None
 }
+
+/// Compiled sets by tenant, one version each (a new version replaces the old): held by the
+/// `Services` of one database, so two databases' tenants never share an entry.
+#[derive(Debug, Default)]
+pub struct CompiledByTenant(
+    pub(crate) std::sync::Mutex<std::collections::HashMap<i64, (i32, Arc<Compiled>)>>,
+);
 
 /// What the worker knows of the caller from the connection context: the policy version in
 /// force and who the connection is.
@@ -518,13 +566,12 @@ fn fits(ty: &Value, value: &Value) -> bool {
 /// policy of the old one word for word (adding a `forbid` or an `@approval` narrows); removing
 /// or changing any policy widens.
 pub fn widens(old: &str, new: &str) -> bool {
+    // Compared in Cedar's JSON form, which keeps what a policy says and drops comments and
+    // layout: a comment that swallowed a condition, or spaces inside a string, cannot make two
+    // different policies look the same.
     let policies = |source: &str| -> Option<Vec<String>> {
         let set: PolicySet = source.parse().ok()?;
-        Some(
-            set.policies()
-                .map(|p| p.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
-                .collect(),
-        )
+        set.policies().map(|p| p.to_json().ok().map(|j| crate::canon::canonical_json(&j))).collect()
     };
     match (policies(old), policies(new)) {
         (Some(old), Some(new)) => old.iter().any(|p| !new.contains(p)),

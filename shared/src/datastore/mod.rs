@@ -117,6 +117,8 @@ pub struct Services {
     /// The Ed25519 keys that sign audit checkpoints (`GATEHOUSE_AUDIT_SIGNING_KEYS`); `None`:
     /// the chain is kept, no checkpoint is signed.
     audit_keys: Option<std::sync::Arc<crate::signing::SigningKeys>>,
+    /// Tenants' policy sets compiled by this process for this database, one version each.
+    compiled_policies: std::sync::Arc<crate::policies::CompiledByTenant>,
 }
 
 /// Time windows of the write rails; defaults suit production, tests shorten them.
@@ -286,7 +288,13 @@ impl Services {
             bus: None,
             secret_keys: None,
             audit_keys: None,
+            compiled_policies: Default::default(),
         }
+    }
+
+    /// The policy sets this process compiled for this database.
+    pub(crate) fn compiled_policies(&self) -> &crate::policies::CompiledByTenant {
+        &self.compiled_policies
     }
 
     pub(crate) fn pipe(&self) -> &std::sync::Arc<pipe::Pipe> {

@@ -99,18 +99,18 @@ pub(crate) async fn policy_insert(
     Ok(())
 }
 
-/// What a booking is, as policies see it: its status and its start.
-pub(crate) async fn policy_booking_facts<'e, E: sqlx::PgExecutor<'e>>(
+/// What bookings are, as policies see them: handle, status and start, for those of the tenant.
+pub(crate) async fn policy_bookings_facts<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
-    handle: &str,
-) -> Result<Option<(String, DateTime<Utc>)>> {
+    handles: &[String],
+) -> Result<Vec<(String, String, DateTime<Utc>)>> {
     Ok(sqlx::query_as(
-        "SELECT status, starts_at FROM bookings WHERE tenant_id = $1 AND handle = $2",
+        "SELECT handle, status, starts_at FROM bookings WHERE tenant_id = $1 AND handle = ANY($2)",
     )
     .bind(ctx.tenant_id())
-    .bind(handle)
-    .fetch_optional(executor)
+    .bind(handles)
+    .fetch_all(executor)
     .await?)
 }
 
@@ -148,7 +148,7 @@ pub struct ReplayedCall {
 }
 
 impl Services {
-    /// The tenant's agent calls of the last `hours`, oldest first, at most `limit`.
+    /// The tenant's agent calls of the last `hours`, the newest `limit` of them.
     pub(crate) async fn policy_replay(
         &self,
         ctx: &OpCtx,
@@ -166,7 +166,7 @@ impl Services {
              LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
              WHERE a.tenant_id = $1 AND a.channel = 'mcp' AND a.at > now() - make_interval(hours => $2::int)
                AND a.action NOT LIKE '%.confirm' AND a.action NOT LIKE '%.reject'
-             ORDER BY a.at LIMIT $3",
+             ORDER BY a.at DESC LIMIT $3",
         )
         .bind(ctx.tenant_id())
         .bind(hours as i32)

@@ -204,3 +204,29 @@ fn the_schema_types_the_arguments_cedar_can_name_and_facts_keep_only_those() {
     );
     assert_eq!(facts, json!({"booking": "bkg_1", "statuses": ["a"]}));
 }
+
+#[test]
+fn comments_cannot_hide_nesting_or_make_a_changed_policy_look_the_same() {
+    let hidden = format!(
+        "// a \" opens no string in a comment\n@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) when {{ {}true{} }};",
+        "(".repeat(100),
+        ")".repeat(100)
+    );
+    let problems = Compiled::compile(&hidden, schema()).expect_err("deep");
+    assert!(problems[0].message.contains("nest"), "{problems:?}");
+    // The old policy forbids always (its comment swallowed the condition); the new one only
+    // sometimes: that widens, whatever the layout.
+    let old = "@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) // x when { context.effects > 1 }\n;";
+    let new = "@id(\"x\")\n@reason(\"r\")\nforbid (principal, action, resource) // x\nwhen { context.effects > 1 }\n;";
+    assert!(widens(old, new));
+    assert!(!widens(old, &format!("{old}\n// a comment added")), "comments change nothing");
+}
+
+#[test]
+fn arguments_too_large_for_policies_refuse_the_call() {
+    let compiled = Compiled::compile("", schema()).expect("empty");
+    let who = principal();
+    let mut big = call(&who, "send_customer_message", 10, None);
+    big.args = json!({"customer": "c".repeat(MAX_ARG_CHARS + 1)});
+    assert!(matches!(compiled.evaluate(&big), Verdict::Error(e) if e.contains("longer")));
+}

@@ -218,13 +218,13 @@ impl Decision {
             .with("approver_not_creator", approver_not_creator.to_string())
     }
 
-    /// Turning the passkey policy itself off.
     /// Putting a policy set in force that may widen what agents may do (see
     /// `policies::widens`): its version and the digest of its source.
     pub fn policy_widen(version: i32, digest: &str) -> Self {
         Decision::new("policy_widen", version.to_string()).with("digest", digest)
     }
 
+    /// Turning the passkey policy itself off.
     pub fn passkey_policy_off() -> Self {
         Decision::new("passkey_policy_off", "tenant")
     }
@@ -269,6 +269,9 @@ impl Decision {
             "raise_budget" => format!("Raising the budget on {s}"),
             "loosen_approval_policy" => format!("Loosening the approval policy of {s}"),
             "passkey_policy_off" => "Turning the passkey requirement off".into(),
+            "policy_widen" => {
+                format!("Putting policy version {s} in force (it may let agents do more)")
+            }
             "audit_webhook" => format!("Changing the audit webhook ({s})"),
             "remove_passkey" => format!("Removing the passkey {s}"),
             "add_passkey" => format!("Adding the passkey “{s}”"),

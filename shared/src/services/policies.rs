@@ -5,7 +5,7 @@
 //! ([`two_step`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -59,14 +59,22 @@ fn classes() -> &'static HashMap<String, EffectClass> {
 /// The committed registry file's content for these tools (the worker's test writes and
 /// compares it).
 pub fn registry_json(tools: &[crate::policies::ToolFacts<'_>]) -> Value {
+    // Confirming and rejecting are decided as the action they complete, never by their own
+    // name: a policy naming them would validate and never apply, so the schema leaves them out.
+    let kept: Vec<crate::policies::ToolFacts<'_>> = tools
+        .iter()
+        .filter(|t| !matches!(t.name, "confirm_action" | "reject_action"))
+        .map(|t| crate::policies::ToolFacts {
+            name: t.name,
+            class: t.class,
+            input_schema: t.input_schema,
+        })
+        .collect();
+    let tools = kept.as_slice();
     let classes: serde_json::Map<String, Value> =
         tools.iter().map(|t| (t.name.to_owned(), Value::from(t.class.as_str()))).collect();
     serde_json::json!({"classes": classes, "schema": crate::policies::schema_json(tools)})
 }
-
-/// Compiled sets by tenant, one version each: a new version replaces the old.
-type ByTenant = HashMap<i64, (i32, Arc<Compiled>)>;
-static COMPILED: LazyLock<Mutex<ByTenant>> = LazyLock::new(Default::default);
 
 /// The tenant's set at `version`, compiled once per process and version (`None` for version
 /// 0: no policy). A version that no longer compiles (the schema lost a tool it names) is an
@@ -76,7 +84,8 @@ pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option
         return Ok(None);
     }
     let tenant = ctx.tenant_id();
-    if let Some((v, set)) = COMPILED.lock().ok().and_then(|m| m.get(&tenant).cloned())
+    let cache = &ds.compiled_policies().0;
+    if let Some((v, set)) = cache.lock().ok().and_then(|m| m.get(&tenant).cloned())
         && v == version
     {
         return Ok(Some(set));
@@ -84,52 +93,79 @@ pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option
     let source = ds.policy_at(ctx, version).await?.ok_or_else(|| {
         Error::Internal(format!("policy version {version} of the tenant is missing"))
     })?;
-    let set = Arc::new(Compiled::compile(&source, schema()).map_err(|problems| {
-        Error::PolicyRefused {
-            policy: format!("version {version}"),
-            reason: format!("the tenant's policy set no longer compiles: {}", join(&problems)),
-            approval: false,
-        }
+    let set = Arc::new(compile_guarded(&source).map_err(|problems| Error::PolicyRefused {
+        policy: format!("version {version}"),
+        reason: format!("the tenant's policy set no longer compiles: {}", join(&problems)),
+        approval: false,
     })?);
-    if let Ok(mut map) = COMPILED.lock() {
+    if let Ok(mut map) = cache.lock() {
         map.insert(tenant, (version, set.clone()));
     }
     Ok(Some(set))
+}
+
+/// Compiles on a thread of its own with a large stack: Cedar's parser recurses on the source's
+/// nesting, and a tenant's set must never take a worker down.
+fn compile_guarded(source: &str) -> std::result::Result<Compiled, Vec<Problem>> {
+    let owned = source.to_owned();
+    let schema = schema();
+    std::thread::Builder::new()
+        .name("policy-compile".into())
+        .stack_size(256 * 1024 * 1024)
+        .spawn(move || Compiled::compile(&owned, schema))
+        .map_err(|e| vec![Problem { line: 0, message: format!("could not start compiling: {e}") }])?
+        .join()
+        .unwrap_or_else(|_| {
+            Err(vec![Problem { line: 0, message: "the policy set could not be compiled".into() }])
+        })
 }
 
 fn join(problems: &[Problem]) -> String {
     problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
-/// The record a call's arguments name, as policies see it.
+/// The record a call's arguments name, as policies see it, read as the tools read handles
+/// (trimmed). A booking named but not found in the tenant is no record at all, and the call
+/// cannot be judged on it: `Err`, which refuses (a policy on its start must not be dodged by a
+/// handle the tool would have read otherwise).
 async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
     args: &Value,
     now: jiff::Timestamp,
-) -> Result<Resource> {
+) -> Result<std::result::Result<Resource, String>> {
     let named = |field: &str, prefix: &str| {
-        args.get(field).and_then(Value::as_str).filter(|h| h.starts_with(prefix)).map(str::to_owned)
+        args.get(field)
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|h| h.starts_with(prefix))
+            .map(str::to_owned)
     };
     if let Some(handle) = named("booking", "bkg_") {
-        let facts = db::policy_booking_facts(executor, ctx, &handle).await?;
-        let (status, hours) = match facts {
-            Some((status, starts)) => {
-                let starts = crate::datastore::to_ts(starts);
-                let hours = (starts.as_second() - now.as_second()).div_euclid(3600);
-                (Some(status), Some(hours))
-            }
-            None => (None, None),
-        };
-        return Ok(Resource::Booking { handle, status, hours_until_start: hours });
+        let found = db::policy_bookings_facts(executor, ctx, std::slice::from_ref(&handle)).await?;
+        return Ok(match found.into_iter().next() {
+            Some((handle, status, starts)) => Ok(booking(handle, status, starts, now)),
+            None => Err(format!("no booking {handle} in this tenant to judge the call on")),
+        });
     }
     if let Some(handle) = named("customer", "cus_") {
-        return Ok(Resource::Customer(handle));
+        return Ok(Ok(Resource::Customer(handle)));
     }
     if let Some(handle) = named("technician", "tec_") {
-        return Ok(Resource::Technician(handle));
+        return Ok(Ok(Resource::Technician(handle)));
     }
-    Ok(Resource::Tenant(ctx.tenant().handle.to_string()))
+    Ok(Ok(Resource::Tenant(ctx.tenant().handle.to_string())))
+}
+
+fn booking(
+    handle: String,
+    status: String,
+    starts: chrono::DateTime<chrono::Utc>,
+    now: jiff::Timestamp,
+) -> Resource {
+    let starts = crate::datastore::to_ts(starts);
+    let hours = (starts.as_second() - now.as_second()).div_euclid(3600);
+    Resource::Booking { handle, status: Some(status), hours_until_start: Some(hours) }
 }
 
 /// The gate for reads and silent writes: refused when a `forbid` matches (or an `@approval`
@@ -144,7 +180,10 @@ pub async fn check_call(
     now: jiff::Timestamp,
 ) -> Result<()> {
     let Some(set) = compiled(ds, ctx, caller.version).await? else { return Ok(()) };
-    let resource = resource_of(ds.pool(), ctx, args, now).await?;
+    let resource = match resource_of(ds.pool(), ctx, args, now).await? {
+        Ok(resource) => resource,
+        Err(e) => return Err(evaluation_error(e)),
+    };
     let call = Call {
         connection: &caller.principal,
         tool,
@@ -170,41 +209,76 @@ fn evaluation_error(e: String) -> Error {
     Error::PolicyRefused { policy: "(evaluation)".into(), reason: e, approval: false }
 }
 
-/// The verdict for a two-step action at `phase` (`prepare`, `confirm`), in `tx`, with the
-/// records its plan touches (`effects`).
-#[expect(clippy::too_many_arguments, reason = "one call's facts, each from the engine")]
+/// A two-step action as the engine knows it when it asks the tenant's policies.
+pub(crate) struct TwoStepCall<'a> {
+    /// The connection that asked for it (not the person deciding in the console).
+    pub connection_id: i64,
+    pub tool: &'a str,
+    pub class: EffectClass,
+    pub args: &'a Value,
+    /// The records the plan touches (its audit targets).
+    pub targets: &'a [String],
+    pub phase: &'static str,
+    pub now: jiff::Timestamp,
+}
+
+/// The verdict for a two-step action at `phase` (`prepare`, `confirm`), in `tx`: judged on each
+/// booking its plan touches (a batch is refused when any of its bookings is), else on the
+/// record its arguments name, with the number of records touched as `context.effects`.
 pub(crate) async fn two_step(
     ds: &Services,
     tx: &mut db::Tx<'static>,
     ctx: &OpCtx,
-    tool: &str,
-    class: EffectClass,
-    args: &Value,
-    effects: i64,
-    phase: &'static str,
-    now: jiff::Timestamp,
+    action: &TwoStepCall<'_>,
 ) -> Result<Verdict> {
     let version = db::policy_version_in(tx, ctx).await?;
     let Some(set) = compiled(ds, ctx, version).await? else { return Ok(Verdict::Allow) };
-    let Some(connection) = ctx.connection() else { return Ok(Verdict::Allow) };
     let Some((handle, role, client, name, grant)) =
-        db::policy_principal(&mut **tx, ctx, connection.id).await?
+        db::policy_principal(&mut **tx, ctx, action.connection_id).await?
     else {
-        return Ok(Verdict::Error("the connection is gone".into()));
+        return Ok(Verdict::Error("the connection that asked for it is gone".into()));
     };
     let principal = Principal { handle, role, client, grant, name };
-    let resource = resource_of(&mut **tx, ctx, args, now).await?;
-    let call = Call {
-        connection: &principal,
-        tool,
-        class,
-        phase,
-        args: args.clone(),
-        resource,
-        effects,
-        now: now.to_zoned_datetime(ctx.tenant().zone.clone()),
+    let bookings: Vec<String> =
+        action.targets.iter().filter(|t| t.starts_with("bkg_")).cloned().collect();
+    let resources: Vec<Resource> = if bookings.is_empty() {
+        match resource_of(&mut **tx, ctx, action.args, action.now).await? {
+            Ok(resource) => vec![resource],
+            Err(e) => return Ok(Verdict::Error(e)),
+        }
+    } else {
+        let found = db::policy_bookings_facts(&mut **tx, ctx, &bookings).await?;
+        if found.len() != bookings.len() {
+            return Ok(Verdict::Error("a booking of the plan is gone".into()));
+        }
+        found.into_iter().map(|(h, s, at)| booking(h, s, at, action.now)).collect()
     };
-    Ok(set.evaluate(&call))
+    let mut verdicts = resources.into_iter().map(|resource| {
+        set.evaluate(&Call {
+            connection: &principal,
+            tool: action.tool,
+            class: action.class,
+            phase: action.phase,
+            args: action.args.clone(),
+            resource,
+            effects: action.targets.len() as i64,
+            now: action.now.to_zoned_datetime(ctx.tenant().zone.clone()),
+        })
+    });
+    // The strictest verdict of the records: a refusal, then an error, then a person.
+    let mut worst = Verdict::Allow;
+    for verdict in &mut verdicts {
+        let rank = |v: &Verdict| match v {
+            Verdict::Allow => 0,
+            Verdict::Approval(_) => 1,
+            Verdict::Error(_) => 2,
+            Verdict::Forbid(_) => 3,
+        };
+        if rank(&verdict) > rank(&worst) {
+            worst = verdict;
+        }
+    }
+    Ok(worst)
 }
 
 /// The refusal of a two-step action by policy: the error the agent sees.
@@ -242,9 +316,8 @@ pub async fn show(ds: &Services, ctx: &OpCtx) -> Result<PolicyView> {
             set_at: None,
         });
     };
-    let policies = Compiled::compile(&row.source, schema())
-        .map(|c| c.policies().cloned().collect())
-        .unwrap_or_default();
+    let policies =
+        compile_guarded(&row.source).map(|c| c.policies().cloned().collect()).unwrap_or_default();
     Ok(PolicyView {
         version: row.version,
         source: row.source,
@@ -257,7 +330,7 @@ pub async fn show(ds: &Services, ctx: &OpCtx) -> Result<PolicyView> {
 
 /// Checks a draft against the schema: every problem at its line, or the policies it holds.
 pub fn check(source: &str) -> std::result::Result<Vec<PolicyInfo>, Vec<Problem>> {
-    Compiled::compile(source, schema()).map(|c| c.policies().cloned().collect())
+    compile_guarded(source).map(|c| c.policies().cloned().collect())
 }
 
 /// What setting a set came to.
@@ -285,8 +358,8 @@ pub async fn set(
     if note.chars().count() > 300 {
         return Err(Error::invalid("note", "at most 300 characters"));
     }
-    let compiled = Compiled::compile(source, schema())
-        .map_err(|problems| Error::invalid("policy", join(&problems)))?;
+    let compiled =
+        compile_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
     let mut tx = ds.begin().await?;
     let current = db::policy_version_locked(&mut tx, ctx).await?;
     if current != expected {
@@ -414,15 +487,31 @@ pub struct SimulatedCall {
     pub at: String,
 }
 
+/// The most audited calls one simulation replays (the newest of the window).
+const REPLAY_LIMIT: i64 = 20_000;
+
 /// Replays the tenant's audited calls of the last `hours` against `source`.
 pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> Result<Simulation> {
     ctx.require(Right::TenantSwitch)?;
     if !(1..=24 * 90).contains(&hours) {
         return Err(Error::invalid("hours", "a window of 1 hour to 90 days"));
     }
-    let set = Compiled::compile(source, schema())
-        .map_err(|problems| Error::invalid("policy", join(&problems)))?;
-    let calls = ds.policy_replay(ctx, hours, 20_000).await?;
+    let set =
+        compile_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
+    let calls = ds.policy_replay(ctx, hours, REPLAY_LIMIT).await?;
+    let truncated = calls.len() as i64 == REPLAY_LIMIT;
+    let named: Vec<String> = calls
+        .iter()
+        .filter_map(|c| c.targets.first().filter(|t| t.starts_with("bkg_")).cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let bookings: HashMap<String, (String, chrono::DateTime<chrono::Utc>)> =
+        db::policy_bookings_facts(ds.pool(), ctx, &named)
+            .await?
+            .into_iter()
+            .map(|(h, s, at)| (h, (s, at)))
+            .collect();
     let mut sim = Simulation {
         calls: 0,
         allowed: 0,
@@ -431,7 +520,14 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         errors: 0,
         by_policy: Vec::new(),
         examples: Vec::new(),
-        caveat: "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args is replayed without them.".into(),
+        caveat: format!(
+            "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args is replayed without them. Bookings are judged as they are now, connections with their creator's current role.{}",
+            if truncated {
+                format!(" Only the newest {REPLAY_LIMIT} calls of the window were replayed.")
+            } else {
+                String::new()
+            }
+        ),
     };
     let mut counts: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     let mut shown: HashMap<String, usize> = HashMap::new();
@@ -441,6 +537,10 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             None => (call.action.clone(), "call"),
         };
         let Some(class) = classes().get(tool.as_str()).copied() else { continue };
+        // A two-step action is judged where it was prepared; its execution row is the same call.
+        if class.two_step() != (phase == "prepare") {
+            continue;
+        }
         sim.calls += 1;
         let principal = Principal {
             handle: call.connection.clone(),
@@ -450,8 +550,16 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             name: call.name.clone(),
         };
         let first = call.targets.first().cloned().unwrap_or_default();
+        let at = crate::datastore::to_ts(call.at);
         let resource = if first.starts_with("bkg_") {
-            Resource::Booking { handle: first, status: None, hours_until_start: None }
+            match bookings.get(&first) {
+                // As enforcement sees it: the booking's status and start, hours from the call.
+                Some((status, starts)) => booking(first.clone(), status.clone(), *starts, at),
+                None => {
+                    sim.errors += 1;
+                    continue;
+                }
+            }
         } else if first.starts_with("cus_") {
             Resource::Customer(first)
         } else if first.starts_with("tec_") {
@@ -459,7 +567,6 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         } else {
             Resource::Tenant(ctx.tenant().handle.to_string())
         };
-        let at = crate::datastore::to_ts(call.at);
         let verdict = set.evaluate(&Call {
             connection: &principal,
             tool: &tool,
@@ -467,7 +574,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             phase,
             args: Value::Object(Default::default()),
             resource,
-            effects: call.targets.len() as i64,
+            effects: if phase == "prepare" { call.targets.len() as i64 } else { 0 },
             now: at.to_zoned_datetime(ctx.tenant().zone.clone()),
         });
         let mut why = None;
@@ -477,6 +584,12 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
                 continue;
             }
             Verdict::Forbid(p) => {
+                sim.forbidden += 1;
+                counts.entry(p.id.clone()).or_default().0 += 1;
+                (p.id.clone(), "forbidden")
+            }
+            // A read or silent write cannot wait for a person: enforcement refuses it.
+            Verdict::Approval(p) if phase == "call" => {
                 sim.forbidden += 1;
                 counts.entry(p.id.clone()).or_default().0 += 1;
                 (p.id.clone(), "forbidden")

@@ -35,11 +35,10 @@ fn the_policy_schema_is_the_registrys() {
         "regenerate shared/src/policies/registry.json (see the doc comment)"
     );
     for spec in registry.all() {
-        assert!(
-            generated["schema"][""]["actions"].get(spec.name).is_some(),
-            "{} has its action",
-            spec.name
-        );
+        // Confirming and rejecting are judged as the action they complete.
+        let expected = !matches!(spec.name, "confirm_action" | "reject_action");
+        let present = generated["schema"][""]["actions"].get(spec.name).is_some();
+        assert_eq!(present, expected, "{}", spec.name);
     }
 }
 
@@ -112,6 +111,12 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     assert!(err["message"].as_str().expect("message").contains("delete-48h"), "{err}");
     let refused = stack.count("SELECT count(*) FROM audit_log WHERE action = 'delete_booking.preview' AND outcome = 'refused' AND reason LIKE '%delete-48h%'").await;
     assert_eq!(refused, 1, "the refusal is audited with the policy");
+    // A handle written with spaces (which the tool trims) is judged as the same booking.
+    let err = stack
+        .call(&token, "delete_booking", json!({"booking": format!("  {soon} ")}))
+        .await
+        .expect_err("padded");
+    assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     let preview = stack.ok(&token, "delete_booking", json!({"booking": later})).await;
     assert_eq!(preview["status"], "PREVIEW", "{preview}");
     // An @approval policy sends the action to a person, naming the policy.
@@ -128,6 +133,27 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
         waiting["next"].as_str().expect("next").contains("messages-need-a-person"),
         "{waiting}"
     );
+    // A person approving answers an @approval policy, but a forbid set since refuses even them
+    // (judged on the connection that asked), audited.
+    let version =
+        policies::show(&stack.db.ds, &stack.operator_in(0).await).await.expect("show").version;
+    let ctx = stack.operator_in(0).await;
+    let current = policies::show(&stack.db.ds, &ctx).await.expect("show").source;
+    let stricter = format!(
+        "{current}\n@id(\"no-messages\")\n@reason(\"no messages today\")\nforbid (principal, action == Action::\"send_customer_message\", resource);"
+    );
+    policies::set(&stack.db.ds, &ctx, &stricter, version, "").await.expect("narrower");
+    let handle = waiting["action"].as_str().expect("action handle");
+    let err = shared::services::actions::approve(
+        &stack.db.ds,
+        &ctx,
+        handle,
+        "ok",
+        jiff::Timestamp::now(),
+    )
+    .await
+    .expect_err("a forbid refuses the person too");
+    assert!(err.to_string().contains("no-messages"), "{err}");
     // A policy put in force after the preview decides at confirm: the previewed delete is
     // refused now, audited, and cannot run.
     set(&stack, "@id(\"no-deletes\")\n@reason(\"no deletions this week\")\nforbid (principal, action == Action::\"delete_booking\", resource);").await;

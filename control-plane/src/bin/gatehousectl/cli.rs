@@ -558,9 +558,10 @@ pub(super) enum PolicyCmd {
         t: InTenant,
         /// The policy set's file (Cedar).
         file: std::path::PathBuf,
-        /// The version this edit started from (default: the one in force now).
+        /// The version this edit started from (`policy show` says which is in force; 0 when
+        /// none is): if another was set since, nothing is saved.
         #[arg(long)]
-        expect_version: Option<i32>,
+        expect_version: i32,
         /// Why, kept with the version.
         #[arg(long, default_value = "")]
         note: String,

@@ -449,11 +449,7 @@ pub(super) async fn policy(
         }
         PolicyCmd::Set { file, expect_version, note, .. } => {
             let source = policy_file(&file)?;
-            let expected = match expect_version {
-                Some(v) => v,
-                None => policies::show(ds, &ctx).await?.version,
-            };
-            let done = policies::set(ds, &ctx, &source, expected, &note).await?;
+            let done = policies::set(ds, &ctx, &source, expect_version, &note).await?;
             let text = format!(
                 "Version {} is in force ({} polic{}; it {} what agents may do).",
                 done.version,

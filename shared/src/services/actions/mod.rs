@@ -357,10 +357,16 @@ pub async fn prepare<T: TwoStep + Serialize>(
     let plan = plan(&mut tx, ctx, op, &args, At::fresh(now)).await?;
     // The tenant's policies, with what the plan touches: a `forbid` refuses (audited), an
     // `@approval` one sends the action to a person.
-    let effects = plan.targets.len() as i64;
-    let verdict =
-        policies::two_step(ds, &mut tx, ctx, op.name(), op.class(), &args, effects, "prepare", now)
-            .await?;
+    let asked = policies::TwoStepCall {
+        connection_id: connection_id(ctx)?,
+        tool: op.name(),
+        class: op.class(),
+        args: &args,
+        targets: &plan.targets,
+        phase: "prepare",
+        now,
+    };
+    let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         let action = format!("{}.preview", op.name());
         let why = error.to_string();
@@ -385,6 +391,34 @@ pub async fn prepare<T: TwoStep + Serialize>(
     let preview = store_preview(&mut tx, ctx, ds, op, &args, &plan, now, completes).await?;
     tx.commit().await?;
     Ok(preview)
+}
+
+/// Refuses an action by the tenant's policy at confirm: audited with the policy named (linked
+/// to its action) and committed, then the error.
+async fn refuse_naming(
+    mut tx: Tx<'static>,
+    ctx: &OpCtx,
+    tool: &str,
+    pending: i64,
+    error: Error,
+) -> Error {
+    let action = format!("{tool}.confirm");
+    let why = error.to_string();
+    let entry = AuditEntry {
+        action: &action,
+        outcome: "refused",
+        targets: Vec::new(),
+        pending_action: Some(pending),
+        reason: Some(&why),
+        change: None,
+    };
+    if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
+        return e;
+    }
+    if let Err(e) = tx.commit().await {
+        return e.into();
+    }
+    error
 }
 
 /// Refuses a token: audited (linked to its action) and committed, then the error.
@@ -587,22 +621,19 @@ async fn execute(
         }
     };
     // The tenant's policies again, as they are now and with what the plan touches now.
-    let effects = plan.targets.len() as i64;
-    let verdict = policies::two_step(
-        ds,
-        &mut tx,
-        ctx,
-        op.name(),
-        op.class(),
-        &p.args,
-        effects,
-        "confirm",
+    let asked = policies::TwoStepCall {
+        connection_id: p.connection_id,
+        tool: op.name(),
+        class: op.class(),
+        args: &p.args,
+        targets: &plan.targets,
+        phase: "confirm",
         now,
-    )
-    .await?;
+    };
+    let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        return Err(refuse(tx, ctx, &p.tool, p.id, error).await);
+        return Err(refuse_naming(tx, ctx, &p.tool, p.id, error).await);
     }
     if let Verdict::Approval(policy) = verdict {
         let why =

@@ -150,20 +150,28 @@ pub(crate) async fn decide(
         }
     };
     // A person's approval answers an `@approval` policy; a `forbid` refuses even them.
-    let effects = plan.targets.len() as i64;
-    let verdict = policies::two_step(
-        ds,
-        &mut tx,
-        ctx,
-        op.name(),
-        op.class(),
-        &p.args,
-        effects,
-        "confirm",
+    let asked = policies::TwoStepCall {
+        connection_id: p.connection_id,
+        tool: op.name(),
+        class: op.class(),
+        args: &p.args,
+        targets: &plan.targets,
+        phase: "confirm",
         now,
-    )
-    .await?;
+    };
+    let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
+        let why = error.to_string();
+        let entry = AuditEntry {
+            action: &action,
+            outcome: "refused",
+            targets: Vec::new(),
+            pending_action: Some(p.id),
+            reason: Some(&why),
+            change: None,
+        };
+        db::audit_insert(&mut tx, ctx, entry).await?;
+        tx.commit().await?;
         return Err(error);
     }
     let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
