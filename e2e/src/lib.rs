@@ -900,6 +900,56 @@ pub async fn tool_names(base: &str, token: &str) -> (u16, Vec<String>) {
 pub mod bench {
     use serde_json::Value;
 
+    /// A policy set of `n` policies like a security team's (tools, arguments, records, local
+    /// time, batch sizes), none of which matches the benchmark's calls, so the figures measure
+    /// evaluation, not refusals.
+    pub fn policy_set(n: usize) -> String {
+        let tools = [
+            "send_customer_message",
+            "cancel_bookings",
+            "delete_booking",
+            "page_technician",
+            "reschedule_booking",
+            "get_customer",
+            "find_bookings",
+            "get_booking",
+            "add_booking_note",
+            "mute_alerts",
+        ];
+        (0..n)
+            .map(|i| {
+                let tool = tools[i % tools.len()];
+                let when = match i % 5 {
+                    0 => format!("context.now.hour == 25 && context.effects > {i}"),
+                    1 => format!("resource is Booking && resource has hours_until_start && resource.hours_until_start < -{}", 1000 + i),
+                    2 => format!("principal.client == \"blocked-client-{i}\""),
+                    3 => format!("context.effects > {}", 100_000 + i),
+                    _ => format!("context.now.weekday == \"Someday{i}\""),
+                };
+                let approval = if i % 7 == 0 { "@approval\n" } else { "" };
+                format!(
+                    "@id(\"bench-{i}\")\n{approval}@reason(\"benchmark rule {i}\")\nforbid (principal, action == Action::\"{tool}\", resource) when {{ {when} }};\n"
+                )
+            })
+            .collect()
+    }
+
+    /// The page `current` with its section titled `title` (`## …`) replaced by `section`, or
+    /// `section` appended when it has none.
+    pub fn replace_section(current: &str, title: &str, section: &str) -> String {
+        let heading = format!("## {title}\n");
+        match current.find(&heading) {
+            Some(start) => {
+                let end = current[start + 3..]
+                    .find("\n## ")
+                    .map(|e| start + 3 + e + 1)
+                    .unwrap_or(current.len());
+                format!("{}{}\n{}", &current[..start], section.trim_end(), &current[end..])
+            }
+            None => format!("{}\n\n{}\n", current.trim_end(), section.trim_end()),
+        }
+    }
+
     /// The report followed by the sections of the page it replaces (`old`) that it does not
     /// write itself (the listen streams' section, measurements written by hand): a run
     /// replaces its own figures and keeps the rest, in their order.

@@ -94,3 +94,20 @@ fn the_benchmark_checker_counts_only_what_a_user_wanted() {
         "the peer's own error is not a fast read"
     );
 }
+
+#[test]
+fn the_benchmarks_policy_sets_validate_against_the_schema_and_a_section_is_replaced_in_place() {
+    for n in [1, 10, 100] {
+        let found = shared::services::policies::check(&e2e::bench::policy_set(n))
+            .unwrap_or_else(|p| panic!("{n} policies: {p:?}"));
+        assert_eq!(found.len(), n);
+        assert!(found.iter().any(|p| p.approval) || n < 7, "some are @approval");
+    }
+    let page = "# B\n\n## A\nold a\n## Policy evaluation\nold p\n## C\nc\n";
+    let new =
+        e2e::bench::replace_section(page, "Policy evaluation", "## Policy evaluation\nnew p\n");
+    assert_eq!(new, "# B\n\n## A\nold a\n## Policy evaluation\nnew p\n## C\nc\n");
+    let appended =
+        e2e::bench::replace_section("# B\n", "Policy evaluation", "## Policy evaluation\nx\n");
+    assert!(appended.ends_with("## Policy evaluation\nx\n"), "{appended}");
+}
