@@ -92,6 +92,17 @@ async fn decision_of(
                 .await?
         }
         ["settings", "agent-access"] => to_on.then(Decision::agent_access_on),
+        ["settings", "policies"] if form.get("do") == Some("set") => {
+            let expected = form.get("expected_version").and_then(|v| v.parse().ok()).unwrap_or(-1);
+            shared::services::policies::set_decision(
+                ds,
+                need_ctx()?,
+                &form.get("source").unwrap_or_default().replace("\r\n", "\n"),
+                expected,
+            )
+            .await?
+        }
+        ["settings", "policies"] => None,
         ["settings", "passkey-policy"] => {
             (form.get("to") == Some("off")).then(Decision::passkey_policy_off)
         }

@@ -23,6 +23,7 @@ mod messages;
 mod operator;
 mod passkeys;
 mod people;
+mod policies;
 mod settings;
 mod sign_in;
 mod sso;
@@ -108,6 +109,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/settings", get(settings::page))
         .route("/settings/approvals", get(settings::approvals_page))
         .route("/settings/limits", get(settings::limits_page))
+        .route("/settings/policies", get(policies::page).post(policies::post))
         .route("/settings/security", get(settings::security_page))
         .route("/settings/agent-access", post(settings::agent_access))
         .route("/audit", get(audit::page))

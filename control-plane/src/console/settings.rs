@@ -43,9 +43,10 @@ pub(super) async fn page(t: Tenant) -> Answer {
 }
 
 /// The settings' sections, in the order an admin looks for them.
-const SECTIONS: [(&str, &str); 6] = [
+const SECTIONS: [(&str, &str); 7] = [
     ("/settings", "Agent access"),
     ("/settings/approvals", "Approvals"),
+    ("/settings/policies", "Policies"),
     ("/settings/limits", "Limits and budgets"),
     ("/settings/security", "Security: passkeys"),
     ("/settings/sso", "Single sign-on"),

@@ -21,6 +21,7 @@ mod invitations;
 mod oauth;
 mod passkey_policy;
 mod people_and_sessions;
+mod policies;
 mod rest_api;
 mod sso;
 mod support;
