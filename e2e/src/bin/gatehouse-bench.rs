@@ -533,6 +533,11 @@ fn bind_all(sql: &str, values: &[String]) -> String {
     for (i, v) in values.iter().enumerate().rev() {
         out = out.replace(&format!("${}", i + 1), v);
     }
+    // A statement that gained a parameter must not run with a placeholder left in it.
+    let left = out
+        .match_indices('$')
+        .any(|(at, _)| out[at + 1..].chars().next().is_some_and(|c| c.is_ascii_digit()));
+    assert!(!left, "a statement takes more parameters than the benchmark binds: {out}");
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -613,6 +618,8 @@ fn pgbench_write(
                     quoted("bench"),
                     s("NULL"),
                     s("NULL"),
+                    s("NULL"),
+                    // change: a note changes no setting.
                     s("NULL"),
                 ],
             ) + ";",

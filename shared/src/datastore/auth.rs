@@ -240,9 +240,9 @@ impl Services {
             // holding up anyone else, and reports its own error. Anything else (overload,
             // timeouts, a broken connection) is the database's and is not retried here.
             Err(failure)
-                if failure
-                    .sqlstate()
-                    .is_some_and(|code| code.starts_with("22") || code == "55P03") =>
+                if failure.sqlstate().is_some_and(|code| {
+                    code.starts_with("22") || code == "55P03" || code == "57014"
+                }) =>
             {
                 tracing::warn!(error = ?failure, "the read-ahead failed; the context is read alone");
                 let context = self.entry_connection_context(token_hash).await?;

@@ -450,7 +450,6 @@ pub(crate) fn no_such_action(raw: &str) -> Error {
     Error::not_found(Resource::Action, raw.chars().take(40).collect::<String>())
 }
 
-/// The preview shown when an action waits for a person because of a budget.
 /// The preview shown when a policy of the tenant sends an action to a person.
 pub(crate) fn policy_note(why: &str) -> String {
     format!(
@@ -458,6 +457,7 @@ pub(crate) fn policy_note(why: &str) -> String {
     )
 }
 
+/// The preview shown when an action waits for a person because of a budget.
 pub(crate) fn over_budget_note(why: &str) -> String {
     format!(
         "This action would go {why}, so a person in this tenant must approve it in the Gatehouse console (Approvals); the agent cannot complete it. Nothing has happened yet. Call confirm_action with confirm_token and confirm_summary later to learn whether it was approved, denied or expired."

@@ -179,8 +179,16 @@ fn search(input: &FindBookingsInput) -> Result<BookingFilter> {
 
 /// What a `find_bookings` call will read, when its input parses: the worker reads the page in
 /// the statement that reads the call's context. `None` for an input [`find`] would refuse.
+///
+/// Only a search the tenant's start-time index answers by walking to the page (a range and a
+/// cursor) travels with the context: one filtered by status, technician or customer may walk a
+/// large tenant's whole index, and the pipe's connection is shared by every request's context
+/// lookup, so such a search reads on the pool, where it holds up nobody else.
 pub fn find_read_ahead(input: &FindBookingsInput) -> Option<ReadAhead> {
-    search(input).ok().map(ReadAhead::Bookings)
+    let filter = search(input).ok()?;
+    let bounded =
+        filter.statuses.is_empty() && filter.technician.is_none() && filter.customer.is_none();
+    bounded.then_some(ReadAhead::Bookings(filter))
 }
 
 /// What a `get_booking` call will read, when its input says it clearly: the worker reads it

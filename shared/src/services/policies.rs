@@ -109,6 +109,19 @@ pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option
 fn compile_guarded(source: &str) -> std::result::Result<Compiled, Vec<Problem>> {
     let owned = source.to_owned();
     let schema = schema();
+    // On the async runtime, the wait for the compiling thread must not stall other requests.
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| compile_on_thread(owned, schema))
+        }
+        _ => compile_on_thread(owned, schema),
+    }
+}
+
+fn compile_on_thread(
+    owned: String,
+    schema: Arc<PolicySchema>,
+) -> std::result::Result<Compiled, Vec<Problem>> {
     std::thread::Builder::new()
         .name("policy-compile".into())
         .stack_size(256 * 1024 * 1024)
@@ -133,7 +146,7 @@ async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
     ctx: &OpCtx,
     args: &Value,
     now: jiff::Timestamp,
-) -> Result<std::result::Result<Resource, String>> {
+) -> Result<std::result::Result<Resource, NotFound>> {
     let named = |field: &str, prefix: &str| {
         args.get(field)
             .and_then(Value::as_str)
@@ -145,7 +158,7 @@ async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
         let found = db::policy_bookings_facts(executor, ctx, std::slice::from_ref(&handle)).await?;
         return Ok(match found.into_iter().next() {
             Some((handle, status, starts)) => Ok(booking(handle, status, starts, now)),
-            None => Err(format!("no booking {handle} in this tenant to judge the call on")),
+            None => Err(NotFound(handle)),
         });
     }
     if let Some(handle) = named("customer", "cus_") {
@@ -156,6 +169,9 @@ async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
     }
     Ok(Ok(Resource::Tenant(ctx.tenant().handle.to_string())))
 }
+
+/// A booking named by a call that the tenant does not have.
+struct NotFound(String);
 
 fn booking(
     handle: String,
@@ -182,7 +198,10 @@ pub async fn check_call(
     let Some(set) = compiled(ds, ctx, caller.version).await? else { return Ok(()) };
     let resource = match resource_of(ds.pool(), ctx, args, now).await? {
         Ok(resource) => resource,
-        Err(e) => return Err(evaluation_error(e)),
+        // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
+        Err(NotFound(handle)) => {
+            return Err(Error::not_found(crate::error::Resource::Booking, handle));
+        }
     };
     let call = Call {
         connection: &caller.principal,
@@ -232,7 +251,14 @@ pub(crate) async fn two_step(
     action: &TwoStepCall<'_>,
 ) -> Result<Verdict> {
     let version = db::policy_version_in(tx, ctx).await?;
-    let Some(set) = compiled(ds, ctx, version).await? else { return Ok(Verdict::Allow) };
+    // A set that cannot be read or compiled refuses, audited like any refusal, never rolled
+    // back with the action's transaction.
+    let set = match compiled(ds, ctx, version).await {
+        Ok(Some(set)) => set,
+        Ok(None) => return Ok(Verdict::Allow),
+        Err(e @ Error::Unavailable { .. }) => return Err(e),
+        Err(e) => return Ok(Verdict::Error(e.to_string())),
+    };
     let Some((handle, role, client, name, grant)) =
         db::policy_principal(&mut **tx, ctx, action.connection_id).await?
     else {
@@ -244,7 +270,9 @@ pub(crate) async fn two_step(
     let resources: Vec<Resource> = if bookings.is_empty() {
         match resource_of(&mut **tx, ctx, action.args, action.now).await? {
             Ok(resource) => vec![resource],
-            Err(e) => return Ok(Verdict::Error(e)),
+            Err(NotFound(handle)) => {
+                return Ok(Verdict::Error(format!("no booking {handle} in this tenant")));
+            }
         }
     } else {
         let found = db::policy_bookings_facts(&mut **tx, ctx, &bookings).await?;

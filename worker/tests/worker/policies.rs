@@ -72,6 +72,11 @@ async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
         "{err}"
     );
     assert!(err["fix"].as_str().expect("fix").contains("policy"), "{err}");
+    // Under a policy set, another tenant's booking is still not found (R3), not a policy error.
+    let (foreign, _, _) = handles(&stack, 1).await;
+    let err =
+        stack.call(&token, "get_booking", json!({"booking": foreign})).await.expect_err("foreign");
+    assert_eq!(err["code"], "not_found", "{err}");
     // Other tools, and another tenant, are untouched.
     stack.ok(&token, "find_bookings", json!({"limit": 1})).await;
     let (_, other, _) = handles(&stack, 1).await;

@@ -470,6 +470,13 @@ async fn a_search_with_its_context_in_one_statement_pages_as_the_pool_does() {
     for b in foreign["bookings"].as_array().expect("bookings") {
         assert!(!own.contains(b["booking"].as_str().expect("handle")), "{b}");
     }
+    // A search filtered by status, technician or customer may walk a large tenant's whole
+    // index: it reads on the pool, never on the pipe every context lookup shares.
+    let used = counted("used");
+    let filtered =
+        stack.ok(&token, "find_bookings", json!({"status": "confirmed", "limit": 3})).await;
+    assert!(filtered["count"].as_u64().is_some(), "{filtered}");
+    assert_eq!(counted("used"), used, "no read-ahead for a filtered search");
     // An empty page is not answered from the read-ahead (a gate may have emptied it).
     let used = counted("used");
     let empty = stack

@@ -205,7 +205,7 @@ async fn store_preview(
     let policy_note = completes
         .policy
         .as_ref()
-        .map(|p| format!("the tenant's policy `{}` sends it to a person: {}", p.id, p.reason));
+        .map(|p| format!("named by the tenant's policy `{}` ({})", p.id, p.reason));
     let over_budget = budgets::reason(&over);
     let budget = over_budget.clone().or(policy_note);
     let mut completes = completes;
@@ -636,8 +636,7 @@ async fn execute(
         return Err(refuse_naming(tx, ctx, &p.tool, p.id, error).await);
     }
     if let Verdict::Approval(policy) = verdict {
-        let why =
-            format!("the tenant's policy `{}` sends it to a person: {}", policy.id, policy.reason);
+        let why = format!("named by the tenant's policy `{}` ({})", policy.id, policy.reason);
         to_person(&mut tx, ctx, op, &p, false, now).await?;
         budgets::note(&mut tx, ctx, p.id, &why).await?;
         let entry = AuditEntry {
@@ -732,8 +731,38 @@ async fn replan(
         return Ok(Replanned::Same(plan));
     }
     db::pending_decide(tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-    // The new preview promises what holds from now on.
+    // The new preview promises what holds from now on, and is a new preparation: the tenant's
+    // policies decide it as they decide any.
     let fresh = self::plan(tx, ctx, op, &p.args, At::fresh(now)).await?;
+    let asked = policies::TwoStepCall {
+        connection_id: p.connection_id,
+        tool: op.name(),
+        class: op.class(),
+        args: &p.args,
+        targets: &fresh.targets,
+        phase: "prepare",
+        now,
+    };
+    let mut completes = completes;
+    match policies::two_step(ds, tx, ctx, &asked).await? {
+        Verdict::Allow => {}
+        Verdict::Approval(policy) => completes.policy = Some(policy),
+        refused => {
+            let error = policies::refused_by(&refused)
+                .unwrap_or_else(|| Error::Internal("a refusal without an error".into()));
+            let why = error.to_string();
+            let entry = AuditEntry {
+                action,
+                outcome: "refused",
+                targets: fresh.targets.clone(),
+                pending_action: Some(p.id),
+                reason: Some(&why),
+                change: None,
+            };
+            db::audit_insert(tx, ctx, entry).await?;
+            return Ok(Replanned::Failed(error));
+        }
+    }
     Ok(Replanned::Changed(store_preview(tx, ctx, ds, op, &p.args, &fresh, now, completes).await?))
 }
 

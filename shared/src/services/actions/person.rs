@@ -1,5 +1,5 @@
 //! A person decides an action that waits for them (`person_approves`): approve or deny in the
-//! console or the REST API. Approving runs the same engine an agent's confirmation runs (the
+//! console. Approving runs the same engine an agent's confirmation runs (the
 //! re-plan, the content-hash compare, one execution), with the approver as the actor.
 
 use jiff::Timestamp;
@@ -161,6 +161,8 @@ pub(crate) async fn decide(
     };
     let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
+        // As on the agent's path: the action can never run, so it leaves the queue.
+        db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
         let why = error.to_string();
         let entry = AuditEntry {
             action: &action,
