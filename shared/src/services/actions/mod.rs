@@ -621,15 +621,7 @@ async fn execute(
         }
     };
     // The tenant's policies again, as they are now and with what the plan touches now.
-    let asked = policies::TwoStepCall {
-        connection_id: p.connection_id,
-        tool: op.name(),
-        class: op.class(),
-        args: &p.args,
-        targets: &plan.targets,
-        phase: "confirm",
-        now,
-    };
+    let asked = pending_call(&p, op, &plan.targets, "confirm", now);
     let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
@@ -680,6 +672,26 @@ async fn execute(
         ));
     }
     run_once(tx, ctx, op, &p, &plan, None, now).await
+}
+
+/// A pending action as the tenant's policies are asked about it: the connection that asked
+/// for it, its tool and arguments, and the records its plan touches now.
+fn pending_call<'a>(
+    p: &'a db::PendingRow,
+    op: Op,
+    targets: &'a [String],
+    phase: &'static str,
+    now: Timestamp,
+) -> policies::TwoStepCall<'a> {
+    policies::TwoStepCall {
+        connection_id: p.connection_id,
+        tool: op.name(),
+        class: op.class(),
+        args: &p.args,
+        targets,
+        phase,
+        now,
+    }
 }
 
 /// What re-planning a locked pending action found.
@@ -734,15 +746,7 @@ async fn replan(
     // The new preview promises what holds from now on, and is a new preparation: the tenant's
     // policies decide it as they decide any.
     let fresh = self::plan(tx, ctx, op, &p.args, At::fresh(now)).await?;
-    let asked = policies::TwoStepCall {
-        connection_id: p.connection_id,
-        tool: op.name(),
-        class: op.class(),
-        args: &p.args,
-        targets: &fresh.targets,
-        phase: "prepare",
-        now,
-    };
+    let asked = pending_call(p, op, &fresh.targets, "prepare", now);
     let mut completes = completes;
     match policies::two_step(ds, tx, ctx, &asked).await? {
         Verdict::Allow => {}
