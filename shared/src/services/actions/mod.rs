@@ -393,19 +393,44 @@ pub async fn prepare<T: TwoStep + Serialize>(
     Ok(preview)
 }
 
-/// Refuses an action by the tenant's policy at confirm: audited with the policy named (linked
-/// to its action) and committed, then the error.
-async fn refuse_naming(
+/// Hands an action that was the agent's to confirm to a person, saying why (a budget, a
+/// policy), audited as `action` and committed.
+async fn wait_for_person(
     mut tx: Tx<'static>,
     ctx: &OpCtx,
-    tool: &str,
+    op: Op,
+    p: &db::PendingRow,
+    action: &str,
+    why: &str,
+    now: Timestamp,
+) -> Result<()> {
+    to_person(&mut tx, ctx, op, p, false, now).await?;
+    budgets::note(&mut tx, ctx, p.id, why).await?;
+    let entry = AuditEntry {
+        action,
+        outcome: "awaiting_approval",
+        targets: Vec::new(),
+        pending_action: Some(p.id),
+        reason: Some(why),
+        change: None,
+    };
+    db::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Refuses an action by the tenant's policy (at confirm, or a person's approval): audited as
+/// `action` with the policy named, linked to the action, and committed; then the error.
+pub(super) async fn refuse_naming(
+    mut tx: Tx<'static>,
+    ctx: &OpCtx,
+    action: &str,
     pending: i64,
     error: Error,
 ) -> Error {
-    let action = format!("{tool}.confirm");
     let why = error.to_string();
     let entry = AuditEntry {
-        action: &action,
+        action,
         outcome: "refused",
         targets: Vec::new(),
         pending_action: Some(pending),
@@ -625,22 +650,11 @@ async fn execute(
     let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        return Err(refuse_naming(tx, ctx, &p.tool, p.id, error).await);
+        return Err(refuse_naming(tx, ctx, &action, p.id, error).await);
     }
     if let Verdict::Approval(policy) = verdict {
         let why = format!("named by the tenant's policy `{}` ({})", policy.id, policy.reason);
-        to_person(&mut tx, ctx, op, &p, false, now).await?;
-        budgets::note(&mut tx, ctx, p.id, &why).await?;
-        let entry = AuditEntry {
-            action: &action,
-            outcome: "awaiting_approval",
-            targets: Vec::new(),
-            pending_action: Some(p.id),
-            reason: Some(&why),
-            change: None,
-        };
-        db::audit_insert(&mut tx, ctx, entry).await?;
-        tx.commit().await?;
+        wait_for_person(tx, ctx, op, &p, &action, &why, now).await?;
         return Err(refused(
             ActionRefusal::AwaitingApproval,
             format!("{why}; action {} now waits for a person's approval in the console", p.handle),
@@ -650,19 +664,7 @@ async fn execute(
     // used up by actions executed meanwhile, it goes to a person instead.
     let over = budgets::check(&mut tx, ctx, p.connection_id, Some(p.id), &plan.effects()).await?;
     if let Some(why) = budgets::reason(&over) {
-        to_person(&mut tx, ctx, op, &p, false, now).await?;
-        budgets::note(&mut tx, ctx, p.id, &why).await?;
-        let action = format!("{}.confirm", p.tool);
-        let entry = AuditEntry {
-            action: &action,
-            outcome: "awaiting_approval",
-            targets: Vec::new(),
-            pending_action: Some(p.id),
-            reason: Some(&why),
-            change: None,
-        };
-        db::audit_insert(&mut tx, ctx, entry).await?;
-        tx.commit().await?;
+        wait_for_person(tx, ctx, op, &p, &action, &why, now).await?;
         return Err(refused(
             ActionRefusal::AwaitingApproval,
             format!(

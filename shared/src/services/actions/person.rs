@@ -155,18 +155,7 @@ pub(crate) async fn decide(
     if let Some(error) = policies::refused_by(&verdict) {
         // As on the agent's path: the action can never run, so it leaves the queue.
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        let why = error.to_string();
-        let entry = AuditEntry {
-            action: &action,
-            outcome: "refused",
-            targets: Vec::new(),
-            pending_action: Some(p.id),
-            reason: Some(&why),
-            change: None,
-        };
-        db::audit_insert(&mut tx, ctx, entry).await?;
-        tx.commit().await?;
-        return Err(error);
+        return Err(refuse_naming(tx, ctx, &action, p.id, error).await);
     }
     let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
     Ok(Decided::Executed { action: p.handle, result: Box::new(out) })
