@@ -103,6 +103,11 @@ impl ReadAheadRow {
         self.row.lock().ok()?.take()
     }
 
+    /// A look at the rows, leaving them for the service.
+    fn peek<R>(&self, look: impl FnOnce(&AheadRows) -> R) -> Option<R> {
+        self.row.lock().ok()?.as_ref().map(look)
+    }
+
     /// Whether the service took the row.
     pub fn used(&self) -> bool {
         self.row.lock().map(|row| row.is_none()).unwrap_or(false)
@@ -120,6 +125,27 @@ impl crate::ctx::ReadAheadSlot for ReadAheadRow {
 /// itself.
 pub(crate) fn take_read_ahead(ctx: &OpCtx, key: &ReadAhead) -> Option<AheadRows> {
     ctx.read_ahead::<ReadAheadRow>().filter(|r| r.key == *key)?.take()
+}
+
+/// The status and start of the booking `handle` when it was read ahead with this context
+/// (`Some(None)`: the tenant has no such booking), without taking the row from the tool that
+/// reads it next; `None` when it was not read ahead.
+pub(crate) fn peek_read_ahead_booking(
+    ctx: &OpCtx,
+    handle: &str,
+) -> Option<Option<(String, chrono::DateTime<chrono::Utc>)>> {
+    let slot = ctx.read_ahead::<ReadAheadRow>()?;
+    match &slot.key {
+        ReadAhead::Booking { handle: read, .. } if read == handle => slot
+            .peek(|rows| match rows {
+                AheadRows::Booking(row) => {
+                    Some(row.as_ref().as_ref().map(|b| (b.status.clone(), b.starts_at)))
+                }
+                AheadRows::Bookings(_) => None,
+            })
+            .flatten(),
+        _ => None,
+    }
 }
 
 /// The result of authenticating one MCP request.

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cedar_policy::{
-    Authorizer, Context, Decision, Entities, Entity, EntityUid, PolicySet, Request,
-    RestrictedExpression, Schema, ValidationMode, Validator,
+    ActionConstraint, Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName,
+    EntityUid, PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
 };
 use serde_json::{Value, json};
 
@@ -167,11 +167,19 @@ pub struct PolicyInfo {
 }
 
 /// A tenant's policy set, parsed, validated and ready to evaluate.
+///
+/// Compiled once per tenant and version, and split by action: a call is judged by the policies
+/// whose scope names its tool (`action == Action::"…"`, `action in […]`) and those that name no
+/// action, never by the rest. A tool no policy names is allowed without building a request, so
+/// a set of policies about messages costs a read nothing.
 pub struct Compiled {
-    set: PolicySet,
+    /// By tool: the policies that may apply to it, beside the implicit permit; `None` when the
+    /// tenant wrote none that does.
+    by_action: std::collections::HashMap<String, Option<PolicySet>>,
     schema: Arc<PolicySchema>,
     /// By Cedar's id of each policy: what the tenant named it and why.
     info: BTreeMap<String, PolicyInfo>,
+    authorizer: Authorizer,
 }
 
 impl std::fmt::Debug for Compiled {
@@ -180,10 +188,62 @@ impl std::fmt::Debug for Compiled {
     }
 }
 
-/// The schema in both forms: JSON (what the arguments are typed as) and parsed.
+/// The schema in both forms: JSON (what the arguments are typed as) and parsed, with what a
+/// call's request is built from, made once per process: Cedar's names parsed, and each tool's
+/// typed arguments.
 pub struct PolicySchema {
     pub json: Value,
     schema: Schema,
+    /// Each tool's action and the arguments its context types.
+    actions: std::collections::HashMap<String, ActionFacts>,
+    connection: EntityTypeName,
+    /// `Tenant`, `Booking`, `Customer`, `Technician`, in [`RESOURCE_TYPES`]'s order.
+    resources: [EntityTypeName; 4],
+}
+
+/// One tool as a request names it: its action, and the arguments a policy may read.
+struct ActionFacts {
+    uid: EntityUid,
+    args: Vec<(String, ArgType)>,
+}
+
+/// The Cedar type of one argument, as the schema gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ArgType {
+    String,
+    Long,
+    Boolean,
+    Set(Box<ArgType>),
+}
+
+impl ArgType {
+    fn of(ty: &Value) -> Option<ArgType> {
+        match ty["type"].as_str()? {
+            "String" => Some(ArgType::String),
+            "Long" => Some(ArgType::Long),
+            "Boolean" => Some(ArgType::Boolean),
+            "Set" => Some(ArgType::Set(Box::new(ArgType::of(&ty["element"])?))),
+            _ => None,
+        }
+    }
+
+    /// `value` as a Cedar value of this type, or `None` when it has another type (the tool's
+    /// own parsing refuses it before anything runs; to a policy the argument is absent).
+    fn fact(&self, value: &Value) -> Option<RestrictedExpression> {
+        match (self, value) {
+            (ArgType::String, Value::String(s)) => {
+                Some(RestrictedExpression::new_string(s.clone()))
+            }
+            (ArgType::Long, Value::Number(n)) => n.as_i64().map(RestrictedExpression::new_long),
+            (ArgType::Boolean, Value::Bool(b)) => Some(RestrictedExpression::new_bool(*b)),
+            (ArgType::Set(element), Value::Array(items)) => items
+                .iter()
+                .map(|item| element.fact(item))
+                .collect::<Option<Vec<_>>>()
+                .map(RestrictedExpression::new_set),
+            _ => None,
+        }
+    }
 }
 
 impl PolicySchema {
@@ -191,7 +251,35 @@ impl PolicySchema {
     pub fn new(json: Value) -> Result<PolicySchema, String> {
         let schema =
             Schema::from_json_value(json.clone()).map_err(|e| format!("the policy schema: {e}"))?;
-        Ok(PolicySchema { json, schema })
+        let name = |ty: &str| -> Result<EntityTypeName, String> {
+            ty.parse().map_err(|e| format!("the policy schema's type {ty}: {e}"))
+        };
+        let action = name("Action")?;
+        let mut actions = std::collections::HashMap::new();
+        if let Some(tools) = json[""]["actions"].as_object() {
+            for (tool, spec) in tools {
+                let typed = &spec["appliesTo"]["context"]["attributes"]["args"]["attributes"];
+                let args = typed
+                    .as_object()
+                    .map(|attrs| {
+                        attrs
+                            .iter()
+                            .filter_map(|(arg, ty)| Some((arg.clone(), ArgType::of(ty)?)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let uid = EntityUid::from_type_name_and_id(action.clone(), EntityId::new(tool));
+                actions.insert(tool.clone(), ActionFacts { uid, args });
+            }
+        }
+        let [t, b, c, r] = RESOURCE_TYPES;
+        Ok(PolicySchema {
+            json,
+            schema,
+            actions,
+            connection: name("Connection")?,
+            resources: [name(t)?, name(b)?, name(c)?, name(r)?],
+        })
     }
 }
 
@@ -278,14 +366,45 @@ impl Compiled {
             problems.sort_by_key(|p| p.line);
             return Err(problems);
         }
-        let mut set = tenant;
         let base = cedar_policy::Policy::parse(
             Some(cedar_policy::PolicyId::new("gatehouse-rights-permit")),
             "permit(principal, action, resource);",
         )
         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
-        set.add(base).map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
-        Ok(Compiled { set, schema, info })
+        // Each tool's share of the set: the policies scoped to it or to no action. The schema
+        // has no action groups, so a scope names its tools outright.
+        let mut by_action = std::collections::HashMap::new();
+        for (tool, facts) in &schema.actions {
+            let mut share = PolicySet::new();
+            for policy in tenant.policies() {
+                let applies = match policy.action_constraint() {
+                    ActionConstraint::Any => true,
+                    ActionConstraint::Eq(uid) => uid == facts.uid,
+                    ActionConstraint::In(uids) => uids.contains(&facts.uid),
+                };
+                if applies {
+                    share
+                        .add(policy.clone())
+                        .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
+                }
+            }
+            let share = if share.is_empty() {
+                None
+            } else {
+                share
+                    .add(base.clone())
+                    .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
+                Some(share)
+            };
+            by_action.insert(tool.clone(), share);
+        }
+        Ok(Compiled { by_action, schema, info, authorizer: Authorizer::new() })
+    }
+
+    /// Whether evaluating a call of `tool` may refuse it: some policy applies to the tool, or
+    /// the schema does not know it (which refuses). When not, the call needs no facts at all.
+    pub fn judges(&self, tool: &str) -> bool {
+        !matches!(self.by_action.get(tool), Some(None))
     }
 
     /// The tenant's policies, as written.
@@ -293,20 +412,23 @@ impl Compiled {
         self.info.values()
     }
 
-    /// The verdict for one call. Arguments larger than a policy may read (a string over
-    /// [`MAX_ARG_CHARS`], a list over [`MAX_ARG_ITEMS`]) refuse the call rather than make every
-    /// policy scan them.
+    /// The verdict for one call. A tool no policy applies to is allowed at once. Otherwise
+    /// arguments larger than a policy may read (a string over [`MAX_ARG_CHARS`], a list over
+    /// [`MAX_ARG_ITEMS`]) refuse the call rather than make every policy scan them.
     pub fn evaluate(&self, call: &Call<'_>) -> Verdict {
+        // A tool the schema does not know cannot be judged: refused, never allowed.
+        let (Some(share), Some(facts)) =
+            (self.by_action.get(call.tool), self.schema.actions.get(call.tool))
+        else {
+            return Verdict::Error(format!("{} is not in the policy schema", call.tool));
+        };
+        let Some(set) = share else { return Verdict::Allow };
         if let Some(problem) = oversized(&call.args) {
             return Verdict::Error(problem);
         }
-        // A tool the schema does not know cannot be judged: refused, never allowed.
-        if self.schema.json[""]["actions"].get(call.tool).is_none() {
-            return Verdict::Error(format!("{} is not in the policy schema", call.tool));
-        }
-        match self.request(call) {
+        match self.request(call, facts) {
             Ok((request, entities)) => {
-                let answer = Authorizer::new().is_authorized(&request, &self.set, &entities);
+                let answer = self.authorizer.is_authorized(&request, set, &entities);
                 if let Some(error) = answer.diagnostics().errors().next() {
                     return Verdict::Error(format!("a policy failed to evaluate: {error}"));
                 }
@@ -331,15 +453,18 @@ impl Compiled {
         }
     }
 
-    fn request(&self, call: &Call<'_>) -> Result<(Request, Entities), String> {
-        let uid = |ty: &str, id: &str| -> Result<EntityUid, String> {
-            let ty = ty.parse().map_err(|e| format!("{e}"))?;
-            Ok(EntityUid::from_type_name_and_id(ty, id.parse().map_err(|e| format!("{e}"))?))
-        };
-        let principal = uid("Connection", &call.connection.handle)?;
-        let action = uid("Action", call.tool)?;
-        let (resource_type, resource_id) = call.resource.uid();
-        let resource = uid(resource_type, resource_id)?;
+    /// The call as Cedar's request, built from values (no JSON, no parsing: the names were
+    /// parsed with the schema).
+    fn request(&self, call: &Call<'_>, facts: &ActionFacts) -> Result<(Request, Entities), String> {
+        let principal = EntityUid::from_type_name_and_id(
+            self.schema.connection.clone(),
+            EntityId::new(&call.connection.handle),
+        );
+        let (kind, id) = call.resource.uid();
+        let resource = EntityUid::from_type_name_and_id(
+            self.schema.resources[kind].clone(),
+            EntityId::new(id),
+        );
         let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
         let connection = Entity::new(
             principal.clone(),
@@ -370,23 +495,40 @@ impl Compiled {
         // entities and context against the schema again would cost more than evaluating.
         let entities = Entities::from_entities([connection, record], None)
             .map_err(|e| format!("the call's entities: {e}"))?;
-        let context = Context::from_json_value(
-            json!({
-                "args": facts_of(&self.schema.json, call.tool, &call.args),
-                "class": call.class.as_str(),
-                "phase": call.phase,
-                "effects": call.effects,
-                "now": {
-                    "hour": call.now.hour(),
-                    "minute": call.now.minute(),
-                    "weekday": call.now.strftime("%A").to_string(),
-                    "date": call.now.strftime("%Y-%m-%d").to_string(),
-                },
-            }),
-            None,
-        )
+        let args = facts
+            .args
+            .iter()
+            .filter_map(|(name, ty)| Some((name.clone(), ty.fact(call.args.get(name)?)?)));
+        let record = |fields: Vec<(String, RestrictedExpression)>| {
+            RestrictedExpression::new_record(fields).map_err(|e| format!("the call's context: {e}"))
+        };
+        let now = &call.now;
+        let date = now.date();
+        let context = Context::from_pairs([
+            ("args".to_owned(), record(args.collect())?),
+            ("class".to_owned(), string(call.class.as_str())),
+            ("phase".to_owned(), string(call.phase)),
+            ("effects".to_owned(), RestrictedExpression::new_long(call.effects)),
+            (
+                "now".to_owned(),
+                record(vec![
+                    ("hour".to_owned(), RestrictedExpression::new_long(now.hour().into())),
+                    ("minute".to_owned(), RestrictedExpression::new_long(now.minute().into())),
+                    ("weekday".to_owned(), string(weekday(date.weekday()))),
+                    (
+                        "date".to_owned(),
+                        string(&format!(
+                            "{:04}-{:02}-{:02}",
+                            date.year(),
+                            date.month(),
+                            date.day()
+                        )),
+                    ),
+                ])?,
+            ),
+        ])
         .map_err(|e| format!("the call's context: {e}"))?;
-        let request = Request::new(principal, action, resource, context, None)
+        let request = Request::new(principal, facts.uid.clone(), resource, context, None)
             .map_err(|e| format!("the call: {e}"))?;
         Ok((request, entities))
     }
@@ -499,13 +641,28 @@ pub enum Resource {
 }
 
 impl Resource {
-    fn uid(&self) -> (&'static str, &str) {
+    /// Its type, as an index into [`RESOURCE_TYPES`], and its handle.
+    fn uid(&self) -> (usize, &str) {
         match self {
-            Resource::Tenant(h) => ("Tenant", h),
-            Resource::Booking { handle, .. } => ("Booking", handle),
-            Resource::Customer(h) => ("Customer", h),
-            Resource::Technician(h) => ("Technician", h),
+            Resource::Tenant(h) => (0, h),
+            Resource::Booking { handle, .. } => (1, handle),
+            Resource::Customer(h) => (2, h),
+            Resource::Technician(h) => (3, h),
         }
+    }
+}
+
+/// A weekday's English name, as `context.now.weekday` gives it.
+fn weekday(day: jiff::civil::Weekday) -> &'static str {
+    use jiff::civil::Weekday::*;
+    match day {
+        Monday => "Monday",
+        Tuesday => "Tuesday",
+        Wednesday => "Wednesday",
+        Thursday => "Thursday",
+        Friday => "Friday",
+        Saturday => "Saturday",
+        Sunday => "Sunday",
     }
 }
 
@@ -517,7 +674,7 @@ pub struct Call<'a> {
     pub class: EffectClass,
     /// `call` (a read or a silent write), `prepare` or `confirm` (a two-step action).
     pub phase: &'static str,
-    /// The call's arguments as sent; those the schema types are kept ([`facts_of`]).
+    /// The call's arguments as sent; those the schema types are kept, with their type.
     pub args: Value,
     pub resource: Resource,
     /// How many records the action touches (0 for a read).
@@ -536,35 +693,6 @@ pub enum Verdict {
     Approval(PolicyInfo),
     /// The set could not be evaluated for this call: refused (never allowed).
     Error(String),
-}
-
-/// The arguments of a call that the schema of `tool` types, taken from `args`: values of
-/// another type are dropped (the tool's own parsing refuses them before anything runs).
-pub fn facts_of(schema_json: &Value, tool: &str, args: &Value) -> Value {
-    let attributes = &schema_json[""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
-        ["attributes"];
-    let mut out = serde_json::Map::new();
-    if let (Some(attributes), Some(args)) = (attributes.as_object(), args.as_object()) {
-        for (name, ty) in attributes {
-            let Some(value) = args.get(name) else { continue };
-            if fits(ty, value) {
-                out.insert(name.clone(), value.clone());
-            }
-        }
-    }
-    Value::Object(out)
-}
-
-fn fits(ty: &Value, value: &Value) -> bool {
-    match ty["type"].as_str() {
-        Some("String") => value.is_string(),
-        Some("Long") => value.is_i64(),
-        Some("Boolean") => value.is_boolean(),
-        Some("Set") => {
-            value.as_array().is_some_and(|items| items.iter().all(|i| fits(&ty["element"], i)))
-        }
-        _ => false,
-    }
 }
 
 /// Whether replacing the set `old` with `new` may widen what agents may do. Decided

@@ -197,12 +197,63 @@ fn the_schema_types_the_arguments_cedar_can_name_and_facts_keep_only_those() {
     assert_eq!(args["limit"]["required"], false);
     assert_eq!(args["statuses"]["type"], "Set");
     assert!(args.get("nested").is_none() && args.get("price").is_none(), "{args}");
-    let facts = facts_of(
-        &json,
-        "t",
-        &json!({"booking": "bkg_1", "limit": "ten", "statuses": ["a"], "nested": {}}),
-    );
-    assert_eq!(facts, json!({"booking": "bkg_1", "statuses": ["a"]}));
+    // A policy reads the arguments of their type; one sent with another type is absent to it.
+    let schema = Arc::new(PolicySchema::new(json).expect("schema"));
+    let rules = r#"
+@id("typed")
+@reason("r")
+forbid (principal, action == Action::"t", resource)
+when { context.args has booking && context.args.booking == "bkg_1" && context.args has statuses && context.args.statuses.contains("a") };
+@id("limit")
+@reason("r")
+forbid (principal, action == Action::"t", resource) when { context.args has limit };
+"#;
+    let compiled = Compiled::compile(rules, schema).expect("compiles");
+    let who = principal();
+    let mut sent = call(&who, "t", 10, None);
+    sent.args = json!({"booking": "bkg_1", "limit": "ten", "statuses": ["a"], "nested": {}});
+    assert!(matches!(compiled.evaluate(&sent), Verdict::Forbid(p) if p.id == "typed"));
+    sent.args = json!({"booking": "bkg_1", "limit": 10, "statuses": ["b"]});
+    assert!(matches!(compiled.evaluate(&sent), Verdict::Forbid(p) if p.id == "limit"));
+    sent.args = json!({"booking": "bkg_1", "statuses": ["a", 3]});
+    assert_eq!(compiled.evaluate(&sent), Verdict::Allow, "a list with a stranger is absent");
+}
+
+#[test]
+fn a_call_is_judged_by_the_policies_scoped_to_its_tool_and_those_scoped_to_none() {
+    let rules = r#"
+@id("messages")
+@reason("r")
+forbid (principal, action == Action::"send_customer_message", resource);
+@id("both")
+@reason("r")
+forbid (principal, action in [Action::"send_customer_message", Action::"cancel_booking"], resource)
+when { context.effects > 5 };
+@id("any")
+@reason("r")
+forbid (principal, action, resource) when { context.now.hour == 3 };
+"#;
+    let compiled = Compiled::compile(rules, schema()).expect("compiles");
+    let who = principal();
+    assert!(compiled.judges("cancel_booking") && compiled.judges("send_customer_message"));
+    assert!(compiled.judges("no_such_tool"), "an unknown tool is refused, so it is judged");
+    let at = |tool, hour, effects| {
+        let mut c = call(&who, tool, hour, Some(100));
+        c.effects = effects;
+        compiled.evaluate(&c)
+    };
+    assert!(matches!(at("send_customer_message", 10, 1), Verdict::Forbid(p) if p.id == "messages"));
+    assert_eq!(at("cancel_booking", 10, 1), Verdict::Allow);
+    assert!(matches!(at("cancel_booking", 10, 6), Verdict::Forbid(p) if p.id == "both"));
+    assert!(matches!(at("cancel_booking", 3, 1), Verdict::Forbid(p) if p.id == "any"));
+    // A set about messages only does not judge cancellations at all.
+    let messages = Compiled::compile(
+        "@id(\"m\")\n@reason(\"r\")\nforbid (principal, action == Action::\"send_customer_message\", resource);",
+        schema(),
+    )
+    .expect("compiles");
+    assert!(!messages.judges("cancel_booking") && messages.judges("send_customer_message"));
+    assert_eq!(messages.evaluate(&call(&who, "cancel_booking", 3, Some(1))), Verdict::Allow);
 }
 
 #[test]
@@ -224,9 +275,15 @@ fn comments_cannot_hide_nesting_or_make_a_changed_policy_look_the_same() {
 
 #[test]
 fn arguments_too_large_for_policies_refuse_the_call() {
-    let compiled = Compiled::compile("", schema()).expect("empty");
+    let compiled = Compiled::compile(RULES, schema()).expect("compiles");
     let who = principal();
     let mut big = call(&who, "send_customer_message", 10, None);
     big.args = json!({"customer": "c".repeat(MAX_ARG_CHARS + 1)});
     assert!(matches!(compiled.evaluate(&big), Verdict::Error(e) if e.contains("longer")));
+    big.args = json!({"customer": vec!["c"; MAX_ARG_ITEMS + 1]});
+    assert!(matches!(compiled.evaluate(&big), Verdict::Error(e) if e.contains("items")));
+    // No policy reads a call of a tool none applies to: nothing to bound.
+    let empty = Compiled::compile("", schema()).expect("empty");
+    big.args = json!({"customer": "c".repeat(MAX_ARG_CHARS + 1)});
+    assert_eq!(empty.evaluate(&big), Verdict::Allow);
 }

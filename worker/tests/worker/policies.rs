@@ -87,9 +87,30 @@ async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
         let err = stack.call(&token, tool, args).await.expect_err("paused");
         assert!(err["message"].as_str().expect("message").contains("pause"), "{tool}: {err}");
     }
+    // A read judged on the booking it names: the booking's status, read with the call's
+    // context (one round trip), decides; another tenant's booking is still not found.
+    set(&stack, "@id(\"no-cancelled\")\n@reason(\"cancelled bookings are archived\")\nforbid (principal, action == Action::\"get_booking\", resource is Booking) when { resource has status && resource.status == \"cancelled\" };").await;
+    let slug = stack.seed.tenants[0].slug.clone();
+    let pick = |status: &str| {
+        format!(
+            "SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.status = '{status}' ORDER BY b.id LIMIT 1"
+        )
+    };
+    let cancelled = stack.db.scalar_string(&pick("cancelled")).await;
+    let confirmed = stack.db.scalar_string(&pick("confirmed")).await;
+    let err = stack
+        .call(&token, "get_booking", json!({"booking": cancelled}))
+        .await
+        .expect_err("cancelled");
+    assert!(err["message"].as_str().expect("message").contains("no-cancelled"), "{err}");
+    stack.ok(&token, "get_booking", json!({"booking": confirmed})).await;
+    let err =
+        stack.call(&token, "get_booking", json!({"booking": foreign})).await.expect_err("foreign");
+    assert_eq!(err["code"], "not_found", "{err}");
     // Back to no policy: everything the rights allow.
     set(&stack, "").await;
     stack.ok(&token, "get_customer", json!({"customer": customer})).await;
+    stack.ok(&token, "get_booking", json!({"booking": cancelled})).await;
 }
 
 #[tokio::test]
