@@ -125,6 +125,8 @@ def main():
             fail(f"row {seq}: the person shown differs from what was chained")
         if "change" in row and (json.loads(cell(row["change"])) if cell(row["change"]) else None) != c.get("change"):
             fail(f"row {seq}: the change shown differs from what was chained")
+        if "policy" in row and (json.loads(cell(row["policy"])) if cell(row["policy"]) else None) != c.get("policy"):
+            fail(f"row {seq}: the policy shown differs from what was chained")
         hashes[seq] = row["hash"]
     first, last = int(chained[0]["seq"]), int(chained[-1]["seq"])
 

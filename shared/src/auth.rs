@@ -317,7 +317,8 @@ pub(crate) fn mcp_context(
         token_rights,
         creator_rights,
         connection,
-    );
+    )
+    .with_policy_version(row.policy_version);
     // Only OAuth access tokens carry an audience; a client holding one can ask its person for more.
     let grantable = if row.token_audience.is_some() {
         creator_rights.without(token_rights)

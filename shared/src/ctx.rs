@@ -125,6 +125,9 @@ pub struct OpCtx {
     read_ahead: Option<std::sync::Arc<dyn ReadAheadSlot>>,
     /// How the person proved themself, for the policy check and the audit.
     proof: Option<Proof>,
+    /// The tenant's policy set version in force when an agent's call read its context (0:
+    /// none); every audit row the call writes records it.
+    policy_version: i32,
 }
 
 /// How the person behind a request proved themself: the way their console session began, or
@@ -256,6 +259,7 @@ impl OpCtx {
             request_id: new_request_id(),
             read_ahead: None,
             proof: None,
+            policy_version: 0,
         }
     }
 
@@ -274,6 +278,17 @@ impl OpCtx {
 
     pub fn read_ahead_used(&self) -> Option<bool> {
         self.read_ahead.as_ref().map(|r| r.used())
+    }
+
+    /// The same context under the tenant's policy set `version` (read with the call's context).
+    pub(crate) fn with_policy_version(mut self, version: i32) -> Self {
+        self.policy_version = version;
+        self
+    }
+
+    /// The policy set version in force when the call read its context (0: none).
+    pub fn policy_version(&self) -> i32 {
+        self.policy_version
     }
 
     pub(crate) fn with_read_ahead(mut self, slot: impl ReadAheadSlot) -> Self {

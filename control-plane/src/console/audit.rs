@@ -184,6 +184,10 @@ pub(super) async fn page(
                                 @if r.reason.is_some() { br; }
                                 span class="change" { (admin::change_words(change)) }
                             }
+                            @if let Some(policy) = &r.policy {
+                                @if r.reason.is_some() || r.change.is_some() { br; }
+                                small class="muted policy" { (admin::policy_words(policy)) }
+                            }
                         }
                         td { (r.proven.as_deref().unwrap_or("")) }
                     }
@@ -222,6 +226,7 @@ fn csv_rows(
         .map(|r| {
             let link = links.get(&r.id).unwrap_or(&none);
             let change = r.change.as_ref().map(|c| c.to_string()).unwrap_or_default();
+            let policy = r.policy.as_ref().map(|c| c.to_string()).unwrap_or_default();
             [
                 r.at.as_str(),
                 &r.channel,
@@ -237,6 +242,7 @@ fn csv_rows(
                 r.actor_handle.as_deref().unwrap_or(""),
                 r.actor_email.as_deref().unwrap_or(""),
                 &change,
+                &policy,
                 &link.seq,
                 &link.prev_hash,
                 &link.hash,
@@ -269,7 +275,7 @@ pub(super) async fn csv(
         }
         Err(e) => return Err(e.into()),
     };
-    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,actor_kind,actor,actor_email,change,seq,prev_hash,hash,canonical\r\n";
+    let header = "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,actor_kind,actor,actor_email,change,policy,seq,prev_hash,hash,canonical\r\n";
     let links = chain_links(&state.ds, &ctx, &first).await?;
     let first_chunk = format!("{header}{}", csv_rows(&first, &links));
     let slug: String =

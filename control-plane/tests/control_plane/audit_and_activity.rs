@@ -95,7 +95,7 @@ async fn the_audit_log_is_searched_and_paged_in_sql_and_exported_as_csv_no_sprea
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(
         lines[0],
-        "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,actor_kind,actor,actor_email,change,seq,prev_hash,hash,canonical"
+        "at,channel,action,outcome,records,connection,connection_name,client_name,reason,proven,actor_kind,actor,actor_email,change,policy,seq,prev_hash,hash,canonical"
     );
     assert_eq!(lines.len() - 1, (1..=260).filter(|i| i % 3 == 0).count());
     assert!(

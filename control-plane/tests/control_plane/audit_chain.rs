@@ -115,6 +115,19 @@ async fn audit_verify_passes_untouched_and_names_every_kind_of_tampering() {
         .await;
     assert!(verify(&api, &slug).0, "rows without a change verify as before");
 
+    // Edited: a policy decision planted on a row that had none (the chain hashes it).
+    db.exec(&format!(
+        "{off} UPDATE audit_log SET policy = '{{\"version\": 1, \"decided_by\": []}}' WHERE id = {}; {on}",
+        id_at(6)
+    ))
+    .await;
+    let (ok, v) = verify(&api, &slug);
+    assert!(!ok, "{v}");
+    assert_eq!(kind(&v), (json!("edited"), json!(6)), "a planted policy is an edit: {v}");
+    db.exec(&format!("{off} UPDATE audit_log SET policy = NULL WHERE id = {}; {on}", id_at(6)))
+        .await;
+    assert!(verify(&api, &slug).0, "rows without a policy verify as before");
+
     // Reordered: two rows swapped in the chain.
     let swap = format!(
         "{off} UPDATE audit_chain SET seq = -seq WHERE tenant_id = {t} AND seq IN (3, 4);

@@ -58,6 +58,8 @@ pub struct AuditListRow {
     pub creator_email: Option<String>,
     /// What a settings change changed: `{field: {from, to}}`.
     pub change: Option<serde_json::Value>,
+    /// The policy set behind an agent's decision: `{version, decided_by}`.
+    pub policy: Option<serde_json::Value>,
 }
 
 /// What an audit search asks for, already checked by the service.
@@ -92,7 +94,7 @@ impl Services {
                     a.connection_name, a.client_name, a.reason, a.proof,
                     ap.name AS actor_name, ap.email AS actor_email, ap.handle AS actor_handle,
                     (coalesce(ap.is_operator, false) AND a.channel = 'cli') AS actor_operator,
-                    cp.email AS creator_email, a.change
+                    cp.email AS creator_email, a.change, a.policy
              FROM audit_log a
              LEFT JOIN connections c ON c.id = a.connection_id
              LEFT JOIN people ap ON ap.id = a.actor_id
@@ -167,13 +169,41 @@ impl<'a> AuditEntry<'a> {
 /// the entry point (R19), never from the caller's arguments. A row about a pending action
 /// written outside a connection (a person approving it in the console) names the connection
 /// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
+///
+/// The row records the tenant's policy set behind the decision: what the transaction's policy
+/// check decided (`gatehouse.policy`, set by [`note_policy_decision`]), else the version the
+/// agent's call read with its context ($15), with no deciding policy (the set allowed it).
 pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
-                                client_name, action, outcome, targets, request_id, pending_action_id, reason, proof, change)
+                                client_name, action, outcome, targets, request_id, pending_action_id, reason, proof, change, policy)
          SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
-                $7, $8, $9, $10, $11, $12, $13, $14
-         FROM (SELECT 1) one
+                $7, $8, $9, $10, $11, $12, $13, $14,
+                CASE WHEN decided.note = 'none' THEN NULL
+                     WHEN decided.note <> '' THEN decided.note::jsonb
+                     WHEN $15::int > 0 THEN jsonb_build_object('version', $15::int, 'decided_by', '[]'::jsonb)
+                END
+         FROM (SELECT coalesce(current_setting('gatehouse.policy', true), '') AS note) decided
          LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
          LEFT JOIN connections c ON c.id = p.connection_id";
+
+/// Notes for the rest of `tx` the tenant's policy set behind its decision (`version` 0: none),
+/// and the policies that decided (none when the set allowed it): every audit row the
+/// transaction writes records it.
+pub(crate) async fn note_policy_decision(
+    tx: &mut Tx<'_>,
+    version: i32,
+    decided_by: &[String],
+) -> Result<()> {
+    let note = if version == 0 {
+        "none".to_owned()
+    } else {
+        serde_json::json!({"version": version, "decided_by": decided_by}).to_string()
+    };
+    sqlx::query("SELECT set_config('gatehouse.policy', $1, true)")
+        .bind(note)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
 
 pub(crate) async fn audit_insert(
     tx: &mut Tx<'_>,
@@ -196,6 +226,7 @@ pub(crate) async fn audit_insert(
         .bind(entry.reason)
         .bind(ctx.proof().map(|p| p.audit_json()))
         .bind(entry.change)
+        .bind(ctx.policy_version())
         .execute(&mut **tx)
         .await?;
     Ok(())

@@ -32,12 +32,14 @@ pub struct AuditContent {
     pub proof: Option<serde_json::Value>,
     /// What a settings change changed (absent on rows before it was kept).
     pub change: Option<serde_json::Value>,
+    /// The policy set behind an agent's decision (absent with no set, and before it was kept).
+    pub policy: Option<serde_json::Value>,
 }
 
 /// The columns of [`AuditContent`], with the public handles the version 2 form names (each
 /// a primary-key lookup; none of those rows is ever deleted).
 const CONTENT_COLUMNS: &str = "a.id, a.tenant_id, a.at, a.channel, a.actor_id, a.connection_id, a.connection_name,
-     a.client_name, a.action, a.outcome, a.targets, a.request_id, a.pending_action_id, a.reason, a.proof, a.change,
+     a.client_name, a.action, a.outcome, a.targets, a.request_id, a.pending_action_id, a.reason, a.proof, a.change, a.policy,
      (SELECT handle FROM tenants WHERE id = a.tenant_id) AS tenant_handle,
      (SELECT handle FROM people WHERE id = a.actor_id) AS actor_handle,
      (SELECT handle FROM connections WHERE id = a.connection_id) AS connection_handle,

@@ -254,7 +254,9 @@ pub(crate) struct TwoStepCall<'a> {
 
 /// The verdict for a two-step action at `phase` (`prepare`, `confirm`), in `tx`: judged on each
 /// booking its plan touches (a batch is refused when any of its bookings is), else on the
-/// record its arguments name, with the number of records touched as `context.effects`.
+/// record its arguments name, with the number of records touched as `context.effects`. The
+/// set's version and the deciding policy are noted in `tx`, so the audit rows it writes next
+/// record them.
 pub(crate) async fn two_step(
     ds: &Services,
     tx: &mut db::Tx<'static>,
@@ -262,6 +264,27 @@ pub(crate) async fn two_step(
     action: &TwoStepCall<'_>,
 ) -> Result<Verdict> {
     let version = db::policy_version_in(tx, ctx).await?;
+    let verdict = judge_two_step(ds, tx, ctx, action, version).await?;
+    let decided_by: Vec<String> = match &verdict {
+        Verdict::Allow => Vec::new(),
+        Verdict::Forbid(p) | Verdict::Approval(p) => vec![p.id.clone()],
+        Verdict::Error(_) => vec!["(evaluation)".to_owned()],
+    };
+    // With no set in force now nor when the call read its context, the rows say nothing of
+    // policies, as they did before: no statement spent on saying so.
+    if version > 0 || ctx.policy_version() > 0 {
+        db::note_policy_decision(tx, version, &decided_by).await?;
+    }
+    Ok(verdict)
+}
+
+async fn judge_two_step(
+    ds: &Services,
+    tx: &mut db::Tx<'static>,
+    ctx: &OpCtx,
+    action: &TwoStepCall<'_>,
+    version: i32,
+) -> Result<Verdict> {
     // A set that cannot be read or compiled refuses, audited like any refusal, never rolled
     // back with the action's transaction.
     let set = match compiled(ds, ctx, version).await {

@@ -137,6 +137,16 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     assert!(err["message"].as_str().expect("message").contains("delete-48h"), "{err}");
     let refused = stack.count("SELECT count(*) FROM audit_log WHERE action = 'delete_booking.preview' AND outcome = 'refused' AND reason LIKE '%delete-48h%'").await;
     assert_eq!(refused, 1, "the refusal is audited with the policy");
+    // Every audited decision records the set's version and the deciding policies.
+    let policy_of = |action: &str, outcome: &str| {
+        format!(
+            "SELECT coalesce((SELECT policy::text FROM audit_log WHERE action = '{action}' AND outcome = '{outcome}' ORDER BY id DESC LIMIT 1), 'none')"
+        )
+    };
+    let decided = |text: String| serde_json::from_str::<Value>(&text).expect("policy json");
+    let refusal =
+        decided(stack.db.scalar_string(&policy_of("delete_booking.preview", "refused")).await);
+    assert_eq!(refusal, json!({"version": 1, "decided_by": ["delete-48h"]}));
     // A handle written with spaces (which the tool trims) is judged as the same booking.
     let err = stack
         .call(&token, "delete_booking", json!({"booking": format!("  {soon} ")}))
@@ -145,6 +155,19 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     let preview = stack.ok(&token, "delete_booking", json!({"booking": later})).await;
     assert_eq!(preview["status"], "PREVIEW", "{preview}");
+    let allowed =
+        decided(stack.db.scalar_string(&policy_of("delete_booking.preview", "previewed")).await);
+    assert_eq!(allowed, json!({"version": 1, "decided_by": []}), "allowed by the set, recorded");
+    // A silent write records the version its call read with its context.
+    stack
+        .ok(
+            &token,
+            "add_booking_note",
+            json!({"booking": later, "text": "checked under the policies"}),
+        )
+        .await;
+    let note = decided(stack.db.scalar_string(&policy_of("add_booking_note", "ok")).await);
+    assert_eq!(note, json!({"version": 1, "decided_by": []}));
     // An @approval policy sends the action to a person, naming the policy.
     let (_, customer, _) = handles(&stack, 0).await;
     let waiting = stack
@@ -155,6 +178,13 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
         )
         .await;
     assert_eq!(waiting["status"], "AWAITING_APPROVAL", "{waiting}");
+    let held = decided(
+        stack
+            .db
+            .scalar_string(&policy_of("send_customer_message.preview", "awaiting_approval"))
+            .await,
+    );
+    assert_eq!(held, json!({"version": 1, "decided_by": ["messages-need-a-person"]}));
     assert!(
         waiting["next"].as_str().expect("next").contains("messages-need-a-person"),
         "{waiting}"
@@ -191,6 +221,12 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     let still =
         stack.count(&format!("SELECT count(*) FROM bookings WHERE handle = '{later}'")).await;
     assert_eq!(still, 1, "nothing was deleted");
+    let at_confirm =
+        decided(stack.db.scalar_string(&policy_of("delete_booking.confirm", "refused")).await);
+    assert_eq!(at_confirm, json!({"version": 3, "decided_by": ["no-deletes"]}));
+    // Rows of a tenant with no set in force say nothing of policies.
+    let other = stack.count("SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id WHERE t.policy_version = 0 AND a.policy IS NOT NULL").await;
+    assert_eq!(other, 0);
 }
 
 #[tokio::test]

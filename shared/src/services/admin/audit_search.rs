@@ -32,6 +32,23 @@ pub struct AuditView {
     pub actor_kind: &'static str,
     /// What a settings change changed: `{field: {from, to}}`.
     pub change: Option<serde_json::Value>,
+    /// The tenant's policy set behind an agent's decision: `{version, decided_by}`.
+    pub policy: Option<serde_json::Value>,
+}
+
+/// The policy set behind a decision as people read it: `policies v3: quiet-hours`, or
+/// `policies v3: allowed` when no policy refused or held it.
+pub fn policy_words(policy: &serde_json::Value) -> String {
+    let version = policy["version"].as_i64().unwrap_or_default();
+    let decided: Vec<&str> = policy["decided_by"]
+        .as_array()
+        .map(|ids| ids.iter().filter_map(serde_json::Value::as_str).collect())
+        .unwrap_or_default();
+    if decided.is_empty() {
+        format!("policies v{version}: allowed")
+    } else {
+        format!("policies v{version}: {}", decided.join(", "))
+    }
 }
 
 /// A change as people read it: `per_minute: 30 → 60; mode: agent_confirms → person_approves`.
@@ -326,6 +343,7 @@ pub async fn audit_search(
             actor_kind,
             reason: r.reason,
             change: r.change,
+            policy: r.policy,
         })
         .collect();
     Ok(AuditPage { rows, next })

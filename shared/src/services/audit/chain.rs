@@ -82,6 +82,11 @@ pub struct CanonicalRow {
     /// none, so the form of every row written before it was kept is unchanged.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub change: Option<serde_json::Value>,
+    /// The tenant's policy set behind an agent's decision, `{version, decided_by}`. Absent (not
+    /// null) with no set in force, so the form of every row written before it was kept is
+    /// unchanged.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<serde_json::Value>,
 }
 
 impl CanonicalRow {
@@ -104,6 +109,7 @@ impl CanonicalRow {
             reason: row.reason.clone(),
             proof: row.proof.clone(),
             change: row.change.clone(),
+            policy: row.policy.clone(),
         }
     }
 }
@@ -529,6 +535,7 @@ mod tests {
             reason: None,
             proof: None,
             change: None,
+            policy: None,
         };
         let c = canonical_v2(&row, 12);
         assert!(c.starts_with("{\"action\":\"add_booking_note\",\"actor\":\"per_b\""), "{c}");
@@ -536,5 +543,13 @@ mod tests {
         assert!(!c.contains("\"id\"") && !c.contains("tenant_id"), "no internal ids: {c}");
         assert_ne!(canonical_v2(&row, 12), canonical_v2(&row, 13), "the position is hashed");
         assert_ne!(canonical(1, &row, 12), c, "version 1 is the old form");
+        // The policy behind a decision is hashed when present, and absent (not null) when not:
+        // a row without it keeps the form it had before the field was kept.
+        assert!(!c.contains("policy"), "{c}");
+        let mut decided = row.clone();
+        decided.policy = Some(json!({"version": 3, "decided_by": ["quiet-hours"]}));
+        let d = canonical_v2(&decided, 12);
+        assert!(d.contains("\"policy\":{\"decided_by\":[\"quiet-hours\"],\"version\":3}"), "{d}");
+        assert_ne!(d, c);
     }
 }
