@@ -187,12 +187,17 @@ pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, cha
 
 /// Notes for the rest of `tx` the tenant's policy set behind its decision (`version` 0: none),
 /// and the policies that decided (none when the set allowed it): every audit row the
-/// transaction writes records it.
+/// transaction writes records it. With no set in force now nor when the call read its context
+/// (`ctx`), the rows say nothing of policies, as before: no statement is spent on saying so.
 pub(crate) async fn note_policy_decision(
     tx: &mut Tx<'_>,
+    ctx: &OpCtx,
     version: i32,
     decided_by: &[String],
 ) -> Result<()> {
+    if version == 0 && ctx.policy_version() == 0 {
+        return Ok(());
+    }
     let note = if version == 0 {
         "none".to_owned()
     } else {

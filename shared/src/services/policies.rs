@@ -270,11 +270,7 @@ pub(crate) async fn two_step(
         Verdict::Forbid(p) | Verdict::Approval(p) => vec![p.id.clone()],
         Verdict::Error(_) => vec!["(evaluation)".to_owned()],
     };
-    // With no set in force now nor when the call read its context, the rows say nothing of
-    // policies, as they did before: no statement spent on saying so.
-    if version > 0 || ctx.policy_version() > 0 {
-        db::note_policy_decision(tx, version, &decided_by).await?;
-    }
+    db::note_policy_decision(tx, ctx, version, &decided_by).await?;
     Ok(verdict)
 }
 
