@@ -14,6 +14,7 @@ mod identity;
 mod listen;
 mod logs;
 mod oauth;
+mod policies;
 mod sso;
 mod support;
 mod tasks;

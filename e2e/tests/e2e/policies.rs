@@ -1,0 +1,150 @@
+//! A tenant's Cedar policies as agents meet them: real calls through the load balancer over two
+//! workers. A security team's rules (cancellations only well ahead, quiet hours for messages,
+//! large batches to a person) are simulated over the tenant's history, put in force with
+//! `gatehousectl`, and then do to the same calls exactly what the simulation said.
+
+use crate::support::*;
+
+/// The status, error code and message of one tool result.
+fn answer(result: &Value) -> (String, String, String) {
+    let s = &result["structuredContent"];
+    (
+        s["status"].as_str().unwrap_or_default().to_owned(),
+        s["error"]["code"].as_str().unwrap_or_default().to_owned(),
+        s["error"]["message"].as_str().or(s["next"].as_str()).unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_said() {
+    let stack = Stack::start(Options::for_test("policies", 2)).await.expect("stack");
+    let token = stack.token(0, 0);
+    let lb = stack.lb_url.clone();
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let of_tenant = format!(
+        "JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.status = 'confirmed'"
+    );
+    let soon = psql_text(
+        &stack,
+        &format!(
+            "SELECT b.handle FROM bookings b {of_tenant} AND b.starts_at BETWEEN now() + interval '1 hour' AND now() + interval '47 hours' ORDER BY b.starts_at LIMIT 1"
+        ),
+    );
+    let later = psql_rows(
+        &stack,
+        &format!(
+            "SELECT b.handle FROM bookings b {of_tenant} AND b.starts_at > now() + interval '96 hours' ORDER BY b.starts_at LIMIT 3"
+        ),
+    );
+    assert!(soon.starts_with("bkg_") && later.len() == 3, "{soon} {later:?}");
+    let customer = tool_call(&lb, &token, "find_customers", json!({"limit": 1})).await
+        ["structuredContent"]["customers"][0]["customer"]
+        .as_str()
+        .expect("a customer")
+        .to_owned();
+    // Quiet hours around the tenant's present local hour, so the rule bites whenever this runs.
+    let zone = psql_text(&stack, &format!("SELECT zone FROM tenants WHERE slug = '{slug}'"));
+    let hour = jiff::Timestamp::now()
+        .to_zoned_datetime(jiff::tz::TimeZone::get(&zone).expect("zone"))
+        .hour();
+    let (from, to) = ((hour + 23) % 24, (hour + 2) % 24);
+    let rules = format!(
+        r#"@id("cancel-48h")
+@reason("agents cancel only bookings that start more than 48 hours from now")
+forbid (principal, action == Action::"cancel_bookings", resource is Booking)
+when {{ resource has hours_until_start && resource.hours_until_start < 48 }};
+
+@id("quiet-hours")
+@reason("no message to a customer between {from:02}:00 and {to:02}:00")
+forbid (principal, action == Action::"send_customer_message", resource)
+when {{ context.now.hour == {h0} || context.now.hour == {h1} || context.now.hour == {h2} }};
+
+@id("big-batches")
+@approval
+@reason("a cancellation batch over 2 bookings needs a person")
+forbid (principal, action == Action::"cancel_bookings", resource)
+when {{ context.effects > 2 }};
+"#,
+        h0 = from,
+        h1 = hour,
+        h2 = (hour + 1) % 24,
+    );
+    let file = stack.run_dir.join("rules.cedar");
+    std::fs::write(&file, &rules).expect("write the rules");
+    let file = file.to_str().expect("utf-8 path");
+
+    // The agent's calls, first with no policy in force: the history the draft is simulated on.
+    let calls = [
+        ("cancel_bookings", json!({"bookings": [soon]})),
+        ("cancel_bookings", json!({"bookings": [later[0]]})),
+        ("cancel_bookings", json!({"bookings": later})),
+        (
+            "send_customer_message",
+            json!({"customer": customer, "subject": "Tomorrow", "body": "We arrive at nine."}),
+        ),
+    ];
+    let mut before = Vec::new();
+    for (tool, args) in &calls {
+        let (status, code, _) = answer(&tool_call(&lb, &token, tool, args.clone()).await);
+        assert!(code.is_empty() && !status.is_empty(), "{tool}: {status} {code}");
+        before.push(status);
+    }
+    let sim = stack
+        .ctl(&["policy", "simulate", "--tenant", &slug, file, "--hours", "1"])
+        .expect("simulate");
+    let counted = |policy: &str, field: &str| {
+        sim["by_policy"]
+            .as_array()
+            .and_then(|p| p.iter().find(|c| c["policy"] == policy))
+            .map_or(0, |c| c[field].as_u64().unwrap_or_default())
+    };
+    assert_eq!(counted("cancel-48h", "forbidden"), 1, "{sim}");
+    assert_eq!(counted("quiet-hours", "forbidden"), 1, "{sim}");
+    assert_eq!(counted("big-batches", "to_a_person"), 1, "{sim}");
+    assert_eq!(
+        (sim["forbidden"].as_u64(), sim["to_a_person"].as_u64()),
+        (Some(2), Some(1)),
+        "{sim}"
+    );
+
+    // In force, the same calls through the balancer do what the simulation said.
+    let set = stack
+        .ctl(&["policy", "set", "--tenant", &slug, file, "--expect-version", "0"])
+        .expect("set");
+    assert_eq!(set["version"], 1, "{set}");
+    let mut refused = BTreeMap::new();
+    let mut to_a_person = BTreeMap::new();
+    let mut allowed = 0;
+    for (i, (tool, args)) in calls.iter().enumerate() {
+        let (status, code, message) = answer(&tool_call(&lb, &token, tool, args.clone()).await);
+        match (status.as_str(), code.as_str()) {
+            (_, "forbidden_by_policy") => {
+                let policy = ["cancel-48h", "quiet-hours"]
+                    .into_iter()
+                    .find(|p| message.contains(p))
+                    .unwrap_or_else(|| panic!("{tool}: a refusal naming no rule: {message}"));
+                *refused.entry(policy).or_insert(0) += 1;
+            }
+            ("AWAITING_APPROVAL", "") if before[i] != "AWAITING_APPROVAL" => {
+                assert!(message.contains("big-batches"), "{tool}: {message}");
+                *to_a_person.entry("big-batches").or_insert(0) += 1;
+            }
+            (status, "") if status == before[i] => allowed += 1,
+            other => panic!("{tool}: {other:?} {message}"),
+        }
+    }
+    assert_eq!(refused, BTreeMap::from([("cancel-48h", 1), ("quiet-hours", 1)]));
+    assert_eq!(to_a_person, BTreeMap::from([("big-batches", 1)]));
+    assert_eq!(allowed, 1, "the single cancellation well ahead goes on as before");
+    // The refusals say which rule and why, as the agent reads them.
+    let (_, _, message) = answer(&tool_call(&lb, &token, calls[0].0, calls[0].1.clone()).await);
+    assert!(message.contains("more than 48 hours"), "{message}");
+    // And each decision's audit row names the set's version and the rule that decided.
+    let decided = psql_rows(
+        &stack,
+        "SELECT policy->'decided_by'->>0 FROM audit_log WHERE policy->>'version' = '1' AND policy->'decided_by' <> '[]'::jsonb ORDER BY id",
+    );
+    for rule in ["cancel-48h", "big-batches"] {
+        assert!(decided.iter().any(|d| d == rule), "{rule}: {decided:?}");
+    }
+}
