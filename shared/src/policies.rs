@@ -258,6 +258,13 @@ impl PolicySchema {
         let mut actions = std::collections::HashMap::new();
         if let Some(tools) = json[""]["actions"].as_object() {
             for (tool, spec) in tools {
+                // A compiled set is split by the tools a policy's scope names; a group would
+                // name tools the split cannot see.
+                if spec.get("memberOf").is_some() {
+                    return Err(format!(
+                        "the policy schema puts the action {tool} in a group; actions are tools, never groups"
+                    ));
+                }
                 let typed = &spec["appliesTo"]["context"]["attributes"]["args"]["attributes"];
                 let args = typed
                     .as_object()
@@ -372,15 +379,20 @@ impl Compiled {
         )
         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
         // Each tool's share of the set: the policies scoped to it or to no action. The schema
-        // has no action groups, so a scope names its tools outright.
+        // has no action groups (`PolicySchema::new` refuses one), so a scope names its tools
+        // outright; a scope naming anything but tools joins every share, to be safe.
+        let tools: std::collections::HashSet<&EntityUid> =
+            schema.actions.values().map(|f| &f.uid).collect();
         let mut by_action = std::collections::HashMap::new();
         for (tool, facts) in &schema.actions {
             let mut share = PolicySet::new();
             for policy in tenant.policies() {
                 let applies = match policy.action_constraint() {
                     ActionConstraint::Any => true,
-                    ActionConstraint::Eq(uid) => uid == facts.uid,
-                    ActionConstraint::In(uids) => uids.contains(&facts.uid),
+                    ActionConstraint::Eq(uid) => !tools.contains(&uid) || uid == facts.uid,
+                    ActionConstraint::In(uids) => {
+                        uids.iter().any(|u| !tools.contains(u)) || uids.contains(&facts.uid)
+                    }
                 };
                 if applies {
                     share
@@ -491,7 +503,7 @@ impl Compiled {
         let record =
             Entity::new(resource.clone(), attrs, Default::default()).map_err(|e| e.to_string())?;
         // The policies were validated against the schema when compiled, and the facts are built
-        // here from it (`facts_of` keeps only the arguments it types): checking each call's
+        // here from it (only the arguments it types, as [`ArgType`] reads them): checking each call's
         // entities and context against the schema again would cost more than evaluating.
         let entities = Entities::from_entities([connection, record], None)
             .map_err(|e| format!("the call's entities: {e}"))?;

@@ -621,8 +621,8 @@ fn pgbench_write(
                     s("NULL"),
                     // change: a note changes no setting.
                     s("NULL"),
-                    // The policy set version the call read with its context: none in force.
-                    s("0"),
+                    // policy: no set in force.
+                    s("NULL"),
                 ],
             ) + ";",
             "COMMIT;".to_owned(),

@@ -141,6 +141,10 @@ pub struct AuditEntry<'a> {
     pub reason: Option<&'a str>,
     /// What a settings change changed, from what to what ([`change`]).
     pub change: Option<serde_json::Value>,
+    /// The tenant's policy set behind an agent's decision, `{version, decided_by}`: set only
+    /// where a set in force decided (an allowed silent write, a judged two-step step), never on
+    /// rows no policy decided (an expired token, a rejection).
+    pub policy: Option<serde_json::Value>,
 }
 
 /// One field of a settings change, for [`AuditEntry::change`]: `{field: {from, to}}`.
@@ -161,6 +165,7 @@ impl<'a> AuditEntry<'a> {
             pending_action: None,
             reason: None,
             change: None,
+            policy: None,
         }
     }
 }
@@ -169,46 +174,13 @@ impl<'a> AuditEntry<'a> {
 /// the entry point (R19), never from the caller's arguments. A row about a pending action
 /// written outside a connection (a person approving it in the console) names the connection
 /// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
-///
-/// The row records the tenant's policy set behind the decision: what the transaction's policy
-/// check decided (`gatehouse.policy`, set by [`note_policy_decision`]), else the version the
-/// agent's call read with its context ($15), with no deciding policy (the set allowed it).
 pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
                                 client_name, action, outcome, targets, request_id, pending_action_id, reason, proof, change, policy)
          SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
-                $7, $8, $9, $10, $11, $12, $13, $14,
-                CASE WHEN decided.note = 'none' THEN NULL
-                     WHEN decided.note <> '' THEN decided.note::jsonb
-                     WHEN $15::int > 0 THEN jsonb_build_object('version', $15::int, 'decided_by', '[]'::jsonb)
-                END
-         FROM (SELECT coalesce(current_setting('gatehouse.policy', true), '') AS note) decided
+                $7, $8, $9, $10, $11, $12, $13, $14, $15
+         FROM (SELECT 1) one
          LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
          LEFT JOIN connections c ON c.id = p.connection_id";
-
-/// Notes for the rest of `tx` the tenant's policy set behind its decision (`version` 0: none),
-/// and the policies that decided (none when the set allowed it): every audit row the
-/// transaction writes records it. With no set in force now nor when the call read its context
-/// (`ctx`), the rows say nothing of policies, as before: no statement is spent on saying so.
-pub(crate) async fn note_policy_decision(
-    tx: &mut Tx<'_>,
-    ctx: &OpCtx,
-    version: i32,
-    decided_by: &[String],
-) -> Result<()> {
-    if version == 0 && ctx.policy_version() == 0 {
-        return Ok(());
-    }
-    let note = if version == 0 {
-        "none".to_owned()
-    } else {
-        serde_json::json!({"version": version, "decided_by": decided_by}).to_string()
-    };
-    sqlx::query("SELECT set_config('gatehouse.policy', $1, true)")
-        .bind(note)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
 
 pub(crate) async fn audit_insert(
     tx: &mut Tx<'_>,
@@ -231,7 +203,7 @@ pub(crate) async fn audit_insert(
         .bind(entry.reason)
         .bind(ctx.proof().map(|p| p.audit_json()))
         .bind(entry.change)
-        .bind(ctx.policy_version())
+        .bind(entry.policy)
         .execute(&mut **tx)
         .await?;
     Ok(())

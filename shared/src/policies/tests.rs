@@ -287,3 +287,78 @@ fn arguments_too_large_for_policies_refuse_the_call() {
     big.args = json!({"customer": "c".repeat(MAX_ARG_CHARS + 1)});
     assert_eq!(empty.evaluate(&big), Verdict::Allow);
 }
+
+/// The split by tool decides exactly what the whole set decides, for every tool and every form
+/// of scope: `==`, `in [...]`, no action, `action` named in a condition, `is` on the resource.
+#[test]
+fn the_split_by_tool_decides_what_the_whole_set_decides() {
+    let rules = r#"
+@id("eq") @reason("r") forbid (principal, action == Action::"cancel_booking", resource) when { context.effects > 3 };
+@id("in") @reason("r") forbid (principal, action in [Action::"send_customer_message"], resource is Booking);
+@id("any") @reason("r") forbid (principal, action, resource) when { context.now.hour == 4 };
+@id("cond") @approval @reason("r") forbid (principal, action, resource) when { action == Action::"send_customer_message" && context.effects > 1 };
+@id("is") @reason("r") forbid (principal, action, resource is Booking) when { resource has status && resource.status == "draft" };
+"#;
+    let schema = schema();
+    let compiled = Compiled::compile(rules, schema.clone()).expect("compiles");
+    let mut whole: PolicySet = rules.parse().expect("parses");
+    whole
+        .add(
+            cedar_policy::Policy::parse(
+                Some(cedar_policy::PolicyId::new("gatehouse-rights-permit")),
+                "permit(principal, action, resource);",
+            )
+            .expect("permit"),
+        )
+        .expect("added");
+    let who = principal();
+    let mut compared = 0;
+    for tool in ["cancel_booking", "send_customer_message"] {
+        for hour in [4, 10] {
+            for effects in [0, 2, 5] {
+                for status in ["draft", "confirmed"] {
+                    for booking in [true, false] {
+                        let mut c = call(&who, tool, hour, booking.then_some(100));
+                        c.effects = effects;
+                        if let Resource::Booking { status: s, .. } = &mut c.resource {
+                            *s = Some(status.into());
+                        }
+                        let facts = &schema.actions[tool];
+                        let (request, entities) = compiled.request(&c, facts).expect("request");
+                        let answer = Authorizer::new().is_authorized(&request, &whole, &entities);
+                        let mut expected: Vec<String> = answer
+                            .diagnostics()
+                            .reason()
+                            .filter_map(|id| compiled.info.get(&id.to_string()))
+                            .map(|p| p.id.clone())
+                            .collect();
+                        expected.sort();
+                        let got = match compiled.evaluate(&c) {
+                            Verdict::Allow => Vec::new(),
+                            Verdict::Forbid(p) | Verdict::Approval(p) => vec![p.id],
+                            Verdict::Error(e) => panic!("{e}"),
+                        };
+                        // The verdict names the strictest match; the whole set's matches hold it.
+                        assert_eq!(
+                            got.is_empty(),
+                            expected.is_empty(),
+                            "{tool} {hour} {effects} {status}: {expected:?}"
+                        );
+                        assert!(got.iter().all(|g| expected.contains(g)), "{got:?} {expected:?}");
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(compared, 48);
+}
+
+#[test]
+fn a_schema_that_groups_actions_is_refused() {
+    let mut json = schema().json.clone();
+    json[""]["actions"]["bookings"] = json!({});
+    json[""]["actions"]["cancel_booking"]["memberOf"] = json!([{"id": "bookings"}]);
+    let refused = PolicySchema::new(json).err().expect("refused");
+    assert!(refused.contains("group"), "{refused}");
+}

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::ctx::OpCtx;
 use crate::datastore::{self as db, AuditEntry, Services};
@@ -146,6 +146,7 @@ async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
     ctx: &OpCtx,
     args: &Value,
     now: jiff::Timestamp,
+    ahead: Ahead,
 ) -> Result<std::result::Result<Resource, NotFound>> {
     let named = |field: &str, prefix: &str| {
         args.get(field)
@@ -156,7 +157,9 @@ async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
     };
     if let Some(handle) = named("booking", "bkg_") {
         // `get_booking` read its booking with the context: the same row, no second round trip.
-        if let Some(ahead) = crate::auth::peek_read_ahead_booking(ctx, &handle) {
+        if let Some(ahead) = crate::auth::peek_read_ahead_booking(ctx, &handle)
+            .filter(|_| matches!(ahead, Ahead::Use))
+        {
             return Ok(match ahead {
                 Some((status, starts)) => Ok(booking(handle, status, starts, now)),
                 None => Err(NotFound(handle)),
@@ -179,6 +182,14 @@ async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
 
 /// A booking named by a call that the tenant does not have.
 struct NotFound(String);
+
+/// Whether a booking read ahead with the call's context may stand for the booking a call names:
+/// for the worker's gate of a read, which judges the row the tool then reads; never inside a
+/// two-step action's transaction, which judges the row as that transaction sees it.
+enum Ahead {
+    Use,
+    Never,
+}
 
 fn booking(
     handle: String,
@@ -207,7 +218,7 @@ pub async fn check_call(
     if !set.judges(tool) {
         return Ok(());
     }
-    let resource = match resource_of(ds.pool(), ctx, args, now).await? {
+    let resource = match resource_of(ds.pool(), ctx, args, now, Ahead::Use).await? {
         Ok(resource) => resource,
         // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
         Err(NotFound(handle)) => {
@@ -252,26 +263,44 @@ pub(crate) struct TwoStepCall<'a> {
     pub now: jiff::Timestamp,
 }
 
+/// A two-step step's verdict, and what the audit rows of that step record of the set behind
+/// it (`None` with no set in force).
+pub(crate) struct Judged {
+    pub verdict: Verdict,
+    pub record: Option<Value>,
+}
+
+/// What an audit row records of the policy set `version` that decided: its version and the
+/// policies that refused or held the call (none when the set allowed it).
+fn decision_record(version: i32, verdict: &Verdict) -> Option<Value> {
+    let decided_by: Vec<&str> = match verdict {
+        Verdict::Allow => Vec::new(),
+        Verdict::Forbid(p) | Verdict::Approval(p) => vec![p.id.as_str()],
+        Verdict::Error(_) => vec!["(evaluation)"],
+    };
+    (version > 0).then(|| json!({"version": version, "decided_by": decided_by}))
+}
+
+/// What the audit row of an agent's read or silent write records: the set its call read with
+/// its context allowed it (the worker's gate refused otherwise); `None` with no set in force.
+pub(crate) fn allowed_record(ctx: &OpCtx) -> Option<Value> {
+    decision_record(ctx.policy_version(), &Verdict::Allow)
+}
+
 /// The verdict for a two-step action at `phase` (`prepare`, `confirm`), in `tx`: judged on each
 /// booking its plan touches (a batch is refused when any of its bookings is), else on the
-/// record its arguments name, with the number of records touched as `context.effects`. The
-/// set's version and the deciding policy are noted in `tx`, so the audit rows it writes next
-/// record them.
+/// record its arguments name, with the number of records touched as `context.effects`; with
+/// what the step's audit rows record of the set.
 pub(crate) async fn two_step(
     ds: &Services,
     tx: &mut db::Tx<'static>,
     ctx: &OpCtx,
     action: &TwoStepCall<'_>,
-) -> Result<Verdict> {
+) -> Result<Judged> {
     let version = db::policy_version_in(tx, ctx).await?;
     let verdict = judge_two_step(ds, tx, ctx, action, version).await?;
-    let decided_by: Vec<String> = match &verdict {
-        Verdict::Allow => Vec::new(),
-        Verdict::Forbid(p) | Verdict::Approval(p) => vec![p.id.clone()],
-        Verdict::Error(_) => vec!["(evaluation)".to_owned()],
-    };
-    db::note_policy_decision(tx, ctx, version, &decided_by).await?;
-    Ok(verdict)
+    let record = decision_record(version, &verdict);
+    Ok(Judged { verdict, record })
 }
 
 async fn judge_two_step(
@@ -301,7 +330,7 @@ async fn judge_two_step(
     let bookings: Vec<String> =
         action.targets.iter().filter(|t| t.starts_with("bkg_")).cloned().collect();
     let resources: Vec<Resource> = if bookings.is_empty() {
-        match resource_of(&mut **tx, ctx, action.args, action.now).await? {
+        match resource_of(&mut **tx, ctx, action.args, action.now, Ahead::Never).await? {
             Ok(resource) => vec![resource],
             Err(NotFound(handle)) => {
                 return Ok(Verdict::Error(format!("no booking {handle} in this tenant")));
@@ -455,6 +484,7 @@ pub async fn set(
             pending_action: None,
             reason: Some(note).filter(|n| !n.is_empty()),
             change: Some(change),
+            policy: None,
         },
     )
     .await?;

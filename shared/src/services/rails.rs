@@ -171,7 +171,12 @@ impl SilentWrite {
             )
             .await?;
         }
-        db::audit_insert(&mut self.tx, ctx, AuditEntry::ok(self.tool, targets)).await?;
+        // An agent's write under a policy set passed the worker's gate: the set allowed it.
+        let entry = AuditEntry {
+            policy: crate::services::policies::allowed_record(ctx),
+            ..AuditEntry::ok(self.tool, targets)
+        };
+        db::audit_insert(&mut self.tx, ctx, entry).await?;
         self.tx.commit().await?;
         Ok(written)
     }

@@ -224,9 +224,23 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     let at_confirm =
         decided(stack.db.scalar_string(&policy_of("delete_booking.confirm", "refused")).await);
     assert_eq!(at_confirm, json!({"version": 3, "decided_by": ["no-deletes"]}));
-    // Rows of a tenant with no set in force say nothing of policies.
-    let other = stack.count("SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id WHERE t.policy_version = 0 AND a.policy IS NOT NULL").await;
-    assert_eq!(other, 0);
+    // Rows no policy decided say nothing of it: a rejection under the set, and a write of a
+    // tenant with no set in force.
+    let (other_booking, _, _) = handles(&stack, 1).await;
+    stack
+        .ok(
+            &stack.token(1, 0),
+            "add_booking_note",
+            json!({"booking": other_booking, "text": "no policies here"}),
+        )
+        .await;
+    let rows = |sql: &str| {
+        format!(
+            "SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id WHERE t.policy_version = 0 AND a.action = 'add_booking_note' {sql}"
+        )
+    };
+    assert_eq!(stack.count(&rows("")).await, 1, "the other tenant's write is audited");
+    assert_eq!(stack.count(&rows("AND a.policy IS NOT NULL")).await, 0);
 }
 
 #[tokio::test]

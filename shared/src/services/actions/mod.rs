@@ -181,6 +181,8 @@ struct Completes {
     approver_not_creator: bool,
     /// The tenant's `@approval` policy that sends this action to a person, when one does.
     policy: Option<crate::policies::PolicyInfo>,
+    /// What the preview's audit row records of the policy set that judged it.
+    decided: Option<Value>,
 }
 
 /// Stores a pending action for `plan` and returns the preview. An action a person must
@@ -260,6 +262,7 @@ async fn store_preview(
             pending_action: Some(id),
             reason: budget.as_deref(),
             change: None,
+            policy: completes.decided.clone(),
         },
     )
     .await?;
@@ -366,7 +369,7 @@ pub async fn prepare<T: TwoStep + Serialize>(
         phase: "prepare",
         now,
     };
-    let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
+    let policies::Judged { verdict, record } = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         let action = format!("{}.preview", op.name());
         let why = error.to_string();
@@ -377,6 +380,7 @@ pub async fn prepare<T: TwoStep + Serialize>(
             pending_action: None,
             reason: Some(&why),
             change: None,
+            policy: record,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
@@ -386,15 +390,22 @@ pub async fn prepare<T: TwoStep + Serialize>(
         Verdict::Approval(p) => Some(p),
         _ => None,
     };
-    let completes =
-        Completes { connection_id: connection_id(ctx)?, mode, approver_not_creator, policy };
+    let completes = Completes {
+        connection_id: connection_id(ctx)?,
+        mode,
+        approver_not_creator,
+        policy,
+        decided: record,
+    };
     let preview = store_preview(&mut tx, ctx, ds, op, &args, &plan, now, completes).await?;
     tx.commit().await?;
     Ok(preview)
 }
 
 /// Hands an action that was the agent's to confirm to a person, saying why (a budget, a
-/// policy), audited as `action` and committed.
+/// policy), audited as `action` (with what it records of the policy set that judged it) and
+/// committed.
+#[expect(clippy::too_many_arguments, reason = "one step of the confirm engine")]
 async fn wait_for_person(
     mut tx: Tx<'static>,
     ctx: &OpCtx,
@@ -402,6 +413,7 @@ async fn wait_for_person(
     p: &db::PendingRow,
     action: &str,
     why: &str,
+    record: Option<Value>,
     now: Timestamp,
 ) -> Result<()> {
     to_person(&mut tx, ctx, op, p, false, now).await?;
@@ -413,6 +425,7 @@ async fn wait_for_person(
         pending_action: Some(p.id),
         reason: Some(why),
         change: None,
+        policy: record,
     };
     db::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
@@ -427,6 +440,7 @@ pub(super) async fn refuse_naming(
     action: &str,
     pending: i64,
     error: Error,
+    record: Option<Value>,
 ) -> Error {
     let why = error.to_string();
     let entry = AuditEntry {
@@ -436,6 +450,7 @@ pub(super) async fn refuse_naming(
         pending_action: Some(pending),
         reason: Some(&why),
         change: None,
+        policy: record,
     };
     if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
         return e;
@@ -456,6 +471,7 @@ async fn refuse(mut tx: Tx<'static>, ctx: &OpCtx, tool: &str, pending: i64, erro
         pending_action: Some(pending),
         reason: None,
         change: None,
+        policy: None,
     };
     if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
         return e;
@@ -631,6 +647,7 @@ async fn execute(
         mode: Completion::AgentConfirms,
         approver_not_creator: false,
         policy: None,
+        decided: None,
     };
     let plan = match replan(ds, &mut tx, ctx, op, &p, now, &action, completes).await? {
         Replanned::Same(plan) => plan,
@@ -647,14 +664,14 @@ async fn execute(
     };
     // The tenant's policies again, as they are now and with what the plan touches now.
     let asked = pending_call(&p, op, &plan.targets, "confirm", now);
-    let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
+    let policies::Judged { verdict, record } = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        return Err(refuse_naming(tx, ctx, &action, p.id, error).await);
+        return Err(refuse_naming(tx, ctx, &action, p.id, error, record).await);
     }
     if let Verdict::Approval(policy) = verdict {
         let why = format!("named by the tenant's policy `{}` ({})", policy.id, policy.reason);
-        wait_for_person(tx, ctx, op, &p, &action, &why, now).await?;
+        wait_for_person(tx, ctx, op, &p, &action, &why, record, now).await?;
         return Err(refused(
             ActionRefusal::AwaitingApproval,
             format!("{why}; action {} now waits for a person's approval in the console", p.handle),
@@ -664,7 +681,7 @@ async fn execute(
     // used up by actions executed meanwhile, it goes to a person instead.
     let over = budgets::check(&mut tx, ctx, p.connection_id, Some(p.id), &plan.effects()).await?;
     if let Some(why) = budgets::reason(&over) {
-        wait_for_person(tx, ctx, op, &p, &action, &why, now).await?;
+        wait_for_person(tx, ctx, op, &p, &action, &why, record, now).await?;
         return Err(refused(
             ActionRefusal::AwaitingApproval,
             format!(
@@ -673,7 +690,7 @@ async fn execute(
             ),
         ));
     }
-    run_once(tx, ctx, op, &p, &plan, None, now).await
+    run_once(tx, ctx, op, &p, &plan, None, record, now).await
 }
 
 /// A pending action as the tenant's policies are asked about it: the connection that asked
@@ -736,6 +753,7 @@ async fn replan(
                 pending_action: Some(p.id),
                 reason: None,
                 change: None,
+                policy: None,
             };
             db::audit_insert(tx, ctx, entry).await?;
             return Ok(Replanned::Failed(e));
@@ -750,9 +768,13 @@ async fn replan(
     let fresh = self::plan(tx, ctx, op, &p.args, At::fresh(now)).await?;
     let asked = pending_call(p, op, &fresh.targets, "prepare", now);
     let mut completes = completes;
-    match policies::two_step(ds, tx, ctx, &asked).await? {
-        Verdict::Allow => {}
-        Verdict::Approval(policy) => completes.policy = Some(policy),
+    let policies::Judged { verdict, record } = policies::two_step(ds, tx, ctx, &asked).await?;
+    match verdict {
+        Verdict::Allow => completes.decided = record,
+        Verdict::Approval(policy) => {
+            completes.policy = Some(policy);
+            completes.decided = record;
+        }
         refused => {
             let error = policies::refused_by(&refused)
                 .unwrap_or_else(|| Error::Internal("a refusal without an error".into()));
@@ -764,6 +786,7 @@ async fn replan(
                 pending_action: Some(p.id),
                 reason: Some(&why),
                 change: None,
+                policy: record,
             };
             db::audit_insert(tx, ctx, entry).await?;
             return Ok(Replanned::Failed(error));
@@ -787,6 +810,7 @@ async fn to_person(
         mode: Completion::PersonApproves,
         approver_not_creator,
         policy: None,
+        decided: None,
     };
     let expires = db::pending_expiry(tx, ctx, p.id).await?;
     let expires = jiff::Timestamp::from_second(expires).unwrap_or(now);
@@ -797,6 +821,7 @@ async fn to_person(
 /// Executes a re-planned action once and commits: its changes and messages, the action marked
 /// executed with what it returned (and who approved it, if a person did), one audit row that
 /// keeps tool, outcome and public ids (R19, R23; a person's reason stays on the action).
+#[expect(clippy::too_many_arguments, reason = "one step of the confirm engine")]
 async fn run_once(
     mut tx: Tx<'static>,
     ctx: &OpCtx,
@@ -804,6 +829,7 @@ async fn run_once(
     p: &db::PendingRow,
     plan: &Plan,
     approved: Option<(i64, &str)>,
+    record: Option<Value>,
     now: Timestamp,
 ) -> Result<Executed> {
     use crate::telemetry::{self, Attr, Name};
@@ -840,6 +866,7 @@ async fn run_once(
                 // The approver's comment, when they gave one.
                 reason: approved.map(|(_, r)| r).filter(|r| !r.is_empty()),
                 change: None,
+                policy: record,
             },
         )
         .await?;
@@ -885,6 +912,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
             pending_action: Some(p.id),
             reason: None,
             change: None,
+            policy: None,
         },
     )
     .await?;

@@ -109,6 +109,7 @@ pub async fn confirm_sealed(
             pending_action: Some(p.id),
             reason: Some("declined in the client"),
             change: None,
+            policy: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;

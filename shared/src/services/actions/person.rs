@@ -114,6 +114,7 @@ pub(crate) async fn decide(
             pending_action: Some(p.id),
             reason: Some(reason.as_str()).filter(|r| !r.is_empty()),
             change: None,
+            policy: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
@@ -134,6 +135,7 @@ pub(crate) async fn decide(
         mode: Completion::PersonApproves,
         approver_not_creator: p.approver_not_creator,
         policy: None,
+        decided: None,
     };
     let plan = match replan(ds, &mut tx, ctx, op, &p, now, &action, completes).await? {
         Replanned::Same(plan) => plan,
@@ -151,12 +153,12 @@ pub(crate) async fn decide(
     };
     // A person's approval answers an `@approval` policy; a `forbid` refuses even them.
     let asked = pending_call(&p, op, &plan.targets, "confirm", now);
-    let verdict = policies::two_step(ds, &mut tx, ctx, &asked).await?;
+    let policies::Judged { verdict, record } = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         // As on the agent's path: the action can never run, so it leaves the queue.
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
-        return Err(refuse_naming(tx, ctx, &action, p.id, error).await);
+        return Err(refuse_naming(tx, ctx, &action, p.id, error, record).await);
     }
-    let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), now).await?;
+    let out = run_once(tx, ctx, op, &p, &plan, Some((person, &reason)), record, now).await?;
     Ok(Decided::Executed { action: p.handle, result: Box::new(out) })
 }

@@ -129,3 +129,20 @@ async fn a_cursor_postgres_would_refuse_is_the_callers_error() {
         assert!(read_ahead(&input(HANDLE, Some(&cursor))).is_none(), "{parts:?}");
     }
 }
+
+/// The gate of a read judges the booking read ahead for that very handle without taking it from
+/// the tool; another handle, or a row already taken, is not looked at.
+#[test]
+fn the_policy_gate_peeks_at_the_booking_read_ahead_for_its_handle_only() {
+    let ctx = context(&[Right::BookingsRead]);
+    let peeked = crate::auth::peek_read_ahead_booking(&ctx, HANDLE).expect("read ahead");
+    assert_eq!(peeked, Some(("confirmed".to_owned(), row().starts_at)));
+    assert_eq!(ctx.read_ahead_used(), Some(false), "left for the tool");
+    assert!(crate::auth::peek_read_ahead_booking(&ctx, "bkg_bbbbbbbbbbbbbbbb").is_none());
+    assert!(crate::auth::peek_read_ahead_booking(&ctx, &HANDLE.to_uppercase()).is_none());
+    let _ = crate::auth::take_read_ahead(
+        &ctx,
+        &ReadAhead::Booking { handle: HANDLE.into(), notes_before: None },
+    );
+    assert!(crate::auth::peek_read_ahead_booking(&ctx, HANDLE).is_none(), "taken");
+}
