@@ -8,7 +8,8 @@
 //! sends a two-step action to a person instead of refusing it. Every policy carries `@id`
 //! (named in refusals and in the audit) and `@reason` (shown to the agent and the admin).
 //!
-//! The schema: principal `Connection` (its creator's role, the client, how it was granted),
+//! The schema: principal `Connection` (its creator and their role, the client, how it was
+//! granted),
 //! action the tool (`Action::"cancel_booking"`), resource the record the call names (`Booking`,
 //! `Customer`, `Technician`) or the `Tenant`, context the arguments (`context.args`, typed from
 //! the tool's input schema), the tenant's local time (`context.now`), the phase (`call`,
@@ -87,6 +88,7 @@ pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
         "entityTypes": {
             "Connection": {"shape": {"type": "Record", "attributes": {
                 "role": string(), "client": string(), "grant": string(), "name": string(),
+                "creator": string(),
             }}},
             "Tenant": {},
             "Booking": {"shape": {"type": "Record", "attributes": {
@@ -485,6 +487,7 @@ impl Compiled {
                 ("client".to_owned(), string(&call.connection.client)),
                 ("grant".to_owned(), string(&call.connection.grant)),
                 ("name".to_owned(), string(&call.connection.name)),
+                ("creator".to_owned(), string(&call.connection.creator)),
             ]
             .into_iter()
             .collect(),
@@ -641,6 +644,8 @@ pub struct Principal {
     /// `static`, `oauth` or `id_jag`.
     pub grant: String,
     pub name: String,
+    /// The person who created the connection (`per_…`).
+    pub creator: String,
 }
 
 /// The record a call names.

@@ -79,6 +79,7 @@ async fn policy_gate(
             client: connection.client_name.clone(),
             grant: bound.grant.to_owned(),
             name: connection.name.clone(),
+            creator: ctx.actor_handle().unwrap_or_default().to_owned(),
         },
     };
     let args = arguments.map(|a| Value::Object(a.clone())).unwrap_or_default();

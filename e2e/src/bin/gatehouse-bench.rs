@@ -1958,6 +1958,7 @@ fn policy_bench() -> Result<String> {
         client: "Claude".into(),
         grant: "static".into(),
         name: "bench".into(),
+        creator: "per_bench".into(),
     };
     let now = jiff::Timestamp::now().to_zoned_datetime(jiff::tz::TimeZone::get("Europe/Berlin")?);
     let calls = |tool: &'static str| -> Call<'_> {

@@ -119,13 +119,15 @@ pub(crate) async fn policy_principal<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
     connection_id: i64,
-) -> Result<Option<(String, String, String, String, String)>> {
+) -> Result<Option<(String, String, String, String, String, String)>> {
     Ok(sqlx::query_as(
         "SELECT c.handle, coalesce(m.role, ''), c.client_name, c.name,
                 CASE WHEN c.granted_by = 'idp' THEN 'id_jag'
-                     WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END
+                     WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END,
+                coalesce(p.handle, '')
          FROM connections c
          LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
+         LEFT JOIN people p ON p.id = c.creator_id
          WHERE c.tenant_id = $1 AND c.id = $2",
     )
     .bind(ctx.tenant_id())
@@ -143,6 +145,8 @@ pub struct ReplayedCall {
     pub client: String,
     pub name: String,
     pub grant: String,
+    /// The connection's creator (`per_…`).
+    pub creator: String,
     pub targets: Vec<String>,
     pub at: DateTime<Utc>,
 }
@@ -160,10 +164,11 @@ impl Services {
                     c.client_name AS client, c.name,
                     CASE WHEN c.granted_by = 'idp' THEN 'id_jag'
                          WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END AS grant,
-                    a.targets, a.at
+                    coalesce(p.handle, '') AS creator, a.targets, a.at
              FROM audit_log a
              JOIN connections c ON c.id = a.connection_id AND c.tenant_id = a.tenant_id
              LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
+             LEFT JOIN people p ON p.id = c.creator_id
              WHERE a.tenant_id = $1 AND a.channel = 'mcp' AND a.at > now() - make_interval(hours => $2::int)
                AND a.action NOT LIKE '%.confirm' AND a.action NOT LIKE '%.reject'
              ORDER BY a.at DESC LIMIT $3",

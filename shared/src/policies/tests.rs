@@ -28,6 +28,7 @@ fn principal() -> Principal {
         client: "Claude".into(),
         grant: "static".into(),
         name: "n".into(),
+        creator: "per_a".into(),
     }
 }
 
@@ -361,4 +362,19 @@ fn a_schema_that_groups_actions_is_refused() {
     json[""]["actions"]["cancel_booking"]["memberOf"] = json!([{"id": "bookings"}]);
     let refused = PolicySchema::new(json).err().expect("refused");
     assert!(refused.contains("group"), "{refused}");
+}
+
+#[test]
+fn a_policy_names_the_connections_creator() {
+    let compiled = Compiled::compile(
+        "@id(\"leaver\")\n@reason(\"r\")\nforbid (principal, action, resource) when { principal.creator == \"per_gone\" };",
+        schema(),
+    )
+    .expect("compiles");
+    let mut who = principal();
+    assert_eq!(compiled.evaluate(&call(&who, "cancel_booking", 10, None)), Verdict::Allow);
+    who.creator = "per_gone".into();
+    assert!(
+        matches!(compiled.evaluate(&call(&who, "cancel_booking", 10, None)), Verdict::Forbid(p) if p.id == "leaver")
+    );
 }

@@ -321,12 +321,12 @@ async fn judge_two_step(
     if !set.judges(action.tool) {
         return Ok(Verdict::Allow);
     }
-    let Some((handle, role, client, name, grant)) =
+    let Some((handle, role, client, name, grant, creator)) =
         db::policy_principal(&mut **tx, ctx, action.connection_id).await?
     else {
         return Ok(Verdict::Error("the connection that asked for it is gone".into()));
     };
-    let principal = Principal { handle, role, client, grant, name };
+    let principal = Principal { handle, role, client, grant, name, creator };
     let bookings: Vec<String> =
         action.targets.iter().filter(|t| t.starts_with("bkg_")).cloned().collect();
     let resources: Vec<Resource> = if bookings.is_empty() {
@@ -658,6 +658,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             client: call.client.clone(),
             grant: call.grant.clone(),
             name: call.name.clone(),
+            creator: call.creator.clone(),
         };
         let first = call.targets.first().cloned().unwrap_or_default();
         let at = crate::datastore::to_ts(call.at);

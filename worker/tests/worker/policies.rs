@@ -107,6 +107,14 @@ async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
     let err =
         stack.call(&token, "get_booking", json!({"booking": foreign})).await.expect_err("foreign");
     assert_eq!(err["code"], "not_found", "{err}");
+    // A rule over the connection's creator: their connections' calls, and no one else's.
+    let creator = stack.db.scalar_string(&format!("SELECT p.handle FROM connections c JOIN people p ON p.id = c.creator_id JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' ORDER BY c.id LIMIT 1")).await;
+    set(&stack, &format!("@id(\"creator\")\n@reason(\"this person's agents are paused\")\nforbid (principal, action == Action::\"get_customer\", resource) when {{ principal.creator == \"{creator}\" }};")).await;
+    let err = stack
+        .call(&token, "get_customer", json!({"customer": customer}))
+        .await
+        .expect_err("the creator's agents are paused");
+    assert!(err["message"].as_str().expect("message").contains("creator"), "{err}");
     // Back to no policy: everything the rights allow.
     set(&stack, "").await;
     stack.ok(&token, "get_customer", json!({"customer": customer})).await;
