@@ -22,7 +22,7 @@
 //! so a stream woken by a later change never takes an answer read before it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shared::bus::Event;
@@ -58,10 +58,37 @@ pub struct Streams {
     next: AtomicU64,
 }
 
+/// What wakes one stream, and whether the change may concern its credential (a revocation, a
+/// tenant change such as a deleted access token, a missed push): then the stream re-reads its
+/// credential even while the tenant's agents are turned away, so a credential revoked while
+/// its tenant is off ends its stream at once. A switch alone needs no read: the list is empty.
+#[derive(Default)]
+pub struct Wake {
+    notify: Notify,
+    recheck: AtomicBool,
+}
+
+impl Wake {
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Wakes the stream to look again, its credential included (after a failed re-read).
+    pub fn again(&self) {
+        self.recheck.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// Whether a change since the stream last looked may concern its credential; clears it.
+    pub fn take_recheck(&self) -> bool {
+        self.recheck.swap(false, Ordering::AcqRel)
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    by_tenant: HashMap<String, HashMap<u64, Arc<Notify>>>,
-    by_connection: HashMap<String, HashMap<u64, Arc<Notify>>>,
+    by_tenant: HashMap<String, HashMap<u64, Arc<Wake>>>,
+    by_connection: HashMap<String, HashMap<u64, Arc<Wake>>>,
     total: usize,
     /// This round's re-reads, by credential (the SHA-256 of its `Authorization` value).
     rereads: HashMap<Vec<u8>, RereadCell>,
@@ -93,7 +120,7 @@ pub struct Registered {
     id: u64,
     tenant: String,
     connection: String,
-    pub wake: Arc<Notify>,
+    pub wake: Arc<Wake>,
 }
 
 impl Drop for Registered {
@@ -139,7 +166,7 @@ impl Streams {
             return Err(Full::Connection);
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         inner.by_tenant.entry(tenant.to_owned()).or_default().insert(id, wake.clone());
         inner.by_connection.entry(connection.to_owned()).or_default().insert(id, wake.clone());
         inner.total += 1;
@@ -179,33 +206,47 @@ impl Streams {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         // A new round: what was read before this change is not shared after it.
         inner.rereads.clear();
-        let woken = match event {
-            Event::GlobalKill(_) => inner.by_tenant.values().flat_map(HashMap::values).collect(),
-            Event::TenantAccess { tenant, .. } | Event::TenantChanged { tenant } => {
-                inner.by_tenant.get(tenant).map(|s| s.values().collect()).unwrap_or_default()
+        let (woken, recheck) = match event {
+            Event::GlobalKill(_) => {
+                (inner.by_tenant.values().flat_map(HashMap::values).collect(), false)
             }
-            Event::Revoked { connection } => inner
-                .by_connection
-                .get(connection)
-                .map(|s| s.values().collect())
-                .unwrap_or_default(),
+            Event::TenantAccess { tenant, .. } => (
+                inner.by_tenant.get(tenant).map(|s| s.values().collect()).unwrap_or_default(),
+                false,
+            ),
+            Event::TenantChanged { tenant } => (
+                inner.by_tenant.get(tenant).map(|s| s.values().collect()).unwrap_or_default(),
+                true,
+            ),
+            Event::Revoked { connection } => (
+                inner
+                    .by_connection
+                    .get(connection)
+                    .map(|s| s.values().collect())
+                    .unwrap_or_default(),
+                true,
+            ),
         };
-        wake(woken);
+        wake(woken, recheck);
     }
 
     /// Wakes every stream (NATS came back: pushes may have been missed).
     pub fn poke_all(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.rereads.clear();
-        wake(inner.by_tenant.values().flat_map(HashMap::values).collect());
+        wake(inner.by_tenant.values().flat_map(HashMap::values).collect(), true);
     }
 }
 
 /// `notify_one` keeps a permit for a stream busy re-reading, so a change arriving meanwhile
-/// is never lost; many changes before it looks again make one re-read.
-fn wake(streams: Vec<&Arc<Notify>>) {
+/// is never lost; many changes before it looks again make one re-read. `recheck` is set before
+/// the permit, so the stream that wakes sees it.
+fn wake(streams: Vec<&Arc<Wake>>, recheck: bool) {
     for s in streams {
-        s.notify_one();
+        if recheck {
+            s.recheck.store(true, Ordering::Release);
+        }
+        s.notify.notify_one();
     }
 }
 
@@ -240,6 +281,14 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_millis(100), b.wake.notified())
             .await
             .expect("b woken again");
+        // What may concern a credential asks for a re-read of it; a switch alone does not.
+        assert!(a[3].wake.take_recheck(), "a revocation re-reads the credential");
+        assert!(b.wake.take_recheck(), "a tenant change re-reads the credential");
+        assert!(!b.wake.take_recheck(), "taken once");
+        streams.poke(&Event::TenantAccess { tenant: "ten_b".into(), on: false });
+        assert!(!b.wake.take_recheck(), "a switch needs no read");
+        streams.poke_all();
+        assert!(b.wake.take_recheck(), "missed pushes may have concerned it");
         // Ending streams frees their room.
         drop(a);
         assert_eq!(streams.open_count(), 2);

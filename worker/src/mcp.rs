@@ -263,8 +263,13 @@ impl Server {
             }
             // Agents turned away (a switch this worker holds from NATS): every call is refused,
             // so the usable list is empty whatever the context says; no read is needed to say
-            // so. Otherwise one re-read per credential and push, shared by its streams.
-            let reread = if self.state.live.killed() || self.state.live.tenant_off(&tenant) {
+            // so, unless the change may concern the credential itself (a revocation, a deleted
+            // token): then it is re-read, and a credential that stopped working ends the stream
+            // even while its tenant is off. Otherwise one re-read per credential and push,
+            // shared by its streams.
+            let recheck = registered.wake.take_recheck();
+            let turned_away = self.state.live.killed() || self.state.live.tenant_off(&tenant);
+            let reread = if turned_away && !recheck {
                 listen::Reread::Fresh { digest: TURNED_AWAY.to_vec(), expires_at }
             } else {
                 let cell = self.state.streams.reread(credential.clone());
@@ -287,7 +292,7 @@ impl Server {
                 }
                 listen::Reread::Failed => {
                     // The database is away: look again in a moment (and at the next change).
-                    registered.wake.notify_one();
+                    registered.wake.again();
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     continue;
                 }

@@ -179,3 +179,27 @@ async fn the_python_sdk_hears_each_change_to_its_tool_list_and_nothing_else() {
     assert!(end["event"] == "ended" || end["event"] == "lost", "{end}");
     assert_eq!(b.silent(2), Ok(()), "the other stream stays open and silent");
 }
+
+/// An OAuth access token revoked (RFC 7009) while its tenant's agents are turned away ends the
+/// stream it opened at once: a woken stream re-reads its credential, not only the switch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_token_revoked_while_its_tenant_is_off_ends_its_stream() {
+    let stack = Stack::start(Options::for_test("listen_revoke", 2)).await.expect("stack");
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let granted = oauth_flow::connect(&stack, &["bookings:read"]).await;
+    let a = Listener::start(&format!("{}/mcp", stack.lb_url), &granted.access);
+    assert_eq!(a.next(30).expect("acknowledged")["event"], "ready");
+    stack
+        .ctl(&["kill-switch", "on", "--tenant", &slug, "--reason", "drill"])
+        .expect("tenant switch");
+    assert_eq!(a.next(20).expect("told agents are turned away")["event"], "changed");
+    let revoked = reqwest::Client::new()
+        .post(format!("{}/oauth/revoke", stack.control_url))
+        .form(&[("token", granted.access.as_str())])
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(revoked.status(), 200);
+    let end = a.next(20).expect("the stream ended while its tenant was off");
+    assert!(end["event"] == "ended" || end["event"] == "lost", "{end}");
+}
