@@ -84,6 +84,13 @@ impl Live {
         matches!(event, Event::TenantChanged { .. })
     }
 
+    /// Whether this very change (its key and stamp) was applied already: the same change
+    /// arrives over the fast path and from the bucket, and its second copy wakes nothing.
+    pub fn already_applied(&self, pushed: &Pushed) -> bool {
+        self.applied.lock().unwrap_or_else(|p| p.into_inner()).get(&pushed.event.key())
+            == Some(&pushed.sent_ns)
+    }
+
     /// Applies a change unless a newer one of its key was applied; true when applied.
     pub fn apply_pushed(&self, pushed: &Pushed) -> bool {
         {
@@ -167,7 +174,9 @@ pub async fn follow(
                 pushed = stream.next() => match pushed {
                     Some(pushed) => {
                         if !live.apply_pushed(&pushed) {
-                            if Live::wakes_when_stale(&pushed.event) {
+                            if Live::wakes_when_stale(&pushed.event)
+                                && !live.already_applied(&pushed)
+                            {
                                 streams.poke(&pushed.event);
                             }
                             continue;
@@ -223,5 +232,8 @@ mod tests {
         assert!(!live.apply_pushed(&on_late));
         assert!(live.tenant_off("ten_a"), "the newer switch stands");
         assert!(!Live::wakes_when_stale(&on_late.event));
+        // The same change a second time (fast path, then bucket) was applied already.
+        assert!(live.already_applied(&changed(10)));
+        assert!(!live.already_applied(&changed(5)), "an older copy is not the same change");
     }
 }

@@ -187,12 +187,19 @@ async fn an_access_token_revoked_while_its_tenant_is_off_ends_its_stream() {
     let stack = Stack::start(Options::for_test("listen_revoke", 2)).await.expect("stack");
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     let granted = oauth_flow::connect(&stack, &["bookings:read"]).await;
-    let a = Listener::start(&format!("{}/mcp", stack.lb_url), &granted.access);
+    let mcp = format!("{}/mcp", stack.lb_url);
+    let a = Listener::start(&mcp, &granted.access);
+    // Another credential of the same tenant: the revocation is not its.
+    let other = Listener::start(&mcp, &stack.token(0, 0));
     assert_eq!(a.next(30).expect("acknowledged")["event"], "ready");
+    assert_eq!(other.next(30).expect("acknowledged")["event"], "ready");
     stack
         .ctl(&["kill-switch", "on", "--tenant", &slug, "--reason", "drill"])
         .expect("tenant switch");
     assert_eq!(a.next(20).expect("told agents are turned away")["event"], "changed");
+    assert_eq!(other.next(20).expect("told as well")["event"], "changed");
+    // The switch alone ends nothing.
+    assert_eq!(a.silent(3), Ok(()), "the stream stays open while its tenant is off");
     let revoked = reqwest::Client::new()
         .post(format!("{}/oauth/revoke", stack.control_url))
         .form(&[("token", granted.access.as_str())])
@@ -201,5 +208,6 @@ async fn an_access_token_revoked_while_its_tenant_is_off_ends_its_stream() {
         .expect("revoke");
     assert_eq!(revoked.status(), 200);
     let end = a.next(20).expect("the stream ended while its tenant was off");
-    assert!(end["event"] == "ended" || end["event"] == "lost", "{end}");
+    assert_eq!(end["event"], "ended", "ended by the server with its result: {end}");
+    assert_eq!(other.silent(3), Ok(()), "the other credential's stream stays open and silent");
 }
