@@ -423,6 +423,18 @@ impl Registry {
         &self.tools
     }
 
+    /// Every tool as the policy schema sees it (`shared::policies::schema_json`).
+    pub fn policy_facts(&self) -> Vec<shared::policies::ToolFacts<'_>> {
+        self.tools
+            .iter()
+            .map(|t| shared::policies::ToolFacts {
+                name: t.name,
+                class: t.class,
+                input_schema: &t.tool.input_schema,
+            })
+            .collect()
+    }
+
     pub fn get(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.iter().find(|t| t.name == name)
     }

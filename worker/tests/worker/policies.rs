@@ -13,15 +13,7 @@ use worker::tools::Registry;
 #[test]
 fn the_policy_schema_is_the_registrys() {
     let registry = Registry::new();
-    let facts: Vec<shared::policies::ToolFacts<'_>> = registry
-        .all()
-        .iter()
-        .map(|t| shared::policies::ToolFacts {
-            name: t.name,
-            class: t.class,
-            input_schema: &t.tool.input_schema,
-        })
-        .collect();
+    let facts = registry.policy_facts();
     let generated = policies::registry_json(&facts);
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/src/policies/registry.json");

@@ -7,15 +7,7 @@ use super::*;
 pub(super) fn policy_bench() -> Result<String> {
     use shared::policies::{Call, Compiled, Principal, Resource};
     let registry = worker::tools::Registry::new();
-    let facts: Vec<shared::policies::ToolFacts<'_>> = registry
-        .all()
-        .iter()
-        .map(|t| shared::policies::ToolFacts {
-            name: t.name,
-            class: t.class,
-            input_schema: &t.tool.input_schema,
-        })
-        .collect();
+    let facts = registry.policy_facts();
     let schema = std::sync::Arc::new(
         shared::policies::PolicySchema::new(shared::policies::schema_json(&facts))
             .map_err(anyhow::Error::msg)?,
