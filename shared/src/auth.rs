@@ -127,20 +127,22 @@ pub(crate) fn take_read_ahead(ctx: &OpCtx, key: &ReadAhead) -> Option<AheadRows>
     ctx.read_ahead::<ReadAheadRow>().filter(|r| r.key == *key)?.take()
 }
 
-/// The status and start of the booking `handle` when it was read ahead with this context
-/// (`Some(None)`: the tenant has no such booking), without taking the row from the tool that
-/// reads it next; `None` when it was not read ahead.
-pub(crate) fn peek_read_ahead_booking(
-    ctx: &OpCtx,
-    handle: &str,
-) -> Option<Option<(String, chrono::DateTime<chrono::Utc>)>> {
+/// What a tenant's policies read of a booking: its status, start and its customer's region.
+pub(crate) type BookingFacts = (String, chrono::DateTime<chrono::Utc>, Option<String>);
+
+/// The facts of the booking `handle` when it was read ahead with this context (`Some(None)`:
+/// the tenant has no such booking), without taking the row from the tool that reads it next;
+/// `None` when it was not read ahead.
+pub(crate) fn peek_read_ahead_booking(ctx: &OpCtx, handle: &str) -> Option<Option<BookingFacts>> {
     let slot = ctx.read_ahead::<ReadAheadRow>()?;
     match &slot.key {
         ReadAhead::Booking { handle: read, .. } if read == handle => slot
             .peek(|rows| match rows {
-                AheadRows::Booking(row) => {
-                    Some(row.as_ref().as_ref().map(|b| (b.status.clone(), b.starts_at)))
-                }
+                AheadRows::Booking(row) => Some(
+                    row.as_ref()
+                        .as_ref()
+                        .map(|b| (b.status.clone(), b.starts_at, b.customer_region.clone())),
+                ),
                 AheadRows::Bookings(_) => None,
             })
             .flatten(),

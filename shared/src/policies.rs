@@ -10,9 +10,11 @@
 //!
 //! The schema: principal `Connection` (its creator and their role, the client, how it was
 //! granted),
-//! action the tool (`Action::"cancel_booking"`), resource the record the call names (`Booking`,
-//! `Customer`, `Technician`) or the `Tenant`, context the arguments (`context.args`, typed from
-//! the tool's input schema), the tenant's local time (`context.now`), the phase (`call`,
+//! action the tool (`Action::"cancel_booking"`), resource the record the call names (`Booking`
+//! with its status, start and region, `Customer` with its region and the time in its zone,
+//! `Technician` with its region) or the `Tenant`, context the arguments (`context.args`, typed
+//! from the tool's input schema, optional ones too), the technician a call names beside its
+//! record (`context.technician`), the tenant's local time (`context.now`), the phase (`call`,
 //! `prepare`, `confirm`) and the number of records the action touches (`context.effects`).
 
 use std::collections::BTreeMap;
@@ -49,6 +51,13 @@ const RESOURCE_TYPES: [&str; 4] = ["Tenant", "Booking", "Customer", "Technician"
 pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
     let string = || json!({"type": "String"});
     let long = || json!({"type": "Long"});
+    let boolean = || json!({"type": "Boolean"});
+    // A wall clock: the tenant's (`context.now`) or a customer's (`resource.local_time`).
+    let clock = || {
+        json!({"type": "Record", "attributes": {
+            "hour": long(), "minute": long(), "weekday": string(), "date": string(),
+        }})
+    };
     fn optional(mut t: Value) -> Value {
         t["required"] = json!(false);
         t
@@ -70,9 +79,11 @@ pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
             "class": string(),
             "phase": string(),
             "effects": long(),
-            "now": {"type": "Record", "attributes": {
-                "hour": long(), "minute": long(), "weekday": string(), "date": string(),
-            }},
+            "now": clock(),
+            // The technician a call names beside its record (`update_booking`'s new one).
+            "technician": optional(json!({"type": "Record", "attributes": {
+                "handle": string(), "region": optional(string()), "active": optional(boolean()),
+            }})),
         }});
         let _ = tool.class;
         actions.insert(
@@ -94,9 +105,19 @@ pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
             "Booking": {"shape": {"type": "Record", "attributes": {
                 "status": optional(string()),
                 "hours_until_start": optional(long()),
+                // Its customer's region: where the work is.
+                "region": optional(string()),
             }}},
-            "Customer": {},
-            "Technician": {},
+            "Customer": {"shape": {"type": "Record", "attributes": {
+                "region": optional(string()),
+                // The customer's zone (the tenant's when none is kept) and the time there.
+                "zone": optional(string()),
+                "local_time": optional(clock()),
+            }}},
+            "Technician": {"shape": {"type": "Record", "attributes": {
+                "region": optional(string()),
+                "active": optional(boolean()),
+            }}},
         },
         "actions": actions,
     }})
@@ -104,6 +125,15 @@ pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
 
 /// The Cedar type of one argument's JSON Schema, when Cedar has one.
 fn cedar_type(prop: &Value) -> Option<Value> {
+    // `anyOf: [{type: T}, {type: null}]`: an optional argument, as strict clients are given it
+    // (see the worker's `portable`); its one typed branch is its type.
+    if let Some(Value::Array(branches)) = prop.get("anyOf") {
+        let mut typed = branches.iter().filter(|b| b.get("type") != Some(&json!("null")));
+        return match (typed.next(), typed.next()) {
+            (Some(one), None) => cedar_type(one),
+            _ => None,
+        };
+    }
     let ty = match prop.get("type") {
         Some(Value::String(t)) => t.as_str(),
         // `["string", "null"]`: an optional argument.
@@ -494,55 +524,62 @@ impl Compiled {
             Default::default(),
         )
         .map_err(|e| e.to_string())?;
+        let record = |fields: Vec<(String, RestrictedExpression)>| {
+            RestrictedExpression::new_record(fields).map_err(|e| format!("the call's context: {e}"))
+        };
         let mut attrs = std::collections::HashMap::new();
-        if let Resource::Booking { status, hours_until_start, .. } = &call.resource {
-            if let Some(s) = status {
-                attrs.insert("status".to_owned(), string(s));
+        let mut put = |name: &str, value: Option<RestrictedExpression>| {
+            if let Some(value) = value {
+                attrs.insert(name.to_owned(), value);
             }
-            if let Some(h) = hours_until_start {
-                attrs.insert("hours_until_start".to_owned(), RestrictedExpression::new_long(*h));
+        };
+        match &call.resource {
+            Resource::Booking { status, hours_until_start, region, .. } => {
+                put("status", status.as_deref().map(string));
+                put("hours_until_start", hours_until_start.map(RestrictedExpression::new_long));
+                put("region", region.as_deref().map(string));
             }
+            Resource::Customer { region, local, .. } => {
+                put("region", region.as_deref().map(string));
+                put("zone", local.as_ref().and_then(|l| l.time_zone().iana_name()).map(string));
+                put("local_time", local.as_ref().map(|l| record(clock(l))).transpose()?);
+            }
+            Resource::Technician(t) => {
+                put("region", t.region.as_deref().map(string));
+                put("active", t.active.map(RestrictedExpression::new_bool));
+            }
+            Resource::Tenant(_) => {}
         }
-        let record =
+        let entity =
             Entity::new(resource.clone(), attrs, Default::default()).map_err(|e| e.to_string())?;
         // The policies were validated against the schema when compiled, and the facts are built
         // here from it (only the arguments it types, as [`ArgType`] reads them): checking each call's
         // entities and context against the schema again would cost more than evaluating.
-        let entities = Entities::from_entities([connection, record], None)
+        let entities = Entities::from_entities([connection, entity], None)
             .map_err(|e| format!("the call's entities: {e}"))?;
         let args = facts
             .args
             .iter()
             .filter_map(|(name, ty)| Some((name.clone(), ty.fact(call.args.get(name)?)?)));
-        let record = |fields: Vec<(String, RestrictedExpression)>| {
-            RestrictedExpression::new_record(fields).map_err(|e| format!("the call's context: {e}"))
-        };
-        let now = &call.now;
-        let date = now.date();
-        let context = Context::from_pairs([
+        let mut context = vec![
             ("args".to_owned(), record(args.collect())?),
             ("class".to_owned(), string(call.class.as_str())),
             ("phase".to_owned(), string(call.phase)),
             ("effects".to_owned(), RestrictedExpression::new_long(call.effects)),
-            (
-                "now".to_owned(),
-                record(vec![
-                    ("hour".to_owned(), RestrictedExpression::new_long(now.hour().into())),
-                    ("minute".to_owned(), RestrictedExpression::new_long(now.minute().into())),
-                    ("weekday".to_owned(), string(weekday(date.weekday()))),
-                    (
-                        "date".to_owned(),
-                        string(&format!(
-                            "{:04}-{:02}-{:02}",
-                            date.year(),
-                            date.month(),
-                            date.day()
-                        )),
-                    ),
-                ])?,
-            ),
-        ])
-        .map_err(|e| format!("the call's context: {e}"))?;
+            ("now".to_owned(), record(clock(&call.now))?),
+        ];
+        if let Some(t) = &call.technician {
+            let mut fields = vec![("handle".to_owned(), string(&t.handle))];
+            if let Some(region) = &t.region {
+                fields.push(("region".to_owned(), string(region)));
+            }
+            if let Some(active) = t.active {
+                fields.push(("active".to_owned(), RestrictedExpression::new_bool(active)));
+            }
+            context.push(("technician".to_owned(), record(fields)?));
+        }
+        let context =
+            Context::from_pairs(context).map_err(|e| format!("the call's context: {e}"))?;
         let request = Request::new(principal, facts.uid.clone(), resource, context, None)
             .map_err(|e| format!("the call: {e}"))?;
         Ok((request, entities))
@@ -652,9 +689,30 @@ pub struct Principal {
 #[derive(Debug, Clone)]
 pub enum Resource {
     Tenant(String),
-    Booking { handle: String, status: Option<String>, hours_until_start: Option<i64> },
-    Customer(String),
-    Technician(String),
+    Booking {
+        handle: String,
+        status: Option<String>,
+        hours_until_start: Option<i64>,
+        /// Its customer's region.
+        region: Option<String>,
+    },
+    Customer {
+        handle: String,
+        region: Option<String>,
+        /// The time in the customer's zone (the tenant's when the customer has none).
+        local: Option<jiff::ZonedDateTime>,
+    },
+    Technician(TechnicianFacts),
+}
+
+/// A technician as policies see it: as the resource (`page_technician`) or as the one a call
+/// names beside its record (`context.technician`).
+#[derive(Debug, Clone)]
+pub struct TechnicianFacts {
+    pub handle: String,
+    pub region: Option<String>,
+    /// `None` for a technician the tenant does not have.
+    pub active: Option<bool>,
 }
 
 impl Resource {
@@ -663,10 +721,29 @@ impl Resource {
         match self {
             Resource::Tenant(h) => (0, h),
             Resource::Booking { handle, .. } => (1, handle),
-            Resource::Customer(h) => (2, h),
-            Resource::Technician(h) => (3, h),
+            Resource::Customer { handle, .. } => (2, handle),
+            Resource::Technician(t) => (3, &t.handle),
         }
     }
+}
+
+/// A wall clock's fields, as `context.now` and a customer's `local_time` give them.
+fn clock(at: &jiff::ZonedDateTime) -> Vec<(String, RestrictedExpression)> {
+    let date = at.date();
+    vec![
+        ("hour".to_owned(), RestrictedExpression::new_long(at.hour().into())),
+        ("minute".to_owned(), RestrictedExpression::new_long(at.minute().into())),
+        ("weekday".to_owned(), RestrictedExpression::new_string(weekday(date.weekday()).into())),
+        (
+            "date".to_owned(),
+            RestrictedExpression::new_string(format!(
+                "{:04}-{:02}-{:02}",
+                date.year(),
+                date.month(),
+                date.day()
+            )),
+        ),
+    ]
 }
 
 /// A weekday's English name, as `context.now.weekday` gives it.
@@ -694,6 +771,8 @@ pub struct Call<'a> {
     /// The call's arguments as sent; those the schema types are kept, with their type.
     pub args: Value,
     pub resource: Resource,
+    /// The technician the arguments name beside the resource (`context.technician`).
+    pub technician: Option<TechnicianFacts>,
     /// How many records the action touches (0 for a read).
     pub effects: i64,
     /// The tenant's local time.

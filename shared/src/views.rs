@@ -25,6 +25,10 @@ pub struct CustomerView {
     pub name: String,
     pub email: Option<String>,
     pub phone: Option<String>,
+    /// Where the customer is served (their bookings' region).
+    pub region: Option<String>,
+    /// The customer's own IANA zone, when they keep one; else the tenant's stands for it.
+    pub zone: Option<String>,
     pub created: TimeView,
 }
 
@@ -37,6 +41,8 @@ pub struct TechnicianView {
     pub phone: Option<String>,
     pub skills: Vec<String>,
     pub active: bool,
+    /// Where the technician works.
+    pub region: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -124,7 +130,15 @@ pub struct Page<T> {
 }
 
 pub fn customer_version(row: &CustomerRow) -> String {
-    version_of(&(&row.handle, &row.name, &row.email, &row.phone, row.updated_at.timestamp_micros()))
+    version_of(&(
+        &row.handle,
+        &row.name,
+        &row.email,
+        &row.phone,
+        &row.region,
+        &row.zone,
+        row.updated_at.timestamp_micros(),
+    ))
 }
 
 pub fn booking_version(row: &BookingRow) -> String {
@@ -154,6 +168,8 @@ pub fn customer(
         name: row.name.clone(),
         email: row.email.clone(),
         phone: row.phone.clone(),
+        region: row.region.clone(),
+        zone: row.zone.clone(),
         created: time::present(to_ts(row.created_at), tz, zone, now),
     }
 }
@@ -173,6 +189,7 @@ pub fn technician(row: &TechnicianRow) -> TechnicianView {
         phone: row.phone.clone(),
         skills: row.skills.clone(),
         active: row.active,
+        region: row.region.clone(),
     }
 }
 

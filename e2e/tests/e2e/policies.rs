@@ -1,7 +1,8 @@
 //! A tenant's Cedar policies as agents meet them: real calls through the load balancer over two
-//! workers. A security team's rules (cancellations only well ahead, quiet hours for messages,
-//! large batches to a person) are simulated over the tenant's history, put in force with
-//! `gatehousectl`, and then do to the same calls exactly what the simulation said.
+//! workers. A security team's rules (cancellations only well ahead, no message at night in the
+//! customer's zone, moves only to a technician of the booking's region, large batches to a
+//! person) are simulated over the tenant's history, put in force with `gatehousectl`, and then
+//! do to the same calls exactly what the simulation said.
 
 use crate::support::*;
 
@@ -13,6 +14,17 @@ fn answer(result: &Value) -> (String, String, String) {
         s["error"]["code"].as_str().unwrap_or_default().to_owned(),
         s["error"]["message"].as_str().or(s["next"].as_str()).unwrap_or_default().to_owned(),
     )
+}
+
+/// A fixed-offset IANA zone where it is now `local` o'clock (give or take the hour turning).
+fn zone_at(local: i64) -> String {
+    let utc = i64::from(jiff::Timestamp::now().to_zoned_datetime(jiff::tz::TimeZone::UTC).hour());
+    let mut offset = (local - utc).rem_euclid(24);
+    if offset > 14 {
+        offset -= 24;
+    }
+    // `Etc/GMT-5` is five hours ahead of UTC: the sign is POSIX's.
+    format!("Etc/GMT{}{}", if offset > 0 { "-" } else { "+" }, offset.abs())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -37,40 +49,67 @@ async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_sa
         ),
     );
     assert!(soon.starts_with("bkg_") && later.len() == 3, "{soon} {later:?}");
-    let customer = tool_call(&lb, &token, "find_customers", json!({"limit": 1})).await
-        ["structuredContent"]["customers"][0]["customer"]
-        .as_str()
-        .expect("a customer")
-        .to_owned();
-    // Quiet hours around the tenant's present local hour, so the rule bites whenever this runs.
-    let zone = psql_text(&stack, &format!("SELECT zone FROM tenants WHERE slug = '{slug}'"));
-    let hour = jiff::Timestamp::now()
-        .to_zoned_datetime(jiff::tz::TimeZone::get(&zone).expect("zone"))
-        .hour();
-    let (from, to) = ((hour + 23) % 24, (hour + 2) % 24);
-    let rules = format!(
-        r#"@id("cancel-48h")
+    let customers = tool_call(&lb, &token, "find_customers", json!({"limit": 2})).await;
+    let customer = |i: usize| {
+        customers["structuredContent"]["customers"][i]["customer"]
+            .as_str()
+            .expect("a customer")
+            .to_owned()
+    };
+    // One customer where it is night now and one where it is day, in zones of their own, so
+    // the quiet-hours rule bites whenever this runs (set as a tenant would: update_customer).
+    let (asleep, awake) = (customer(0), customer(1));
+    for (who, local) in [(&asleep, 2), (&awake, 14)] {
+        let read = tool_call(&lb, &token, "get_customer", json!({"customer": who})).await;
+        let version = read["structuredContent"]["version"].clone();
+        let args = json!({"customer": who, "version": version, "zone": zone_at(local)});
+        let (_, code, message) = answer(&tool_call(&lb, &token, "update_customer", args).await);
+        assert!(code.is_empty(), "{code}: {message}");
+    }
+    // A confirmed booking of a northern customer, and a technician of each region, as the seed
+    // places them.
+    let northern = psql_text(
+        &stack,
+        &format!(
+            "SELECT b.handle FROM bookings b JOIN customers c ON c.id = b.customer_id {of_tenant} AND c.region = 'north' ORDER BY b.id LIMIT 1"
+        ),
+    );
+    let techs = tool_call(&lb, &token, "find_technicians", json!({})).await;
+    let of_region = |region: &str| {
+        techs["structuredContent"]["technicians"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["region"] == region))
+            .and_then(|t| t["technician"].as_str())
+            .expect("a technician of the region")
+            .to_owned()
+    };
+    let (north, south) = (of_region("north"), of_region("south"));
+    let rules = r#"@id("cancel-48h")
 @reason("agents cancel only bookings that start more than 48 hours from now")
 forbid (principal, action == Action::"cancel_bookings", resource is Booking)
-when {{ resource has hours_until_start && resource.hours_until_start < 48 }};
+when { resource has hours_until_start && resource.hours_until_start < 48 };
 
 @id("quiet-hours")
-@reason("no message to a customer between {from:02}:00 and {to:02}:00")
-forbid (principal, action == Action::"send_customer_message", resource)
-when {{ context.now.hour == {h0} || context.now.hour == {h1} || context.now.hour == {h2} }};
+@reason("no message to a customer between 20:00 and 08:00 in the customer's zone")
+forbid (principal, action == Action::"send_customer_message", resource is Customer)
+when { resource has local_time && (resource.local_time.hour >= 20 || resource.local_time.hour < 8) };
+
+@id("same-region")
+@reason("bookings move only to a technician of the booking's region")
+forbid (principal, action == Action::"update_booking", resource is Booking)
+when {
+  context has technician && resource has region &&
+  (if context.technician has region then context.technician.region != resource.region else true)
+};
 
 @id("big-batches")
 @approval
 @reason("a cancellation batch over 2 bookings needs a person")
 forbid (principal, action == Action::"cancel_bookings", resource)
-when {{ context.effects > 2 }};
-"#,
-        h0 = from,
-        h1 = hour,
-        h2 = (hour + 1) % 24,
-    );
+when { context.effects > 2 };
+"#;
     let file = stack.run_dir.join("rules.cedar");
-    std::fs::write(&file, &rules).expect("write the rules");
+    std::fs::write(&file, rules).expect("write the rules");
     let file = file.to_str().expect("utf-8 path");
 
     // The agent's calls, first with no policy in force: the history the draft is simulated on.
@@ -80,13 +119,32 @@ when {{ context.effects > 2 }};
         ("cancel_bookings", json!({"bookings": later})),
         (
             "send_customer_message",
-            json!({"customer": customer, "subject": "Tomorrow", "body": "We arrive at nine."}),
+            json!({"customer": asleep, "subject": "Tomorrow", "body": "We arrive at nine."}),
         ),
+        (
+            "send_customer_message",
+            json!({"customer": awake, "subject": "Tomorrow", "body": "We arrive at nine."}),
+        ),
+        ("update_booking", json!({"booking": northern, "technician": south})),
+        ("update_booking", json!({"booking": northern, "technician": north})),
     ];
+    // A change carries the version it read, as an agent's would.
+    let call = |tool: &'static str, mut args: Value| {
+        let (lb, token) = (lb.clone(), token.clone());
+        async move {
+            if tool == "update_booking" {
+                let read =
+                    tool_call(&lb, &token, "get_booking", json!({"booking": args["booking"]}))
+                        .await;
+                args["version"] = read["structuredContent"]["version"].clone();
+            }
+            answer(&tool_call(&lb, &token, tool, args).await)
+        }
+    };
     let mut before = Vec::new();
     for (tool, args) in &calls {
-        let (status, code, _) = answer(&tool_call(&lb, &token, tool, args.clone()).await);
-        assert!(code.is_empty() && !status.is_empty(), "{tool}: {status} {code}");
+        let (status, code, message) = call(tool, args.clone()).await;
+        assert!(code.is_empty(), "{tool}: {status} {code} {message}");
         before.push(status);
     }
     let sim = stack
@@ -100,10 +158,11 @@ when {{ context.effects > 2 }};
     };
     assert_eq!(counted("cancel-48h", "forbidden"), 1, "{sim}");
     assert_eq!(counted("quiet-hours", "forbidden"), 1, "{sim}");
+    assert_eq!(counted("same-region", "forbidden"), 1, "{sim}");
     assert_eq!(counted("big-batches", "to_a_person"), 1, "{sim}");
     assert_eq!(
         (sim["forbidden"].as_u64(), sim["to_a_person"].as_u64()),
-        (Some(2), Some(1)),
+        (Some(3), Some(1)),
         "{sim}"
     );
 
@@ -116,10 +175,10 @@ when {{ context.effects > 2 }};
     let mut to_a_person = BTreeMap::new();
     let mut allowed = 0;
     for (i, (tool, args)) in calls.iter().enumerate() {
-        let (status, code, message) = answer(&tool_call(&lb, &token, tool, args.clone()).await);
+        let (status, code, message) = call(tool, args.clone()).await;
         match (status.as_str(), code.as_str()) {
             (_, "forbidden_by_policy") => {
-                let policy = ["cancel-48h", "quiet-hours"]
+                let policy = ["cancel-48h", "quiet-hours", "same-region"]
                     .into_iter()
                     .find(|p| message.contains(p))
                     .unwrap_or_else(|| panic!("{tool}: a refusal naming no rule: {message}"));
@@ -133,12 +192,22 @@ when {{ context.effects > 2 }};
             other => panic!("{tool}: {other:?} {message}"),
         }
     }
-    assert_eq!(refused, BTreeMap::from([("cancel-48h", 1), ("quiet-hours", 1)]));
+    assert_eq!(
+        refused,
+        BTreeMap::from([("cancel-48h", 1), ("quiet-hours", 1), ("same-region", 1)])
+    );
     assert_eq!(to_a_person, BTreeMap::from([("big-batches", 1)]));
-    assert_eq!(allowed, 1, "the single cancellation well ahead goes on as before");
+    assert_eq!(
+        allowed, 3,
+        "the single cancellation well ahead, the message by day and the move within the region go on as before"
+    );
     // The refusals say which rule and why, as the agent reads them.
-    let (_, _, message) = answer(&tool_call(&lb, &token, calls[0].0, calls[0].1.clone()).await);
-    assert!(message.contains("more than 48 hours"), "{message}");
+    for (i, why) in
+        [(0, "more than 48 hours"), (3, "in the customer's zone"), (5, "booking's region")]
+    {
+        let (_, _, message) = call(calls[i].0, calls[i].1.clone()).await;
+        assert!(message.contains(why), "{message}");
+    }
     // And each decision's audit row names the set's version and the rule that decided.
     let decided = psql_rows(
         &stack,

@@ -313,6 +313,7 @@ impl BookingRow {
             customer_handle: row.get("customer_handle")?,
             customer_name: row.get("customer_name")?,
             customer_email: row.get("customer_email")?,
+            customer_region: row.get("customer_region")?,
             technician_handle: row.get("technician_handle")?,
             technician_name: row.get("technician_name")?,
             service_handle: row.get("service_handle")?,

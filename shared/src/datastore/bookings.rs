@@ -27,6 +27,8 @@ pub struct BookingRow {
     pub customer_handle: String,
     pub customer_name: String,
     pub customer_email: Option<String>,
+    /// The customer's region: the booking's, to a tenant's policies.
+    pub customer_region: Option<String>,
     pub technician_handle: Option<String>,
     pub technician_name: Option<String>,
     pub service_handle: String,
@@ -72,6 +74,7 @@ const SELECT: &str = "
     SELECT b.id, b.customer_id, b.service_id, b.technician_id, b.handle, b.status, b.starts_at, b.zone, b.currency::text AS currency,
            b.net_minor, b.tax_minor, b.total_minor, b.customer_note,
            c.handle AS customer_handle, c.name AS customer_name, c.email AS customer_email,
+           c.region AS customer_region,
            t.handle AS technician_handle, t.name AS technician_name,
            s.handle AS service_handle, s.name AS service_name, s.duration_minutes, s.tax_rate_bp,
            b.priority, b.reference, b.updated_at";

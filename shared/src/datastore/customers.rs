@@ -15,11 +15,13 @@ pub struct CustomerRow {
     pub name: String,
     pub email: Option<String>,
     pub phone: Option<String>,
+    pub region: Option<String>,
+    pub zone: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, handle, name, email, phone, created_at, updated_at";
+const COLUMNS: &str = "id, handle, name, email, phone, region, zone, created_at, updated_at";
 
 static CUSTOMER_FIND_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -78,7 +80,7 @@ pub(crate) fn escape_like(s: &str) -> String {
     s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
 }
 
-const CUSTOMER_COLUMNS: &str = "id, handle, name, email, phone, created_at, updated_at";
+const CUSTOMER_COLUMNS: &str = COLUMNS;
 
 pub(crate) async fn customer_lock(
     tx: &mut Tx<'_>,
@@ -227,4 +229,25 @@ pub(crate) async fn customer_insert(
     .bind(ctx.actor_person_id())
     .fetch_one(&mut **tx)
     .await?)
+}
+
+/// Where a customer is served and the zone they live in (`None`: the tenant's), as a tenant's
+/// policies read them.
+pub(crate) async fn customer_set_place(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    id: i64,
+    region: Option<&str>,
+    zone: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE customers SET region = $3, zone = $4, updated_at = clock_timestamp() WHERE tenant_id = $1 AND id = $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(id)
+    .bind(region)
+    .bind(zone)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

@@ -99,17 +99,43 @@ pub(crate) async fn policy_insert(
     Ok(())
 }
 
-/// What bookings are, as policies see them: handle, status and start, for those of the tenant.
-pub(crate) async fn policy_bookings_facts<'e, E: sqlx::PgExecutor<'e>>(
+/// One record as policies see it (see [`policy_facts`]): a booking's status, start and its
+/// customer's region; a customer's region and zone; a technician's region and whether active.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct PolicyFactRow {
+    pub handle: String,
+    pub status: Option<String>,
+    pub starts_at: Option<DateTime<Utc>>,
+    pub region: Option<String>,
+    pub zone: Option<String>,
+    pub active: Option<bool>,
+}
+
+/// The records named, of the tenant only, as policies see them, in one round trip: bookings,
+/// customers and technicians by handle (a handle's prefix tells which it is). A handle the
+/// tenant does not have is absent.
+pub(crate) async fn policy_facts<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
-    handles: &[String],
-) -> Result<Vec<(String, String, DateTime<Utc>)>> {
+    bookings: &[String],
+    customers: &[String],
+    technicians: &[String],
+) -> Result<Vec<PolicyFactRow>> {
     Ok(sqlx::query_as(
-        "SELECT handle, status, starts_at FROM bookings WHERE tenant_id = $1 AND handle = ANY($2)",
+        "SELECT b.handle, b.status, b.starts_at, c.region, NULL::text AS zone, NULL::bool AS active
+           FROM bookings b JOIN customers c ON c.id = b.customer_id
+          WHERE b.tenant_id = $1 AND b.handle = ANY($2)
+         UNION ALL
+         SELECT handle, NULL, NULL, region, zone, NULL
+           FROM customers WHERE tenant_id = $1 AND handle = ANY($3)
+         UNION ALL
+         SELECT handle, NULL, NULL, region, NULL, active
+           FROM technicians WHERE tenant_id = $1 AND handle = ANY($4)",
     )
     .bind(ctx.tenant_id())
-    .bind(handles)
+    .bind(bookings)
+    .bind(customers)
+    .bind(technicians)
     .fetch_all(executor)
     .await?)
 }

@@ -15,6 +15,7 @@ pub struct TechnicianRow {
     pub phone: Option<String>,
     pub skills: Vec<String>,
     pub active: bool,
+    pub region: Option<String>,
     pub updated_at: DateTime<Utc>,
 }
 
@@ -29,7 +30,7 @@ impl Services {
     ) -> Result<Vec<TechnicianRow>> {
         let pattern = query.map(|q| format!("%{}%", escape_like(&q.to_lowercase())));
         let rows = sqlx::query_as::<_, TechnicianRow>(
-            "SELECT id, handle, name, email, phone, skills, active, updated_at FROM technicians
+            "SELECT id, handle, name, email, phone, skills, active, region, updated_at FROM technicians
              WHERE tenant_id = $1
                AND ($2::text IS NULL OR lower(name) LIKE $2)
                AND ($3::text IS NULL OR $3 = ANY(skills))
@@ -54,7 +55,7 @@ pub(crate) async fn technician_lock(
     handle: &str,
 ) -> Result<Option<TechnicianRow>> {
     Ok(sqlx::query_as::<_, TechnicianRow>(
-        "SELECT id, handle, name, email, phone, skills, active, updated_at FROM technicians
+        "SELECT id, handle, name, email, phone, skills, active, region, updated_at FROM technicians
          WHERE tenant_id = $1 AND handle = $2 FOR UPDATE",
     )
     .bind(ctx.tenant_id())
@@ -84,4 +85,22 @@ pub(crate) async fn technician_insert(
     .bind(home_address)
     .fetch_one(&mut **tx)
     .await?)
+}
+
+/// Where a technician works (`None`: nowhere in particular), as a tenant's policies read it.
+pub(crate) async fn technician_set_region(
+    tx: &mut Tx<'_>,
+    ctx: &OpCtx,
+    id: i64,
+    region: Option<&str>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE technicians SET region = $3, updated_at = now() WHERE tenant_id = $1 AND id = $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(id)
+    .bind(region)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

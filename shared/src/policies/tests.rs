@@ -53,9 +53,11 @@ fn call<'a>(
                 handle: "bkg_x".into(),
                 status: Some("confirmed".into()),
                 hours_until_start: Some(h),
+                region: None,
             },
             None => Resource::Tenant("ten_x".into()),
         },
+        technician: None,
         effects: 1,
         now,
     }

@@ -57,7 +57,11 @@ struct Plan {
     /// Local times in the zone's DST-change weeks (none falls in a gap or a fold).
     dst_bookings: [&'static str; 3],
     technicians: [(&'static str, &'static [&'static str]); 3],
+    /// Each technician's region, in `technicians`' order.
+    technician_regions: [&'static str; 3],
     customers: [(&'static str, &'static str, &'static str); 5],
+    /// Each customer's region and, for one living elsewhere, zone, in `customers`' order.
+    customer_places: [(&'static str, Option<&'static str>); 5],
     services: [(&'static str, i32, i64, i32); 3],
 }
 
@@ -73,12 +77,20 @@ const PLANS: [Plan; 2] = [
             ("Mia Schulz", &["heating", "heat-pumps"]),
             ("Lukas Becker", &["plumbing"]),
         ],
+        technician_regions: ["north", "south", "north"],
         customers: [
             ("Anna Fischer", "anna.fischer@example.net", "+49 30 5550101"),
             ("Ben Hoffmann", "ben.hoffmann@example.net", "+49 30 5550102"),
             ("Clara Wagner", "clara.wagner@example.net", "+49 30 5550103"),
             ("David Koch", "david.koch@example.net", "+49 30 5550104"),
             ("Emma Richter", "emma.richter@example.net", "+49 30 5550105"),
+        ],
+        customer_places: [
+            ("north", None),
+            ("south", None),
+            ("north", None),
+            ("south", None),
+            ("north", Some("Europe/Lisbon")),
         ],
         services: [
             ("Boiler service", 90, 12_000, 1_900),
@@ -97,12 +109,20 @@ const PLANS: [Plan; 2] = [
             ("Henry Davis", &["plumbing", "water-heaters"]),
             ("Isla Moore", &["inspections"]),
         ],
+        technician_regions: ["uptown", "downtown", "uptown"],
         customers: [
             ("Jack Taylor", "jack.taylor@example.org", "+1 212 555 0131"),
             ("Kara Thomas", "kara.thomas@example.org", "+1 212 555 0132"),
             ("Liam Jackson", "liam.jackson@example.org", "+1 212 555 0133"),
             ("Maya White", "maya.white@example.org", "+1 212 555 0134"),
             ("Noah Harris", "noah.harris@example.org", "+1 212 555 0135"),
+        ],
+        customer_places: [
+            ("uptown", None),
+            ("downtown", None),
+            ("uptown", None),
+            ("downtown", None),
+            ("uptown", Some("America/Los_Angeles")),
         ],
         services: [
             ("Drain cleaning", 60, 14_500, 888),
@@ -216,6 +236,12 @@ async fn seed_tenant(ds: &Services, plan: &Plan, suffix: &str) -> Result<DemoTen
             )
             .await?,
         );
+    }
+    for (id, region) in technicians.iter().zip(plan.technician_regions) {
+        ds_fns::technician_set_region(&mut tx, &ctx, *id, Some(region)).await?;
+    }
+    for (id, (region, zone)) in customers.iter().zip(plan.customer_places) {
+        ds_fns::customer_set_place(&mut tx, &ctx, *id, Some(region), zone).await?;
     }
     let mut services = Vec::new();
     for (name, minutes, price, tax_bp) in &plan.services {

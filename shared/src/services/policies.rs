@@ -15,7 +15,8 @@ use crate::datastore::{self as db, AuditEntry, Services};
 use crate::effect::EffectClass;
 use crate::error::{Error, Result};
 use crate::policies::{
-    Call, CallerFacts, Compiled, PolicyInfo, PolicySchema, Principal, Problem, Resource, Verdict,
+    Call, CallerFacts, Compiled, PolicyInfo, PolicySchema, Principal, Problem, Resource,
+    TechnicianFacts, Verdict,
 };
 use crate::rights::Right;
 
@@ -137,47 +138,75 @@ fn join(problems: &[Problem]) -> String {
     problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
-/// The record a call's arguments name, as policies see it, read as the tools read handles
-/// (trimmed). A booking named but not found in the tenant is no record at all, and the call
-/// cannot be judged on it: `Err`, which refuses (a policy on its start must not be dodged by a
-/// handle the tool would have read otherwise).
-async fn resource_of<'e, E: sqlx::PgExecutor<'e>>(
+/// The handle argument `field` names, trimmed as the tools read handles, when it has the
+/// prefix of its kind.
+fn named(args: &Value, field: &str, prefix: &str) -> Option<String> {
+    args.get(field)
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|h| h.starts_with(prefix))
+        .map(str::to_owned)
+}
+
+/// The records a call's arguments name, as policies see them, read in one round trip: the
+/// resource (the booking, else the customer, else the technician, else the tenant) and the
+/// technician named beside it (`context.technician`). A booking named but not found in the
+/// tenant is no record at all, and the call cannot be judged on it: `Err`, which refuses (a
+/// policy on its start must not be dodged by a handle the tool would have read otherwise).
+async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
     args: &Value,
     now: jiff::Timestamp,
     ahead: Ahead,
-) -> Result<std::result::Result<Resource, NotFound>> {
-    let named = |field: &str, prefix: &str| {
-        args.get(field)
-            .and_then(Value::as_str)
-            .map(str::trim)
-            .filter(|h| h.starts_with(prefix))
-            .map(str::to_owned)
-    };
-    if let Some(handle) = named("booking", "bkg_") {
+) -> Result<std::result::Result<(Resource, Option<TechnicianFacts>), NotFound>> {
+    let booked = named(args, "booking", "bkg_");
+    let customer = if booked.is_some() { None } else { named(args, "customer", "cus_") };
+    let technician = named(args, "technician", "tec_");
+    if let (Some(handle), None, Ahead::Use) = (&booked, &technician, ahead) {
         // `get_booking` read its booking with the context: the same row, no second round trip.
-        if let Some(ahead) = crate::auth::peek_read_ahead_booking(ctx, &handle)
-            .filter(|_| matches!(ahead, Ahead::Use))
-        {
+        if let Some(ahead) = crate::auth::peek_read_ahead_booking(ctx, handle) {
             return Ok(match ahead {
-                Some((status, starts)) => Ok(booking(handle, status, starts, now)),
-                None => Err(NotFound(handle)),
+                Some((status, starts, region)) => {
+                    Ok((booking(handle.clone(), status, starts, region, now), None))
+                }
+                None => Err(NotFound(handle.clone())),
             });
         }
-        let found = db::policy_bookings_facts(executor, ctx, std::slice::from_ref(&handle)).await?;
-        return Ok(match found.into_iter().next() {
-            Some((handle, status, starts)) => Ok(booking(handle, status, starts, now)),
+    }
+    if booked.is_none() && customer.is_none() && technician.is_none() {
+        return Ok(Ok((Resource::Tenant(ctx.tenant().handle.to_string()), None)));
+    }
+    let rows = db::policy_facts(
+        executor,
+        ctx,
+        booked.as_slice(),
+        customer.as_slice(),
+        technician.as_slice(),
+    )
+    .await?;
+    let found = |h: &str| rows.iter().find(|r| r.handle == h);
+    let beside = technician.as_deref().and_then(found).map(technician_of);
+    if let Some(handle) = booked {
+        return Ok(match found(&handle) {
+            Some(row) => Ok((booking_of(row, now), beside)),
             None => Err(NotFound(handle)),
         });
     }
-    if let Some(handle) = named("customer", "cus_") {
-        return Ok(Ok(Resource::Customer(handle)));
+    if let Some(handle) = customer {
+        // A customer the tenant does not have is refused by the tool itself; to a policy it is
+        // a customer with no facts but the tenant's clock.
+        return Ok(Ok((customer_of(ctx, handle.clone(), found(&handle), now), beside)));
     }
-    if let Some(handle) = named("technician", "tec_") {
-        return Ok(Ok(Resource::Technician(handle)));
-    }
-    Ok(Ok(Resource::Tenant(ctx.tenant().handle.to_string())))
+    let handle = technician.unwrap_or_default();
+    Ok(Ok((
+        Resource::Technician(beside.unwrap_or(TechnicianFacts {
+            handle,
+            region: None,
+            active: None,
+        })),
+        None,
+    )))
 }
 
 /// A booking named by a call that the tenant does not have.
@@ -195,11 +224,49 @@ fn booking(
     handle: String,
     status: String,
     starts: chrono::DateTime<chrono::Utc>,
+    region: Option<String>,
     now: jiff::Timestamp,
 ) -> Resource {
     let starts = crate::datastore::to_ts(starts);
     let hours = (starts.as_second() - now.as_second()).div_euclid(3600);
-    Resource::Booking { handle, status: Some(status), hours_until_start: Some(hours) }
+    Resource::Booking { handle, status: Some(status), hours_until_start: Some(hours), region }
+}
+
+fn booking_of(row: &db::PolicyFactRow, now: jiff::Timestamp) -> Resource {
+    match (&row.status, row.starts_at) {
+        (Some(status), Some(starts)) => {
+            booking(row.handle.clone(), status.clone(), starts, row.region.clone(), now)
+        }
+        _ => Resource::Booking {
+            handle: row.handle.clone(),
+            status: row.status.clone(),
+            hours_until_start: None,
+            region: row.region.clone(),
+        },
+    }
+}
+
+/// A customer as policies see it: its region, and the time in its zone (the tenant's when it
+/// keeps none, or keeps one this build does not know).
+fn customer_of(
+    ctx: &OpCtx,
+    handle: String,
+    row: Option<&db::PolicyFactRow>,
+    now: jiff::Timestamp,
+) -> Resource {
+    let zone = row
+        .and_then(|r| r.zone.as_deref())
+        .and_then(|z| jiff::tz::TimeZone::get(z).ok())
+        .unwrap_or_else(|| ctx.tenant().zone.clone());
+    Resource::Customer {
+        handle,
+        region: row.and_then(|r| r.region.clone()),
+        local: Some(now.to_zoned_datetime(zone)),
+    }
+}
+
+fn technician_of(row: &db::PolicyFactRow) -> TechnicianFacts {
+    TechnicianFacts { handle: row.handle.clone(), region: row.region.clone(), active: row.active }
 }
 
 /// The gate for reads and silent writes: refused when a `forbid` matches (or an `@approval`
@@ -218,8 +285,8 @@ pub async fn check_call(
     if !set.judges(tool) {
         return Ok(());
     }
-    let resource = match resource_of(ds.pool(), ctx, args, now, Ahead::Use).await? {
-        Ok(resource) => resource,
+    let (resource, technician) = match records_of(ds.pool(), ctx, args, now, Ahead::Use).await? {
+        Ok(records) => records,
         // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
         Err(NotFound(handle)) => {
             return Err(Error::not_found(crate::error::Resource::Booking, handle));
@@ -232,6 +299,7 @@ pub async fn check_call(
         phase: "call",
         args: args.clone(),
         resource,
+        technician,
         effects: 0,
         now: now.to_zoned_datetime(ctx.tenant().zone.clone()),
     };
@@ -329,21 +397,29 @@ async fn judge_two_step(
     let principal = Principal { handle, role, client, grant, name, creator };
     let bookings: Vec<String> =
         action.targets.iter().filter(|t| t.starts_with("bkg_")).cloned().collect();
-    let resources: Vec<Resource> = if bookings.is_empty() {
-        match resource_of(&mut **tx, ctx, action.args, action.now, Ahead::Never).await? {
-            Ok(resource) => vec![resource],
+    let (resources, technician): (Vec<Resource>, _) = if bookings.is_empty() {
+        match records_of(&mut **tx, ctx, action.args, action.now, Ahead::Never).await? {
+            Ok((resource, technician)) => (vec![resource], technician),
             Err(NotFound(handle)) => {
                 return Ok(Verdict::Error(format!("no booking {handle} in this tenant")));
             }
         }
     } else {
-        let found = db::policy_bookings_facts(&mut **tx, ctx, &bookings).await?;
+        let technician = named(action.args, "technician", "tec_");
+        let found = db::policy_facts(&mut **tx, ctx, &bookings, &[], technician.as_slice()).await?;
+        let beside =
+            technician.and_then(|h| found.iter().find(|r| r.handle == h)).map(technician_of);
+        let found: Vec<Resource> = found
+            .iter()
+            .filter(|r| r.handle.starts_with("bkg_"))
+            .map(|r| booking_of(r, action.now))
+            .collect();
         if found.len() != bookings.len() {
             return Ok(Verdict::Error("a booking of the plan is gone".into()));
         }
-        found.into_iter().map(|(h, s, at)| booking(h, s, at, action.now)).collect()
+        (found, beside)
     };
-    let mut verdicts = resources.into_iter().map(|resource| {
+    let verdicts = resources.into_iter().map(|resource| {
         set.evaluate(&Call {
             connection: &principal,
             tool: action.tool,
@@ -351,24 +427,29 @@ async fn judge_two_step(
             phase: action.phase,
             args: action.args.clone(),
             resource,
+            technician: technician.clone(),
             effects: action.targets.len() as i64,
             now: action.now.to_zoned_datetime(ctx.tenant().zone.clone()),
         })
     });
-    // The strictest verdict of the records: a refusal, then an error, then a person.
+    Ok(strictest(verdicts))
+}
+
+/// The strictest verdict of a plan's records: a refusal, then an error, then a person.
+fn strictest(verdicts: impl Iterator<Item = Verdict>) -> Verdict {
+    let rank = |v: &Verdict| match v {
+        Verdict::Allow => 0,
+        Verdict::Approval(_) => 1,
+        Verdict::Error(_) => 2,
+        Verdict::Forbid(_) => 3,
+    };
     let mut worst = Verdict::Allow;
-    for verdict in &mut verdicts {
-        let rank = |v: &Verdict| match v {
-            Verdict::Allow => 0,
-            Verdict::Approval(_) => 1,
-            Verdict::Error(_) => 2,
-            Verdict::Forbid(_) => 3,
-        };
+    for verdict in verdicts {
         if rank(&verdict) > rank(&worst) {
             worst = verdict;
         }
     }
-    Ok(worst)
+    worst
 }
 
 /// The refusal of a two-step action by policy: the error the agent sees.
@@ -610,17 +691,20 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         compile_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
     let calls = ds.policy_replay(ctx, hours, REPLAY_LIMIT).await?;
     let truncated = calls.len() as i64 == REPLAY_LIMIT;
-    let named: Vec<String> = calls
-        .iter()
-        .filter_map(|c| c.targets.first().filter(|t| t.starts_with("bkg_")).cloned())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let bookings: HashMap<String, (String, chrono::DateTime<chrono::Utc>)> =
-        db::policy_bookings_facts(ds.pool(), ctx, &named)
+    // Every record the calls touched, read once, as enforcement reads them.
+    let of_kind = |prefix: &str| -> Vec<String> {
+        calls
+            .iter()
+            .flat_map(|c| c.targets.iter().filter(|t| t.starts_with(prefix)).cloned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    let records: HashMap<String, db::PolicyFactRow> =
+        db::policy_facts(ds.pool(), ctx, &of_kind("bkg_"), &of_kind("cus_"), &of_kind("tec_"))
             .await?
             .into_iter()
-            .map(|(h, s, at)| (h, (s, at)))
+            .map(|r| (r.handle.clone(), r))
             .collect();
     let mut sim = Simulation {
         calls: 0,
@@ -631,7 +715,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         by_policy: Vec::new(),
         examples: Vec::new(),
         caveat: format!(
-            "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args is replayed without them. Bookings are judged as they are now, connections with their creator's current role.{}",
+            "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args is replayed without them (context.technician, the technician a change assigned, is among the records touched and is replayed). Bookings, customers and technicians are judged as they are now, connections with their creator's current role.{}",
             if truncated {
                 format!(" Only the newest {REPLAY_LIMIT} calls of the window were replayed.")
             } else {
@@ -662,32 +746,49 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         };
         let first = call.targets.first().cloned().unwrap_or_default();
         let at = crate::datastore::to_ts(call.at);
-        let resource = if first.starts_with("bkg_") {
-            match bookings.get(&first) {
-                // As enforcement sees it: the booking's status and start, hours from the call.
-                Some((status, starts)) => booking(first.clone(), status.clone(), *starts, at),
-                None => {
-                    sim.errors += 1;
-                    continue;
-                }
-            }
-        } else if first.starts_with("cus_") {
-            Resource::Customer(first)
-        } else if first.starts_with("tec_") {
-            Resource::Technician(first)
+        // As enforcement judges it: a prepared plan on each booking it touches, else the
+        // record the call named first; hours until a start from the time of the call.
+        let bookings: Vec<&String> = if phase == "prepare" {
+            call.targets.iter().filter(|t| t.starts_with("bkg_")).collect()
         } else {
-            Resource::Tenant(ctx.tenant().handle.to_string())
+            call.targets.iter().take(1).filter(|t| t.starts_with("bkg_")).collect()
         };
-        let verdict = set.evaluate(&Call {
-            connection: &principal,
-            tool: &tool,
-            class,
-            phase,
-            args: Value::Object(Default::default()),
-            resource,
-            effects: if phase == "prepare" { call.targets.len() as i64 } else { 0 },
-            now: at.to_zoned_datetime(ctx.tenant().zone.clone()),
-        });
+        let resources: Option<Vec<Resource>> = if !bookings.is_empty() {
+            bookings.iter().map(|h| records.get(*h).map(|r| booking_of(r, at))).collect()
+        } else if first.starts_with("cus_") {
+            Some(vec![customer_of(ctx, first.clone(), records.get(&first), at)])
+        } else if first.starts_with("tec_") {
+            Some(vec![Resource::Technician(match records.get(&first) {
+                Some(row) => technician_of(row),
+                None => TechnicianFacts { handle: first.clone(), region: None, active: None },
+            })])
+        } else {
+            Some(vec![Resource::Tenant(ctx.tenant().handle.to_string())])
+        };
+        let Some(resources) = resources else {
+            sim.errors += 1;
+            continue;
+        };
+        let technician = call
+            .targets
+            .iter()
+            .skip(1)
+            .find(|t| t.starts_with("tec_"))
+            .and_then(|h| records.get(h))
+            .map(technician_of);
+        let verdict = strictest(resources.into_iter().map(|resource| {
+            set.evaluate(&Call {
+                connection: &principal,
+                tool: &tool,
+                class,
+                phase,
+                args: Value::Object(Default::default()),
+                resource,
+                technician: technician.clone(),
+                effects: if phase == "prepare" { call.targets.len() as i64 } else { 0 },
+                now: at.to_zoned_datetime(ctx.tenant().zone.clone()),
+            })
+        }));
         let mut why = None;
         let (policy, word) = match &verdict {
             Verdict::Allow => {

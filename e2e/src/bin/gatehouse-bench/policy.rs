@@ -29,11 +29,16 @@ pub(super) fn policy_bench() -> Result<String> {
                     handle: "bkg_0000000000000001".into(),
                     status: Some("confirmed".into()),
                     hours_until_start: Some(72),
+                    region: Some("north".into()),
                 },
             ),
             "send_customer_message" => (
                 json!({"customer": "cus_0000000000000001", "subject": "Hello", "body": "We arrive at nine."}),
-                Resource::Customer("cus_0000000000000001".into()),
+                Resource::Customer {
+                    handle: "cus_0000000000000001".into(),
+                    region: Some("north".into()),
+                    local: Some(now.clone()),
+                },
             ),
             _ => (
                 json!({"from": "2026-12-01", "to": "2026-12-31", "zone": "Europe/Berlin"}),
@@ -47,6 +52,7 @@ pub(super) fn policy_bench() -> Result<String> {
             phase: "call",
             args,
             resource,
+            technician: None,
             effects: 3,
             now: now.clone(),
         }

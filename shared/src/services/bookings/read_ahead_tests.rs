@@ -25,6 +25,7 @@ fn row() -> BookingRow {
         customer_handle: "cus_aaaaaaaaaaaaaaaa".into(),
         customer_name: "Read Ahead Canary".into(),
         customer_email: None,
+        customer_region: None,
         technician_handle: None,
         technician_name: None,
         service_handle: "srv_aaaaaaaaaaaaaaaa".into(),
@@ -136,7 +137,7 @@ async fn a_cursor_postgres_would_refuse_is_the_callers_error() {
 fn the_policy_gate_peeks_at_the_booking_read_ahead_for_its_handle_only() {
     let ctx = context(&[Right::BookingsRead]);
     let peeked = crate::auth::peek_read_ahead_booking(&ctx, HANDLE).expect("read ahead");
-    assert_eq!(peeked, Some(("confirmed".to_owned(), row().starts_at)));
+    assert_eq!(peeked, Some(("confirmed".to_owned(), row().starts_at, None)));
     assert_eq!(ctx.read_ahead_used(), Some(false), "left for the tool");
     assert!(crate::auth::peek_read_ahead_booking(&ctx, "bkg_bbbbbbbbbbbbbbbb").is_none());
     assert!(crate::auth::peek_read_ahead_booking(&ctx, &HANDLE.to_uppercase()).is_none());

@@ -311,7 +311,15 @@ pub async fn update_booking(
                     },
                 )
                 .await?;
-                Ok((present_booking(tx, ctx, &row.handle, now).await?, vec![row.handle.clone()]))
+                // The technician a change assigns is a record it touches: the audit names
+                // it, and a policy's replay judges the change on it (`context.technician`).
+                let mut targets = vec![row.handle.clone()];
+                if let Some(t) =
+                    input.technician.as_deref().map(str::trim).filter(|t| !t.is_empty())
+                {
+                    targets.push(t.to_owned());
+                }
+                Ok((present_booking(tx, ctx, &row.handle, now).await?, targets))
             }
             .await;
             (tx, written)
