@@ -35,6 +35,16 @@ pub const MAX_POLICIES: usize = 500;
 /// How deep brackets may nest in a policy's source (Cedar's parser recurses on them).
 pub const MAX_NESTING: usize = 32;
 
+/// The kinds of effect budgets count (`customers_messaged`, …), as `context.budgets` names
+/// them; the domain's effect kinds, by name.
+pub const BUDGET_KINDS: [&str; 5] = [
+    "customers_messaged",
+    "bookings_changed",
+    "technicians_paged",
+    "alert_minutes_muted",
+    "records_deleted",
+];
+
 /// One tool as the schema sees it: its name, class and input schema (JSON Schema).
 pub struct ToolFacts<'a> {
     pub name: &'a str,
@@ -80,6 +90,14 @@ pub fn schema_json(tools: &[ToolFacts<'_>]) -> Value {
             "phase": string(),
             "effects": long(),
             "now": clock(),
+            // A two-step action's effects against the connection's budgets, by kind: what
+            // the window has used, the limit, and what this action adds.
+            "budgets": optional(json!({"type": "Record", "attributes": BUDGET_KINDS
+                .iter()
+                .map(|k| ((*k).to_owned(), optional(json!({"type": "Record", "attributes": {
+                    "used": long(), "limit": long(), "amount": long(),
+                }}))))
+                .collect::<serde_json::Map<_, _>>()})),
             // The technician a call names beside its record (`update_booking`'s new one).
             "technician": optional(json!({"type": "Record", "attributes": {
                 "handle": string(), "region": optional(string()), "active": optional(boolean()),
@@ -578,6 +596,22 @@ impl Compiled {
             }
             context.push(("technician".to_owned(), record(fields)?));
         }
+        if !call.budgets.is_empty() {
+            let kinds = call
+                .budgets
+                .iter()
+                .map(|b| {
+                    let long = RestrictedExpression::new_long;
+                    let fields = vec![
+                        ("used".to_owned(), long(b.used)),
+                        ("limit".to_owned(), long(b.limit)),
+                        ("amount".to_owned(), long(b.amount)),
+                    ];
+                    Ok((b.kind.to_owned(), record(fields)?))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            context.push(("budgets".to_owned(), record(kinds)?));
+        }
         let context =
             Context::from_pairs(context).map_err(|e| format!("the call's context: {e}"))?;
         let request = Request::new(principal, facts.uid.clone(), resource, context, None)
@@ -705,6 +739,18 @@ pub enum Resource {
     Technician(TechnicianFacts),
 }
 
+/// One kind of effect of a two-step action against the connection's budget of that kind.
+#[derive(Debug, Clone)]
+pub struct BudgetFact {
+    /// One of [`BUDGET_KINDS`].
+    pub kind: &'static str,
+    /// Used in the budget's window, apart from this action.
+    pub used: i64,
+    pub limit: i64,
+    /// What this action adds.
+    pub amount: i64,
+}
+
 /// A technician as policies see it: as the resource (`page_technician`) or as the one a call
 /// names beside its record (`context.technician`).
 #[derive(Debug, Clone)]
@@ -773,6 +819,9 @@ pub struct Call<'a> {
     pub resource: Resource,
     /// The technician the arguments name beside the resource (`context.technician`).
     pub technician: Option<TechnicianFacts>,
+    /// A two-step action's effects against the connection's budgets (`context.budgets`);
+    /// empty for reads and silent writes, which budgets do not count.
+    pub budgets: Vec<BudgetFact>,
     /// How many records the action touches (0 for a read).
     pub effects: i64,
     /// The tenant's local time.

@@ -58,6 +58,7 @@ fn call<'a>(
             None => Resource::Tenant("ten_x".into()),
         },
         technician: None,
+        budgets: Vec::new(),
         effects: 1,
         now,
     }

@@ -174,6 +174,26 @@ pub(crate) async fn check(
     Ok(over)
 }
 
+/// Where `effects` stand against the connection's budgets, as a tenant's policies read them
+/// (`context.budgets`): per kind, what the window has used apart from `except`'s own
+/// reservation, the limit, and what the action adds. No lock is taken: the budget check that
+/// follows decides under its locks; a policy reads the same figures a moment earlier.
+pub(crate) async fn standing(
+    tx: &mut Tx<'static>,
+    ctx: &OpCtx,
+    connection_id: i64,
+    except: Option<i64>,
+    effects: &[(EffectKind, i64)],
+) -> Result<Vec<crate::policies::BudgetFact>> {
+    let mut facts = Vec::new();
+    for &(kind, amount) in effects {
+        let (limit, window_secs, _) = connection_budget(tx, ctx, connection_id, kind).await?;
+        let used = used(tx, ctx, Some(connection_id), kind, window_secs, except).await?;
+        facts.push(crate::policies::BudgetFact { kind: kind.as_str(), used, limit, amount });
+    }
+    Ok(facts)
+}
+
 async fn lock(tx: &mut Tx<'static>, ctx: &OpCtx, effects: &[(EffectKind, i64)]) -> Result<()> {
     let mut kinds: Vec<EffectKind> = effects.iter().map(|(k, _)| *k).collect();
     kinds.sort_unstable();

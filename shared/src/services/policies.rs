@@ -300,6 +300,7 @@ pub async fn check_call(
         args: args.clone(),
         resource,
         technician,
+        budgets: Vec::new(),
         effects: 0,
         now: now.to_zoned_datetime(ctx.tenant().zone.clone()),
     };
@@ -327,6 +328,10 @@ pub(crate) struct TwoStepCall<'a> {
     pub args: &'a Value,
     /// The records the plan touches (its audit targets).
     pub targets: &'a [String],
+    /// The plan's effects, by kind (`context.budgets`).
+    pub effects: Vec<(crate::services::two_step::EffectKind, i64)>,
+    /// The pending action being confirmed, whose own reservation its budgets do not count.
+    pub pending: Option<i64>,
     pub phase: &'static str,
     pub now: jiff::Timestamp,
 }
@@ -395,6 +400,14 @@ async fn judge_two_step(
         return Ok(Verdict::Error("the connection that asked for it is gone".into()));
     };
     let principal = Principal { handle, role, client, grant, name, creator };
+    let budgets = crate::services::budgets::standing(
+        tx,
+        ctx,
+        action.connection_id,
+        action.pending,
+        &action.effects,
+    )
+    .await?;
     let bookings: Vec<String> =
         action.targets.iter().filter(|t| t.starts_with("bkg_")).cloned().collect();
     let (resources, technician): (Vec<Resource>, _) = if bookings.is_empty() {
@@ -428,6 +441,7 @@ async fn judge_two_step(
             args: action.args.clone(),
             resource,
             technician: technician.clone(),
+            budgets: budgets.clone(),
             effects: action.targets.len() as i64,
             now: action.now.to_zoned_datetime(ctx.tenant().zone.clone()),
         })
@@ -715,7 +729,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         by_policy: Vec::new(),
         examples: Vec::new(),
         caveat: format!(
-            "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args is replayed without them (context.technician, the technician a change assigned, is among the records touched and is replayed). Bookings, customers and technicians are judged as they are now, connections with their creator's current role.{}",
+            "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args or context.budgets is replayed without them (context.technician, the technician a change assigned, is among the records touched and is replayed). Bookings, customers and technicians are judged as they are now, connections with their creator's current role.{}",
             if truncated {
                 format!(" Only the newest {REPLAY_LIMIT} calls of the window were replayed.")
             } else {
@@ -785,6 +799,8 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
                 args: Value::Object(Default::default()),
                 resource,
                 technician: technician.clone(),
+                // Budgets are not replayed: what a window had used at the time is not kept.
+                budgets: Vec::new(),
                 effects: if phase == "prepare" { call.targets.len() as i64 } else { 0 },
                 now: at.to_zoned_datetime(ctx.tenant().zone.clone()),
             })

@@ -31,6 +31,10 @@ fn the_policy_schema_is_the_registrys() {
         let expected = !matches!(spec.name, "confirm_action" | "reject_action");
         let present = generated["schema"][""]["actions"].get(spec.name).is_some();
         assert_eq!(present, expected, "{}", spec.name);
+        // `context.budgets` names every kind of effect budgets count, and no other.
+        let kinds: Vec<&str> =
+            shared::services::two_step::EffectKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(kinds, policies_kinds(), "context.budgets' kinds are the effect kinds");
         if !present {
             continue;
         }
@@ -489,4 +493,47 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
     assert!(err["message"].as_str().expect("message").contains("IANA"), "{err}");
     let after = stack.ok(&token, "get_customer", json!({"customer": customer})).await;
     assert_eq!(after["zone"], zone_at(14).as_str());
+}
+
+fn policies_kinds() -> Vec<&'static str> {
+    shared::policies::BUDGET_KINDS.to_vec()
+}
+
+const ONE_MESSAGE: &str = r#"
+@id("one-message")
+@reason("one message a window per connection; ask a person for more")
+forbid (principal, action == Action::"send_customer_message", resource)
+when {
+  context has budgets && context.budgets has customers_messaged &&
+  context.budgets.customers_messaged.used >= 1
+};
+"#;
+
+#[tokio::test]
+async fn a_rule_over_budgets_reads_what_the_window_used_apart_from_the_action_itself() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    set(&stack, ONE_MESSAGE).await;
+    let customers = stack.ok(&token, "find_customers", json!({"limit": 2})).await;
+    let customer = |i: usize| customers["customers"][i]["customer"].as_str().expect("c").to_owned();
+    let message = |c: String| json!({"customer": c, "subject": "Visit", "body": "At nine."});
+    // Nothing used yet: the first message is previewed, and reserves its effect.
+    let preview = stack.ok(&token, "send_customer_message", message(customer(0))).await;
+    assert_eq!(preview["status"], "PREVIEW", "{preview}");
+    // The reservation is used: a second message is refused by the rule.
+    let err = stack
+        .call(&token, "send_customer_message", message(customer(1)))
+        .await
+        .expect_err("the window's one message is taken");
+    assert_eq!(err["code"], "forbidden_by_policy", "{err}");
+    assert!(err["message"].as_str().expect("message").contains("one-message"), "{err}");
+    // Confirming the first is judged apart from its own reservation, and runs.
+    let done = stack
+        .ok(
+            &token,
+            "confirm_action",
+            json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]}),
+        )
+        .await;
+    assert_eq!(done["status"], "EXECUTED", "{done}");
 }

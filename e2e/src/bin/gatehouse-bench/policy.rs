@@ -53,6 +53,7 @@ pub(super) fn policy_bench() -> Result<String> {
             args,
             resource,
             technician: None,
+            budgets: Vec::new(),
             effects: 3,
             now: now.clone(),
         }

@@ -211,6 +211,8 @@ pub async fn prepare<T: TwoStep + Serialize>(
         class: op.class(),
         args: &args,
         targets: &plan.targets,
+        effects: plan.effects(),
+        pending: None,
         phase: "prepare",
         now,
     };
@@ -508,7 +510,7 @@ async fn execute(
         }
     };
     // The tenant's policies again, as they are now and with what the plan touches now.
-    let asked = pending_call(&p, op, &plan.targets, "confirm", now);
+    let asked = pending_call(&p, op, &plan, "confirm", now);
     let policies::Judged { verdict, record } = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Superseded, None).await?;
@@ -543,7 +545,7 @@ async fn execute(
 fn pending_call<'a>(
     p: &'a db::PendingRow,
     op: Op,
-    targets: &'a [String],
+    plan: &'a Plan,
     phase: &'static str,
     now: Timestamp,
 ) -> policies::TwoStepCall<'a> {
@@ -552,7 +554,11 @@ fn pending_call<'a>(
         tool: op.name(),
         class: op.class(),
         args: &p.args,
-        targets,
+        targets: &plan.targets,
+        effects: plan.effects(),
+        // A confirmation's own reservation is not counted against it; a fresh preview has
+        // none yet.
+        pending: (phase == "confirm").then_some(p.id),
         phase,
         now,
     }
@@ -611,7 +617,7 @@ async fn replan(
     // The new preview promises what holds from now on, and is a new preparation: the tenant's
     // policies decide it as they decide any.
     let fresh = self::plan(tx, ctx, op, &p.args, At::fresh(now)).await?;
-    let asked = pending_call(p, op, &fresh.targets, "prepare", now);
+    let asked = pending_call(p, op, &fresh, "prepare", now);
     let mut completes = completes;
     let policies::Judged { verdict, record } = policies::two_step(ds, tx, ctx, &asked).await?;
     match verdict {

@@ -152,7 +152,7 @@ pub(crate) async fn decide(
         }
     };
     // A person's approval answers an `@approval` policy; a `forbid` refuses even them.
-    let asked = pending_call(&p, op, &plan.targets, "confirm", now);
+    let asked = pending_call(&p, op, &plan, "confirm", now);
     let policies::Judged { verdict, record } = policies::two_step(ds, &mut tx, ctx, &asked).await?;
     if let Some(error) = policies::refused_by(&verdict) {
         // As on the agent's path: the action can never run, so it leaves the queue.
