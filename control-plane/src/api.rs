@@ -10,7 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post};
+use axum::routing::{get, patch, post, put};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use shared::OpCtx;
@@ -24,6 +24,7 @@ use shared::services::bookings::{BookingWritten, NoteWritten};
 use shared::services::customers::{self as customer_svc, FindCustomersInput, GetCustomerInput};
 use shared::services::customers::{CreateCustomerInput, CustomerWritten, UpdateCustomerInput};
 use shared::services::outcome::Written;
+use shared::services::places;
 use shared::views;
 
 use crate::AppState;
@@ -34,6 +35,8 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/customers/{customer}", get(get_customer))
         .route("/customers", post(create_customer))
         .route("/customers/{customer}", patch(update_customer))
+        .route("/customers/{customer}/place", put(set_customer_place))
+        .route("/technicians/{technician}/region", put(set_technician_region))
         .route("/bookings", get(find_bookings).post(create_booking))
         .route("/bookings/{booking}", get(get_booking).patch(update_booking))
         .route("/bookings/{booking}/notes", post(add_booking_note))
@@ -44,7 +47,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
 
 async fn no_such_route() -> Response {
     let body = json!({"error": {"code": "not_found", "message": "No such route in the REST API.",
-        "fix": "The routes are /api/v1/customers, /api/v1/customers/{customer}, /api/v1/bookings, /api/v1/bookings/{booking} and /api/v1/bookings/{booking}/notes (docs/rest-api.md)."}});
+        "fix": "The routes are /api/v1/customers, /api/v1/customers/{customer}, /api/v1/customers/{customer}/place, /api/v1/technicians/{technician}/region, /api/v1/bookings, /api/v1/bookings/{booking} and /api/v1/bookings/{booking}/notes (docs/rest-api.md)."}});
     (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
 
@@ -339,6 +342,29 @@ async fn update_customer(
 ) -> Result<Json<Written<CustomerWritten>>, ApiError> {
     let input: UpdateCustomerInput = body_input(body, Some(("customer", customer)))?;
     Ok(Json(customer_svc::update_customer(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
+}
+
+/// Where a customer is: their region and IANA zone, which a tenant's policies read (no agent
+/// sets them).
+async fn set_customer_place(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(customer): Path<String>,
+    Json(body): Json<Value>,
+) -> Result<Json<Written<places::CustomerPlaced>>, ApiError> {
+    let input: places::CustomerPlaceInput = body_input(body, Some(("customer", customer)))?;
+    Ok(Json(places::set_customer_place(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
+}
+
+/// Where a technician works, which a tenant's policies read (`tenant:switch`).
+async fn set_technician_region(
+    State(state): State<Arc<AppState>>,
+    ApiCtx(ctx): ApiCtx,
+    Path(technician): Path<String>,
+    Json(body): Json<Value>,
+) -> Result<Json<Written<places::TechnicianPlaced>>, ApiError> {
+    let input: places::TechnicianRegionInput = body_input(body, Some(("technician", technician)))?;
+    Ok(Json(places::set_technician_region(&state.ds, &ctx, &input).await?))
 }
 
 async fn create_booking(

@@ -277,14 +277,19 @@ impl ArgType {
         }
     }
 
-    /// `value` as a Cedar value of this type, or `None` when it has another type (the tool's
-    /// own parsing refuses it before anything runs; to a policy the argument is absent).
+    /// `value` as a Cedar value of this type, read as the tools read it: a string trimmed, a
+    /// number also from its digits in a string (the tools take `"50"` for 50). `None` when
+    /// it has another type: the tool's own parsing refuses it before anything runs, and to a
+    /// policy the argument is absent.
     fn fact(&self, value: &Value) -> Option<RestrictedExpression> {
         match (self, value) {
             (ArgType::String, Value::String(s)) => {
-                Some(RestrictedExpression::new_string(s.clone()))
+                Some(RestrictedExpression::new_string(s.trim().to_owned()))
             }
             (ArgType::Long, Value::Number(n)) => n.as_i64().map(RestrictedExpression::new_long),
+            (ArgType::Long, Value::String(s)) => {
+                s.trim().parse::<i64>().ok().map(RestrictedExpression::new_long)
+            }
             (ArgType::Boolean, Value::Bool(b)) => Some(RestrictedExpression::new_bool(*b)),
             (ArgType::Set(element), Value::Array(items)) => items
                 .iter()

@@ -219,3 +219,64 @@ async fn a_stale_version_through_the_api_conflicts() {
     let audited = api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'api' AND action = 'update_customer' AND connection_id IS NULL").await;
     assert_eq!(audited, 1);
 }
+
+#[tokio::test]
+async fn the_tenants_systems_place_customers_and_technicians_for_its_policies() {
+    let api = Api::start().await;
+    let token = api.seed.tenants[0].api_token.clone();
+    let put = |path: String, body: Value, token: String| {
+        let (http, url) = (api.http.clone(), format!("{}/api/v1{path}", api.url));
+        async move {
+            let r = http.put(url).bearer_auth(token).json(&body).send().await.expect("put");
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let bookings = api.get("/api/v1/bookings?limit=20", Some(&token)).await.1;
+    let with_technician = bookings["bookings"]
+        .as_array()
+        .expect("bookings")
+        .iter()
+        .find(|b| b["technician"]["technician"].is_string())
+        .expect("an assigned booking");
+    let technician = with_technician["technician"]["technician"].as_str().expect("h").to_owned();
+    let customer = with_technician["customer"]["customer"].as_str().expect("h").to_owned();
+    // Kept lowercase, a zone by its canonical name; the answer shows what is kept.
+    let (status, body) =
+        put(format!("/technicians/{technician}/region"), json!({"region": "East "}), token.clone())
+            .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["technician"]["region"], "east");
+    let (status, body) = put(
+        format!("/customers/{customer}/place"),
+        json!({"region": "East", "zone": "europe/lisbon"}),
+        token.clone(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (&body["customer"]["region"], &body["customer"]["zone"]),
+        (&json!("east"), &json!("Europe/Lisbon"))
+    );
+    // Bad input is refused, says what to change, and changes nothing.
+    for (path, input, says) in [
+        (format!("/customers/{customer}/place"), json!({"zone": "Mars/Olympus_Mons"}), "IANA"),
+        (format!("/customers/{customer}/place"), json!({"region": "x".repeat(65)}), "region"),
+        (format!("/customers/{customer}/place"), json!({"tenant_id": 1}), "allowed"),
+        (format!("/technicians/{technician}/region"), json!({"region": "a\u{7}b"}), "region"),
+    ] {
+        let (status, body) = put(path.clone(), input, token.clone()).await;
+        assert_eq!(status, 422, "{path}: {body}");
+        assert!(
+            body["error"]["fix"].as_str().is_some_and(|f| f.contains(says))
+                || body["error"]["message"].as_str().is_some_and(|m| m.contains(says)),
+            "{path}: {body}"
+        );
+    }
+    let (_, kept) = api.get(&format!("/api/v1/customers/{customer}"), Some(&token)).await;
+    assert_eq!((&kept["region"], &kept["zone"]), (&json!("east"), &json!("Europe/Lisbon")));
+    // Another tenant's records are not found from here (R3).
+    let other = api.seed.tenants[1].api_token.clone();
+    let (status, _) =
+        put(format!("/technicians/{technician}/region"), json!({"region": "west"}), other).await;
+    assert_eq!(status, 404);
+}

@@ -57,14 +57,20 @@ async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_sa
             .to_owned()
     };
     // One customer where it is night now and one where it is day, in zones of their own, so
-    // the quiet-hours rule bites whenever this runs (set as a tenant would: update_customer).
+    // the quiet-hours rule bites whenever this runs: set as the tenant's systems set them,
+    // through the REST API (no agent may move a customer into the day).
     let (asleep, awake) = (customer(0), customer(1));
+    let api_token = stack.tenant(0)["api_token"].as_str().expect("api token").to_owned();
+    let http = reqwest::Client::new();
     for (who, local) in [(&asleep, 2), (&awake, 14)] {
-        let read = tool_call(&lb, &token, "get_customer", json!({"customer": who})).await;
-        let version = read["structuredContent"]["version"].clone();
-        let args = json!({"customer": who, "version": version, "zone": zone_at(local)});
-        let (_, code, message) = answer(&tool_call(&lb, &token, "update_customer", args).await);
-        assert!(code.is_empty(), "{code}: {message}");
+        let placed = http
+            .put(format!("{}/api/v1/customers/{who}/place", stack.control_url))
+            .bearer_auth(&api_token)
+            .json(&json!({"zone": zone_at(local)}))
+            .send()
+            .await
+            .expect("api");
+        assert!(placed.status().is_success(), "{}", placed.text().await.unwrap_or_default());
     }
     // A confirmed booking of a northern customer, and a technician of each region, as the seed
     // places them.

@@ -123,7 +123,7 @@ pub(crate) async fn policy_facts<'e, E: sqlx::PgExecutor<'e>>(
 ) -> Result<Vec<PolicyFactRow>> {
     Ok(sqlx::query_as(
         "SELECT b.handle, b.status, b.starts_at, c.region, NULL::text AS zone, NULL::bool AS active
-           FROM bookings b JOIN customers c ON c.id = b.customer_id
+           FROM bookings b JOIN customers c ON c.id = b.customer_id AND c.tenant_id = b.tenant_id
           WHERE b.tenant_id = $1 AND b.handle = ANY($2)
          UNION ALL
          SELECT handle, NULL, NULL, region, zone, NULL

@@ -11,7 +11,7 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::CustomerHandle;
 use crate::input::lenient_u32;
 use crate::rights::Right;
-use crate::services::fields::{email, label, name, phone, separate_reason};
+use crate::services::fields::{email, name, phone, separate_reason};
 use crate::services::presented;
 use crate::services::rails::{self, Written, Wrote};
 use crate::services::two_step::{
@@ -130,24 +130,8 @@ pub struct UpdateCustomerInput {
     /// New phone; an empty string removes it.
     #[serde(default)]
     pub phone: Option<String>,
-    /// Where the customer is served (their bookings' region), up to 64 characters; an empty
-    /// string removes it.
-    #[serde(default)]
-    pub region: Option<String>,
-    /// The customer's IANA time zone when it is not the tenant's (Europe/Lisbon); an empty
-    /// string removes it.
-    #[serde(default)]
-    pub zone: Option<String>,
     #[serde(default)]
     pub idempotency_key: Option<String>,
-}
-
-/// An optional place field as written: `Some(None)` removes it, `Some(Some(v))` sets it.
-fn place(
-    raw: Option<&str>,
-    check: impl Fn(&str) -> Result<String>,
-) -> Result<Option<Option<String>>> {
-    raw.map(|r| if r.trim().is_empty() { Ok(None) } else { check(r).map(Some) }).transpose()
 }
 
 pub async fn create_customer(
@@ -221,11 +205,6 @@ pub async fn update_customer(
     let new_name = input.name.as_deref().map(|n| name("name", n)).transpose()?;
     let new_email = input.email.as_deref().map(|e| email(Some(e))).transpose()?;
     let new_phone = input.phone.as_deref().map(|p| phone(Some(p))).transpose()?;
-    let new_region = place(input.region.as_deref(), |r| label("region", r, 64))?;
-    let new_zone = place(input.zone.as_deref(), |z| {
-        crate::time::zone("zone", z)?;
-        Ok(z.trim().to_owned())
-    })?;
     rails::silent_write(
         ds,
         ctx,
@@ -284,18 +263,7 @@ pub async fn update_customer(
                     phone.as_ref().map(|p| p.0.as_str()),
                 )
                 .await?;
-                let updated = match (&new_region, &new_zone) {
-                    (None, None) => updated,
-                    _ => {
-                        let region = new_region.clone().unwrap_or(updated.region.clone());
-                        let zone = new_zone.clone().unwrap_or(updated.zone.clone());
-                        db::customer_set_place(tx, ctx, row.id, region.as_deref(), zone.as_deref())
-                            .await?;
-                        db::customer_lock(tx, ctx, handle.as_str())
-                            .await?
-                            .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?
-                    }
-                };
+
                 let view =
                     views::customer(&updated, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
                 Ok((CustomerWritten { customer: view }, vec![updated.handle]))

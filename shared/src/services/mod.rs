@@ -25,6 +25,7 @@ pub mod operators;
 pub mod outbox;
 pub mod outcome;
 pub mod passkeys;
+pub mod places;
 mod planners;
 pub mod policies;
 mod rails;

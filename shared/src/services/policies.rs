@@ -148,21 +148,32 @@ fn named(args: &Value, field: &str, prefix: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The tools whose `technician` argument is the technician the call acts on or for (assigns
+/// or pages), given to policies as `context.technician`; a search's technician filter is not.
+/// Each names that technician among its audit targets, so the replay sees it too.
+const NAMES_A_TECHNICIAN: [&str; 3] = ["update_booking", "create_booking", "page_technician"];
+
+/// The technician `tool`'s arguments name for `context.technician`.
+fn technician_named(tool: &str, args: &Value) -> Option<String> {
+    NAMES_A_TECHNICIAN.contains(&tool).then(|| named(args, "technician", "tec_")).flatten()
+}
+
 /// The records a call's arguments name, as policies see them, read in one round trip: the
 /// resource (the booking, else the customer, else the technician, else the tenant) and the
-/// technician named beside it (`context.technician`). A booking named but not found in the
+/// technician the call acts on or for (`context.technician`, also when it is the resource). A booking named but not found in the
 /// tenant is no record at all, and the call cannot be judged on it: `Err`, which refuses (a
 /// policy on its start must not be dodged by a handle the tool would have read otherwise).
 async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
+    tool: &str,
     args: &Value,
     now: jiff::Timestamp,
     ahead: Ahead,
 ) -> Result<std::result::Result<(Resource, Option<TechnicianFacts>), NotFound>> {
     let booked = named(args, "booking", "bkg_");
     let customer = if booked.is_some() { None } else { named(args, "customer", "cus_") };
-    let technician = named(args, "technician", "tec_");
+    let technician = technician_named(tool, args);
     if let (Some(handle), None, Ahead::Use) = (&booked, &technician, ahead) {
         // `get_booking` read its booking with the context: the same row, no second round trip.
         if let Some(ahead) = crate::auth::peek_read_ahead_booking(ctx, handle) {
@@ -174,7 +185,9 @@ async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
             });
         }
     }
-    if booked.is_none() && customer.is_none() && technician.is_none() {
+    // A technician named otherwise (a filter) is still the resource, as before.
+    let resource_technician = technician.clone().or_else(|| named(args, "technician", "tec_"));
+    if booked.is_none() && customer.is_none() && resource_technician.is_none() {
         return Ok(Ok((Resource::Tenant(ctx.tenant().handle.to_string()), None)));
     }
     let rows = db::policy_facts(
@@ -182,7 +195,7 @@ async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
         ctx,
         booked.as_slice(),
         customer.as_slice(),
-        technician.as_slice(),
+        resource_technician.as_slice(),
     )
     .await?;
     let found = |h: &str| rows.iter().find(|r| r.handle == h);
@@ -198,14 +211,15 @@ async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
         // a customer with no facts but the tenant's clock.
         return Ok(Ok((customer_of(ctx, handle.clone(), found(&handle), now), beside)));
     }
-    let handle = technician.unwrap_or_default();
+    let handle = resource_technician.unwrap_or_default();
+    let facts = found(&handle).map(technician_of);
     Ok(Ok((
-        Resource::Technician(beside.unwrap_or(TechnicianFacts {
+        Resource::Technician(facts.unwrap_or(TechnicianFacts {
             handle,
             region: None,
             active: None,
         })),
-        None,
+        beside,
     )))
 }
 
@@ -285,13 +299,14 @@ pub async fn check_call(
     if !set.judges(tool) {
         return Ok(());
     }
-    let (resource, technician) = match records_of(ds.pool(), ctx, args, now, Ahead::Use).await? {
-        Ok(records) => records,
-        // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
-        Err(NotFound(handle)) => {
-            return Err(Error::not_found(crate::error::Resource::Booking, handle));
-        }
-    };
+    let (resource, technician) =
+        match records_of(ds.pool(), ctx, tool, args, now, Ahead::Use).await? {
+            Ok(records) => records,
+            // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
+            Err(NotFound(handle)) => {
+                return Err(Error::not_found(crate::error::Resource::Booking, handle));
+            }
+        };
     let call = Call {
         connection: &caller.principal,
         tool,
@@ -411,14 +426,15 @@ async fn judge_two_step(
     let bookings: Vec<String> =
         action.targets.iter().filter(|t| t.starts_with("bkg_")).cloned().collect();
     let (resources, technician): (Vec<Resource>, _) = if bookings.is_empty() {
-        match records_of(&mut **tx, ctx, action.args, action.now, Ahead::Never).await? {
+        match records_of(&mut **tx, ctx, action.tool, action.args, action.now, Ahead::Never).await?
+        {
             Ok((resource, technician)) => (vec![resource], technician),
             Err(NotFound(handle)) => {
                 return Ok(Verdict::Error(format!("no booking {handle} in this tenant")));
             }
         }
     } else {
-        let technician = named(action.args, "technician", "tec_");
+        let technician = technician_named(action.tool, action.args);
         let found = db::policy_facts(&mut **tx, ctx, &bookings, &[], technician.as_slice()).await?;
         let beside =
             technician.and_then(|h| found.iter().find(|r| r.handle == h)).map(technician_of);
@@ -447,6 +463,18 @@ async fn judge_two_step(
         })
     });
     Ok(strictest(verdicts))
+}
+
+/// The handle prefix of the record a call of `tool` is judged on, as [`records_of`] picks it
+/// from the tool's arguments: a booking, else a customer, else a technician (`None`: the
+/// tenant).
+fn resource_prefix(tool: &str) -> Option<&'static str> {
+    let args = &REGISTRY["schema"][""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
+        ["attributes"];
+    [("booking", "bkg_"), ("customer", "cus_"), ("technician", "tec_")]
+        .into_iter()
+        .find(|(arg, _)| args.get(arg).is_some())
+        .map(|(_, prefix)| prefix)
 }
 
 /// The strictest verdict of a plan's records: a refusal, then an error, then a person.
@@ -758,14 +786,19 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             name: call.name.clone(),
             creator: call.creator.clone(),
         };
-        let first = call.targets.first().cloned().unwrap_or_default();
+        // The record enforcement judged the call on: the kind its arguments name first, as
+        // the audit targets name it.
+        let first = resource_prefix(&tool)
+            .and_then(|p| call.targets.iter().find(|t| t.starts_with(p)))
+            .cloned()
+            .unwrap_or_default();
         let at = crate::datastore::to_ts(call.at);
         // As enforcement judges it: a prepared plan on each booking it touches, else the
-        // record the call named first; hours until a start from the time of the call.
+        // record the call named; hours until a start from the time of the call.
         let bookings: Vec<&String> = if phase == "prepare" {
             call.targets.iter().filter(|t| t.starts_with("bkg_")).collect()
         } else {
-            call.targets.iter().take(1).filter(|t| t.starts_with("bkg_")).collect()
+            std::iter::once(&first).filter(|t| t.starts_with("bkg_")).collect()
         };
         let resources: Option<Vec<Resource>> = if !bookings.is_empty() {
             bookings.iter().map(|h| records.get(*h).map(|r| booking_of(r, at))).collect()
@@ -783,11 +816,11 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             sim.errors += 1;
             continue;
         };
-        let technician = call
-            .targets
-            .iter()
-            .skip(1)
-            .find(|t| t.starts_with("tec_"))
+        // The technician the call acted on or for, as its audit targets name it.
+        let technician = NAMES_A_TECHNICIAN
+            .contains(&tool.as_str())
+            .then(|| call.targets.iter().find(|t| t.starts_with("tec_")))
+            .flatten()
             .and_then(|h| records.get(h))
             .map(technician_of);
         let verdict = strictest(resources.into_iter().map(|resource| {

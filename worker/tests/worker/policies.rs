@@ -4,6 +4,7 @@
 //! the version in force changes nothing. The committed schema is the registry's.
 
 use crate::support::*;
+use shared::services::places;
 use shared::services::policies;
 use worker::tools::Registry;
 
@@ -345,6 +346,14 @@ when {
   context has technician && resource has region &&
   (if context.technician has region then context.technician.region != resource.region else true)
 };
+
+@id("same-region-new")
+@reason("new bookings go only to a technician of the customer's region")
+forbid (principal, action == Action::"create_booking", resource is Customer)
+when {
+  context has technician && resource has region &&
+  (if context.technician has region then context.technician.region != resource.region else true)
+};
 "#;
 
 const CUSTOMER_NIGHT: &str = r#"
@@ -394,6 +403,19 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         }
     }
     let booking = booking.expect("a confirmed booking of a northern customer");
+    let northern =
+        stack.ok(&token, "get_booking", json!({"booking": booking})).await["customer"]["customer"]
+            .as_str()
+            .expect("customer")
+            .to_owned();
+    let service = stack.ok(&token, "find_services", json!({})).await["services"][0]["service"]
+        .as_str()
+        .expect("service")
+        .to_owned();
+    let new_booking = |technician: &str, day: u32| {
+        json!({"customer": northern, "service": service, "technician": technician,
+               "start": format!("2027-02-{day:02}T10:00"), "zone": "Europe/Berlin"})
+    };
     let version = |b: &Value| b["version"].as_str().expect("version").to_owned();
     let read = stack.ok(&token, "get_booking", json!({"booking": booking})).await;
     // With no set in force, a move to the south; replaying the draft over that history
@@ -406,11 +428,22 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         )
         .await;
     let before = earlier["booking"].clone();
+    stack.ok(&token, "create_booking", new_booking(&south, 1)).await;
+    stack.ok(&token, "create_booking", new_booking(&north, 2)).await;
     let operator = stack.operator_in(0).await;
     let sim = policies::simulate(&stack.db.ds, &operator, SAME_REGION, 1).await.expect("simulate");
-    assert_eq!((sim.forbidden, sim.allowed), (1, sim.calls - 1), "{sim:?}");
-    assert_eq!(sim.by_policy[0].policy, "same-region", "{sim:?}");
+    assert_eq!((sim.forbidden, sim.allowed), (2, sim.calls - 2), "{sim:?}");
+    let by: Vec<(&str, usize)> =
+        sim.by_policy.iter().map(|p| (p.policy.as_str(), p.forbidden)).collect();
+    assert_eq!(by, [("same-region", 1), ("same-region-new", 1)], "{sim:?}");
     set(&stack, SAME_REGION).await;
+    // Enforced, the same new bookings do what the replay said.
+    let err = stack
+        .call(&token, "create_booking", new_booking(&south, 3))
+        .await
+        .expect_err("a technician of another region");
+    assert!(err["message"].as_str().expect("message").contains("same-region-new"), "{err}");
+    stack.ok(&token, "create_booking", new_booking(&north, 4)).await;
     let err = stack
         .call(
             &token,
@@ -450,25 +483,44 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         .await;
 
     // The customer's own clock: night in their zone refuses, day lets the message through.
+    // The tenant's systems set the zone; an agent cannot (it would switch the rule off).
     set(&stack, CUSTOMER_NIGHT).await;
     let (_, customer, _) = handles(&stack, 0).await;
+    let operator = stack.operator_in(0).await;
     let place = |zone: String| {
-        let stack = &stack;
-        let token = token.clone();
-        let customer = customer.clone();
+        let (ds, operator, customer) = (&stack.db.ds, &operator, customer.clone());
         async move {
-            let c = stack.ok(&token, "get_customer", json!({"customer": customer})).await;
-            stack
-                .ok(
-                    &token,
-                    "update_customer",
-                    json!({"customer": customer, "version": version(&c), "zone": zone}),
-                )
+            let input = places::CustomerPlaceInput { customer, region: None, zone: Some(zone) };
+            places::set_customer_place(ds, operator, &input, jiff::Timestamp::now())
                 .await
+                .expect("placed")
+                .result
+                .customer
         }
     };
-    let night = place(zone_at(2)).await;
-    assert_eq!(night["customer"]["zone"], zone_at(2).as_str(), "{night}");
+    let asleep = zone_at(2);
+    let night = place(asleep.clone()).await;
+    assert_eq!(night.zone.as_deref(), Some(asleep.as_str()));
+    let c = stack.ok(&token, "get_customer", json!({"customer": customer})).await;
+    let err = stack
+        .call(
+            &token,
+            "update_customer",
+            json!({"customer": customer, "version": version(&c), "zone": zone_at(14)}),
+        )
+        .await
+        .expect_err("an agent cannot move a customer into the day");
+    assert_eq!(err["code"], "unknown_field", "{err}");
+    let agent = stack.connection_ctx(&token).await;
+    let input = places::CustomerPlaceInput {
+        customer: customer.clone(),
+        region: Some(String::new()),
+        zone: None,
+    };
+    let err = places::set_customer_place(&stack.db.ds, &agent, &input, jiff::Timestamp::now())
+        .await
+        .expect_err("not by agents");
+    assert!(err.to_string().contains("an agent cannot set"), "{err}");
     let message = json!({"customer": customer, "subject": "Visit", "body": "We arrive at nine."});
     let err = stack
         .call(&token, "send_customer_message", message.clone())
@@ -476,23 +528,40 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         .expect_err("night in the customer's zone");
     assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     assert!(err["message"].as_str().expect("message").contains("customer-night"), "{err}");
-    place(zone_at(14)).await;
+    let awake = zone_at(14);
+    place(awake.clone()).await;
     let preview = stack.ok(&token, "send_customer_message", message).await;
     assert_eq!(preview["status"], "PREVIEW", "{preview}");
-    // A zone that is none is refused and leaves the customer as they were.
-    let c = stack.ok(&token, "get_customer", json!({"customer": customer})).await;
-    let err = stack
-        .call(
-            &token,
-            "update_customer",
-            json!({"customer": customer, "version": version(&c), "zone": "Mars/Olympus_Mons"}),
-        )
-        .await
-        .expect_err("no such zone");
-    assert_eq!(err["code"], "invalid_argument", "{err}");
-    assert!(err["message"].as_str().expect("message").contains("IANA"), "{err}");
+    // A zone that is none, or a blank region, is refused and leaves the customer as they were;
+    // a zone is kept by its canonical name and a region in lowercase.
+    for (region, zone) in [(None, Some("Mars/Olympus_Mons")), (Some("  "), None)] {
+        let input = places::CustomerPlaceInput {
+            customer: customer.clone(),
+            region: region.map(str::to_owned),
+            zone: zone.map(str::to_owned),
+        };
+        let err =
+            places::set_customer_place(&stack.db.ds, &operator, &input, jiff::Timestamp::now())
+                .await
+                .expect_err("refused");
+        assert!(matches!(err, shared::Error::Invalid { .. }), "{err}");
+    }
     let after = stack.ok(&token, "get_customer", json!({"customer": customer})).await;
-    assert_eq!(after["zone"], zone_at(14).as_str());
+    assert_eq!(after["zone"], awake.as_str());
+    let input = places::CustomerPlaceInput {
+        customer: customer.clone(),
+        region: Some("North ".into()),
+        zone: Some("europe/lisbon".into()),
+    };
+    let kept = places::set_customer_place(&stack.db.ds, &operator, &input, jiff::Timestamp::now())
+        .await
+        .expect("placed")
+        .result
+        .customer;
+    assert_eq!(
+        (kept.region.as_deref(), kept.zone.as_deref()),
+        (Some("north"), Some("Europe/Lisbon"))
+    );
 }
 
 fn policies_kinds() -> Vec<&'static str> {

@@ -189,10 +189,16 @@ pub async fn create_booking(
                 if let Some(r) = &reason {
                     db::booking_set_separate_reason(tx, ctx, id, r).await?;
                 }
-                Ok((
-                    present_booking(tx, ctx, handle.as_str(), now).await?,
-                    vec![handle.to_string()],
-                ))
+                // The customer it is for and the technician it assigns are records it
+                // touches: the audit names them, and a policy's replay judges the call on
+                // them as enforcement did (the customer, `context.technician`).
+                let mut targets = vec![handle.to_string(), customer.handle.clone()];
+                if let Some(t) =
+                    input.technician.as_deref().map(str::trim).filter(|t| !t.is_empty())
+                {
+                    targets.push(t.to_owned());
+                }
+                Ok((present_booking(tx, ctx, handle.as_str(), now).await?, targets))
             }
             .await;
             (tx, written)

@@ -1,0 +1,147 @@
+//! Where records are: a customer's region and IANA zone, a technician's region. A tenant's
+//! policies read them (`Booking.region`, `Customer.local_time`, `context.technician.region`),
+//! so no agent sets them: an agent that could move a customer into a daytime zone or out of a
+//! region would switch off the rules written over them. The product's REST API (the tenant's
+//! own systems) sets them; a region is kept lowercase, a zone by its canonical IANA name.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::ctx::{Channel, OpCtx};
+use crate::datastore::{self as db, Services};
+use crate::error::{Error, Resource, Result};
+use crate::handle::{CustomerHandle, TechnicianHandle};
+use crate::rights::Right;
+use crate::services::fields::label;
+use crate::services::rails::{self, Written, Wrote};
+use crate::views;
+
+/// A customer's place. A field left out stays as it is; an empty string removes it.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CustomerPlaceInput {
+    /// Customer handle (cus_…).
+    pub customer: String,
+    /// Where the customer is served (their bookings' region), up to 64 characters.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// The customer's IANA time zone when it is not the tenant's (Europe/Lisbon).
+    #[serde(default)]
+    pub zone: Option<String>,
+}
+
+/// A technician's region. An empty string removes it.
+#[derive(Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TechnicianRegionInput {
+    /// Technician handle (tec_…).
+    pub technician: String,
+    /// Where the technician works, up to 64 characters.
+    pub region: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct CustomerPlaced {
+    pub customer: views::CustomerView,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TechnicianPlaced {
+    pub technician: views::TechnicianView,
+}
+
+/// Agents never set what policies read (see the module's note).
+fn not_by_agents(ctx: &OpCtx, field: &str) -> Result<()> {
+    if ctx.channel() == Channel::Mcp {
+        return Err(Error::invalid(
+            field,
+            "an agent cannot set what the tenant's policies read; the tenant's systems set it through the REST API",
+        ));
+    }
+    Ok(())
+}
+
+/// A region as kept: one line of 1 to 64 characters, lowercase (so `VIP` and `vip` are one
+/// region to a policy); `None` for the empty string, which removes it.
+fn region(raw: &str) -> Result<Option<String>> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(label("region", raw, 64)?.to_lowercase()))
+}
+
+/// A zone as kept: its canonical IANA name; `None` for the empty string.
+fn zone(raw: &str) -> Result<Option<String>> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let tz = crate::time::zone("zone", raw)?;
+    match tz.iana_name() {
+        Some(name) if name != "Etc/Unknown" => Ok(Some(name.to_owned())),
+        _ => Err(Error::invalid(
+            "zone",
+            format!("{raw:?} is not an IANA time zone such as Europe/Berlin"),
+        )),
+    }
+}
+
+pub async fn set_customer_place(
+    ds: &Services,
+    ctx: &OpCtx,
+    input: &CustomerPlaceInput,
+    now: jiff::Timestamp,
+) -> Result<Written<CustomerPlaced>> {
+    ctx.require(Right::CustomersWrite)?;
+    not_by_agents(ctx, "region")?;
+    let handle = CustomerHandle::parse("customer", &input.customer)?;
+    let new_region = input.region.as_deref().map(region).transpose()?;
+    let new_zone = input.zone.as_deref().map(zone).transpose()?;
+    rails::silent_write(ds, ctx, "set_customer_place", input, None, |mut tx| async move {
+        let written: Result<Wrote<CustomerPlaced>> = async {
+            let tx = &mut tx;
+            let row = db::customer_lock(tx, ctx, handle.as_str())
+                .await?
+                .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
+            let region = new_region.clone().unwrap_or(row.region.clone());
+            let zone = new_zone.clone().unwrap_or(row.zone.clone());
+            db::customer_set_place(tx, ctx, row.id, region.as_deref(), zone.as_deref()).await?;
+            let row = db::customer_lock(tx, ctx, handle.as_str())
+                .await?
+                .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
+            let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+            Ok((CustomerPlaced { customer: view }, vec![row.handle]))
+        }
+        .await;
+        (tx, written)
+    })
+    .await
+}
+
+/// A technician's region: staff data a tenant's policies read, set by whoever may set those
+/// policies (`tenant:switch`).
+pub async fn set_technician_region(
+    ds: &Services,
+    ctx: &OpCtx,
+    input: &TechnicianRegionInput,
+) -> Result<Written<TechnicianPlaced>> {
+    ctx.require(Right::TenantSwitch)?;
+    not_by_agents(ctx, "region")?;
+    let handle = TechnicianHandle::parse("technician", &input.technician)?;
+    let new_region = region(&input.region)?;
+    rails::silent_write(ds, ctx, "set_technician_region", input, None, |mut tx| async move {
+        let written: Result<Wrote<TechnicianPlaced>> = async {
+            let tx = &mut tx;
+            let row = db::technician_lock(tx, ctx, handle.as_str())
+                .await?
+                .ok_or_else(|| Error::not_found(Resource::Technician, handle.as_str()))?;
+            db::technician_set_region(tx, ctx, row.id, new_region.as_deref()).await?;
+            let row = db::technician_lock(tx, ctx, handle.as_str())
+                .await?
+                .ok_or_else(|| Error::not_found(Resource::Technician, handle.as_str()))?;
+            Ok((TechnicianPlaced { technician: views::technician(&row) }, vec![row.handle]))
+        }
+        .await;
+        (tx, written)
+    })
+    .await
+}
