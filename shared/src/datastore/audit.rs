@@ -145,6 +145,9 @@ pub struct AuditEntry<'a> {
     /// where a set in force decided (an allowed silent write, a judged two-step step), never on
     /// rows no policy decided (an expired token, a rejection).
     pub policy: Option<serde_json::Value>,
+    /// The non-secret facts of an agent's arguments a policy simulation replays (kept apart
+    /// from the chained row, in `audit_call_facts`, for 91 days); `None` for every other row.
+    pub call_facts: Option<serde_json::Value>,
 }
 
 /// One field of a settings change, for [`AuditEntry::change`]: `{field: {from, to}}`.
@@ -166,6 +169,7 @@ impl<'a> AuditEntry<'a> {
             reason: None,
             change: None,
             policy: None,
+            call_facts: None,
         }
     }
 }
@@ -206,6 +210,17 @@ pub(crate) async fn audit_insert(
         .bind(entry.policy)
         .execute(&mut **tx)
         .await?;
+    if let Some(facts) = entry.call_facts {
+        // The row just inserted in this transaction: its id is the sequence's current value.
+        sqlx::query(
+            "INSERT INTO audit_call_facts (audit_id, tenant_id, facts)
+             VALUES (currval(pg_get_serial_sequence('audit_log', 'id')), $1, $2)",
+        )
+        .bind(ctx.tenant_id())
+        .bind(facts)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 

@@ -36,6 +36,8 @@ impl Services {
             "UPDATE tasks SET status = 'failed', status_message = NULL, updated_at = now(),
                     error = '{\"code\": -32603, \"message\": \"The worker running this task stopped; call the tool again.\"}'
              WHERE status = 'working' AND heartbeat_at < now() - interval '60 seconds'",
+            // A simulation replays 90 days at most.
+            "DELETE FROM audit_call_facts WHERE at < now() - interval '91 days'",
             // The console pictures go back a week.
             "DELETE FROM call_activity WHERE hour < now() - interval '8 days'",
             // An action that waited for a person and expired undecided: one audit row, once.

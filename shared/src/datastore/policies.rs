@@ -175,6 +175,8 @@ pub struct ReplayedCall {
     pub creator: String,
     pub targets: Vec<String>,
     pub at: DateTime<Utc>,
+    /// The non-secret facts of its arguments, while kept (`audit_call_facts`).
+    pub facts: Option<serde_json::Value>,
 }
 
 impl Services {
@@ -190,8 +192,9 @@ impl Services {
                     c.client_name AS client, c.name,
                     CASE WHEN c.granted_by = 'idp' THEN 'id_jag'
                          WHEN c.oauth_client_id IS NOT NULL THEN 'oauth' ELSE 'static' END AS grant,
-                    coalesce(p.handle, '') AS creator, a.targets, a.at
+                    coalesce(p.handle, '') AS creator, a.targets, a.at, f.facts
              FROM audit_log a
+             LEFT JOIN audit_call_facts f ON f.audit_id = a.id
              JOIN connections c ON c.id = a.connection_id AND c.tenant_id = a.tenant_id
              LEFT JOIN memberships m ON m.tenant_id = c.tenant_id AND m.person_id = c.creator_id
              LEFT JOIN people p ON p.id = c.creator_id

@@ -465,6 +465,72 @@ async fn judge_two_step(
     Ok(strictest(verdicts))
 }
 
+/// The arguments whose values a policy simulation may keep: handles, times and zones,
+/// numbers, choices and switches. Everything else a tool takes is withheld: free text (a note,
+/// a message, a reason), contact details and names, search words, and opaque tokens (versions,
+/// cursors, idempotency keys). The worker's registry test fails until a new argument is in one
+/// of the two lists.
+pub const KEPT_ARGUMENTS: &[&str] = &[
+    "booking",
+    "bookings",
+    "customer",
+    "technician",
+    "service",
+    "rule",
+    "start",
+    "from",
+    "to",
+    "date",
+    "zone",
+    "status",
+    "priority",
+    "minutes",
+    "limit",
+    "expected_count",
+    "separate",
+    "include_inactive",
+    "skill",
+];
+
+/// The arguments a simulation never keeps (see [`KEPT_ARGUMENTS`]).
+pub const WITHHELD_ARGUMENTS: &[&str] = &[
+    "text",
+    "body",
+    "subject",
+    "message",
+    "name",
+    "email",
+    "phone",
+    "query",
+    "reference",
+    "reason",
+    "version",
+    "idempotency_key",
+    "cursor",
+    "notes_cursor",
+];
+
+/// What an agent's audited call keeps for simulation: the arguments of `tool` that policies
+/// can name and that are not secret ([`KEPT_ARGUMENTS`]), as sent; `None` when there are none.
+pub(crate) fn call_facts(tool: &str, args: &Value) -> Option<Value> {
+    let typed = &REGISTRY["schema"][""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
+        ["attributes"];
+    let kept: serde_json::Map<String, Value> = args
+        .as_object()?
+        .iter()
+        .filter(|(name, value)| {
+            KEPT_ARGUMENTS.contains(&name.as_str())
+                && typed.get(*name).is_some()
+                && !value.is_null()
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let kept = Value::Object(kept);
+    // A kept value beyond what a policy reads is not kept either (the row stays small).
+    (kept.as_object().is_some_and(|m| !m.is_empty()) && kept.to_string().len() <= 16 * 1024)
+        .then_some(kept)
+}
+
 /// The handle prefix of the record a call of `tool` is judged on, as [`records_of`] picks it
 /// from the tool's arguments: a booking, else a customer, else a technician (`None`: the
 /// tenant).
@@ -608,6 +674,7 @@ pub async fn set(
             reason: Some(note).filter(|n| !n.is_empty()),
             change: Some(change),
             policy: None,
+            call_facts: None,
         },
     )
     .await?;
@@ -696,8 +763,8 @@ pub struct Simulation {
     pub by_policy: Vec<PolicyCount>,
     /// Up to five calls each policy would have caught.
     pub examples: Vec<SimulatedCall>,
-    /// What the replay cannot know: the audit log keeps no arguments (R19), so a rule that
-    /// reads `context.args` is replayed with none.
+    /// What the replay cannot know: withheld arguments (free text, contacts, tokens), what a
+    /// budget's window had used, records as they were then.
     pub caveat: String,
 }
 
@@ -757,7 +824,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         by_policy: Vec::new(),
         examples: Vec::new(),
         caveat: format!(
-            "The audit log keeps tool, outcome, connection, time and the records touched, never arguments (R19): a rule that reads context.args or context.budgets is replayed without them (context.technician, the technician a change assigned, is among the records touched and is replayed). Bookings, customers and technicians are judged as they are now, connections with their creator's current role.{}",
+            "The audit log keeps tool, outcome, connection, time and the records touched; the non-secret facts of an agent's arguments are kept beside it for 91 days (handles, times, zones, numbers, choices; never free text, names, contacts, search words or tokens): a rule over context.args replays with those, and without the withheld ones; a rule over context.budgets is replayed without them (what a window had used then is not kept). Bookings, customers and technicians are judged as they are now, connections with their creator's current role.{}",
             if truncated {
                 format!(" Only the newest {REPLAY_LIMIT} calls of the window were replayed.")
             } else {
@@ -829,7 +896,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
                 tool: &tool,
                 class,
                 phase,
-                args: Value::Object(Default::default()),
+                args: call.facts.clone().unwrap_or_else(|| Value::Object(Default::default())),
                 resource,
                 technician: technician.clone(),
                 // Budgets are not replayed: what a window had used at the time is not kept.

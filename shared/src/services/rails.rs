@@ -52,8 +52,14 @@ where
         Begun::Fresh(w) => w,
     };
     let SilentWrite { tx, tool, digest, key, replays } = w;
+    // What a policy simulation replays of an agent's call: the non-secret facts of its
+    // arguments, kept beside its audit row.
+    let facts = (ctx.channel() == crate::ctx::Channel::Mcp)
+        .then(|| serde_json::to_value(input).ok())
+        .flatten()
+        .and_then(|args| crate::services::policies::call_facts(tool, &args));
     let (tx, written) = write(tx).await;
-    SilentWrite { tx, tool, digest, key, replays }.finish(ctx, written).await
+    SilentWrite { tx, tool, digest, key, replays }.finish(ctx, written, facts).await
 }
 
 /// Trims every string so that `" Anna "` and `"Anna"` are the same call.
@@ -155,6 +161,7 @@ impl SilentWrite {
         mut self,
         ctx: &OpCtx,
         written: Result<Wrote<T>>,
+        facts: Option<Value>,
     ) -> Result<Written<T>> {
         let (result, targets) = written?;
         let written = Written { result, replayed: false };
@@ -174,6 +181,7 @@ impl SilentWrite {
         // An agent's write under a policy set passed the worker's gate: the set allowed it.
         let entry = AuditEntry {
             policy: crate::services::policies::allowed_record(ctx),
+            call_facts: facts,
             ..AuditEntry::ok(self.tool, targets)
         };
         db::audit_insert(&mut self.tx, ctx, entry).await?;

@@ -36,6 +36,19 @@ fn the_policy_schema_is_the_registrys() {
         let kinds: Vec<&str> =
             shared::services::two_step::EffectKind::ALL.iter().map(|k| k.as_str()).collect();
         assert_eq!(kinds, policies_kinds(), "context.budgets' kinds are the effect kinds");
+        // Every argument a policy can name is either kept for simulation or withheld from it.
+        let typed_args = generated["schema"][""]["actions"][spec.name]["appliesTo"]["context"]
+            ["attributes"]["args"]["attributes"]
+            .as_object();
+        for arg in typed_args.into_iter().flat_map(|a| a.keys()) {
+            let kept = policies::KEPT_ARGUMENTS.contains(&arg.as_str());
+            let withheld = policies::WITHHELD_ARGUMENTS.contains(&arg.as_str());
+            assert!(
+                kept != withheld,
+                "{}.{arg}: kept for simulation or withheld, one of the two",
+                spec.name
+            );
+        }
         if !present {
             continue;
         }
@@ -605,4 +618,62 @@ async fn a_rule_over_budgets_reads_what_the_window_used_apart_from_the_action_it
         )
         .await;
     assert_eq!(done["status"], "EXECUTED", "{done}");
+}
+
+const OVER_ARGUMENTS: &str = r#"
+@id("short-mutes")
+@reason("alerts are muted for an hour at most")
+forbid (principal, action == Action::"mute_alerts", resource)
+when { context.args has minutes && context.args.minutes > 60 };
+
+@id("no-refund-talk")
+@reason("notes never promise refunds")
+forbid (principal, action == Action::"add_booking_note", resource)
+when { context.args has text && context.args.text like "*refund*" };
+"#;
+
+#[tokio::test]
+async fn a_rule_over_arguments_replays_on_the_facts_kept_and_never_on_free_text() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (booking, _, _) = handles(&stack, 0).await;
+    let rule = stack.ok(&token, "find_alert_rules", json!({})).await["rules"][0]["rule"]
+        .as_str()
+        .expect("rule")
+        .to_owned();
+    // The history, with no set in force: a long mute (previewed), a short one, and a note.
+    for minutes in [120, 30] {
+        let preview =
+            stack.ok(&token, "mute_alerts", json!({"rule": rule, "minutes": minutes})).await;
+        assert_eq!(preview["status"], "PREVIEW", "{preview}");
+    }
+    let note = json!({"booking": booking, "text": "We will refund the call-out."});
+    stack.ok(&token, "add_booking_note", note.clone()).await;
+    // What is kept of the calls: the numbers and handles, never the note's text.
+    let with_text = stack
+        .count("SELECT count(*) FROM audit_call_facts WHERE facts ? 'text' OR facts::text LIKE '%refund%'")
+        .await;
+    assert_eq!(with_text, 0, "free text is never kept");
+    let minutes = stack
+        .count("SELECT count(*) FROM audit_call_facts WHERE (facts->>'minutes')::int = 120")
+        .await;
+    assert_eq!(minutes, 1);
+    // The replay judges the mutes on their minutes, exactly as enforcement then does; the
+    // rule over text cannot be replayed, and says so in the caveat.
+    let operator = stack.operator_in(0).await;
+    let sim = policies::simulate(&stack.db.ds, &operator, OVER_ARGUMENTS, 1).await.expect("sim");
+    let by: Vec<(&str, usize)> =
+        sim.by_policy.iter().map(|p| (p.policy.as_str(), p.forbidden)).collect();
+    assert_eq!(by, [("short-mutes", 1)], "{sim:?}");
+    assert!(sim.caveat.contains("free text"), "{}", sim.caveat);
+    set(&stack, OVER_ARGUMENTS).await;
+    let err = stack
+        .call(&token, "mute_alerts", json!({"rule": rule, "minutes": 120}))
+        .await
+        .expect_err("a long mute");
+    assert!(err["message"].as_str().expect("message").contains("short-mutes"), "{err}");
+    let short = stack.ok(&token, "mute_alerts", json!({"rule": rule, "minutes": 30})).await;
+    assert_eq!(short["status"], "PREVIEW", "{short}");
+    let err = stack.call(&token, "add_booking_note", note).await.expect_err("enforced on text");
+    assert!(err["message"].as_str().expect("message").contains("no-refund-talk"), "{err}");
 }

@@ -228,6 +228,7 @@ pub async fn prepare<T: TwoStep + Serialize>(
             reason: Some(&why),
             change: None,
             policy: record,
+            call_facts: policies::call_facts(op.name(), &args),
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
@@ -273,6 +274,7 @@ async fn wait_for_person(
         reason: Some(why),
         change: None,
         policy: record,
+        call_facts: None,
     };
     db::audit_insert(&mut tx, ctx, entry).await?;
     tx.commit().await?;
@@ -298,6 +300,7 @@ pub(super) async fn refuse_naming(
         reason: Some(&why),
         change: None,
         policy: record,
+        call_facts: None,
     };
     if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
         return e;
@@ -319,6 +322,7 @@ async fn refuse(mut tx: Tx<'static>, ctx: &OpCtx, tool: &str, pending: i64, erro
         reason: None,
         change: None,
         policy: None,
+        call_facts: None,
     };
     if let Err(e) = db::audit_insert(&mut tx, ctx, entry).await {
         return e;
@@ -605,6 +609,7 @@ async fn replan(
                 reason: None,
                 change: None,
                 policy: None,
+                call_facts: None,
             };
             db::audit_insert(tx, ctx, entry).await?;
             return Ok(Replanned::Failed(e));
@@ -638,6 +643,7 @@ async fn replan(
                 reason: Some(&why),
                 change: None,
                 policy: record,
+                call_facts: None,
             };
             db::audit_insert(tx, ctx, entry).await?;
             return Ok(Replanned::Failed(error));
@@ -695,6 +701,7 @@ async fn run_once(
                 reason: approved.map(|(_, r)| r).filter(|r| !r.is_empty()),
                 change: None,
                 policy: record,
+                call_facts: None,
             },
         )
         .await?;
@@ -741,6 +748,7 @@ pub async fn reject(ds: &Services, ctx: &OpCtx, input: &RejectActionInput) -> Re
             reason: None,
             change: None,
             policy: None,
+            call_facts: None,
         },
     )
     .await?;

@@ -110,6 +110,7 @@ pub async fn confirm_sealed(
             reason: Some("declined in the client"),
             change: None,
             policy: None,
+            call_facts: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;

@@ -115,6 +115,7 @@ pub(crate) async fn decide(
             reason: Some(reason.as_str()).filter(|r| !r.is_empty()),
             change: None,
             policy: None,
+            call_facts: None,
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;
