@@ -1,6 +1,14 @@
-//! The library's shape, checked: no two files import each other, however indirectly. A circle
-//! between files is how a house loses its floors (the error type reaching for the store, the
-//! store for a service); this test names the first one a change closes, file by file.
+//! The library's shape, checked: no two files import each other, however indirectly, and no
+//! file imports from a floor above its own ([`FLOORS`]). A circle between files is how a house
+//! loses its floors (the error type reaching for the store, the store for a service); these
+//! tests name the first circle or upward import a change makes, file by file.
+//!
+//! The floors are modules of one crate, not crates, on purpose: the store's functions and the
+//! minting of contexts are `pub(crate)`, which is what keeps an adapter from calling the store
+//! or building a context with every right (the compile-fail proofs in `sealed.rs`). As crates,
+//! the store would have to make them `pub` to the domain, and every adapter could reach them.
+//! So the compiler guards the door between the library and its adapters, and this test guards
+//! the floors inside.
 //!
 //! It reads the sources as text: every `crate::a::b` and `super::a` path outside comments is
 //! an arrow from its file to the file that defines the longest part of that path that is a
@@ -160,6 +168,75 @@ fn circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
         }
     }
     None
+}
+
+/// The library's floors, from the ground up, by top-level module: a file may import from its
+/// own floor and the floors below, never from one above.
+const FLOORS: &[(&str, &[&str])] = &[
+    // Pure: types, rules and forms, no SQL and no I/O.
+    (
+        "kernel",
+        &[
+            "canon", "money", "seal", "signing", "text", "effect", "rights", "error", "cursor",
+            "handle", "time", "secret", "input", "ctx", "policies",
+        ],
+    ),
+    // The wires every service shares: the NATS bus and telemetry.
+    ("wires", &["bus", "telemetry"]),
+    // Every SQL statement and row type.
+    ("store", &["datastore"]),
+    // What the store's rows become for readers, and the entry checks of a request.
+    ("views", &["views", "auth"]),
+    // The services, by bounded context.
+    ("domain", &["services"]),
+    // Assembling a process: settings, and the test fixtures.
+    ("assembly", &["config", "testing"]),
+];
+
+/// The floor of a module path, by its top-level module (`None`: outside the floors, such as
+/// this test).
+fn floor_of(module: &str) -> Option<usize> {
+    let top = module.split("::").next().unwrap_or_default();
+    FLOORS.iter().position(|(_, rooms)| rooms.contains(&top))
+}
+
+/// The arrows that run up a floor: `(from, to)`.
+fn upward(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    graph
+        .iter()
+        .flat_map(|(from, tos)| tos.iter().map(move |to| (from, to)))
+        .filter(|(from, to)| match (floor_of(from), floor_of(to)) {
+            (Some(a), Some(b)) => b > a,
+            _ => false,
+        })
+        .map(|(from, to)| (from.clone(), to.clone()))
+        .collect()
+}
+
+#[test]
+fn every_file_of_the_library_stands_on_a_floor_and_imports_nothing_above_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = arrows(&root);
+    let lost: Vec<&String> = graph
+        .keys()
+        .filter(|m| floor_of(m).is_none() && !["", "house", "sealed"].contains(&m.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "modules on no floor (name one in FLOORS): {lost:?}");
+    let up = upward(&graph);
+    assert!(up.is_empty(), "imports from a floor above: {up:?}");
+}
+
+#[test]
+fn the_check_sees_an_import_from_above() {
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    graph.entry("error".into()).or_default().insert("rights::catalog".into());
+    graph.entry("datastore::bookings".into()).or_default().insert("ctx".into());
+    assert!(upward(&graph).is_empty());
+    graph.entry("datastore::bookings".into()).or_default().insert("services::audit".into());
+    assert_eq!(
+        upward(&graph),
+        vec![("datastore::bookings".to_owned(), "services::audit".to_owned())]
+    );
 }
 
 #[test]
