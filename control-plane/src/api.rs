@@ -351,7 +351,7 @@ async fn set_customer_place(
     ApiCtx(ctx): ApiCtx,
     Path(customer): Path<String>,
     Json(body): Json<Value>,
-) -> Result<Json<Written<places::CustomerPlaced>>, ApiError> {
+) -> Result<Json<places::CustomerPlaced>, ApiError> {
     let input: places::CustomerPlaceInput = body_input(body, Some(("customer", customer)))?;
     Ok(Json(places::set_customer_place(&state.ds, &ctx, &input, jiff::Timestamp::now()).await?))
 }
@@ -362,7 +362,7 @@ async fn set_technician_region(
     ApiCtx(ctx): ApiCtx,
     Path(technician): Path<String>,
     Json(body): Json<Value>,
-) -> Result<Json<Written<places::TechnicianPlaced>>, ApiError> {
+) -> Result<Json<places::TechnicianPlaced>, ApiError> {
     let input: places::TechnicianRegionInput = body_input(body, Some(("technician", technician)))?;
     Ok(Json(places::set_technician_region(&state.ds, &ctx, &input).await?))
 }

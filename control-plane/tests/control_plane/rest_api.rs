@@ -246,6 +246,16 @@ async fn the_tenants_systems_place_customers_and_technicians_for_its_policies() 
             .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["technician"]["region"], "east");
+    // Set back and forth, each time kept: a place is set, never answered from a replay.
+    for region in ["west", "east", "west"] {
+        let (status, body) = put(
+            format!("/technicians/{technician}/region"),
+            json!({"region": region}),
+            token.clone(),
+        )
+        .await;
+        assert_eq!((status, body["technician"]["region"].as_str()), (200, Some(region)), "{body}");
+    }
     let (status, body) = put(
         format!("/customers/{customer}/place"),
         json!({"region": "East", "zone": "europe/lisbon"}),

@@ -178,13 +178,20 @@ impl<'a> AuditEntry<'a> {
 /// the entry point (R19), never from the caller's arguments. A row about a pending action
 /// written outside a connection (a person approving it in the console) names the connection
 /// that asked for the action, so the agent's `list_recent_changes` shows what was done for it.
-pub(crate) const AUDIT_INSERT_SQL: &str = "INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
+///
+/// The same statement keeps an agent call's argument facts ($16, for policy simulation) beside
+/// the row when there are any: one round trip either way.
+pub(crate) const AUDIT_INSERT_SQL: &str = "WITH row AS (
+         INSERT INTO audit_log (tenant_id, channel, actor_id, connection_id, connection_name,
                                 client_name, action, outcome, targets, request_id, pending_action_id, reason, proof, change, policy)
          SELECT $1, $2, $3, coalesce($4, c.id), coalesce($5, c.name), coalesce($6, c.client_name),
                 $7, $8, $9, $10, $11, $12, $13, $14, $15
          FROM (SELECT 1) one
          LEFT JOIN pending_actions p ON $4::bigint IS NULL AND p.id = $11
-         LEFT JOIN connections c ON c.id = p.connection_id";
+         LEFT JOIN connections c ON c.id = p.connection_id
+         RETURNING id, tenant_id)
+     INSERT INTO audit_call_facts (audit_id, tenant_id, facts)
+     SELECT row.id, row.tenant_id, $16::jsonb FROM row WHERE $16::jsonb IS NOT NULL";
 
 pub(crate) async fn audit_insert(
     tx: &mut Tx<'_>,
@@ -208,19 +215,9 @@ pub(crate) async fn audit_insert(
         .bind(ctx.proof().map(|p| p.audit_json()))
         .bind(entry.change)
         .bind(entry.policy)
+        .bind(entry.call_facts)
         .execute(&mut **tx)
         .await?;
-    if let Some(facts) = entry.call_facts {
-        // The row just inserted in this transaction: its id is the sequence's current value.
-        sqlx::query(
-            "INSERT INTO audit_call_facts (audit_id, tenant_id, facts)
-             VALUES (currval(pg_get_serial_sequence('audit_log', 'id')), $1, $2)",
-        )
-        .bind(ctx.tenant_id())
-        .bind(facts)
-        .execute(&mut **tx)
-        .await?;
-    }
     Ok(())
 }
 

@@ -104,7 +104,10 @@ pub struct CreateCustomerInput {
     #[serde(default)]
     pub phone: Option<String>,
     /// Create even though a customer with the same email or phone exists (needs `reason`).
-    #[serde(default)]
+    // Left out when false, as a caller that did not send it wrote it: the facts a policy
+    // simulation keeps (from this input) then match what the worker's gate judged (the call).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub separate: bool,
     /// Why a separate record is right; required with `separate`.
     #[serde(default)]

@@ -13,7 +13,6 @@ use crate::error::{Error, Resource, Result};
 use crate::handle::{CustomerHandle, TechnicianHandle};
 use crate::rights::Right;
 use crate::services::fields::label;
-use crate::services::rails::{self, Written, Wrote};
 use crate::views;
 
 /// A customer's place. A field left out stays as it is; an empty string removes it.
@@ -67,7 +66,8 @@ fn region(raw: &str) -> Result<Option<String>> {
     if raw.is_empty() {
         return Ok(None);
     }
-    Ok(Some(label("region", raw, 64)?.to_lowercase()))
+    // Lowercased first, then measured: some letters grow when lowercased.
+    Ok(Some(label("region", &raw.to_lowercase(), 64)?))
 }
 
 /// A zone as kept: its canonical IANA name; `None` for the empty string.
@@ -90,31 +90,34 @@ pub async fn set_customer_place(
     ctx: &OpCtx,
     input: &CustomerPlaceInput,
     now: jiff::Timestamp,
-) -> Result<Written<CustomerPlaced>> {
+) -> Result<CustomerPlaced> {
     ctx.require(Right::CustomersWrite)?;
     not_by_agents(ctx, "region")?;
     let handle = CustomerHandle::parse("customer", &input.customer)?;
     let new_region = input.region.as_deref().map(region).transpose()?;
     let new_zone = input.zone.as_deref().map(zone).transpose()?;
-    rails::silent_write(ds, ctx, "set_customer_place", input, None, |mut tx| async move {
-        let written: Result<Wrote<CustomerPlaced>> = async {
-            let tx = &mut tx;
-            let row = db::customer_lock(tx, ctx, handle.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
-            let region = new_region.clone().unwrap_or(row.region.clone());
-            let zone = new_zone.clone().unwrap_or(row.zone.clone());
-            db::customer_set_place(tx, ctx, row.id, region.as_deref(), zone.as_deref()).await?;
-            let row = db::customer_lock(tx, ctx, handle.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
-            let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
-            Ok((CustomerPlaced { customer: view }, vec![row.handle]))
-        }
-        .await;
-        (tx, written)
-    })
-    .await
+    // Setting a place twice is the same as once, so a retry needs no replay cache (and a
+    // replayed answer would lose a change set back and forth: north, south, north).
+    let mut tx = ds.begin().await?;
+    let row = db::customer_lock(&mut tx, ctx, handle.as_str())
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
+    let region = new_region.unwrap_or(row.region.clone());
+    let zone = new_zone.unwrap_or(row.zone.clone());
+    db::customer_set_place(&mut tx, ctx, row.id, region.as_deref(), zone.as_deref()).await?;
+    let mut change = db::change("region", &row.region, &region);
+    change["zone"] = serde_json::json!({"from": row.zone, "to": zone});
+    let row = db::customer_lock(&mut tx, ctx, handle.as_str())
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Customer, handle.as_str()))?;
+    let entry = db::AuditEntry {
+        change: Some(change),
+        ..db::AuditEntry::ok("set_customer_place", vec![row.handle.clone()])
+    };
+    db::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    let view = views::customer(&row, &ctx.tenant().zone, &ctx.tenant().zone_name, now);
+    Ok(CustomerPlaced { customer: view })
 }
 
 /// A technician's region: staff data a tenant's policies read, set by whoever may set those
@@ -123,25 +126,25 @@ pub async fn set_technician_region(
     ds: &Services,
     ctx: &OpCtx,
     input: &TechnicianRegionInput,
-) -> Result<Written<TechnicianPlaced>> {
+) -> Result<TechnicianPlaced> {
     ctx.require(Right::TenantSwitch)?;
     not_by_agents(ctx, "region")?;
     let handle = TechnicianHandle::parse("technician", &input.technician)?;
     let new_region = region(&input.region)?;
-    rails::silent_write(ds, ctx, "set_technician_region", input, None, |mut tx| async move {
-        let written: Result<Wrote<TechnicianPlaced>> = async {
-            let tx = &mut tx;
-            let row = db::technician_lock(tx, ctx, handle.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Technician, handle.as_str()))?;
-            db::technician_set_region(tx, ctx, row.id, new_region.as_deref()).await?;
-            let row = db::technician_lock(tx, ctx, handle.as_str())
-                .await?
-                .ok_or_else(|| Error::not_found(Resource::Technician, handle.as_str()))?;
-            Ok((TechnicianPlaced { technician: views::technician(&row) }, vec![row.handle]))
-        }
-        .await;
-        (tx, written)
-    })
-    .await
+    let mut tx = ds.begin().await?;
+    let row = db::technician_lock(&mut tx, ctx, handle.as_str())
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Technician, handle.as_str()))?;
+    db::technician_set_region(&mut tx, ctx, row.id, new_region.as_deref()).await?;
+    let change = db::change("region", &row.region, &new_region);
+    let row = db::technician_lock(&mut tx, ctx, handle.as_str())
+        .await?
+        .ok_or_else(|| Error::not_found(Resource::Technician, handle.as_str()))?;
+    let entry = db::AuditEntry {
+        change: Some(change),
+        ..db::AuditEntry::ok("set_technician_region", vec![row.handle.clone()])
+    };
+    db::audit_insert(&mut tx, ctx, entry).await?;
+    tx.commit().await?;
+    Ok(TechnicianPlaced { technician: views::technician(&row) })
 }

@@ -511,8 +511,23 @@ pub const WITHHELD_ARGUMENTS: &[&str] = &[
 ];
 
 /// What an agent's audited call keeps for simulation: the arguments of `tool` that policies
-/// can name and that are not secret ([`KEPT_ARGUMENTS`]), as sent; `None` when there are none.
-pub(crate) fn call_facts(tool: &str, args: &Value) -> Option<Value> {
+/// can name and that are not secret ([`KEPT_ARGUMENTS`]), as sent; `None` when there are none,
+/// and for every call that is not an agent's (a person's re-planned preview, the REST API).
+/// Only values of the shapes a kept argument has are kept (a short string, a number, a
+/// switch, a short list of those): a future tool whose argument of a kept name carried free
+/// text or an object keeps nothing of it.
+pub(crate) fn call_facts(ctx: &OpCtx, tool: &str, args: &Value) -> Option<Value> {
+    if ctx.channel() != crate::ctx::Channel::Mcp {
+        return None;
+    }
+    const LONGEST: usize = 100;
+    fn plain(v: &Value) -> bool {
+        match v {
+            Value::String(s) => s.chars().count() <= LONGEST,
+            Value::Number(_) | Value::Bool(_) => true,
+            _ => false,
+        }
+    }
     let typed = &REGISTRY["schema"][""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
         ["attributes"];
     let kept: serde_json::Map<String, Value> = args
@@ -521,13 +536,19 @@ pub(crate) fn call_facts(tool: &str, args: &Value) -> Option<Value> {
         .filter(|(name, value)| {
             KEPT_ARGUMENTS.contains(&name.as_str())
                 && typed.get(*name).is_some()
-                && !value.is_null()
+                && match value {
+                    Value::Array(items) => {
+                        items.len() <= crate::policies::MAX_ARG_ITEMS && items.iter().all(plain)
+                    }
+                    other => plain(other),
+                }
         })
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
+    // Well inside the table's bound (16 KiB as Postgres prints it, with its spaces), so
+    // keeping facts never fails an agent's write; past it, nothing is kept.
     let kept = Value::Object(kept);
-    // A kept value beyond what a policy reads is not kept either (the row stays small).
-    (kept.as_object().is_some_and(|m| !m.is_empty()) && kept.to_string().len() <= 16 * 1024)
+    (kept.as_object().is_some_and(|m| !m.is_empty()) && kept.to_string().len() <= 8 * 1024)
         .then_some(kept)
 }
 

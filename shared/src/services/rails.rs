@@ -54,10 +54,9 @@ where
     let SilentWrite { tx, tool, digest, key, replays } = w;
     // What a policy simulation replays of an agent's call: the non-secret facts of its
     // arguments, kept beside its audit row.
-    let facts = (ctx.channel() == crate::ctx::Channel::Mcp)
-        .then(|| serde_json::to_value(input).ok())
-        .flatten()
-        .and_then(|args| crate::services::policies::call_facts(tool, &args));
+    let facts = serde_json::to_value(input)
+        .ok()
+        .and_then(|args| crate::services::policies::call_facts(ctx, tool, &args));
     let (tx, written) = write(tx).await;
     SilentWrite { tx, tool, digest, key, replays }.finish(ctx, written, facts).await
 }

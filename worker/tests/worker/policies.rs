@@ -507,7 +507,6 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
             places::set_customer_place(ds, operator, &input, jiff::Timestamp::now())
                 .await
                 .expect("placed")
-                .result
                 .customer
         }
     };
@@ -569,7 +568,6 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
     let kept = places::set_customer_place(&stack.db.ds, &operator, &input, jiff::Timestamp::now())
         .await
         .expect("placed")
-        .result
         .customer;
     assert_eq!(
         (kept.region.as_deref(), kept.zone.as_deref()),

@@ -333,6 +333,11 @@ pub(super) fn pgbench_write(
                     s("NULL"),
                     // policy: no set in force.
                     s("NULL"),
+                    // The argument facts a policy simulation replays, as the worker keeps them.
+                    format!(
+                        "{}::jsonb",
+                        quoted(&serde_json::json!({"booking": booking}).to_string())
+                    ),
                 ],
             ) + ";",
             "COMMIT;".to_owned(),

@@ -228,7 +228,7 @@ pub async fn prepare<T: TwoStep + Serialize>(
             reason: Some(&why),
             change: None,
             policy: record,
-            call_facts: policies::call_facts(op.name(), &args),
+            call_facts: policies::call_facts(ctx, op.name(), &args),
         };
         db::audit_insert(&mut tx, ctx, entry).await?;
         tx.commit().await?;

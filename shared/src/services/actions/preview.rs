@@ -93,7 +93,7 @@ pub(super) async fn store_preview(
             reason: budget.as_deref(),
             change: None,
             policy: completes.decided.clone(),
-            call_facts: crate::services::policies::call_facts(op.name(), args),
+            call_facts: crate::services::policies::call_facts(ctx, op.name(), args),
         },
     )
     .await?;

@@ -19,7 +19,10 @@ pub struct CreateBookingInput {
     #[serde(default)]
     pub technician: Option<String>,
     /// Create even if this customer has a booking for this service at this start (needs `reason`).
-    #[serde(default)]
+    // Left out when false, as a caller that did not send it wrote it: the facts a policy
+    // simulation keeps (from this input) then match what the worker's gate judged (the call).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub separate: bool,
     #[serde(default)]
     pub reason: Option<String>,
