@@ -17,6 +17,71 @@ use crate::AppState;
 
 const PATH: &str = "/settings/policies";
 
+/// A schema attribute's type as an admin reads it: `String`, `Long?` (optional, test it with
+/// `has`), a record's fields in braces.
+fn shown_type(ty: &serde_json::Value) -> String {
+    let optional = if ty["required"] == false { "?" } else { "" };
+    let name = match ty["type"].as_str().unwrap_or("?") {
+        "Record" => format!("{{ {} }}", fields(&ty["attributes"]).join(", ")),
+        "Set" => format!("Set<{}>", shown_type(&ty["element"])),
+        other => other.to_owned(),
+    };
+    format!("{name}{optional}")
+}
+
+/// A record's fields as `name: Type`.
+fn fields(attributes: &serde_json::Value) -> Vec<String> {
+    attributes
+        .as_object()
+        .map(|a| a.iter().map(|(k, v)| format!("{k}: {}", shown_type(v))).collect())
+        .unwrap_or_default()
+}
+
+/// What a policy can read, from the schema every set is checked against (so it is never out of
+/// date): the principal, the records a call names, the context, and each tool's arguments.
+fn reference() -> Markup {
+    let schema = policies::schema();
+    let root = &schema.json[""];
+    let entity = |name: &str| fields(&root["entityTypes"][name]["shape"]["attributes"]);
+    let actions = root["actions"].as_object().cloned().unwrap_or_default();
+    let context = actions
+        .values()
+        .next()
+        .map(|a| {
+            let mut all = fields(&a["appliesTo"]["context"]["attributes"]);
+            all.retain(|f| !f.starts_with("args:"));
+            all
+        })
+        .unwrap_or_default();
+    html! {
+        details class="card" id="policy-reference" {
+            summary { "What a policy can read" }
+            table {
+                tbody {
+                    tr { th { code { "principal" } } td { "the connection: " code { (entity("Connection").join(", ")) } } }
+                    @for kind in ["Booking", "Customer", "Technician"] {
+                        tr { th { code { "resource is " (kind) } } td { code { (entity(kind).join(", ")) } } }
+                    }
+                    tr { th { code { "resource is Tenant" } } td { "a call that names no record" } }
+                    tr { th { code { "context" } } td { code { (context.join(", ")) } } }
+                }
+            }
+            p class="muted" { "A field marked ? may be absent: test it with " code { "has" } " first. Each tool is an action, " code { "Action::\"send_customer_message\"" } "; its arguments are " code { "context.args" } ":" }
+            table {
+                thead { tr { th { "Action" } th { code { "context.args" } } } }
+                tbody {
+                    @for (tool, spec) in &actions {
+                        tr {
+                            td { code { (tool) } }
+                            td { code { (fields(&spec["appliesTo"]["context"]["attributes"]["args"]["attributes"]).join(", ")) } }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// What the page shows below the editor after a check or a simulation.
 enum Outcome {
     None,
@@ -72,7 +137,7 @@ async fn body(
                 aria-invalid=[matches!(outcome, Outcome::Problems(_)).then_some("true")]
                 aria-describedby="policy-outcome" { (source) }
             label { "Note " input type="text" name="note" maxlength="300" value=(note) placeholder="why this change"; }
-            p class="muted" { "The schema: docs/operations.md, Policies (Cedar). A set that may widen what agents may do is a passkey decision." }
+            p class="muted" { "A set that may widen what agents may do is a passkey decision. What a policy can read is below the editor (docs/operations.md, Policies (Cedar), teaches more)." }
             button type="submit" name="do" value="check" class="plain" { "Check" }
             " "
             button type="submit" name="do" value="simulate" class="plain" { "Simulate on the last 7 days" }
@@ -108,6 +173,7 @@ async fn body(
                 }
             }
         }
+        (reference())
         @if !history.is_empty() {
             div class="card" id="policy-history" {
                 h2 { "Versions" }

@@ -65,6 +65,17 @@ async fn the_console_checks_a_draft_at_its_line_and_puts_a_valid_one_in_force() 
     let browser = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
     let page = browser.get("/settings/policies").await.text().await.expect("page");
     assert!(page.contains("No policy is in force"), "{page}");
+    // What a policy can read, from the schema itself: the records' attributes, the context,
+    // and every action with its arguments.
+    let schema = shared::services::policies::schema();
+    let actions = schema.json[""]["actions"].as_object().expect("actions");
+    assert!(page.contains("What a policy can read"), "{page}");
+    for shown in ["local_time: { hour: Long", "region: String?", "budgets: {", "technician: {"] {
+        assert!(page.contains(shown), "{shown}");
+    }
+    for tool in actions.keys() {
+        assert!(page.contains(&format!("<code>{tool}</code>")), "{tool}");
+    }
     let fields = |extra: &[(&str, &str)]| {
         let mut f = form_fields(&page, "/settings/policies");
         f.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
