@@ -71,9 +71,10 @@ fn reference() -> Markup {
                 thead { tr { th { "Action" } th { code { "context.args" } } } }
                 tbody {
                     @for (tool, spec) in &actions {
+                        @let args = fields(&spec["appliesTo"]["context"]["attributes"]["args"]["attributes"]);
                         tr {
                             td { code { (tool) } }
-                            td { code { (fields(&spec["appliesTo"]["context"]["attributes"]["args"]["attributes"]).join(", ")) } }
+                            td { @if args.is_empty() { "none" } @else { code { (args.join(", ")) } } }
                         }
                     }
                 }

@@ -23,6 +23,7 @@ mod passkey_policy;
 mod people_and_sessions;
 mod policies;
 mod rest_api;
+mod snapshots;
 mod sso;
 mod support;
 mod tenant_settings;
