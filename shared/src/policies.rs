@@ -230,7 +230,13 @@ pub struct Compiled {
     /// By Cedar's id of each policy: what the tenant named it and why.
     info: BTreeMap<String, PolicyInfo>,
     authorizer: Authorizer,
+    /// Each connection's entity as last built, by handle: the same connection calls again
+    /// and again, and cloning its entity costs less than building it from expressions.
+    principals: std::sync::Mutex<std::collections::HashMap<String, (Principal, Entity)>>,
 }
+
+/// The most connection entities one compiled set keeps (a full cache starts again empty).
+const PRINCIPALS_KEPT: usize = 4096;
 
 impl std::fmt::Debug for Compiled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -465,7 +471,13 @@ impl Compiled {
             };
             by_action.insert(tool.clone(), share);
         }
-        Ok(Compiled { by_action, schema, info, authorizer: Authorizer::new() })
+        Ok(Compiled {
+            by_action,
+            schema,
+            info,
+            authorizer: Authorizer::new(),
+            principals: Default::default(),
+        })
     }
 
     /// Whether evaluating a call of `tool` may refuse it: some policy applies to the tool, or
@@ -520,6 +532,39 @@ impl Compiled {
         }
     }
 
+    /// The connection's entity: the one built for its last call when the connection is as it
+    /// was then (same role, client, grant, name and creator), else built now and kept.
+    fn connection_entity(&self, who: &Principal, uid: &EntityUid) -> Result<Entity, String> {
+        let kept = self.principals.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, entity)) = kept.get(&who.handle)
+            && seen == who
+        {
+            return Ok(entity.clone());
+        }
+        drop(kept);
+        let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
+        let entity = Entity::new(
+            uid.clone(),
+            [
+                ("role".to_owned(), string(&who.role)),
+                ("client".to_owned(), string(&who.client)),
+                ("grant".to_owned(), string(&who.grant)),
+                ("name".to_owned(), string(&who.name)),
+                ("creator".to_owned(), string(&who.creator)),
+            ]
+            .into_iter()
+            .collect(),
+            Default::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut kept = self.principals.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() >= PRINCIPALS_KEPT {
+            kept.clear();
+        }
+        kept.insert(who.handle.clone(), (who.clone(), entity.clone()));
+        Ok(entity)
+    }
+
     /// The call as Cedar's request, built from values (no JSON, no parsing: the names were
     /// parsed with the schema).
     fn request(&self, call: &Call<'_>, facts: &ActionFacts) -> Result<(Request, Entities), String> {
@@ -533,20 +578,7 @@ impl Compiled {
             EntityId::new(id),
         );
         let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
-        let connection = Entity::new(
-            principal.clone(),
-            [
-                ("role".to_owned(), string(&call.connection.role)),
-                ("client".to_owned(), string(&call.connection.client)),
-                ("grant".to_owned(), string(&call.connection.grant)),
-                ("name".to_owned(), string(&call.connection.name)),
-                ("creator".to_owned(), string(&call.connection.creator)),
-            ]
-            .into_iter()
-            .collect(),
-            Default::default(),
-        )
-        .map_err(|e| e.to_string())?;
+        let connection = self.connection_entity(call.connection, &principal)?;
         let record = |fields: Vec<(String, RestrictedExpression)>| {
             RestrictedExpression::new_record(fields).map_err(|e| format!("the call's context: {e}"))
         };
@@ -711,7 +743,7 @@ pub struct CallerFacts {
 }
 
 /// The connection a call comes through, as policies see it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub handle: String,
     /// The creator's current role in the tenant.

@@ -381,3 +381,26 @@ fn a_policy_names_the_connections_creator() {
         matches!(compiled.evaluate(&call(&who, "cancel_booking", 10, None)), Verdict::Forbid(p) if p.id == "leaver")
     );
 }
+
+#[test]
+fn a_connection_is_judged_as_it_is_now_when_its_entity_was_kept_from_before() {
+    let set = Compiled::compile(
+        "@id(\"no-dispatchers\")\n@reason(\"dispatchers' agents do not message customers\")\nforbid (principal, action == Action::\"send_customer_message\", resource) when { principal.role == \"dispatcher\" };",
+        schema(),
+    )
+    .expect("compiles");
+    let mut who = principal();
+    let judged = |who: &Principal| set.evaluate(&call(who, "send_customer_message", 12, None));
+    assert_eq!(judged(&who), Verdict::Allow);
+    // The same connection after its creator became a dispatcher: the kept entity is not used.
+    who.role = "dispatcher".into();
+    assert!(matches!(judged(&who), Verdict::Forbid(p) if p.id == "no-dispatchers"));
+    who.role = "member".into();
+    assert_eq!(judged(&who), Verdict::Allow);
+    // Another connection with the same handle's fields but another handle is its own entity.
+    let mut other = principal();
+    other.handle = "con_b".into();
+    other.role = "dispatcher".into();
+    assert!(matches!(judged(&other), Verdict::Forbid(_)));
+    assert_eq!(judged(&who), Verdict::Allow);
+}

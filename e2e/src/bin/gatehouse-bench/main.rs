@@ -29,6 +29,11 @@ use serde_json::{Value, json};
 use shared::ctx::Channel;
 use shared::services::{admin, operators};
 
+/// The worker's allocator: policy evaluation, measured in this process, allocates as it does
+/// in a worker (worker/src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod cluster;
 mod data;
 mod listen;
