@@ -90,6 +90,9 @@ pub async fn authenticate(
         _ => None,
     };
     let ahead = probe.as_ref().and_then(|p| read_ahead(&state, p));
+    // Noted before the credential is read: a listen stream registered after a revocation that
+    // this read could not see re-reads its credential at once.
+    let rechecks_seen = state.streams.rechecks_seen();
     let authorization = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let outcome = match auth::authenticate_mcp(
         &state.ds,
@@ -194,7 +197,8 @@ pub async fn authenticate(
         }
         // A listen stream takes its place within the bounds before rmcp acknowledges it, so a
         // refusal is the request's answer, never a subscription that is cut after its ack.
-        let reserved = match reserve_listen(&state, &context, &parts.headers, &bytes) {
+        let reserved = match reserve_listen(&state, &context, &parts.headers, &bytes, rechecks_seen)
+        {
             Ok(reserved) => reserved,
             Err(refusal) => return *refusal,
         };
@@ -472,6 +476,7 @@ fn reserve_listen(
     context: &McpContext,
     headers: &http::HeaderMap,
     body: &[u8],
+    rechecks_seen: u64,
 ) -> Result<Option<ReservedStream>, Box<Response>> {
     const METHOD: &str = "subscriptions/listen";
     let said = headers.get("mcp-method").and_then(|v| v.to_str().ok());
@@ -513,7 +518,7 @@ fn reserve_listen(
     }
     let tenant = context.ctx.tenant().handle.as_str();
     let connection = context.ctx.connection().map(|c| c.handle.as_str()).unwrap_or_default();
-    match state.streams.open(tenant, connection) {
+    match state.streams.open(tenant, connection, rechecks_seen) {
         Ok(registered) => {
             Ok(Some(ReservedStream(Arc::new(std::sync::Mutex::new(Some(registered))))))
         }

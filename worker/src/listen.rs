@@ -56,6 +56,10 @@ pub struct Streams {
     inner: Mutex<Inner>,
     max_per_worker: usize,
     next: AtomicU64,
+    /// How many pushed changes that may concern a credential (a revocation, a tenant change)
+    /// this worker has received: a listen request notes it before it authenticates, and a
+    /// stream opened after one arrived re-reads its credential at once ([`Streams::open`]).
+    rechecks: AtomicU64,
 }
 
 /// What wakes one stream, and whether the change may concern its credential (a revocation, a
@@ -153,11 +157,26 @@ impl Streams {
             inner: Mutex::default(),
             max_per_worker: max_per_worker.max(1),
             next: AtomicU64::new(1),
+            rechecks: AtomicU64::new(0),
         }
     }
 
-    /// Registers a stream of a connection of a tenant, within the bounds.
-    pub fn open(self: &Arc<Self>, tenant: &str, connection: &str) -> Result<Registered, Full> {
+    /// The count of pushed changes that may concern a credential, as a listen request notes it
+    /// before it authenticates (see [`Streams::open`]).
+    pub fn rechecks_seen(&self) -> u64 {
+        self.rechecks.load(Ordering::SeqCst)
+    }
+
+    /// Registers a stream of a connection of a tenant, within the bounds. `seen` is
+    /// [`Streams::rechecks_seen`] from before the request's credential was read: a change pushed
+    /// since (a revocation committed between that read and this registration, which woke no
+    /// stream of it) makes the new stream re-read its credential at once.
+    pub fn open(
+        self: &Arc<Self>,
+        tenant: &str,
+        connection: &str,
+        seen: u64,
+    ) -> Result<Registered, Full> {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if inner.total >= self.max_per_worker {
             return Err(Full::Worker);
@@ -170,6 +189,12 @@ impl Streams {
         inner.by_tenant.entry(tenant.to_owned()).or_default().insert(id, wake.clone());
         inner.by_connection.entry(connection.to_owned()).or_default().insert(id, wake.clone());
         inner.total += 1;
+        drop(inner);
+        // Registered first, counted after: a change counted after this read finds the stream
+        // registered and wakes it; one counted before is seen here.
+        if self.rechecks.load(Ordering::SeqCst) != seen {
+            wake_all(vec![&wake], true);
+        }
         Ok(Registered {
             streams: self.clone(),
             id,
@@ -203,6 +228,9 @@ impl Streams {
     /// Wakes the streams a pushed change may concern. A woken stream re-reads and compares;
     /// waking one whose list did not change sends nothing.
     pub fn poke(&self, event: &Event) {
+        if matches!(event, Event::TenantChanged { .. } | Event::Revoked { .. }) {
+            self.rechecks.fetch_add(1, Ordering::SeqCst);
+        }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         // A new round: what was read before this change is not shared after it.
         inner.rereads.clear();
@@ -227,7 +255,7 @@ impl Streams {
                 true,
             ),
         };
-        wake(woken, recheck);
+        wake_all(woken, recheck);
     }
 
     /// Wakes every stream (NATS came back: pushes may have been missed). A stream whose tenant
@@ -236,14 +264,14 @@ impl Streams {
     pub fn poke_all(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.rereads.clear();
-        wake(inner.by_tenant.values().flat_map(HashMap::values).collect(), false);
+        wake_all(inner.by_tenant.values().flat_map(HashMap::values).collect(), false);
     }
 }
 
 /// `notify_one` keeps a permit for a stream busy re-reading, so a change arriving meanwhile
 /// is never lost; many changes before it looks again make one re-read. `recheck` is set before
 /// the permit, so the stream that wakes sees it.
-fn wake(streams: Vec<&Arc<Wake>>, recheck: bool) {
+fn wake_all(streams: Vec<&Arc<Wake>>, recheck: bool) {
     for s in streams {
         if recheck {
             s.recheck.store(true, Ordering::Release);
@@ -260,12 +288,12 @@ mod tests {
     async fn streams_are_bounded_and_woken_by_what_concerns_them() {
         let streams = Arc::new(Streams::new(10));
         let a: Vec<_> = (0..MAX_PER_CONNECTION)
-            .map(|_| streams.open("ten_a", "con_a").expect("room"))
+            .map(|_| streams.open("ten_a", "con_a", 0).expect("room"))
             .collect();
-        assert_eq!(streams.open("ten_a", "con_a").err(), Some(Full::Connection));
-        let b = streams.open("ten_b", "con_b").expect("another connection");
-        let _c = streams.open("ten_b", "con_c").expect("room");
-        assert_eq!(streams.open("ten_b", "con_d").err(), Some(Full::Worker));
+        assert_eq!(streams.open("ten_a", "con_a", 0).err(), Some(Full::Connection));
+        let b = streams.open("ten_b", "con_b", 0).expect("another connection");
+        let _c = streams.open("ten_b", "con_c", 0).expect("room");
+        assert_eq!(streams.open("ten_b", "con_d", 0).err(), Some(Full::Worker));
         // A change of tenant b wakes b's streams only.
         streams.poke(&Event::TenantChanged { tenant: "ten_b".into() });
         tokio::time::timeout(std::time::Duration::from_millis(100), b.wake.notified())
@@ -295,6 +323,28 @@ mod tests {
         // Ending streams frees their room.
         drop(a);
         assert_eq!(streams.open_count(), 2);
-        streams.open("ten_a", "con_a").expect("room again");
+        streams.open("ten_a", "con_a", 0).expect("room again");
+    }
+
+    #[tokio::test]
+    async fn a_stream_opened_after_a_change_it_could_not_hear_rereads_its_credential() {
+        let streams = Arc::new(Streams::new(10));
+        // Noted before the credential is read; nothing changed by the time it registers.
+        let seen = streams.rechecks_seen();
+        let quiet = streams.open("ten_a", "con_a", seen).expect("room");
+        assert!(!quiet.wake.take_recheck(), "nothing to re-read");
+        // A revocation pushed between the read and the registration woke no stream of it.
+        let seen = streams.rechecks_seen();
+        streams.poke(&Event::Revoked { connection: "con_b".into() });
+        let late = streams.open("ten_a", "con_b", seen).expect("room");
+        tokio::time::timeout(std::time::Duration::from_millis(100), late.wake.notified())
+            .await
+            .expect("woken at once");
+        assert!(late.wake.take_recheck(), "it re-reads its credential");
+        // A switch alone is no such change.
+        let seen = streams.rechecks_seen();
+        streams.poke(&Event::GlobalKill(true));
+        let after_switch = streams.open("ten_a", "con_c", seen).expect("room");
+        assert!(!after_switch.wake.take_recheck());
     }
 }

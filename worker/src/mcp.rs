@@ -229,7 +229,9 @@ impl Server {
             .and_then(|r| r.0.lock().ok()?.take());
         let registered = match reserved {
             Some(r) => r,
-            None => match self.state.streams.open(&tenant, &connection) {
+            // When its credential was read is not known here: any change this worker heard
+            // makes it re-read at once (one read, never a missed revocation).
+            None => match self.state.streams.open(&tenant, &connection, 0) {
                 Ok(r) => r,
                 Err(full) => {
                     metrics.listen_events.with_label_values(&["refused"]).inc();

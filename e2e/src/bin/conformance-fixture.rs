@@ -316,7 +316,7 @@ impl ServerHandler for Fixture {
         // Registered (bounded) whatever it asked for; told only if it asked for tools.
         let registered = self
             .streams
-            .open("fixture", "fixture")
+            .open("fixture", "fixture", 0)
             .map_err(|full| ErrorData::invalid_request(full.message(), None))?;
         if subscription.accepted().tools_list_changed != Some(true) {
             subscription.cancelled().await;
