@@ -356,3 +356,15 @@ impl BulkBookings {
         assert_eq!(inserted, self.count as i64, "bulk bookings of {}", self.slug);
     }
 }
+
+/// A fixed-offset IANA zone where it is now `local` o'clock (give or take the hour turning), so
+/// a test of a rule over a local clock bites whenever it runs.
+pub fn zone_at(local: i64) -> String {
+    let utc = i64::from(jiff::Timestamp::now().to_zoned_datetime(jiff::tz::TimeZone::UTC).hour());
+    let mut offset = (local - utc).rem_euclid(24);
+    if offset > 14 {
+        offset -= 24;
+    }
+    // `Etc/GMT-5` is five hours ahead of UTC: the sign is POSIX's.
+    format!("Etc/GMT{}{}", if offset > 0 { "-" } else { "+" }, offset.abs())
+}

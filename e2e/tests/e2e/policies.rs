@@ -16,17 +16,6 @@ fn answer(result: &Value) -> (String, String, String) {
     )
 }
 
-/// A fixed-offset IANA zone where it is now `local` o'clock (give or take the hour turning).
-fn zone_at(local: i64) -> String {
-    let utc = i64::from(jiff::Timestamp::now().to_zoned_datetime(jiff::tz::TimeZone::UTC).hour());
-    let mut offset = (local - utc).rem_euclid(24);
-    if offset > 14 {
-        offset -= 24;
-    }
-    // `Etc/GMT-5` is five hours ahead of UTC: the sign is POSIX's.
-    format!("Etc/GMT{}{}", if offset > 0 { "-" } else { "+" }, offset.abs())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_said() {
     let stack = Stack::start(Options::for_test("policies", 2)).await.expect("stack");
@@ -66,7 +55,7 @@ async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_sa
         let placed = http
             .put(format!("{}/api/v1/customers/{who}/place", stack.control_url))
             .bearer_auth(&api_token)
-            .json(&json!({"zone": zone_at(local)}))
+            .json(&json!({"zone": shared::testing::zone_at(local)}))
             .send()
             .await
             .expect("api");

@@ -376,17 +376,6 @@ forbid (principal, action == Action::"send_customer_message", resource is Custom
 when { resource has local_time && (resource.local_time.hour >= 20 || resource.local_time.hour < 8) };
 "#;
 
-/// A fixed-offset IANA zone where it is now `local` o'clock (give or take the hour turning).
-fn zone_at(local: i64) -> String {
-    let utc = i64::from(jiff::Timestamp::now().to_zoned_datetime(jiff::tz::TimeZone::UTC).hour());
-    let mut offset = (local - utc).rem_euclid(24);
-    if offset > 14 {
-        offset -= 24;
-    }
-    // `Etc/GMT-5` is five hours ahead of UTC: the sign is POSIX's.
-    format!("Etc/GMT{}{}", if offset > 0 { "-" } else { "+" }, offset.abs())
-}
-
 #[tokio::test]
 async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_names() {
     let stack = Stack::start().await;
@@ -510,7 +499,7 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
                 .customer
         }
     };
-    let asleep = zone_at(2);
+    let asleep = shared::testing::zone_at(2);
     let night = place(asleep.clone()).await;
     assert_eq!(night.zone.as_deref(), Some(asleep.as_str()));
     let c = stack.ok(&token, "get_customer", json!({"customer": customer})).await;
@@ -518,7 +507,7 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         .call(
             &token,
             "update_customer",
-            json!({"customer": customer, "version": version(&c), "zone": zone_at(14)}),
+            json!({"customer": customer, "version": version(&c), "zone": shared::testing::zone_at(14)}),
         )
         .await
         .expect_err("an agent cannot move a customer into the day");
@@ -540,7 +529,7 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         .expect_err("night in the customer's zone");
     assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     assert!(err["message"].as_str().expect("message").contains("customer-night"), "{err}");
-    let awake = zone_at(14);
+    let awake = shared::testing::zone_at(14);
     place(awake.clone()).await;
     let preview = stack.ok(&token, "send_customer_message", message).await;
     assert_eq!(preview["status"], "PREVIEW", "{preview}");
