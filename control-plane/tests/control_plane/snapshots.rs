@@ -1,7 +1,8 @@
 //! What people and integrations read, held still: the REST API's error bodies and the stable
-//! parts of console pages, as insta snapshots (`control-plane/tests/snapshots/`). A change to
-//! a text or a shape shows as a diff to review; `INSTA_UPDATE=always` writes the new one.
-//! Handles, tokens and times differ per run and are replaced by their kind before comparing.
+//! parts of console pages, as insta snapshots (`control-plane/tests/control_plane/snapshots/`).
+//! A change to a text or a shape shows as a diff to review; `INSTA_UPDATE=always` writes the
+//! new one. Handles differ per run and are written as their kind before comparing; what is
+//! snapshotted holds no time.
 
 use crate::support::*;
 
@@ -10,7 +11,11 @@ fn stable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find('_') {
-        let start = rest[..at].rfind(|c: char| !c.is_ascii_lowercase()).map_or(0, |i| i + 1);
+        let start = rest[..at]
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !c.is_ascii_lowercase())
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let prefix = &rest[start..at];
         let tail: String =
             rest[at + 1..].chars().take_while(|c| c.is_ascii_alphanumeric()).collect();
@@ -33,6 +38,8 @@ fn handles_are_written_as_their_kind() {
         stable("No cus_0123456789abcdef here; see bkg_aaaaaaaaaaaaaaaa. snake_case stays."),
         "No cus_* here; see bkg_*. snake_case stays."
     );
+    assert_eq!(stable("… é_x ün_0123456789abcdef"), "… é_x ün_0123456789abcdef");
+    assert_eq!(stable("—cus_0123456789abcdef"), "—cus_*");
 }
 
 #[tokio::test]
