@@ -148,3 +148,22 @@ pub async fn set_technician_region(
     tx.commit().await?;
     Ok(TechnicianPlaced { technician: views::technician(&row) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zone_is_a_known_iana_name_kept_canonical_and_a_region_one_lowercase_line() {
+        assert_eq!(zone("europe/lisbon").expect("known"), Some("Europe/Lisbon".to_owned()));
+        assert_eq!(zone("").expect("removes"), None);
+        for bad in ["Mars/Olympus_Mons", "../../../etc/passwd", "Etc/Unknown", " ", "Europe/"] {
+            assert!(zone(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(region(" North ").expect("kept"), Some("north".to_owned()));
+        assert_eq!(region("").expect("removes"), None);
+        for bad in ["  ", "a\u{7}b", "two\nlines", &"x".repeat(65), &"İ".repeat(64)] {
+            assert!(region(bad).is_err(), "{bad:?}");
+        }
+    }
+}
