@@ -226,6 +226,9 @@ pub struct Compiled {
     /// By tool: the policies that may apply to it, beside the implicit permit; `None` when the
     /// tenant wrote none that does.
     by_action: std::collections::HashMap<String, Option<PolicySet>>,
+    /// The tools some policy judging them reads the call's records for (see
+    /// [`Compiled::reads_records`]).
+    reads_records: std::collections::HashSet<String>,
     schema: Arc<PolicySchema>,
     /// By Cedar's id of each policy: what the tenant named it and why.
     info: BTreeMap<String, PolicyInfo>,
@@ -445,6 +448,7 @@ impl Compiled {
         let tools: std::collections::HashSet<&EntityUid> =
             schema.actions.values().map(|f| &f.uid).collect();
         let mut by_action = std::collections::HashMap::new();
+        let mut reads_records = std::collections::HashSet::new();
         for (tool, facts) in &schema.actions {
             let mut share = PolicySet::new();
             for policy in tenant.policies() {
@@ -456,6 +460,9 @@ impl Compiled {
                     }
                 };
                 if applies {
+                    if reads_a_record(policy) {
+                        reads_records.insert(tool.clone());
+                    }
                     share
                         .add(policy.clone())
                         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
@@ -473,6 +480,7 @@ impl Compiled {
         }
         Ok(Compiled {
             by_action,
+            reads_records,
             schema,
             info,
             authorizer: Authorizer::new(),
@@ -484,6 +492,13 @@ impl Compiled {
     /// the schema does not know it (which refuses). When not, the call needs no facts at all.
     pub fn judges(&self, tool: &str) -> bool {
         !matches!(self.by_action.get(tool), Some(None))
+    }
+
+    /// Whether a policy judging `tool` reads the records a call names (its scope constrains
+    /// `resource`, or a condition names `resource` or `context.technician`). When none does,
+    /// the verdict is the same whatever the records are, and the worker's gate reads none.
+    pub fn reads_records(&self, tool: &str) -> bool {
+        self.reads_records.contains(tool)
     }
 
     /// The tenant's policies, as written.
@@ -827,6 +842,22 @@ fn clock(at: &jiff::ZonedDateTime) -> Vec<(String, RestrictedExpression)> {
             )),
         ),
     ]
+}
+
+/// Whether `policy` reads the records a call names: a scope that constrains the resource, or a
+/// condition that names `resource` or `technician` anywhere (read from the policy's JSON form;
+/// when that form cannot be had, it is taken to read them).
+fn reads_a_record(policy: &cedar_policy::Policy) -> bool {
+    if !matches!(policy.resource_constraint(), cedar_policy::ResourceConstraint::Any) {
+        return true;
+    }
+    match policy.to_json() {
+        Ok(json) => {
+            let conditions = json["conditions"].to_string();
+            conditions.contains("\"Var\":\"resource\"") || conditions.contains("technician")
+        }
+        Err(_) => true,
+    }
 }
 
 /// A weekday's English name, as `context.now.weekday` gives it.

@@ -404,3 +404,40 @@ fn a_connection_is_judged_as_it_is_now_when_its_entity_was_kept_from_before() {
     assert!(matches!(judged(&other), Verdict::Forbid(_)));
     assert_eq!(judged(&who), Verdict::Allow);
 }
+
+#[test]
+fn a_set_reads_the_records_of_a_call_only_when_a_policy_judging_it_names_them() {
+    let reads = |source: &str| {
+        Compiled::compile(source, schema()).expect("compiles").reads_records("cancel_booking")
+    };
+    let policy = |scope: &str, when: &str| {
+        format!(
+            "@id(\"p\")\n@reason(\"r\")\nforbid (principal, action == Action::\"cancel_booking\", {scope}) when {{ {when} }};"
+        )
+    };
+    // Rules over the connection, the clock or the batch need no record.
+    assert!(!reads(&policy("resource", "context.effects > 20")));
+    assert!(!reads(&policy("resource", "principal.role == \"member\" && context.now.hour > 20")));
+    // Every way of naming the record reads it: in the scope, in a condition, nested, negated,
+    // in an `if`, as `is`, and the technician beside it.
+    for (scope, when) in [
+        ("resource is Booking", "true"),
+        ("resource == Booking::\"bkg_x\"", "true"),
+        ("resource", "resource is Booking"),
+        ("resource", "resource has hours_until_start"),
+        ("resource", "!(resource has status) || context.effects > 1"),
+        ("resource", "if context.effects > 1 then resource == Booking::\"bkg_x\" else false"),
+        ("resource is Booking", "[resource].contains(Booking::\"bkg_x\")"),
+        ("resource", "context.effects > 1 && (resource is Customer || false)"),
+        ("resource", "context has technician"),
+    ] {
+        assert!(reads(&policy(scope, when)), "{scope} when {when}");
+    }
+    // A policy for another tool reads nothing for this one.
+    let other = "@id(\"p\")\n@reason(\"r\")\nforbid (principal, action == Action::\"send_customer_message\", resource) when { resource is Customer };";
+    assert!(!reads(other));
+    // And a policy naming no action judges every tool, records included when it names them.
+    assert!(reads(
+        "@id(\"p\")\n@reason(\"r\")\nforbid (principal, action, resource) when { resource is Booking };"
+    ));
+}

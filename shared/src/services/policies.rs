@@ -299,14 +299,20 @@ pub async fn check_call(
     if !set.judges(tool) {
         return Ok(());
     }
-    let (resource, technician) =
-        match records_of(ds.pool(), ctx, tool, args, now, Ahead::Use).await? {
-            Ok(records) => records,
-            // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
-            Err(NotFound(handle)) => {
-                return Err(Error::not_found(crate::error::Resource::Booking, handle));
-            }
-        };
+    // No policy judging the tool reads the records: the verdict is the same whatever they are,
+    // so none is read (a booking the tenant lacks is then the tool's own not-found).
+    let named = if set.reads_records(tool) {
+        records_of(ds.pool(), ctx, tool, args, now, Ahead::Use).await?
+    } else {
+        Ok((Resource::Tenant(ctx.tenant().handle.to_string()), None))
+    };
+    let (resource, technician) = match named {
+        Ok(records) => records,
+        // A booking the tenant does not have: the answer the tool itself gives (R3, R15).
+        Err(NotFound(handle)) => {
+            return Err(Error::not_found(crate::error::Resource::Booking, handle));
+        }
+    };
     let call = Call {
         connection: &caller.principal,
         tool,
