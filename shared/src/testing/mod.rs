@@ -10,6 +10,13 @@ use crate::datastore::Services;
 use crate::rights::{RightSet, Role};
 use crate::services::admin;
 
+mod agents;
+mod audit;
+mod identity;
+mod rows;
+mod tenancy;
+pub use rows::{Rows, Val};
+
 /// The server every test database lives on; `GATEHOUSE_TEST_PG` overrides it.
 pub fn server_url() -> String {
     std::env::var("GATEHOUSE_TEST_PG")

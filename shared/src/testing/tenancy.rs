@@ -1,0 +1,7 @@
+//! Testkit: Tenants, their settings, members and budgets, and the registry's fixtures.
+//!
+//! Named fixtures and probes for what no service offers a test (aging a row, tampering, reading
+//! what only the database shows); raw SQL of tests lives here, never in a test.
+
+#[allow(unused_imports)]
+use super::TestDb;
