@@ -3,22 +3,13 @@
 //! tail deleted or rewritten after the anchors held outside, the signer refuses a forged
 //! head, and one tenant's slow SIEM never delays another's chaining or delivery.
 //!
-//! Tampering is done as a database owner would: triggers switched off for the statement.
+//! Tampering is done as a database owner would: triggers switched off for the statement (the
+//! testkit's `cut_audit_chain_back_to`, `remove_audit_checkpoint` and friends).
 
 use shared::services::audit;
 
 use super::audit_chain::{Receiver, chained_tenant, keys_url, run, verify_with};
 use crate::support::*;
-
-/// Switches the append-only triggers off around `sql`, as the database's owner can.
-async fn as_owner(db: &shared::testing::TestDb, sql: &str) {
-    let tables = ["audit_log", "audit_chain", "audit_checkpoints"];
-    let off: String =
-        tables.iter().map(|t| format!("ALTER TABLE {t} DISABLE TRIGGER USER;")).collect();
-    let on: String =
-        tables.iter().map(|t| format!("ALTER TABLE {t} ENABLE TRIGGER USER;")).collect();
-    db.exec(&format!("{off} {sql}; {on}")).await;
-}
 
 fn problem(v: &Value) -> (Value, Value) {
     (v["verification"]["problem"]["kind"].clone(), v["verification"]["problem"]["seq"].clone())
@@ -83,17 +74,7 @@ async fn deleting_the_newest_rows_and_their_checkpoints_is_named_by_the_anchors_
     // The owner deletes the newest rows with their links and every checkpoint covering them,
     // and moves the chainer's head back: what is left is a consistent, shorter chain.
     let keep = head - 4;
-    as_owner(
-        db,
-        &format!(
-            "DELETE FROM audit_log WHERE id IN (SELECT audit_id FROM audit_chain WHERE tenant_id = {t} AND seq > {keep});
-             DELETE FROM audit_chain WHERE tenant_id = {t} AND seq > {keep};
-             DELETE FROM audit_checkpoints WHERE tenant_id = {t};
-             UPDATE audit_chain_heads h SET seq = c.seq, hash = c.hash FROM audit_chain c
-              WHERE h.tenant_id = {t} AND c.tenant_id = {t} AND c.seq = {keep}"
-        ),
-    )
-    .await;
+    db.cut_audit_chain_back_to(t, keep).await;
     // From the database alone nothing shows it (a proof kept only there cannot survive its
     // owner), and verify says what it would need.
     let (ok, alone) = verify_with(&api, &slug, &[]);
@@ -129,7 +110,7 @@ async fn a_rewritten_history_is_refused_by_the_signer_and_named_by_the_anchor_fi
     assert_eq!(round.signed.len(), 2, "both demo tenants: {round:?}");
     let signed = std::fs::read_to_string(&file).expect("file");
     assert_eq!(signed.lines().count(), 2, "each checkpoint is in the file when it is made");
-    let handle = db.scalar_string(&format!("SELECT handle FROM tenants WHERE id = {t}")).await;
+    let handle = db.rows("tenants").eq("id", t).text("handle").await;
     let head = round.signed.iter().find(|c| c.tenant == handle).map(|c| c.seq).expect("signed");
     assert!(
         round.signed.iter().all(|c| signed.contains(&c.signature)),
@@ -139,25 +120,16 @@ async fn a_rewritten_history_is_refused_by_the_signer_and_named_by_the_anchor_fi
     // The owner rewrites history from row 5 on: rows and links gone, checkpoints gone, the
     // chainer's head moved back, forged rows written and chained by the product itself, so
     // every hash after row 4 is recomputed.
-    as_owner(
-        db,
-        &format!(
-            "DELETE FROM audit_log WHERE id IN (SELECT audit_id FROM audit_chain WHERE tenant_id = {t} AND seq >= 5);
-             DELETE FROM audit_chain WHERE tenant_id = {t} AND seq >= 5;
-             DELETE FROM audit_checkpoints WHERE tenant_id = {t};
-             UPDATE audit_chain_heads h SET seq = c.seq, hash = c.hash FROM audit_chain c
-              WHERE h.tenant_id = {t} AND c.tenant_id = {t} AND c.seq = 4"
-        ),
+    db.cut_audit_chain_back_to(t, 4).await;
+    db.log_audit_events(
+        t,
+        "console",
+        "booking.update",
+        (1..=head).map(|i| format!("bkg_forged{i}")),
     )
     .await;
-    db.exec(&format!(
-        "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
-         SELECT {t}, 'console', 'booking.update', 'ok', ARRAY['bkg_forged' || i] FROM generate_series(1, {head}) i"
-    ))
-    .await;
     audit::chain_round(ds).await.expect("chain the forgery");
-    let forged_head =
-        db.scalar_i64(&format!("SELECT seq FROM audit_chain_heads WHERE tenant_id = {t}")).await;
+    let forged_head = db.rows("audit_chain_heads").eq("tenant_id", t).int("seq").await;
     assert!(forged_head > head, "the forged chain is longer than the real one");
 
     // The signer that remembers its checkpoint refuses; so does one restarted from the file.
@@ -169,8 +141,7 @@ async fn a_rewritten_history_is_refused_by_the_signer_and_named_by_the_anchor_fi
     let round = audit::checkpoint_round(ds, &mut restarted).await.expect("round");
     assert_eq!((round.signed.len(), round.refused.len()), (0, 1), "{round:?}");
     assert_eq!(
-        db.scalar_i64(&format!("SELECT count(*) FROM audit_checkpoints WHERE tenant_id = {t}"))
-            .await,
+        db.rows("audit_checkpoints").eq("tenant_id", t).count().await,
         0,
         "the forged head is not signed"
     );
@@ -222,25 +193,19 @@ async fn a_rewritten_history_is_refused_by_the_signer_and_named_by_the_anchor_fi
 async fn checkpoints_form_a_chain_a_missing_or_replaced_one_is_named_and_the_page_says_so() {
     let (api, slug, t) = chained_tenant().await;
     let db = &api._db;
-    let more = |n: i64| {
-        format!(
-            "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
-             SELECT {t}, 'api', 'booking.update', 'ok', ARRAY['bkg_' || i] FROM generate_series(1, {n}) i"
-        )
-    };
     for _ in 0..3 {
-        db.exec(&more(2)).await;
+        db.log_audit_events(t, "api", "booking.update", (1..=2).map(|i| format!("bkg_{i}"))).await;
         let (ok, out) = run(&api, &["audit", "checkpoint"]);
         assert!(ok, "{out}");
     }
-    let count = db
-        .scalar_i64(&format!("SELECT count(*) FROM audit_checkpoints WHERE tenant_id = {t}"))
-        .await;
+    let count = db.rows("audit_checkpoints").eq("tenant_id", t).count().await;
     assert_eq!(count, 3);
     let linked = db
-        .scalar_i64(&format!(
-            "SELECT count(*) FROM audit_checkpoints WHERE tenant_id = {t} AND prev_seq IS NOT NULL AND prev_digest IS NOT NULL"
-        ))
+        .rows("audit_checkpoints")
+        .eq("tenant_id", t)
+        .not_null("prev_seq")
+        .not_null("prev_digest")
+        .count()
         .await;
     assert_eq!(linked, 2, "each checkpoint after the first commits to the one before");
     let (ok, v) = verify_with(&api, &slug, &[]);
@@ -253,20 +218,9 @@ async fn checkpoints_form_a_chain_a_missing_or_replaced_one_is_named_and_the_pag
     assert!(page.contains("Verified up to"), "{page}");
 
     // The middle checkpoint deleted: the gap is named.
-    let middle = db
-        .scalar_i64(&format!(
-            "SELECT seq FROM audit_checkpoints WHERE tenant_id = {t} ORDER BY seq OFFSET 1 LIMIT 1"
-        ))
-        .await;
-    let saved = format!(
-        "CREATE TABLE kept AS SELECT * FROM audit_checkpoints WHERE tenant_id = {t} AND seq = {middle}"
-    );
-    db.exec(&saved).await;
-    as_owner(
-        db,
-        &format!("DELETE FROM audit_checkpoints WHERE tenant_id = {t} AND seq = {middle}"),
-    )
-    .await;
+    let seqs = db.rows("audit_checkpoints").eq("tenant_id", t).texts("seq", "seq").await;
+    let middle: i64 = seqs[1].parse().expect("a checkpoint's place");
+    db.remove_audit_checkpoint(t, middle).await;
     let (ok, v) = verify_with(&api, &slug, &[]);
     assert!(!ok, "{v}");
     assert_eq!(v["verification"]["problem"]["kind"], "checkpoint", "{v}");
@@ -275,12 +229,7 @@ async fn checkpoints_form_a_chain_a_missing_or_replaced_one_is_named_and_the_pag
     assert!(page.contains("Tampered"), "the page says so: {page}");
 
     // Put back, but replaced by one with another signature: it no longer verifies.
-    as_owner(
-        db,
-        "INSERT INTO audit_checkpoints (tenant_id, seq, head_hash, signed_at, kid, signature, v, prev_seq, prev_digest, digest)
-         SELECT tenant_id, seq, head_hash, signed_at + interval '1 second', kid, signature, v, prev_seq, prev_digest, digest FROM kept",
-    )
-    .await;
+    db.put_back_audit_checkpoint_signed_later(t, middle).await;
     let (ok, v) = verify_with(&api, &slug, &[]);
     assert!(!ok, "{v}");
     assert_eq!(problem(&v), (json!("checkpoint"), json!(middle)), "{v}");
@@ -331,7 +280,7 @@ async fn verify_needs_only_public_keys_and_the_published_ones_and_endpoint_serve
     assert!(!ok && v["verification"]["problem"]["kind"] == "checkpoint", "{v}");
 
     // The public endpoint: the tenant's checkpoints by handle, which verify as anchors.
-    let handle = api._db.scalar_string(&format!("SELECT handle FROM tenants WHERE id = {t}")).await;
+    let handle = api._db.rows("tenants").eq("id", t).text("handle").await;
     let page =
         reqwest::get(format!("{}/.well-known/gatehouse-audit-checkpoints/{handle}", api.url))
             .await
@@ -366,13 +315,7 @@ async fn rows_no_checkpoint_covers_are_unanchored_and_fail_strict() {
     let db = &api._db;
     audit::chain_round(&db.ds).await.expect("chain");
     // Chained an hour ago and never checkpointed (as when signing is stopped).
-    as_owner(
-        db,
-        &format!(
-            "UPDATE audit_chain SET chained_at = now() - interval '1 hour' WHERE tenant_id = {t}"
-        ),
-    )
-    .await;
+    db.backdate_audit_chain(t, "1 hour").await;
     let (ok, v) = verify_with(&api, &slug, &[]);
     assert!(ok, "the rows verify: {v}");
     assert!(v["verification"]["unanchored"]["rows"].as_i64().is_some_and(|n| n >= 12), "{v}");
@@ -409,16 +352,11 @@ async fn a_slow_siem_never_delays_another_tenants_chaining_or_delivery() {
         },
         state.clone(),
     );
-    let id = |slug: &str| format!("(SELECT id FROM tenants WHERE slug = '{slug}')");
+    let tenants = [db.tenant_id(&a).await, db.tenant_id(&b).await];
     let mut worst = std::time::Duration::ZERO;
     for i in 0..8 {
-        for slug in [&a, &b] {
-            db.exec(&format!(
-                "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
-                 VALUES ({}, 'api', 'booking.update', 'ok', ARRAY['bkg_round{i}'])",
-                id(slug)
-            ))
-            .await;
+        for tenant in tenants {
+            db.log_audit_events(tenant, "api", "booking.update", [format!("bkg_round{i}")]).await;
         }
         let written = std::time::Instant::now();
         let target = format!("bkg_round{i}");

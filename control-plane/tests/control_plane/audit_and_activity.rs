@@ -18,25 +18,8 @@ async fn the_audit_log_is_searched_and_paged_in_sql_and_exported_as_csv_no_sprea
     let slug = &t.slug;
     // 260 rows over ten days in this tenant, with names a client chose to be formulas, and one
     // row in another tenant that must never show.
-    api._db
-        .exec(&format!(
-            "INSERT INTO audit_log (tenant_id, at, channel, action, outcome, targets, connection_name, client_name)
-             SELECT t.id, timestamptz '2026-11-01 12:00:00+00' + (i % 10) * interval '1 day' + i * interval '1 second',
-                    CASE WHEN i % 2 = 0 THEN 'mcp' ELSE 'api' END,
-                    CASE WHEN i % 3 = 0 THEN 'note_add' WHEN i % 3 = 1 THEN 'noteXadd' ELSE 'booking.confirm' END,
-                    CASE WHEN i % 5 = 0 THEN 'refused' ELSE 'ok' END,
-                    ARRAY['bkg_' || i], '=HYPERLINK(\"http://evil.example\",\"x\")', '+cmd|'' /C calc''!A0'
-             FROM tenants t, generate_series(1, 260) i WHERE t.slug = '{slug}';
-             INSERT INTO audit_log (tenant_id, channel, action, outcome)
-             SELECT id, 'mcp', 'other_tenants_secret', 'ok' FROM tenants WHERE slug <> '{slug}' LIMIT 1;"
-        ))
-        .await;
-    let in_tenant = api
-        ._db
-        .scalar_i64(&format!(
-            "SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id WHERE t.slug = '{slug}'"
-        ))
-        .await;
+    api._db.fill_audit_log_for_search(slug).await;
+    let in_tenant = api._db.rows("audit_log").tenant(slug).count().await;
 
     // Paging: 100 a page, following `next` until the end, visits every row once.
     let mut path = "/audit".to_owned();
@@ -121,18 +104,7 @@ async fn the_console_draws_each_connections_activity_from_the_counted_calls() {
     let con = t.connections[0].connection.clone();
     let other = api.seed.tenants[1].connections[0].connection.clone();
     // Counts as workers write them: this hour and three hours ago, reads and refused notifies.
-    api._db
-        .exec(&format!(
-            "INSERT INTO call_activity (tenant_id, connection_id, hour, effect_class, outcome, calls)
-             SELECT c.tenant_id, c.id, date_trunc('hour', now()) - h * interval '1 hour', k, o, n
-             FROM connections c,
-                  (VALUES (0, 'read', 'ok', 7), (0, 'notify', 'permission_denied', 2), (3, 'read', 'rate_limited', 4),
-                          (30, 'silent_write', 'ok', 5)) v(h, k, o, n)
-             WHERE c.handle = '{con}';
-             INSERT INTO recent_calls (tenant_id, connection_id, at, tool, effect_class, outcome, duration_ms)
-             SELECT c.tenant_id, c.id, now(), 'find_customers', 'read', 'ok', 1.5 FROM connections c WHERE c.handle = '{con}';"
-        ))
-        .await;
+    api._db.record_sample_call_activity(&con).await;
     let html = admin.get(&format!("/connections/{con}")).await.text().await.expect("page");
     let section = html.split("id=\"connection-activity\"").nth(1).expect("the activity section");
     let sum = |series: &str| -> u64 {
@@ -178,21 +150,9 @@ async fn an_audit_filter_given_as_tool_narrows_the_next_page_and_the_export_too(
     let admin = Browser::sign_in(&api, &t.admin.email, &t.admin.password).await;
     let slug = &t.slug;
     // 150 rows the filter matches (two pages) and 150 it does not.
-    api._db
-        .exec(&format!(
-            "INSERT INTO audit_log (tenant_id, at, channel, action, outcome, targets)
-             SELECT t.id, timestamptz '2026-11-01 12:00:00+00' + i * interval '1 second', 'mcp',
-                    CASE WHEN i % 2 = 0 THEN 'note_add' ELSE 'booking.confirm' END, 'ok', ARRAY['bkg_' || i]
-             FROM tenants t, generate_series(1, 300) i WHERE t.slug = '{slug}';"
-        ))
-        .await;
-    let matching = api
-        ._db
-        .scalar_i64(&format!(
-            "SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id
-             WHERE t.slug = '{slug}' AND a.action LIKE 'note\\_%'"
-        ))
-        .await as usize;
+    api._db.fill_audit_log_alternating_note_add(slug, 300).await;
+    let matching =
+        api._db.rows("audit_log").tenant(slug).like("action", "note\\_%").count().await as usize;
     assert!(matching > 100, "two pages of matches");
     let href = |html: &str, marker: &str| {
         html.split(marker)

@@ -15,12 +15,9 @@ pub(crate) async fn chained_tenant() -> (Api, String, i64) {
         Api::start_with(shared::services::oauth::FetchPolicy { dev: true, ..Default::default() })
             .await;
     let slug = api.seed.tenants[0].slug.clone();
-    let tenant = api._db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{slug}'")).await;
+    let tenant = api._db.tenant_id(&slug).await;
     api._db
-        .exec(&format!(
-            "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets, reason)
-             SELECT {tenant}, 'mcp', 'add_booking_note', 'ok', ARRAY['bkg_' || i], NULL FROM generate_series(1, 12) i"
-        ))
+        .log_audit_events(tenant, "mcp", "add_booking_note", (1..=12).map(|i| format!("bkg_{i}")))
         .await;
     (api, slug, tenant)
 }
@@ -69,6 +66,7 @@ async fn audit_verify_passes_untouched_and_names_every_kind_of_tampering() {
     assert!(rows >= 12, "{v}");
     assert_eq!(v["verification"]["checkpoints_checked"], 1, "{v}");
     // The product cannot edit or delete the log, nor can a stray statement.
+    // Raw SQL on purpose: the database itself must refuse each of these statements.
     for sql in [
         format!("UPDATE audit_log SET reason = 'x' WHERE tenant_id = {t}"),
         format!("DELETE FROM audit_log WHERE tenant_id = {t}"),
@@ -78,81 +76,55 @@ async fn audit_verify_passes_untouched_and_names_every_kind_of_tampering() {
         let err = db.exec_err(&sql).await;
         assert!(err.is_some_and(|e| e.contains("append-only")), "{sql}");
     }
-    let id_at = |seq: i64| {
-        format!("(SELECT audit_id FROM audit_chain WHERE tenant_id = {t} AND seq = {seq})")
-    };
     let kind = |v: &Value| {
         (v["verification"]["problem"]["kind"].clone(), v["verification"]["problem"]["seq"].clone())
     };
-    let off =
-        "ALTER TABLE audit_log DISABLE TRIGGER USER; ALTER TABLE audit_chain DISABLE TRIGGER USER;";
-    let on =
-        "ALTER TABLE audit_log ENABLE TRIGGER USER; ALTER TABLE audit_chain ENABLE TRIGGER USER;";
 
     // Edited: a reason changed behind the product's back (as a superuser could).
-    db.exec(&format!(
-        "{off} UPDATE audit_log SET reason = 'nothing happened' WHERE id = {}; {on}",
-        id_at(5)
-    ))
-    .await;
+    let fifth = db.audit_id_at(t, 5).await;
+    db.rewrite_audit_row(fifth, "reason", Some("nothing happened")).await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok, "{v}");
     assert_eq!(kind(&v), (json!("edited"), json!(5)), "{v}");
-    db.exec(&format!("{off} UPDATE audit_log SET reason = NULL WHERE id = {}; {on}", id_at(5)))
-        .await;
+    db.rewrite_audit_row(fifth, "reason", None).await;
     assert!(verify(&api, &slug).0);
 
     // Edited: what a settings change changed, rewritten, or planted on a row that had none.
-    db.exec(&format!(
-        "{off} UPDATE audit_log SET change = '{{\"role\": {{\"from\": \"viewer\", \"to\": \"admin\"}}}}' WHERE id = {}; {on}",
-        id_at(6)
-    ))
-    .await;
+    let sixth = db.audit_id_at(t, 6).await;
+    db.rewrite_audit_row(sixth, "change", Some(r#"{"role": {"from": "viewer", "to": "admin"}}"#))
+        .await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok, "{v}");
     assert_eq!(kind(&v), (json!("edited"), json!(6)), "a planted change is an edit: {v}");
-    db.exec(&format!("{off} UPDATE audit_log SET change = NULL WHERE id = {}; {on}", id_at(6)))
-        .await;
+    db.rewrite_audit_row(sixth, "change", None).await;
     assert!(verify(&api, &slug).0, "rows without a change verify as before");
 
     // Edited: a policy decision planted on a row that had none (the chain hashes it).
-    db.exec(&format!(
-        "{off} UPDATE audit_log SET policy = '{{\"version\": 1, \"decided_by\": []}}' WHERE id = {}; {on}",
-        id_at(6)
-    ))
-    .await;
+    db.rewrite_audit_row(sixth, "policy", Some(r#"{"version": 1, "decided_by": []}"#)).await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok, "{v}");
     assert_eq!(kind(&v), (json!("edited"), json!(6)), "a planted policy is an edit: {v}");
-    db.exec(&format!("{off} UPDATE audit_log SET policy = NULL WHERE id = {}; {on}", id_at(6)))
-        .await;
+    db.rewrite_audit_row(sixth, "policy", None).await;
     assert!(verify(&api, &slug).0, "rows without a policy verify as before");
 
     // Reordered: two rows swapped in the chain.
-    let swap = format!(
-        "{off} UPDATE audit_chain SET seq = -seq WHERE tenant_id = {t} AND seq IN (3, 4);
-         UPDATE audit_chain SET seq = CASE seq WHEN -3 THEN 4 ELSE 3 END WHERE tenant_id = {t} AND seq IN (-3, -4); {on}"
-    );
-    db.exec(&swap).await;
+    db.swap_audit_chain_links(t, 3, 4).await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok);
     assert_eq!(kind(&v), (json!("reordered"), json!(3)), "{v}");
-    db.exec(&swap).await;
+    db.swap_audit_chain_links(t, 3, 4).await;
     assert!(verify(&api, &slug).0);
 
     // Inserted: a forged row written with the chain's trigger off.
-    db.exec(&format!(
-        "{off} INSERT INTO audit_log (tenant_id, at, channel, action, outcome) VALUES ({t}, now() - interval '3 days', 'console', 'person.create', 'ok'); {on}"
-    ))
-    .await;
+    db.forge_backdated_audit_row(t, "person.create").await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok);
     assert_eq!(v["verification"]["problem"]["kind"], "inserted", "{v}");
-    db.exec(&format!("{off} DELETE FROM audit_log WHERE tenant_id = {t} AND action = 'person.create' AND at < now() - interval '1 day'; {on}")).await;
+    db.remove_backdated_audit_rows(t, "person.create").await;
     assert!(verify(&api, &slug).0);
 
     // Deleted: a row and its link gone.
-    db.exec(&format!("{off} DELETE FROM audit_log WHERE id = {id}; DELETE FROM audit_chain WHERE tenant_id = {t} AND seq = 7; {on}", id = id_at(7))).await;
+    db.delete_audit_row_and_link(t, 7).await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok);
     assert_eq!(kind(&v), (json!("deleted"), json!(8)), "{v}");
@@ -257,10 +229,7 @@ async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoi
 
     // 40 events after the webhook was set (its own audit row among them).
     api._db
-        .exec(&format!(
-            "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
-             SELECT {t}, 'api', 'booking.update', 'ok', ARRAY['bkg_' || i] FROM generate_series(1, 40) i"
-        ))
+        .log_audit_events(t, "api", "booking.update", (1..=40).map(|i| format!("bkg_{i}")))
         .await;
     audit::chain_round(&ds).await.expect("chain");
     let fetch = shared::services::oauth::FetchPolicy { dev: true, ..Default::default() };
@@ -290,16 +259,11 @@ async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoi
     }
     slow.abort();
     let _ = slow.await;
-    let head = api
-        ._db
-        .scalar_i64(&format!("SELECT seq FROM audit_chain_heads WHERE tenant_id = {t}"))
-        .await;
+    let head = api._db.rows("audit_chain_heads").eq("tenant_id", t).int("seq").await;
     for _ in 0..400 {
         audit::deliver_round(&ds, &fetch, policy).await.expect("round");
-        let delivered = api
-            ._db
-            .scalar_i64(&format!("SELECT delivered_seq FROM audit_webhooks WHERE tenant_id = {t}"))
-            .await;
+        let delivered =
+            api._db.rows("audit_webhooks").eq("tenant_id", t).int("delivered_seq").await;
         if delivered == head {
             break;
         }
@@ -328,9 +292,7 @@ async fn the_siem_webhook_gets_every_event_in_order_signed_through_a_dead_endpoi
         assert!(e["data"]["row"]["tenant"].as_str().is_some_and(|h| h.starts_with("ten_")), "{e}");
         assert!(!body.contains("tenant_id") && !body.contains("audit_id"), "{body}");
     }
-    let webhook_set_seq = api._db.scalar_i64(&format!(
-        "SELECT c.seq FROM audit_chain c JOIN audit_log a ON a.id = c.audit_id WHERE c.tenant_id = {t} AND a.action = 'audit_webhook.set'"
-    )).await;
+    let webhook_set_seq = api._db.audit_seq_of_action(t, "audit_webhook.set").await;
     assert_eq!(
         start, webhook_set_seq,
         "deliveries start with the events after the webhook was set"
@@ -376,7 +338,7 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
     let forged = admin.post("/audit/webhook", &[field("url", "https://evil.example/x")]).await;
     assert_eq!(forged.status(), 403);
     // Under the passkey policy, pointing the log elsewhere needs a passkey.
-    api._db.exec("UPDATE tenants SET decisions_need_passkey = true").await;
+    api._db.rows("tenants").set("decisions_need_passkey", true).await;
     let moved = admin
         .post(
             "/audit/webhook",
@@ -385,7 +347,7 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
         .await;
     assert_eq!(moved.status(), 403);
     assert!(moved.text().await.expect("html").contains("needs a passkey"));
-    let url = api._db.scalar_string("SELECT url FROM audit_webhooks LIMIT 1").await;
+    let url = api._db.rows("audit_webhooks").text("url").await;
     assert_eq!(url, "http://127.0.0.1:9/siem", "nothing changed");
     // Stopping is confirmed first: the page says what stops and what stays, and changes nothing.
     let confirm = admin.get("/audit/webhook/remove").await.text().await.expect("html");
@@ -393,15 +355,16 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
         confirm.contains("Stop sending audit events to") && confirm.contains("keeps everything"),
         "{confirm}"
     );
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM audit_webhooks").await, 1);
+    assert_eq!(api._db.count("audit_webhooks").await, 1);
     let removed = admin.post("/audit/webhook/remove", &[field("csrf", &csrf)]).await;
     assert_eq!(removed.status(), 303);
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM audit_webhooks").await, 0);
+    assert_eq!(api._db.count("audit_webhooks").await, 0);
     assert!(
         api._db
-            .scalar_i64(
-                "SELECT count(*) FROM audit_log WHERE action LIKE 'audit_webhook.%' AND channel = 'console'"
-            )
+            .rows("audit_log")
+            .like("action", "audit_webhook.%")
+            .eq("channel", "console")
+            .count()
             .await
             >= 3,
         "set, rotate and remove are audited"
@@ -419,14 +382,9 @@ async fn retention_keeps_the_rest_verifiable_from_a_signed_checkpoint() {
     assert!(!ok && none.to_string().contains("checkpoint"), "no checkpoint yet: {none}");
     let (ok, out) = run(&api, &["audit", "checkpoint"]);
     assert!(ok, "{out}");
-    let before =
-        db.scalar_i64(&format!("SELECT count(*) FROM audit_log WHERE tenant_id = {t}")).await;
+    let before = db.rows("audit_log").eq("tenant_id", t).count().await;
     // Newer rows after the checkpoint, then retention of everything older than now.
-    db.exec(&format!(
-        "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
-         SELECT {t}, 'api', 'booking.update', 'ok', ARRAY['bkg_new' || i] FROM generate_series(1, 5) i"
-    ))
-    .await;
+    db.log_audit_events(t, "api", "booking.update", (1..=5).map(|i| format!("bkg_new{i}"))).await;
     let (ok, out) = run(&api, &["audit", "checkpoint"]);
     assert!(ok, "{out}");
     let (ok, pruned) = run(
@@ -438,20 +396,11 @@ async fn retention_keeps_the_rest_verifiable_from_a_signed_checkpoint() {
     assert!(removed >= before, "the old rows went: {pruned}");
     let (ok, v) = verify(&api, &slug);
     assert!(ok, "what is left verifies from the checkpoint: {v}");
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'audit.prune'").await,
-        1,
-        "retention is audited"
-    );
+    assert_eq!(db.audited("audit.prune").await, 1, "retention is audited");
     // Deleting a kept row behind the trigger's back is still named.
     let (ok, out) = run(&api, &["audit", "checkpoint"]);
     assert!(ok, "{out}");
-    db.exec("ALTER TABLE audit_log DISABLE TRIGGER USER").await;
-    db.exec(&format!(
-        "DELETE FROM audit_log WHERE id = (SELECT max(audit_id) FROM audit_chain WHERE tenant_id = {t})"
-    ))
-    .await;
-    db.exec("ALTER TABLE audit_log ENABLE TRIGGER USER").await;
+    db.delete_newest_chained_audit_row(t).await;
     let (ok, v) = verify(&api, &slug);
     assert!(!ok, "{v}");
 }

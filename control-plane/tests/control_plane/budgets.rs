@@ -100,13 +100,9 @@ async fn gatehousectl_shows_and_sets_budgets_audited() {
         "5",
     ]);
     assert!(!ok && err["error"]["code"] == "not_found", "another tenant's connection: {err}");
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM budgets").await, 2);
+    assert_eq!(api._db.count("budgets").await, 2);
     assert_eq!(
-        api._db
-            .scalar_i64(
-                "SELECT count(*) FROM audit_log WHERE action = 'budget.set' AND channel = 'cli'"
-            )
-            .await,
+        api._db.rows("audit_log").eq("action", "budget.set").eq("channel", "cli").count().await,
         2
     );
     // Back to the default, and no tenant-wide budget.
@@ -134,7 +130,7 @@ async fn gatehousectl_shows_and_sets_budgets_audited() {
         "default",
     ]);
     assert!(ok, "{shown}");
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM budgets").await, 0);
+    assert_eq!(api._db.count("budgets").await, 0);
 }
 
 #[tokio::test]
@@ -157,8 +153,7 @@ async fn in_the_console_raising_a_budget_needs_the_passkey_and_lowering_is_one_s
         settings.contains("id=\"budgets-tenant\""),
         "Limits and budgets shows the tenant-wide budgets"
     );
-    let limit =
-        "SELECT coalesce((SELECT limit_units FROM budgets WHERE kind = 'customers_messaged'), -1)";
+    let limit = move || db.rows("budgets").eq("kind", "customers_messaged").int("limit_units");
     // Lowering: one step, audited with channel console.
     // (500 a day to 50 an hour would be raising it: 1200 a day.)
     let lower =
@@ -173,7 +168,7 @@ async fn in_the_console_raising_a_budget_needs_the_passkey_and_lowering_is_one_s
     assert_eq!(answer["needed"], false, "{answer}");
     let r = admin.post("/budgets", &form(&csrf, &lower)).await;
     assert_eq!(r.status(), 303, "lowering a budget is one step");
-    assert_eq!(db.scalar_i64(limit).await, 50);
+    assert_eq!(limit().await, 50);
     // Raising (a larger limit, or a shorter window): refused without a passkey, nothing changes.
     for raise in [
         [("connection", con), ("kind", "customers_messaged"), ("limit", "60"), ("window", "24h")],
@@ -192,7 +187,7 @@ async fn in_the_console_raising_a_budget_needs_the_passkey_and_lowering_is_one_s
             .await;
         assert_eq!(r.status(), 403, "the decision is named; this admin has no passkey yet");
     }
-    assert_eq!(db.scalar_i64(limit).await, 50);
+    assert_eq!(limit().await, 50);
     let r = admin
         .post(
             "/budgets",
@@ -204,10 +199,7 @@ async fn in_the_console_raising_a_budget_needs_the_passkey_and_lowering_is_one_s
         .await;
     assert_eq!(r.status(), 403, "back to a larger default is raising it");
     assert_eq!(
-        db.scalar_i64(
-            "SELECT count(*) FROM audit_log WHERE action = 'budget.set' AND channel = 'console'"
-        )
-        .await,
+        db.rows("audit_log").eq("action", "budget.set").eq("channel", "console").count().await,
         1
     );
 }

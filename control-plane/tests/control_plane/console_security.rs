@@ -69,13 +69,8 @@ async fn console_routes_cannot_be_turned_against_themselves() {
         let response = browser.post("/settings/agent-access", &form).await;
         assert_eq!(response.status(), 422, "{to:?}");
     }
-    let on = api
-        ._db
-        .scalar_string(&format!(
-            "SELECT agent_access::text FROM tenants WHERE slug = '{}'",
-            api.seed.tenants[0].slug
-        ))
-        .await;
+    let on =
+        api._db.rows("tenants").eq("slug", &api.seed.tenants[0].slug).text("agent_access").await;
     assert_eq!(on, "true", "agent access unchanged");
     let operator = browser.get("/operator").await.text().await.expect("html");
     let csrf = form_fields(&operator, "/operator/kill-switch")
@@ -87,10 +82,7 @@ async fn console_routes_cannot_be_turned_against_themselves() {
         .post("/operator/kill-switch", &[("csrf".into(), csrf), ("reason".into(), "test".into())])
         .await;
     assert_eq!(response.status(), 422, "the global switch needs a direction too");
-    assert_eq!(
-        api._db.scalar_string("SELECT global_kill::text FROM platform_state").await,
-        "false"
-    );
+    assert_eq!(api._db.rows("platform_state").text("global_kill").await, "false");
 }
 
 #[tokio::test]

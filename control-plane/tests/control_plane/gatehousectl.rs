@@ -27,7 +27,7 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
         assert_eq!(err["error"]["code"], "unauthenticated", "{who:?}: {err}");
         assert!(err["error"]["message"].as_str().expect("m").contains("operator"), "{err}");
     }
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM tenants WHERE slug = 'evil'").await, 0);
+    assert_eq!(db.rows("tenants").eq("slug", "evil").count().await, 0);
     let (ok, t) = ctl(
         &db,
         &[
@@ -43,9 +43,7 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     assert!(ok, "{t}");
     // The audit names the operator who created the tenant.
-    let by = db
-        .scalar_string("SELECT p.email FROM audit_log a JOIN people p ON p.id = a.actor_id WHERE a.action = 'tenant.create'")
-        .await;
+    let by = db.audit_actor_email("tenant.create").await;
     assert_eq!(by, OPS);
     let (ok, _) = ctl(
         &db,
@@ -119,9 +117,9 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     assert!(ok, "{c}");
     let token = c["token"].as_str().expect("token");
     assert!(token.starts_with("gh_mcp_"));
-    let stored = db.scalar_i64(&format!("SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{token}', 'UTF8'))")).await;
+    let stored = db.connection_tokens_hashing_to(token).await;
     assert_eq!(stored, 1, "only the hash is stored");
-    let plain = db.scalar_i64(&format!("SELECT count(*) FROM connection_tokens WHERE encode(token_hash, 'escape') LIKE '%{token}%'")).await;
+    let plain = db.connection_tokens_holding_plaintext(token).await;
     assert_eq!(plain, 0);
     // The toolset asked for is the toolset the connection gets, and an unknown one is refused.
     let (ok, small) = ctl(
@@ -143,10 +141,9 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     assert!(ok, "{small}");
     let toolset = db
-        .scalar_string(&format!(
-            "SELECT toolset FROM connections WHERE handle = '{}'",
-            small["connection"].as_str().expect("handle")
-        ))
+        .rows("connections")
+        .eq("handle", small["connection"].as_str().expect("handle"))
+        .text("toolset")
         .await;
     assert_eq!(toolset, "small");
     let (ok, err) = ctl(
@@ -189,9 +186,7 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     assert!(ok);
     assert_eq!(d["revoked_api_tokens"], json!([api_token["api_token"]]), "{d}");
     // Their API tokens end with the membership, so coming back later does not revive them.
-    let live_api_tokens = db
-        .scalar_i64("SELECT count(*) FROM api_tokens a JOIN people p ON p.id = a.person_id WHERE p.email = 'lee@acme.example' AND a.revoked_at IS NULL")
-        .await;
+    let live_api_tokens = db.unrevoked_api_tokens_of("lee@acme.example").await;
     assert_eq!(live_api_tokens, 0, "{api_token}");
     // A role change never brings a deactivated person back.
     let (ok, err) = ctl(
@@ -209,10 +204,8 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     assert!(!ok, "{err}");
     assert_eq!(err["error"]["code"], "wrong_state", "{err}");
-    let active = db
-        .scalar_string("SELECT m.active::text FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'lee@acme.example'")
-        .await;
-    assert_eq!(active, "false");
+    let active = db.membership_active_of("lee@acme.example").await;
+    assert!(!active, "the membership stays inactive");
     // No new credential for them either: it would wake if they were added again.
     let (ok, err) = ctl(
         &db,
@@ -281,35 +274,29 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
         err["error"]["fix"].as_str().expect("fix").contains("admin, dispatcher, viewer"),
         "{err}"
     );
-    let audited = db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'cli'").await;
+    let audited = db.rows("audit_log").eq("channel", "cli").count().await;
     assert!(audited >= 4, "every CLI write is audited ({audited})");
     let (ok, op) = ctl(&db, &["operator", "--email", "lee@acme.example"]);
     assert!(ok, "{op}");
     assert_eq!(
-        db.scalar_i64(
-            "SELECT count(*) FROM people WHERE email = 'lee@acme.example' AND is_operator"
-        )
-        .await,
+        db.rows("people").eq("email", "lee@acme.example").eq("is_operator", true).count().await,
         1
     );
     assert_eq!(
-        db.scalar_i64(
-            "SELECT count(*) FROM audit_log WHERE action = 'operator.grant' AND tenant_id IS NULL"
-        )
-        .await,
+        db.rows("audit_log").eq("action", "operator.grant").null("tenant_id").count().await,
         1
     );
     let (ok, _) = ctl(&db, &["operator", "--email", "lee@acme.example", "--revoke"]);
     assert!(ok);
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM people WHERE is_operator").await,
+        db.rows("people").eq("is_operator", true).count().await,
         1,
         "only the operator who ran the commands is left"
     );
     // The last operator cannot withdraw their own role and lock the platform out.
     let (ok, err) = ctl(&db, &["operator", "--email", OPS, "--revoke"]);
     assert!(!ok, "{err}");
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM people WHERE is_operator").await, 1);
+    assert_eq!(db.rows("people").eq("is_operator", true).count().await, 1);
 }
 
 #[tokio::test]
@@ -338,9 +325,7 @@ async fn demo_seed_prints_the_documented_shape() {
         );
         assert!(connections[0]["rights"].as_array().expect("rights").len() > 3);
     }
-    let bookings = db
-        .scalar_i64("SELECT min(n) FROM (SELECT count(*) AS n FROM bookings GROUP BY tenant_id) c")
-        .await;
+    let bookings = db.fewest_bookings_of_a_tenant().await;
     assert!(bookings >= 12);
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"))
         .args(["connection", "create", "--help"])
@@ -421,14 +406,8 @@ async fn names_and_reasons_from_the_cli_and_console_refuse_hidden_characters() {
     ]);
     assert!(!ok, "{err}");
     assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
-    let status = api
-        ._db
-        .scalar_string(&format!("SELECT status FROM connections WHERE handle = '{connection}'"))
-        .await;
+    let status = api._db.rows("connections").eq("handle", &connection).text("status").await;
     assert_eq!(status, "active", "nothing was revoked");
-    let agent_access = api
-        ._db
-        .scalar_string(&format!("SELECT agent_access::text FROM tenants WHERE slug = '{slug}'"))
-        .await;
+    let agent_access = api._db.rows("tenants").eq("slug", slug).text("agent_access").await;
     assert_eq!(agent_access, "true", "the switch did not flip");
 }

@@ -82,10 +82,7 @@ async fn an_id_jag_from_the_tenant_idp_buys_an_audience_bound_token_on_a_connect
     assert!(token.get("refresh_token").is_none(), "no refresh token: the IdP decides again");
     assert_eq!(token["scope"], "bookings:read", "the ID-JAG's scope ∩ the requested scope");
     let db = &s.api._db;
-    assert_eq!(
-        db.scalar_string("SELECT audience FROM connection_tokens WHERE kind = 'access'").await,
-        MCP
-    );
+    assert_eq!(db.rows("connection_tokens").eq("kind", "access").text("audience").await, MCP);
     // The connection is the tenant's like any other, marked as granted by the IdP.
     let ctx =
         operator_in(&db.ds, &s.api.seed.tenants[0].admin.email, &s.api.seed.tenants[0].slug).await;
@@ -111,16 +108,13 @@ async fn an_id_jag_from_the_tenant_idp_buys_an_audience_bound_token_on_a_connect
         .await
         .expect("token");
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM connections WHERE granted_by = 'idp'").await, 1);
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'connection.id_jag'").await,
-        2
-    );
+    assert_eq!(db.rows("connections").eq("granted_by", "idp").count().await, 1);
+    assert_eq!(db.audited("connection.id_jag").await, 2);
     // The admin revokes it like any other; the next ID-JAG makes a new grant.
     shared::services::admin::connection_revoke(&db.ds, &ctx, &c.connection, "test")
         .await
         .expect("revoke");
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM connection_tokens t JOIN connections c ON c.id = t.connection_id WHERE c.status = 'active' AND c.granted_by = 'idp'").await, 0);
+    assert_eq!(db.tokens_of_active_idp_grants().await, 0);
 }
 
 #[tokio::test]
@@ -152,10 +146,7 @@ async fn hostile_id_jags_are_refused_and_create_nothing() {
     };
     let replayed = signed(&s, &jag(&s, |c| c["jti"] = json!("jag-once")));
     assert_eq!(exchange(&s, &replayed, &[]).await.0, 200, "the first use");
-    let before = (
-        db.scalar_i64("SELECT count(*) FROM connections").await,
-        db.scalar_i64("SELECT count(*) FROM connection_tokens").await,
-    );
+    let before = (db.count("connections").await, db.count("connection_tokens").await);
     type Extra<'a> = Vec<(&'a str, &'a str)>;
     let cases: Vec<(&str, String, Extra)> = vec![
         ("unsigned", unsigned, vec![]),
@@ -264,10 +255,7 @@ async fn hostile_id_jags_are_refused_and_create_nothing() {
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.expect("json")["error"], "unauthorized_client");
     assert_eq!(
-        (
-            db.scalar_i64("SELECT count(*) FROM connections").await,
-            db.scalar_i64("SELECT count(*) FROM connection_tokens").await,
-        ),
+        (db.count("connections").await, db.count("connection_tokens").await),
         before,
         "no connection and no token"
     );

@@ -108,17 +108,16 @@ async fn an_invited_person_joins_once_by_setting_a_password() {
 
     // The email went to the outbox with the link; the audit names the invitation, not the address.
     assert_eq!(
-        db.scalar_i64(&format!(
-            "SELECT count(*) FROM outbox WHERE recipient = 'newcomer@example.com' AND body LIKE '%{path}%'"
-        ))
-        .await,
+        db.rows("outbox")
+            .eq("recipient", "newcomer@example.com")
+            .like("body", &format!("%{path}%"))
+            .count()
+            .await,
         1
     );
-    let audit = db
-        .scalar_string("SELECT targets[1] || ' ' || (change->'role'->>'to') FROM audit_log WHERE action = 'person.invite'")
-        .await;
-    assert!(audit.starts_with("inv_") && audit.ends_with(" dispatcher"), "{audit}");
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM invitations WHERE token_hash IS NOT NULL AND position('gh_inv_' in encode(token_hash, 'escape')) > 0").await, 0, "only the hash is kept");
+    let (invitation, role) = db.invite_audit_handle_and_role().await;
+    assert!(invitation.starts_with("inv_") && role == "dispatcher", "{invitation} {role}");
+    assert_eq!(db.invitations_keeping_their_token().await, 0, "only the hash is kept");
     let people = admin.get("/people").await.text().await.expect("html");
     assert!(
         people.contains("id=\"invitations\"") && people.contains("newcomer@example.com"),
@@ -182,11 +181,7 @@ async fn an_invited_person_joins_once_by_setting_a_password() {
     )
     .await;
     assert_eq!(r.status(), 404);
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM people WHERE lower(email) = 'newcomer@example.com'")
-            .await,
-        0
-    );
+    assert_eq!(db.people_with_email("newcomer@example.com").await, 0);
 
     // Joining: signed in, a dispatcher of the tenant, the invitation used, audited.
     let (_, html, cookie) = open(&api, &path).await;
@@ -211,15 +206,9 @@ async fn an_invited_person_joins_once_by_setting_a_password() {
         .await
         .expect("home");
     assert_eq!(home.status(), 200, "working in the tenant");
-    assert_eq!(
-        db.scalar_string("SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'newcomer@example.com'").await,
-        "dispatcher"
-    );
-    assert_eq!(db.scalar_string("SELECT accepted_how FROM invitations").await, "password");
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'person.join'").await,
-        1
-    );
+    assert_eq!(db.member_role_of_email("newcomer@example.com").await, "dispatcher");
+    assert_eq!(db.rows("invitations").text("accepted_how").await, "password");
+    assert_eq!(db.audited("person.join").await, 1);
     // The link works once.
     let (status, html, _) = open(&api, &path).await;
     assert_eq!(status, 404);
@@ -238,8 +227,7 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
 
     // Revoked: the link stops working.
     let link = invite(&admin, &csrf, "gone@example.com", "viewer").await;
-    let handle =
-        db.scalar_string("SELECT handle FROM invitations WHERE email = 'gone@example.com'").await;
+    let handle = db.rows("invitations").eq("email", "gone@example.com").text("handle").await;
     let r = admin.post(&format!("/people/invitations/{handle}/revoke"), &form(&csrf, &[])).await;
     assert_eq!(r.status(), 303);
     let path = path_of(&link);
@@ -250,8 +238,7 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
     let other = Browser::sign_in(&api, &t1.admin.email, &t1.admin.password).await;
     let other_csrf = crate::invitations::csrf(&other).await;
     let link = invite(&admin, &csrf, "late@example.com", "viewer").await;
-    let late =
-        db.scalar_string("SELECT handle FROM invitations WHERE email = 'late@example.com'").await;
+    let late = db.rows("invitations").eq("email", "late@example.com").text("handle").await;
     assert_eq!(
         other
             .post(&format!("/people/invitations/{late}/revoke"), &form(&other_csrf, &[]))
@@ -263,7 +250,10 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
     assert_eq!(other.get(&format!("/people/invitations/{late}/sent")).await.status(), 404);
     assert_eq!(admin.get("/people/invitations/not-a-handle/sent").await.status(), 404);
     // Expired: the same.
-    db.exec("UPDATE invitations SET expires_at = now() - interval '1 second' WHERE email = 'late@example.com'").await;
+    db.rows("invitations")
+        .eq("email", "late@example.com")
+        .set_now_plus("expires_at", "-1 second")
+        .await;
     let path = path_of(&link);
     assert_eq!(open(&api, &path).await.0, 404);
     // An expired invitation does not block a new one to the same address.
@@ -303,26 +293,19 @@ async fn a_revoked_expired_or_made_up_link_opens_nothing_and_an_account_joins_by
     let r = admin.post(&path, &form(&csrf, &[("how", "account")])).await;
     assert_eq!(r.status(), 422);
     assert!(r.text().await.expect("html").contains("sign out"));
-    let member = format!(
-        "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id \
-         WHERE t.slug = '{}' AND lower(p.email) = lower('{email}')",
-        t0.slug
-    );
-    assert_eq!(db.scalar_i64(&member).await, 0);
+    assert_eq!(db.memberships_in_tenant(&t0.slug, email).await, 0);
     let invited = Browser::sign_in(&api, email, &t1.dispatcher.password).await;
     let page = invited.get(&path).await.text().await.expect("html");
     let session_csrf =
         form_fields(&page, &path).into_iter().find(|(k, _)| k == "csrf").expect("csrf").1;
     let r = invited.post(&path, &form(&session_csrf, &[("how", "account")])).await;
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
-    assert_eq!(db.scalar_i64(&member).await, 1, "joined, keeping the other tenant");
     assert_eq!(
-        db.scalar_string(&format!(
-            "SELECT accepted_how FROM invitations WHERE lower(email) = lower('{email}')"
-        ))
-        .await,
-        "account"
+        db.memberships_in_tenant(&t0.slug, email).await,
+        1,
+        "joined, keeping the other tenant"
     );
+    assert_eq!(db.rows("invitations").eq("email", email).text("accepted_how").await, "account");
 }
 
 fn token_field_or_blank(html: &str) -> String {
@@ -363,11 +346,11 @@ async fn an_invited_address_joins_through_single_sign_on_with_the_invitations_ro
     let r = finish(&api, &idp, &started, token).await;
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     assert_eq!(
-        db.scalar_string("SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'invitee@northwind.example'").await,
+        db.member_role_of_email("invitee@northwind.example").await,
         "dispatcher",
         "the invitation's role, not the lowest"
     );
-    assert_eq!(db.scalar_string("SELECT accepted_how FROM invitations").await, "sso");
+    assert_eq!(db.rows("invitations").text("accepted_how").await, "sso");
     assert_eq!(open(&api, &path).await.0, 404, "used");
 }
 
@@ -413,13 +396,14 @@ async fn an_older_invitation_never_brings_back_or_promotes_someone_added_or_remo
         form_fields(&page, &path).into_iter().find(|(k, _)| k == "csrf").expect("csrf").1;
     let r = invited.post(&path, &form(&session_csrf, &[("how", "account")])).await;
     assert_eq!(r.status(), 303);
-    assert_eq!(
-        db.scalar_string("SELECT m.role || ':' || m.active FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'later@example.com'").await,
-        "dispatcher:true"
-    );
+    assert_eq!(db.membership_of_email("later@example.com").await, ("dispatcher".to_owned(), true));
     // The used link's email keeps no live link.
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM outbox WHERE idempotency_key LIKE 'invitation:%' AND body LIKE '%gh_inv_%'").await,
+        db.rows("outbox")
+            .like("idempotency_key", "invitation:%")
+            .like("body", "%gh_inv_%")
+            .count()
+            .await,
         0,
         "used and closed invitations leave no link in the outbox"
     );
@@ -445,13 +429,8 @@ async fn single_sign_on_never_joins_an_existing_account_by_its_email_and_a_requi
     let token = idp.id_token(&claims(&idp, "sub-victim", &email, &started.params["nonce"]));
     let r = finish(&api, &idp, &started, token).await;
     assert_eq!(r.status(), 401, "an account that exists is not joined by the IdP's word");
-    let member = format!(
-        "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id \
-         WHERE t.slug = '{}' AND lower(p.email) = lower('{email}')",
-        t0.slug
-    );
-    assert_eq!(db.scalar_i64(&member).await, 0);
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM person_identities").await, 0, "nothing linked");
+    assert_eq!(db.memberships_in_tenant(&t0.slug, &email).await, 0);
+    assert_eq!(db.count("person_identities").await, 0, "nothing linked");
 
     // Single sign-on required: the password and account ways are refused, even posted by hand,
     // and an address the IdP does not vouch for cannot be invited at all.
@@ -466,15 +445,13 @@ async fn single_sign_on_never_joins_an_existing_account_by_its_email_and_a_requi
         .await
         .expect_err("an address the IdP does not vouch for");
     assert!(refused.to_string().contains("single sign-on only"), "{refused}");
-    let path = db
-        .scalar_string("SELECT substring(body from '/invitations/gh_inv_[a-z2-7]+') FROM outbox WHERE idempotency_key LIKE 'invitation:%'")
-        .await;
+    let path = db.invitation_path_in_outbox().await;
     let invited = Browser::sign_in(&api, &email, &t1.dispatcher.password).await;
     let page = invited.get(&path).await.text().await.expect("html");
     assert!(page.contains("single sign-on only") && !page.contains("Sign in to accept"), "{page}");
     let r = invited.post(&path, &form(&invited_csrf(&invited).await, &[("how", "account")])).await;
     assert_eq!(r.status(), 422);
-    assert_eq!(db.scalar_i64(&member).await, 0, "not joined by hand either");
+    assert_eq!(db.memberships_in_tenant(&t0.slug, &email).await, 0, "not joined by hand either");
 }
 
 /// The CSRF token of a session with no tenant page to read it from: the tenant picker's form.
@@ -544,9 +521,7 @@ async fn gatehousectl_invites_lists_and_revokes_with_json() {
     let path = url::Url::parse(link).expect("url").path().to_owned();
     assert_eq!(open(&api, &path).await.0, 404, "a revoked link opens nothing");
     assert_eq!(
-        api._db
-            .scalar_i64("SELECT count(*) FROM outbox WHERE recipient = 'cli.invitee@example.com'")
-            .await,
+        api._db.rows("outbox").eq("recipient", "cli.invitee@example.com").count().await,
         1,
         "one email for the one invitation"
     );

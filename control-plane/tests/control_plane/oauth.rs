@@ -50,10 +50,7 @@ async fn consent_grants_exactly_what_the_person_approved() {
     let params: std::collections::BTreeMap<String, String> =
         location.query_pairs().into_owned().collect();
     assert!(params.contains_key("code") && params["state"] == "s1", "{location}");
-    let rights = api
-        ._db
-        .scalar_string(&format!("SELECT array_to_string(rights, ',') FROM connections WHERE oauth_client_id = '{client_id}'"))
-        .await;
+    let rights = api._db.oauth_connection_rights(&client_id).await;
     assert_eq!(rights, "bookings:read", "exactly what was ticked, nothing the URL smuggled");
     // The same request cannot be answered twice, nor by another session, nor without a decision.
     let again = browser.post("/oauth/authorize", &form).await;
@@ -74,23 +71,15 @@ async fn consent_grants_exactly_what_the_person_approved() {
     undecided.push(("right".into(), "bookings:read".into()));
     let response = browser.post("/oauth/authorize", &undecided).await;
     assert_eq!(response.status(), 422, "a missing decision grants nothing");
-    let connections = api
-        ._db
-        .scalar_i64(&format!(
-            "SELECT count(*) FROM connections WHERE oauth_client_id = '{client_id}'"
-        ))
-        .await;
+    let connections = api._db.rows("connections").eq("oauth_client_id", &client_id).count().await;
     assert_eq!(connections, 1);
     // A consent screen shown for one tenant cannot be answered after switching to another.
     let consent = browser.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
     let mut pending = form_fields(&consent, "/oauth/authorize");
-    let other_tenant = api
-        ._db
-        .scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", api.seed.tenants[1].slug))
-        .await;
+    let other_tenant = api._db.tenant_id(&api.seed.tenants[1].slug).await;
     let in_other = operator_in(&api._db.ds, &admin.email, &api.seed.tenants[1].slug).await;
     Person::new(&api._db.ds, &in_other, &admin.email).role(Role::Viewer).create().await;
-    api._db.exec(&format!("UPDATE console_sessions SET tenant_id = {other_tenant}")).await;
+    api._db.rows("console_sessions").set("tenant_id", other_tenant).await;
     pending.push(("right".into(), "bookings:read".into()));
     pending.push(("decision".into(), "approve".into()));
     let response = browser.post("/oauth/authorize", &pending).await;
@@ -144,13 +133,12 @@ async fn a_client_that_names_no_scope_gets_read_rights_ticked_and_a_new_consent_
             .expect("json");
         tokens.push(issued["access_token"].as_str().expect("access").to_owned());
     }
-    let alive = |t: &str| {
-        format!(
-            "SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{t}', 'UTF8'))"
-        )
-    };
-    assert_eq!(api._db.scalar_i64(&alive(&tokens[0])).await, 0, "the earlier grant's token ended");
-    assert_eq!(api._db.scalar_i64(&alive(&tokens[1])).await, 1);
+    assert_eq!(
+        api._db.connection_tokens_hashing_to(&tokens[0]).await,
+        0,
+        "the earlier grant's token ended"
+    );
+    assert_eq!(api._db.connection_tokens_hashing_to(&tokens[1]).await, 1);
 }
 
 #[tokio::test]
@@ -203,12 +191,8 @@ async fn a_code_never_outlives_the_consent_or_the_connection_it_came_from() {
     assert_eq!(body["scope"], "bookings:read");
     // A code approved before the connection was revoked issues nothing.
     let late = consent("bookings:read").await;
-    let connection = api
-        ._db
-        .scalar_string(&format!(
-            "SELECT handle FROM connections WHERE oauth_client_id = '{client_id}'"
-        ))
-        .await;
+    let connection =
+        api._db.rows("connections").eq("oauth_client_id", &client_id).text("handle").await;
     let slug = api.seed.tenants[0].slug.clone();
     let (ok, revoked) = ctl_as(
         &api._db,
@@ -228,10 +212,8 @@ async fn a_code_never_outlives_the_consent_or_the_connection_it_came_from() {
     let (status, body) = exchange(late).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("invalid_grant")), "{body}");
     assert!(body["error_description"].as_str().is_some_and(|d| d.contains("revoked")), "{body}");
-    let live = api
-        ._db
-        .scalar_i64(&format!("SELECT count(*) FROM connection_tokens t JOIN connections c ON c.id = t.connection_id WHERE c.handle = '{connection}'"))
-        .await;
+    let connection_id = api._db.rows("connections").eq("handle", &connection).int("id").await;
+    let live = api._db.rows("connection_tokens").eq("connection_id", connection_id).count().await;
     assert_eq!(live, 0, "no token exists for the revoked connection");
 }
 
@@ -260,7 +242,7 @@ async fn registration_parses_redirect_uris_and_caps_what_it_stores() {
         let body: Value = response.json().await.expect("json");
         assert_eq!(body["error"], "invalid_redirect_uri", "{case}: {body}");
     }
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM oauth_clients").await, 0, "nothing stored");
+    assert_eq!(api._db.count("oauth_clients").await, 0, "nothing stored");
     let ok = register(json!({"client_name": format!("  Claude\u{202E}\u{0007} {}", "n".repeat(200)), "redirect_uris": ["http://[::1]/cb", "http://127.0.0.1/cb"]})).await;
     assert_eq!(ok.status(), 201);
     let body: Value = ok.json().await.expect("json");
@@ -326,10 +308,7 @@ async fn registration_is_throttled_per_source_address() {
     assert!(retry.is_some_and(|s| (1..=3600).contains(&s)), "Retry-After: {retry:?}");
     assert_eq!(body["error"], "too_many_requests");
     assert!(body["error_description"].as_str().expect("d").contains("retry in"), "{body}");
-    assert_eq!(
-        api._db.scalar_i64("SELECT count(*) FROM oauth_clients WHERE client_name = 'Flood'").await,
-        20
-    );
+    assert_eq!(api._db.rows("oauth_clients").eq("client_name", "Flood").count().await, 20);
     // Another address is unaffected; IPv6 addresses count by their /64.
     assert_eq!(register("198.51.100.8".into()).await.0, 201);
     for i in 0..20 {

@@ -43,16 +43,15 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
             assert!(body.contains("needs a passkey"), "{what} says why: {body}");
         }
     };
-    let count = |sql: &'static str| async move { db.scalar_i64(sql).await };
 
     // Creating a connection.
-    let before = count("SELECT count(*) FROM connections").await;
+    let before = db.count("connections").await;
     let r = admin
         .post("/connections", &form(&csrf, &[("name", "Widening"), ("right", "bookings:read")]))
         .await;
     let status = r.status().as_u16();
     refused("a connection")(status, &r.text().await.expect("body"));
-    assert_eq!(count("SELECT count(*) FROM connections").await, before);
+    assert_eq!(db.count("connections").await, before);
 
     // Raising a role; lowering one is one step.
     let dispatcher = t0.dispatcher.email.as_str();
@@ -60,15 +59,12 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         admin.post("/people/role", &form(&csrf, &[("email", dispatcher), ("role", "admin")])).await;
     let status = r.status().as_u16();
     refused("raising a role")(status, &r.text().await.expect("body"));
-    let role = format!(
-        "SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE lower(p.email) = lower('{dispatcher}')"
-    );
-    assert_eq!(db.scalar_string(&role).await, "dispatcher");
+    assert_eq!(db.member_role_of_email(dispatcher).await, "dispatcher");
     let r = admin
         .post("/people/role", &form(&csrf, &[("email", dispatcher), ("role", "viewer")]))
         .await;
     assert_eq!(r.status(), 303, "lowering a role stays one step");
-    assert_eq!(db.scalar_string(&role).await, "viewer");
+    assert_eq!(db.member_role_of_email(dispatcher).await, "viewer");
 
     // Raising a rate limit; lowering one is one step.
     let r = admin
@@ -87,10 +83,7 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         )
         .await;
     assert_eq!(r.status(), 403, "back to a higher default is raising it");
-    assert_eq!(
-        count("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'notify'").await,
-        5
-    );
+    assert_eq!(db.rows("tenant_rate_limits").eq("class", "notify").int("per_minute").await, 5);
 
     // Tightening the approval policy is one step; loosening it, or dropping the condition on
     // who approves, is not.
@@ -120,12 +113,17 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         refused("loosening the approval policy")(status, &r.text().await.expect("body"));
     }
     assert_eq!(
-        count("SELECT count(*) FROM approval_policies WHERE scope = 'class:notify' AND mode = 'person_approves' AND approver_not_creator").await,
+        db.rows("approval_policies")
+            .eq("scope", "class:notify")
+            .eq("mode", "person_approves")
+            .eq("approver_not_creator", true)
+            .count()
+            .await,
         1
     );
 
     // A form carrying a made-up, unparsable, oversized or repeated assertion decides nothing.
-    let before = count("SELECT count(*) FROM connections").await;
+    let before = db.count("connections").await;
     let huge = "x".repeat(20_000);
     let made_up = r#"{"id":"AAAA","rawId":"AAAA","type":"public-key","response":{"authenticatorData":"AAAA","clientDataJSON":"AAAA","signature":"AAAA","userHandle":null},"extensions":{}}"#;
     for (ceremony, assertion) in
@@ -143,7 +141,7 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         let status = r.status().as_u16();
         assert!(status == 403 || status == 422, "{ceremony:?}: {status}");
     }
-    assert_eq!(count("SELECT count(*) FROM connections").await, before, "nothing created");
+    assert_eq!(db.count("connections").await, before, "nothing created");
     let r = admin.post("/passkeys/decision", &form(&csrf, &[])).await;
     assert_eq!(r.status(), 422, "a decision request naming no form is refused");
 
@@ -157,11 +155,7 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         .await;
     let status = r.status().as_u16();
     refused("agent access on")(status, &r.text().await.expect("body"));
-    assert_eq!(
-        db.scalar_string(&format!("SELECT agent_access::text FROM tenants WHERE slug = '{slug}'"))
-            .await,
-        "false"
-    );
+    assert_eq!(db.rows("tenants").eq("slug", slug).text("agent_access").await, "false");
 
     // An API token, and single sign-on settings, are credentials and who vouches for people.
     let r = admin
@@ -169,7 +163,7 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         .await;
     let status = r.status().as_u16();
     refused("an API token")(status, &r.text().await.expect("body"));
-    assert_eq!(count("SELECT count(*) FROM api_tokens WHERE name = 'Script'").await, 0);
+    assert_eq!(db.rows("api_tokens").eq("name", "Script").count().await, 0);
     let r =
         admin.post("/settings/sso/clients", &form(&csrf, &[("name", "Enterprise agent")])).await;
     let status = r.status().as_u16();
@@ -198,15 +192,15 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
     assert!(body.contains("act for you with bookings:write needs a passkey"), "{body}");
     assert!(!body.contains(&client_id), "the client by its name, not its id: {body}");
     assert!(!body.contains("oauth consent") && !body.contains("oauth_consent"), "{body}");
-    let granted = format!("SELECT count(*) FROM connections WHERE oauth_client_id = '{client_id}'");
-    assert_eq!(db.scalar_i64(&granted).await, 0);
+    let granted = || db.rows("connections").eq("oauth_client_id", &client_id).count();
+    assert_eq!(granted().await, 0);
     let consent = admin.get(&authorize_path(&client_id, &[])).await.text().await.expect("html");
     let mut fields = form_fields(&consent, "/oauth/authorize");
     fields.push(("right".into(), "bookings:read".into()));
     fields.push(("decision".into(), "approve".into()));
     let r = admin.post("/oauth/authorize", &fields).await;
     assert_eq!(r.status(), 303, "consent to reading stays one step");
-    assert_eq!(db.scalar_i64(&granted).await, 1);
+    assert_eq!(granted().await, 1);
 
     // What the console's script asks before a form: a narrowing one needs nothing; a widening
     // one tells a person without a passkey where to add one.
@@ -232,13 +226,9 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
 
     // Every refused decision left the audit without a row of it, and the changes that went
     // through record how the session was proven.
-    let proof = db
-        .scalar_string(
-            "SELECT proof->>'method' FROM audit_log WHERE action = 'agent_access.off' ORDER BY id DESC LIMIT 1",
-        )
-        .await;
+    let proof = db.latest_proof_method_of("agent_access.off").await;
     assert_eq!(proof, "password");
-    assert_eq!(count("SELECT count(*) FROM audit_log WHERE action = 'agent_access.on'").await, 0);
+    assert_eq!(db.audited("agent_access.on").await, 0);
 
     // The operator's CLI turns it off (the host is its proof) and resets a person's passkeys.
     let (ok, off) = cli(&["passkey-policy", "--tenant", slug, "off"]);

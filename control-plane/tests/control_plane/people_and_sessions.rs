@@ -59,7 +59,10 @@ async fn an_operator_resets_a_password_and_every_session_of_it_ends() {
     assert_eq!(login("a-new-long-password").await, 303, "the new one does");
     let audited = api
         ._db
-        .scalar_i64("SELECT count(*) FROM audit_log WHERE tenant_id IS NULL AND action = 'person.password_reset'")
+        .rows("audit_log")
+        .null("tenant_id")
+        .eq("action", "person.password_reset")
+        .count()
         .await;
     assert_eq!(audited, 1);
 }
@@ -100,18 +103,14 @@ async fn deactivation_ends_every_console_session_of_the_person() {
     let t0 = &api.seed.tenants[0];
     let dispatcher = Browser::sign_in(&api, &t0.dispatcher.email, &t0.dispatcher.password).await;
     assert_eq!(dispatcher.get("/tenants").await.status(), 200);
-    let sessions = format!(
-        "SELECT count(*) FROM console_sessions s JOIN people p ON p.id = s.person_id WHERE p.email = '{}'",
-        t0.dispatcher.email
-    );
-    assert!(api._db.scalar_i64(&sessions).await >= 1);
+    assert!(api._db.console_sessions_of_email(&t0.dispatcher.email).await >= 1);
     let (ok, out) = ctl_as(
         &api._db,
         Some(&t0.admin.email),
         &["person", "deactivate", "--tenant", &t0.slug, "--email", &t0.dispatcher.email],
     );
     assert!(ok, "{out}");
-    assert_eq!(api._db.scalar_i64(&sessions).await, 0);
+    assert_eq!(api._db.console_sessions_of_email(&t0.dispatcher.email).await, 0);
     assert_ne!(dispatcher.get("/tenants").await.status(), 200, "the cookie is dead");
 }
 
@@ -119,30 +118,13 @@ async fn deactivation_ends_every_console_session_of_the_person() {
 async fn housekeeping_drops_what_outlived_its_use_and_keeps_the_rest() {
     let db = TestDb::new().await;
     demo::seed(&db.ds, None, "").await.expect("seed");
-    db.exec(
-        "INSERT INTO login_throttle (key, window_start, attempts) VALUES ('account:old@example.net', now() - interval '2 days', 3), ('account:new@example.net', now(), 1);
-         INSERT INTO replay_entries (connection_id, tool, args_digest, result, created_at)
-         SELECT id, 'add_booking_note', 'old', '{}', now() - interval '2 days' FROM connections LIMIT 1;
-         INSERT INTO replay_entries (connection_id, tool, args_digest, result)
-         SELECT id, 'add_booking_note', 'new', '{}' FROM connections LIMIT 1;
-         INSERT INTO connection_tokens (connection_id, kind, token_hash, expires_at, used_at)
-         SELECT id, 'refresh', sha256('expired-refresh'::bytea), now() - interval '2 days', now() - interval '3 days' FROM connections LIMIT 1;",
-    )
-    .await;
-    let static_tokens =
-        db.scalar_i64("SELECT count(*) FROM connection_tokens WHERE kind = 'static'").await;
+    db.leave_housekeeping_leftovers().await;
+    let static_tokens = db.rows("connection_tokens").eq("kind", "static").count().await;
     let removed = shared::services::housekeeping(&db.ds).await.expect("housekeeping");
     assert_eq!(removed, 3);
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM connection_tokens").await,
-        static_tokens,
-        "static tokens never expire"
-    );
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM login_throttle").await, 1);
-    assert_eq!(
-        db.scalar_string("SELECT string_agg(args_digest, ',') FROM replay_entries").await,
-        "new"
-    );
+    assert_eq!(db.count("connection_tokens").await, static_tokens, "static tokens never expire");
+    assert_eq!(db.count("login_throttle").await, 1);
+    assert_eq!(db.rows("replay_entries").texts("args_digest", "id").await.join(","), "new");
 }
 
 #[tokio::test]

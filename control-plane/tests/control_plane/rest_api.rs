@@ -148,10 +148,7 @@ async fn a_rest_retry_with_its_key_executes_once() {
     };
     let count = |text: &'static str| {
         let db = &api._db;
-        async move {
-            db.scalar_i64(&format!("SELECT count(*) FROM booking_notes WHERE body = '{text}'"))
-                .await
-        }
+        async move { db.rows("booking_notes").eq("body", text).count().await }
     };
     let (status, first) =
         post(json!({"text": "Gate code 4711", "idempotency_key": "rest-1"})).await;
@@ -216,7 +213,14 @@ async fn a_stale_version_through_the_api_conflicts() {
         .1;
     assert_eq!(now["name"], "Emma Richter", "unchanged by the stale update");
     // API writes are audited with channel api and carry no connection.
-    let audited = api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE channel = 'api' AND action = 'update_customer' AND connection_id IS NULL").await;
+    let audited = api
+        ._db
+        .rows("audit_log")
+        .eq("channel", "api")
+        .eq("action", "update_customer")
+        .null("connection_id")
+        .count()
+        .await;
     assert_eq!(audited, 1);
 }
 

@@ -256,33 +256,26 @@ async fn a_member_signs_in_through_the_tenant_idp_and_is_linked_by_subject() {
         .expect("page");
     assert_eq!(page.status(), 200, "the session works in the tenant");
     let db = &api._db;
-    assert_eq!(
-        db.scalar_string("SELECT p.email FROM person_identities i JOIN people p ON p.id = i.person_id WHERE i.subject = 'sub-dispatch'").await,
-        dispatcher
-    );
+    assert_eq!(db.email_linked_to_subject("sub-dispatch").await, dispatcher);
     // Bounded by the tenant's session lifetime (8 hours), and marked as the IdP's.
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM console_sessions WHERE idp_id IS NOT NULL AND idp_sid = 'sid-sub-dispatch' AND expires_at <= now() + interval '8 hours 1 minute'").await,
+        db.rows("console_sessions")
+            .not_null("idp_id")
+            .eq("idp_sid", "sid-sub-dispatch")
+            .before("expires_at", "8 hours 1 minute")
+            .count()
+            .await,
         1
     );
-    assert_eq!(
-        db.scalar_i64(
-            "SELECT count(*) FROM audit_log WHERE action = 'idp.set' AND channel = 'cli'"
-        )
-        .await,
-        1
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'person.link_idp'").await,
-        1
-    );
+    assert_eq!(db.rows("audit_log").eq("action", "idp.set").eq("channel", "cli").count().await, 1);
+    assert_eq!(db.audited("person.link_idp").await, 1);
     // The next sign-in finds the person by subject, whatever email the IdP says now.
     let again = start(&api, &slug).await;
     let mut c = claims(&idp, "sub-dispatch", "renamed@elsewhere.example", &again.params["nonce"]);
     c["email_verified"] = json!(false);
     let r = finish(&api, &idp, &again, idp.id_token(&c)).await;
     assert_eq!(r.status(), 303, "linked by subject, not by email");
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM person_identities").await, 1);
+    assert_eq!(db.count("person_identities").await, 1);
 }
 
 #[tokio::test]
@@ -295,12 +288,12 @@ async fn hostile_id_tokens_are_refused_and_change_nothing() {
     let db = &api._db;
     // A subject linked in another tenant (as when another tenant had this issuer before).
     let other_tenant = api.seed.tenants[1].slug.clone();
-    db.exec(&format!(
-        "INSERT INTO person_identities (issuer, subject, person_id, tenant_id)
-         SELECT '{}', 'sub-elsewhere', p.id, t.id FROM people p, tenants t
-         WHERE p.email = '{}' AND t.slug = '{other_tenant}'",
-        idp.issuer, api.seed.tenants[1].admin.email
-    ))
+    db.link_idp_subject(
+        &idp.issuer,
+        "sub-elsewhere",
+        &api.seed.tenants[1].admin.email,
+        &other_tenant,
+    )
     .await;
     let stranger = Signer::new("idp-1");
     let used = start(&api, &email).await;
@@ -350,7 +343,7 @@ async fn hostile_id_tokens_are_refused_and_change_nothing() {
         ),
         ("no nonce", with(|c| _ = c.as_object_mut().map(|m| m.remove("nonce")))),
     ];
-    let sessions = db.scalar_i64("SELECT count(*) FROM console_sessions").await;
+    let sessions = db.count("console_sessions").await;
     for (name, make) in cases {
         let started = start(&api, &email).await;
         let r = finish(&api, &idp, &started, make(&idp, &started.params["nonce"])).await;
@@ -382,16 +375,9 @@ async fn hostile_id_tokens_are_refused_and_change_nothing() {
     .await;
     assert_eq!(r.status(), 401);
     assert_eq!(*idp.token_calls.lock().expect("lock"), calls, "the code was never exchanged");
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM console_sessions").await,
-        sessions,
-        "no session"
-    );
-    assert_eq!(db.scalar_i64("SELECT count(*) FROM person_identities").await, 1, "nothing linked");
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'person.link_idp'").await,
-        0
-    );
+    assert_eq!(db.count("console_sessions").await, sessions, "no session");
+    assert_eq!(db.count("person_identities").await, 1, "nothing linked");
+    assert_eq!(db.audited("person.link_idp").await, 0);
     // The same ID token for a fresh sign-in still works: the refusals were about the tokens.
     sign_in(&api, &idp, "sub-new", &email).await;
 }
@@ -403,24 +389,20 @@ async fn an_issuer_serves_one_tenant_and_a_private_idp_is_refused_outside_develo
     connect(&api, &idp, &api.seed.tenants[0].slug, "northwind.example", false, false)
         .await
         .expect("connected");
-    let audits = api._db.scalar_i64("SELECT count(*) FROM audit_log").await;
+    let audits = api._db.count("audit_log").await;
     let err = connect(&api, &idp, &api.seed.tenants[1].slug, "harbor.example", false, false)
         .await
         .expect_err("the same issuer for a second tenant");
     assert!(err.to_string().contains("another tenant"), "{err}");
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+    assert_eq!(api._db.count("tenant_idps").await, 1);
     // Nor may a second tenant claim the first one's email domain, to receive its people.
     let own = FakeIdp::start().await;
     let err = connect(&api, &own, &api.seed.tenants[1].slug, "northwind.example", false, false)
         .await
         .expect_err("another tenant's domain");
     assert!(err.to_string().contains("northwind.example"), "{err}");
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
-    assert_eq!(
-        api._db.scalar_i64("SELECT count(*) FROM audit_log").await,
-        audits,
-        "nothing audited"
-    );
+    assert_eq!(api._db.count("tenant_idps").await, 1);
+    assert_eq!(api._db.count("audit_log").await, audits, "nothing audited");
     // Production's fetch policy never reaches a loopback IdP (nor its metadata's endpoints).
     let ctx =
         operator_in(&api._db.ds, &api.seed.tenants[0].admin.email, &api.seed.tenants[1].slug).await;
@@ -439,7 +421,7 @@ async fn an_issuer_serves_one_tenant_and_a_private_idp_is_refused_outside_develo
         .await
         .expect_err("a private address");
     assert!(err.to_string().contains("private, loopback or link-local"), "{err}");
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+    assert_eq!(api._db.count("tenant_idps").await, 1);
     // Metadata that points at the cloud metadata service is refused even in development,
     // whether it names the key set or the token endpoint there.
     let metadata = "http://169.254.169.254/latest/meta-data/iam";
@@ -453,7 +435,7 @@ async fn an_issuer_serves_one_tenant_and_a_private_idp_is_refused_outside_develo
         assert!(err.contains("169.254.169.254 is a cloud metadata address"), "{err}");
         assert!(err.contains("never fetched"), "{err}");
     }
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1, "nothing stored");
+    assert_eq!(api._db.count("tenant_idps").await, 1, "nothing stored");
 }
 
 #[tokio::test]
@@ -465,12 +447,7 @@ async fn sso_required_turns_password_sign_in_off_for_the_tenant() {
     let before = Browser::sign_in(&api, &t.dispatcher.email, &t.dispatcher.password).await;
     assert_eq!(before.get("/approvals").await.status(), 200);
     connect(&api, &idp, &t.slug, "northwind.example", true, false).await.expect("connected");
-    assert_eq!(
-        api._db
-            .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'idp.sso_required.on'")
-            .await,
-        1
-    );
+    assert_eq!(api._db.audited("idp.sso_required.on").await, 1);
     // ...works there no more.
     let sent = before.get("/approvals").await;
     assert_eq!(sent.status(), 303, "a password session left the tenant");
@@ -519,7 +496,7 @@ async fn sso_required_turns_password_sign_in_off_for_the_tenant() {
     let tenants = browser.get("/tenants").await.text().await.expect("html");
     let mut form = form_fields(&tenants, "/tenants");
     form.retain(|(k, _)| k != "tenant");
-    let id = api._db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", t.slug)).await;
+    let id = api._db.tenant_id(&t.slug).await;
     form.push(("tenant".into(), id.to_string()));
     let picked = browser.post("/tenants", &form).await;
     assert_eq!(picked.status(), 422, "picking it is refused");
@@ -681,7 +658,7 @@ async fn gatehousectl_sets_shows_and_removes_the_idp_audited_as_cli() {
     assert!(ok, "{out}");
     assert_eq!(out["idp"]["email_domains"], json!(["northwind.example", "example.com"]));
     assert!(!out.to_string().contains(CLIENT_SECRET), "the secret is never shown");
-    let stored = db.scalar_string("SELECT client_secret_sealed FROM tenant_idps").await;
+    let stored = db.rows("tenant_idps").text("client_secret_sealed").await;
     assert!(stored.starts_with("gs1.") && !stored.contains(CLIENT_SECRET), "kept sealed");
     let (ok, shown) = ctl(db, &["tenant", "idp", "show", "--tenant", &slug]);
     assert!(ok && shown["idp"]["sso_required"] == json!(true), "{shown}");
@@ -716,12 +693,20 @@ async fn gatehousectl_sets_shows_and_removes_the_idp_audited_as_cli() {
     let (ok, out) = ctl(db, &["tenant", "idp", "remove", "--tenant", &slug]);
     assert!(ok && out["removed"] == json!(true), "{out}");
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM console_sessions WHERE idp_id IS NOT NULL").await,
+        db.rows("console_sessions").not_null("idp_id").count().await,
         0,
         "its sessions ended"
     );
-    let audited = db.scalar_string("SELECT string_agg(action, ',' ORDER BY id) FROM audit_log WHERE channel = 'cli' AND action LIKE 'idp.%'").await;
-    assert_eq!(audited, "idp.set,idp.sso_required.on,idp.set,idp.sso_required.off,idp.remove");
+    let audited = db
+        .rows("audit_log")
+        .eq("channel", "cli")
+        .like("action", "idp.%")
+        .texts("action", "id")
+        .await;
+    assert_eq!(
+        audited.join(","),
+        "idp.set,idp.sso_required.on,idp.set,idp.sso_required.off,idp.remove"
+    );
     let (ok, out) = ctl(db, &["tenant", "idp", "show", "--tenant", &slug]);
     assert!(ok && out["idp"].is_null(), "{out}");
 }
@@ -754,7 +739,7 @@ async fn a_tenant_admin_connects_the_idp_in_the_console_and_others_cannot() {
     fill(&mut form, &fields);
     let r = admin.post("/settings/sso", &form).await;
     assert_eq!(r.status(), 422);
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 0);
+    assert_eq!(api._db.count("tenant_idps").await, 0);
     // A forged form (no CSRF token) neither.
     let forged: Vec<(String, String)> = form.iter().filter(|(k, _)| k != "csrf").cloned().collect();
     assert_eq!(admin.post("/settings/sso", &forged).await.status(), 403);
@@ -764,11 +749,7 @@ async fn a_tenant_admin_connects_the_idp_in_the_console_and_others_cannot() {
     let r = admin.post("/settings/sso", &form).await;
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     assert_eq!(
-        api._db
-            .scalar_i64(
-                "SELECT count(*) FROM audit_log WHERE action = 'idp.set' AND channel = 'console'"
-            )
-            .await,
+        api._db.rows("audit_log").eq("action", "idp.set").eq("channel", "console").count().await,
         1
     );
     // Registering an agent platform shows its secret once.
@@ -792,7 +773,7 @@ async fn a_tenant_admin_connects_the_idp_in_the_console_and_others_cannot() {
     let mut d_form = vec![("csrf".to_owned(), csrf.to_owned())];
     d_form.extend(with_choice.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     assert_eq!(dispatcher.post("/settings/sso/remove", &d_form).await.status(), 403);
-    assert_eq!(api._db.scalar_i64("SELECT count(*) FROM tenant_idps").await, 1);
+    assert_eq!(api._db.count("tenant_idps").await, 1);
 }
 
 #[tokio::test]
@@ -814,17 +795,20 @@ async fn with_join_allowed_a_verified_newcomer_joins_as_viewer_and_a_removed_mem
     let policy = FetchPolicy { dev: true, ..Default::default() };
     sso::idp_set(&api._db.ds, &ctx, &policy, input).await.expect("set");
     let db = &api._db;
-    let joins =
-        "SELECT count(*) FROM audit_log WHERE action = 'person.create' AND channel = 'system'";
-    let joined_before = db.scalar_i64(joins).await;
+    let joins = move || db.rows("audit_log").eq("action", "person.create").eq("channel", "system");
+    let joined_before = joins().count().await;
     let cookie = sign_in(&api, &idp, "sub-newcomer", "newcomer@northwind.example").await;
     assert_eq!(
-        db.scalar_string("SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'newcomer@northwind.example'").await,
+        db.member_role_of_email("newcomer@northwind.example").await,
         "viewer",
         "the lowest role"
     );
     assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM console_sessions WHERE idp_id IS NOT NULL AND expires_at <= now() + interval '2 hours 1 minute'").await,
+        db.rows("console_sessions")
+            .not_null("idp_id")
+            .before("expires_at", "2 hours 1 minute")
+            .count()
+            .await,
         1,
         "the tenant's session lifetime"
     );
@@ -835,7 +819,7 @@ async fn with_join_allowed_a_verified_newcomer_joins_as_viewer_and_a_removed_mem
         .await
         .expect("home");
     assert_eq!(home.status(), 200, "a viewer's home page in the tenant");
-    assert_eq!(db.scalar_i64(joins).await, joined_before + 1, "the join is audited");
+    assert_eq!(joins().count().await, joined_before + 1, "the join is audited");
     // A member an admin removed does not come back through the IdP.
     shared::services::admin::person_deactivate(&db.ds, &ctx, &t.dispatcher.email)
         .await
@@ -875,11 +859,7 @@ async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewher
     // The dispatcher of tenant 0 is also an admin of tenant 1 and a platform operator.
     let ctx1 = operator_in(&db.ds, &t0.admin.email, &t1.slug).await;
     Person::new(&db.ds, &ctx1, &t0.dispatcher.email).role(Role::Admin).create().await;
-    db.exec(&format!(
-        "UPDATE people SET is_operator = true WHERE lower(email) = lower('{}')",
-        t0.dispatcher.email
-    ))
-    .await;
+    db.rows("people").eq("email", &t0.dispatcher.email).set("is_operator", true).await;
     let cookie = sign_in(&api, &idp, "sub-two-homes", &t0.dispatcher.email).await;
     let get = |path: &'static str| {
         let cookie = cookie.clone();
@@ -895,7 +875,7 @@ async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewher
         .find(|(k, _)| k == "csrf")
         .map(|(_, v)| v)
         .expect("csrf");
-    let t1_id = db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", t1.slug)).await;
+    let t1_id = db.tenant_id(&t1.slug).await;
     let picked = no_redirects()
         .post(format!("{}/tenants", api.url))
         .header("cookie", &cookie)
@@ -904,20 +884,14 @@ async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewher
         .await
         .expect("pick");
     assert_eq!(picked.status(), 422, "another tenant is refused to an IdP session");
-    db.exec(&format!("UPDATE console_sessions SET tenant_id = {t1_id} WHERE idp_id IS NOT NULL"))
-        .await;
+    db.rows("console_sessions").not_null("idp_id").set("tenant_id", t1_id).await;
     let moved = get("/connections").await;
     assert_eq!(moved.status(), 303, "no context in another tenant");
     assert_eq!(moved.headers()["location"], "/tenants");
     // Back in its tenant: a first passkey is refused, since the person belongs elsewhere too.
-    let t0_id = db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{}'", t0.slug)).await;
-    db.exec(&format!("UPDATE console_sessions SET tenant_id = {t0_id} WHERE idp_id IS NOT NULL"))
-        .await;
-    db.exec(&format!(
-        "UPDATE people SET password_hash = NULL WHERE lower(email) = lower('{}')",
-        t0.dispatcher.email
-    ))
-    .await;
+    let t0_id = db.tenant_id(&t0.slug).await;
+    db.rows("console_sessions").not_null("idp_id").set("tenant_id", t0_id).await;
+    db.rows("people").eq("email", &t0.dispatcher.email).set_null("password_hash").await;
     let r = no_redirects()
         .post(format!("{}/account/passkeys/options", api.url))
         .header("cookie", &cookie)
@@ -940,16 +914,6 @@ async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewher
     let r = finish(&api, &idp, &started, token).await;
     assert_eq!(r.status(), 401);
     assert!(r.text().await.expect("html").contains("account already"));
-    assert_eq!(
-        db.scalar_i64(&format!(
-            "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = 'outsider@northwind.example' AND m.tenant_id = {t0_id}"
-        ))
-        .await,
-        0
-    );
-    assert_eq!(
-        db.scalar_i64("SELECT count(*) FROM person_identities WHERE subject = 'sub-outsider'")
-            .await,
-        0
-    );
+    assert_eq!(db.memberships_in_tenant(&t0.slug, "outsider@northwind.example").await, 0);
+    assert_eq!(db.rows("person_identities").eq("subject", "sub-outsider").count().await, 0);
 }

@@ -34,9 +34,7 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
         "the classes are listed: {err}"
     );
     assert_eq!(
-        api._db
-            .scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'read'")
-            .await,
+        api._db.rows("tenant_rate_limits").tenant(slug).eq("class", "read").int("per_minute").await,
         900,
         "refused changes changed nothing"
     );
@@ -138,26 +136,36 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     assert_eq!(browser.post("/settings/approval-policy", &tool_rule).await.status(), 303);
     assert_eq!(
         api._db
-            .scalar_string(
-                "SELECT mode FROM approval_policies WHERE scope = 'tool:page_technician'"
-            )
+            .rows("approval_policies")
+            .tenant(slug)
+            .eq("scope", "tool:page_technician")
+            .text("mode")
             .await,
         "person_approves"
     );
     assert_eq!(
         api._db
-            .scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'notify'")
+            .rows("tenant_rate_limits")
+            .tenant(slug)
+            .eq("class", "notify")
+            .int("per_minute")
             .await,
         12
     );
     assert_eq!(
         api._db
-            .scalar_string("SELECT mode FROM approval_policies WHERE scope = 'class:delete'")
+            .rows("approval_policies")
+            .tenant(slug)
+            .eq("scope", "class:delete")
+            .text("mode")
             .await,
         "off"
     );
+    let console_saves = |action: &'static str| {
+        api._db.rows("audit_log").eq("action", action).eq("channel", "console").count()
+    };
     assert_eq!(
-        api._db.scalar_i64("SELECT count(*) FROM audit_log WHERE action IN ('rate_limit.set', 'approval_policy.set') AND channel = 'console'").await,
+        console_saves("rate_limit.set").await + console_saves("approval_policy.set").await,
         3,
         "one rate limit, a class's rule and a tool's rule"
     );
@@ -169,9 +177,7 @@ async fn tenant_settings_rate_limits_and_approval_policy_from_the_cli_and_the_co
     theirs.extend([("class".into(), "read".into()), ("per_minute".into(), "1".into())]);
     assert_eq!(dispatcher.post("/settings/rate-limit", &theirs).await.status(), 403);
     assert_eq!(
-        api._db
-            .scalar_i64("SELECT per_minute::bigint FROM tenant_rate_limits WHERE class = 'read'")
-            .await,
+        api._db.rows("tenant_rate_limits").tenant(slug).eq("class", "read").int("per_minute").await,
         900
     );
 }

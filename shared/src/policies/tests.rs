@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 fn schema() -> Arc<PolicySchema> {
     let cancel = json!({"type": "object", "properties": {

@@ -101,6 +101,14 @@ impl TestDb {
         TestDb { name, url, ds }
     }
 
+    /// The testkit over a database the test did not make (an end-to-end stack's, already
+    /// migrated and seeded): the same probes and fixtures, through a pool of two connections.
+    pub async fn attach(url: &str) -> TestDb {
+        let ds = Services::connect(url, 2).await.expect("connect to the stack's database");
+        let name = url.rsplit('/').next().unwrap_or_default().split('?').next().unwrap_or_default();
+        TestDb { name: name.to_owned(), url: url.to_owned(), ds }
+    }
+
     /// Runs raw SQL for fixtures and assertions that no service offers (tests only).
     pub async fn exec(&self, sql: &str) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))

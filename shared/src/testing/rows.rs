@@ -180,8 +180,11 @@ impl<'a> Rows<'a> {
                 }
             }
         }
-        let clause =
-            if parts.is_empty() { String::new() } else { format!(" WHERE {}", parts.join(" AND ")) };
+        let clause = if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", parts.join(" AND "))
+        };
         (clause, binds)
     }
 

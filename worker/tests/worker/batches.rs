@@ -9,7 +9,7 @@ use crate::support::*;
 async fn a_batch_filter_with_the_wrong_count_lists_the_matches_and_changes_nothing() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let before = stack.db.fingerprint_of_writes().await;
     let all = stack.ok(&token, "find_bookings", json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "Europe/Berlin", "limit": 100})).await;
     let live: Vec<String> = all["bookings"]
         .as_array()
@@ -56,14 +56,16 @@ async fn a_batch_filter_with_the_wrong_count_lists_the_matches_and_changes_nothi
         .expect_err("matches nothing");
     assert_eq!(err["field"], "expected_count", "{err}");
     assert!(err["message"].as_str().is_some_and(|m| m.contains("find_bookings")), "{err}");
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing changed");
+    assert_eq!(stack.db.fingerprint_of_writes().await, before, "nothing changed");
     // With the right count the preview lists them, and confirming cancels all.
     let preview = stack
         .ok(&token, "cancel_bookings", json!({"from": "2020-01-01", "to": "2030-01-01", "zone": "Europe/Berlin", "expected_count": live.len()}))
         .await;
     stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
     let slug = &stack.seed.tenants[0].slug;
-    let left = stack.count(&format!("SELECT count(*) FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND status IN ('draft', 'confirmed')")).await;
+    let in_status =
+        |status: &str| stack.db.rows("bookings").tenant(slug).eq("status", status).count();
+    let left = in_status("draft").await + in_status("confirmed").await;
     assert_eq!(left, 0);
 }
 
@@ -143,11 +145,8 @@ async fn a_batch_filter_counts_every_match_and_never_previews_part_of_them() {
     let token = stack.token(0, 0);
     many_drafts(&stack, 0, 600).await;
     // Cancelled bookings in the range must neither count nor crowd live ones out of the count.
-    stack
-        .db
-        .exec("UPDATE bookings SET status = 'cancelled' WHERE handle <= 'bkg_bulk000000000050'")
-        .await;
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    stack.db.cancel_bookings_with_handles_up_to("bkg_bulk000000000050").await;
+    let before = stack.db.fingerprint_of_writes().await;
     let range = json!({"from": "2031-01-01", "to": "2031-12-31", "zone": "UTC"});
     let with_count = |n: usize| {
         let mut args = range.clone();
@@ -163,27 +162,24 @@ async fn a_batch_filter_counts_every_match_and_never_previews_part_of_them() {
     let err = stack.call(&token, "cancel_bookings", with_count(550)).await.expect_err("too many");
     assert_eq!(err["field"], "expected_count", "{err}");
     assert!(err.to_string().contains("550"), "{err}");
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing was prepared");
+    assert_eq!(stack.db.fingerprint_of_writes().await, before, "nothing was prepared");
     // Exactly as many as one call may cancel is allowed.
-    stack.db.exec("UPDATE bookings SET status = 'cancelled' WHERE handle IN (SELECT handle FROM bookings WHERE handle LIKE 'bkg_bulk%' AND status = 'draft' ORDER BY handle DESC LIMIT 50)").await;
+    stack.db.cancel_latest_drafts("bkg_bulk%", 50).await;
     let at_limit = stack.ok(&token, "cancel_bookings", with_count(500)).await;
     assert_eq!(at_limit["status"], "PREVIEW", "500 is within a call's limit");
     stack.ok(&token, "reject_action", json!({"confirm_token": at_limit["confirm_token"]})).await;
     // Narrowed to what one call may do, it previews and cancels exactly that many.
     let narrow = json!({"from": "2031-01-01", "to": "2031-01-31", "zone": "UTC"});
-    let live_in_january = stack
-        .count("SELECT count(*) FROM bookings WHERE handle LIKE 'bkg_bulk%' AND status = 'draft' AND starts_at < '2031-02-01'")
-        .await;
+    let in_january = |status: Option<&'static str>, up_to: Option<&'static str>| {
+        stack.db.bookings_starting_before("bkg_bulk%", "2031-02-01", status, up_to)
+    };
+    let live_in_january = in_january(Some("draft"), None).await;
     let mut args = narrow.clone();
     args["expected_count"] = json!(live_in_january);
     let preview = stack.ok(&token, "cancel_bookings", args).await;
     stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
-    let cancelled = stack
-        .count("SELECT count(*) FROM bookings WHERE handle LIKE 'bkg_bulk%' AND status = 'cancelled' AND starts_at < '2031-02-01'")
-        .await;
-    let was_cancelled = stack
-        .count("SELECT count(*) FROM bookings WHERE handle <= 'bkg_bulk000000000050' AND handle LIKE 'bkg_bulk%' AND starts_at < '2031-02-01'")
-        .await;
+    let cancelled = in_january(Some("cancelled"), None).await;
+    let was_cancelled = in_january(None, Some("bkg_bulk000000000050")).await;
     assert_eq!(cancelled, live_in_january + was_cancelled);
 }
 
@@ -196,7 +192,7 @@ async fn a_handle_listed_twice_in_a_batch_is_refused_and_nobody_is_emailed() {
         .await["bookings"]
         .clone();
     let (a, b) = (confirmed[0]["booking"].clone(), confirmed[1]["booking"].clone());
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let before = stack.db.fingerprint_of_writes().await;
     for list in
         [json!([a, b, a]), json!([a, a]), json!([a, format!(" {} ", a.as_str().expect("h"))])]
     {
@@ -207,18 +203,18 @@ async fn a_handle_listed_twice_in_a_batch_is_refused_and_nobody_is_emailed() {
         assert_eq!(err["field"], "bookings", "{list}: {err}");
         assert!(err["message"].as_str().expect("m").contains(a.as_str().expect("h")), "{err}");
     }
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing prepared or sent");
+    assert_eq!(stack.db.fingerprint_of_writes().await, before, "nothing prepared or sent");
     // Listed once each, one email per customer booking.
     let preview = stack.ok(&token, "cancel_bookings", json!({"bookings": [a, b]})).await;
     stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 2);
+    assert_eq!(stack.db.count("outbox").await, 2);
 }
 
 #[tokio::test]
 async fn batch_lists_are_bounded_and_exports_honour_their_status() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let before = stack.db.fingerprint_of_writes().await;
     // An empty list and one longer than a batch holds are refused before anything is read.
     let too_many: Vec<String> = (0..51).map(|i| format!("bkg_{i:016}")).collect();
     for list in [json!([]), json!(too_many)] {
@@ -229,7 +225,7 @@ async fn batch_lists_are_bounded_and_exports_honour_their_status() {
         assert_eq!(err["field"], "bookings", "{err}");
         assert!(err["message"].as_str().expect("m").contains("1 to 50"), "{err}");
     }
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
+    assert_eq!(stack.db.fingerprint_of_writes().await, before);
     // Exactly as many as a batch holds is accepted.
     BulkBookings::new(&stack.seed.tenants[0].slug, 50)
         .starting("2031-01-01 08:00+00", "1 day")

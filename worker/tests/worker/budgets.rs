@@ -107,7 +107,11 @@ async fn twenty_concurrent_small_batches_over_two_workers_pass_only_as_far_as_th
     }
     assert_eq!(
         stack
-            .count("SELECT count(*) FROM bookings WHERE handle LIKE 'bkg_0000000000%' AND status = 'cancelled'")
+            .db
+            .rows("bookings")
+            .like("handle", "bkg_0000000000%")
+            .eq("status", "cancelled")
+            .count()
             .await,
         14
     );
@@ -156,7 +160,7 @@ async fn a_person_approves_past_the_budget_once_and_what_they_approved_counts() 
     assert!(matches!(decided, Ok(approvals::Decided::Executed { .. })), "{decided:?}");
     let done = stack.confirm(&stack.url, &token, &second).await.expect("the outcome");
     assert_eq!(done["status"], "EXECUTED");
-    assert_eq!(stack.count("SELECT count(*) FROM outbox WHERE subject = 'Your visit'").await, 2);
+    assert_eq!(stack.db.rows("outbox").eq("subject", "Your visit").count().await, 2);
     let shown = stack.shown_budget(&token, "customers_messaged", "connection").await;
     assert_eq!((shown["used"].as_i64(), shown["left"].as_i64()), (Some(2), Some(0)), "{shown}");
 }
@@ -170,11 +174,11 @@ async fn usage_older_than_the_window_no_longer_counts() {
     let p = stack.message(&token, &fixture.customer).await.expect("first");
     stack.confirm(&stack.url, &token, &p).await.expect("executed");
     // Just inside the window: it counts.
-    stack.db.exec("UPDATE budget_usage SET at = now() - interval '59 minutes'").await;
+    stack.db.rows("budget_usage").set_now_plus("at", "-59 minutes").await;
     let inside = stack.message(&token, &fixture.customer).await.expect("inside");
     assert_eq!(inside["status"], "AWAITING_APPROVAL");
     // Just past it: it does not.
-    stack.db.exec("UPDATE budget_usage SET at = now() - interval '61 minutes'").await;
+    stack.db.rows("budget_usage").set_now_plus("at", "-61 minutes").await;
     let past = stack.message(&token, &fixture.customer).await.expect("past");
     assert_eq!(past["status"], "PREVIEW", "{past}");
 }
@@ -206,7 +210,7 @@ async fn a_policy_changed_mid_flight_is_obeyed_and_off_stays_off() {
     let refused =
         shared::services::actions::approve(ds, &ctx, handle, "go", jiff::Timestamp::now()).await;
     assert!(refused.is_err(), "an action of a class turned off is not approved: {refused:?}");
-    assert_eq!(stack.count("SELECT count(*) FROM outbox WHERE subject = 'Your visit'").await, 0);
+    assert_eq!(stack.db.rows("outbox").eq("subject", "Your visit").count().await, 0);
     // Back to the agent confirming: nothing was executed, so the budget is whole again.
     approvals::policy_set(ds, &ctx, "notify", None, false).await.expect("default");
     let again = stack.message(&token, &fixture.customer).await.expect("again");
@@ -250,11 +254,7 @@ async fn a_budget_lowered_below_what_is_used_makes_the_next_action_wait() {
     assert!(
         decision.is_some_and(|d| d.label().starts_with("Raising the budget on customers_messaged"))
     );
-    assert_eq!(
-        stack.count("SELECT count(*) FROM audit_log WHERE action = 'budget.set'").await,
-        2,
-        "every setting is audited"
-    );
+    assert_eq!(stack.db.audited("budget.set").await, 2, "every setting is audited");
 }
 
 #[tokio::test]

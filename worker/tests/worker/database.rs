@@ -41,13 +41,9 @@ async fn the_hot_paths_plans_stay_generic_on_skewed_bloated_analyzed_data() {
         .await;
     stack
         .db
-        .exec(
-            "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, body)
-             SELECT b.tenant_id, 'bnt_skew' || b.id || '_' || g, b.id, 'customer', 'note ' || g
-             FROM bookings b, generate_series(1, 10000) g
-             WHERE b.handle IN ('bkg_skew000000000001', 'bkg_skew000000000002', 'bkg_skew000000000003');
-             UPDATE bookings SET net_minor = net_minor WHERE id % 5 = 0;
-             DELETE FROM booking_notes WHERE handle LIKE 'bnt_skew%' AND id % 7 = 0;",
+        .skew_notes_and_bloat_bookings(
+            &["bkg_skew000000000001", "bkg_skew000000000002", "bkg_skew000000000003"],
+            10_000,
         )
         .await;
     let token = stack.token(0, 0);
@@ -73,6 +69,8 @@ async fn the_hot_paths_plans_stay_generic_on_skewed_bloated_analyzed_data() {
         read(cold).await;
         search(json!({"limit": 10})).await;
     }
+    // Raw SQL on purpose: fresh statistics are what the plans must withstand, so the test
+    // shows exactly which tables are analyzed.
     stack.db.exec("ANALYZE bookings; ANALYZE booking_notes; ANALYZE connections; ANALYZE connection_tokens").await;
     for _ in 0..60 {
         let b = read(hot).await;
@@ -104,11 +102,7 @@ async fn a_database_out_of_connections_is_a_503_that_names_53300_and_recovers() 
         "gh_limited_{}",
         std::process::id() ^ (NEXT_ID.fetch_add(1, Ordering::Relaxed) as u32)
     );
-    let owner = stack.db.scalar_string("SELECT current_user::text").await;
-    stack
-        .db
-        .exec(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2; GRANT {owner} TO {role}"))
-        .await;
+    stack.db.create_role_with_connection_limit(&role, 2).await;
     let mut url = url::Url::parse(&stack.db.url).expect("url");
     url.set_username(&role).expect("user");
     // A worker whose pipe takes one of the role's two connections, its pool the other.
@@ -137,11 +131,7 @@ async fn a_database_out_of_connections_is_a_503_that_names_53300_and_recovers() 
         .clone();
     // The pool's connection is closed, and someone else takes what is left of the role's
     // connections: the pipe still answers, the pool can open none.
-    let kill_pool = format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}' \
-         AND application_name <> 'gatehouse-pipe' AND pid <> pg_backend_pid()"
-    );
-    stack.db.exec(&kill_pool).await;
+    stack.db.close_sessions_of_role_but_the_pipe(&role).await;
     let mut others = Vec::new();
     for _ in 0..2 {
         if let Ok(c) = <sqlx::PgConnection as sqlx::Connection>::connect(url.as_str()).await {
@@ -181,8 +171,9 @@ async fn a_database_out_of_connections_is_a_503_that_names_53300_and_recovers() 
             .any(|l| l.contains("\"db.sqlstate\":\"53300\"") && l.contains("too many connections")),
         "the log names the SQLSTATE and Postgres's message"
     );
-    let notes = "SELECT count(*) FROM booking_notes WHERE body = 'written when a connection frees'";
-    assert_eq!(stack.db.scalar_i64(notes).await, 0, "nothing applied");
+    let notes =
+        || stack.db.rows("booking_notes").eq("body", "written when a connection frees").count();
+    assert_eq!(notes().await, 0, "nothing applied");
     drop(others);
     let mut done = Value::Null;
     for _ in 0..50 {
@@ -193,5 +184,5 @@ async fn a_database_out_of_connections_is_a_503_that_names_53300_and_recovers() 
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(done["replayed"], false, "the retry is served: {done}");
-    assert_eq!(stack.db.scalar_i64(notes).await, 1, "applied once");
+    assert_eq!(notes().await, 1, "applied once");
 }

@@ -73,7 +73,7 @@ async fn credentials_of_other_kinds_and_bad_origins_are_refused() {
 async fn switches_refuse_before_any_tool_runs() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    stack.db.exec("UPDATE platform_state SET global_kill = true").await;
+    stack.set_kill_switch(true).await;
     let (status, headers, _) = stack
         .raw(
             Some(&token),
@@ -85,14 +85,8 @@ async fn switches_refuse_before_any_tool_runs() {
         .await;
     assert_eq!(status, 503);
     assert_eq!(headers["retry-after"], "30");
-    stack.db.exec("UPDATE platform_state SET global_kill = false").await;
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE tenants SET agent_access = false WHERE slug = '{}'",
-            stack.seed.tenants[0].slug
-        ))
-        .await;
+    stack.set_kill_switch(false).await;
+    stack.set_agent_access(&stack.seed.tenants[0].slug, false).await;
     let (status, _, body) = stack.raw(Some(&token), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 403);
     assert!(
@@ -143,30 +137,16 @@ async fn access_tokens_hold_only_for_their_audience_and_until_they_expire() {
     let stack = Stack::start().await;
     let connection = stack.seed.tenants[0].connections[0].connection.clone();
     let mcp = format!("{}/mcp", stack.url);
-    for (token, audience, expires) in [
-        (
-            "gh_mcp_accessvalidvalidvalidvalidvalidvalid01",
-            mcp.as_str(),
-            "now() + interval '1 hour'",
-        ),
-        (
-            "gh_mcp_accessexpiredexpiredexpiredexpired0002",
-            mcp.as_str(),
-            "now() - interval '1 second'",
-        ),
+    for (token, audience, lifetime) in [
+        ("gh_mcp_accessvalidvalidvalidvalidvalidvalid01", mcp.as_str(), "1 hour"),
+        ("gh_mcp_accessexpiredexpiredexpiredexpired0002", mcp.as_str(), "-1 second"),
         (
             "gh_mcp_accesselsewhereelsewhereelsewhere00003",
             "https://elsewhere.example/mcp",
-            "now() + interval '1 hour'",
+            "1 hour",
         ),
     ] {
-        stack
-            .db
-            .exec(&format!(
-                "INSERT INTO connection_tokens (connection_id, kind, token_hash, audience, expires_at)
-                 SELECT id, 'access', sha256(convert_to('{token}', 'UTF8')), '{audience}', {expires} FROM connections WHERE handle = '{connection}'"
-            ))
-            .await;
+        stack.db.store_access_token(&connection, token, audience, lifetime).await;
     }
     let status = |token: &'static str| async {
         stack.raw(Some(token), "tools/list", None, json!({}), &[]).await.0

@@ -9,7 +9,7 @@ async fn unknown_fields_are_rejected_with_the_allowed_list_on_every_tool() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     let other = stack.seed.tenants[1].slug.clone();
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let before = stack.db.fingerprint_of_writes().await;
     for (tool, _) in ALL_TOOLS {
         let err = stack
             .call(&token, tool, json!({"tenant_id": other, "workspace_id": 1}))
@@ -23,19 +23,14 @@ async fn unknown_fields_are_rejected_with_the_allowed_list_on_every_tool() {
     }
     let err = stack.call(&token, "get_booking", json!({})).await.expect_err("missing");
     assert_eq!(err["code"], "invalid_argument");
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before, "nothing was written");
+    assert_eq!(stack.db.fingerprint_of_writes().await, before, "nothing was written");
 }
 
 #[tokio::test]
 async fn another_tenants_handles_are_not_found_and_nothing_changes() {
     let stack = Stack::start().await;
     let (booking_b, customer_b, technician_b) = handles(&stack, 1).await;
-    let before = stack
-        .db
-        .scalar_string(
-            "SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM bookings",
-        )
-        .await;
+    let before = stack.db.booking_versions().await;
     let token_a = stack.token(0, 0);
     let err = stack
         .call(&token_a, "get_booking", json!({"booking": booking_b}))
@@ -63,12 +58,7 @@ async fn another_tenants_handles_are_not_found_and_nothing_changes() {
         .await
         .expect_err("wrong kind");
     assert_eq!(err["field"], "booking");
-    let after = stack
-        .db
-        .scalar_string(
-            "SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM bookings",
-        )
-        .await;
+    let after = stack.db.booking_versions().await;
     assert_eq!(before, after);
 }
 
@@ -90,15 +80,7 @@ async fn third_party_text_appears_only_inside_untrusted_text() {
 #[tokio::test]
 async fn no_secret_reaches_a_result_or_a_log() {
     let stack = Stack::start().await;
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE customers SET portal_password_hash = '{DECOY}';
-             UPDATE technicians SET home_address = '{DECOY}';
-             UPDATE people SET password_hash = '{DECOY}';
-             INSERT INTO connection_tokens (connection_id, kind, token_hash) SELECT id, 'refresh', convert_to('{DECOY}' || id, 'UTF8') FROM connections;"
-        ))
-        .await;
+    stack.db.plant_decoy_secrets(DECOY).await;
     let token = stack.token(0, 0);
     let (booking, customer, _) = handles(&stack, 0).await;
     let mut outputs = Vec::new();
@@ -122,7 +104,7 @@ async fn no_secret_reaches_a_result_or_a_log() {
     let planted = "DECOY-ARGUMENT-51c2";
     stack.ok(&token, "add_booking_note", json!({"booking": booking, "text": planted})).await;
     stack.call(&token, "find_customers", json!({"query": planted})).await.expect("search");
-    let audit = stack.db.scalar_string("SELECT coalesce(string_agg(concat_ws(' ', action, outcome, array_to_string(targets, ','), reason), ' '), '') FROM audit_log").await;
+    let audit = stack.db.audit_log_as_text().await;
     assert!(!audit.contains(planted), "the audit holds no arguments");
     let logs = String::from_utf8(logs().lock().expect("logs").clone()).expect("utf8");
     assert!(!logs.contains(planted), "logs hold no arguments");
@@ -137,7 +119,7 @@ async fn write_tools_never_touch_another_tenants_records() {
     let stack = Stack::start().await;
     let (booking_b, customer_b, technician_b) = handles(&stack, 1).await;
     let token = stack.token(0, 0);
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let before = stack.db.fingerprint_of_writes().await;
     let version = "v_0000000000000000";
     for (tool, args) in [
         ("update_customer", json!({"customer": customer_b, "version": version, "name": "X"})),
@@ -166,7 +148,7 @@ async fn write_tools_never_touch_another_tenants_records() {
         .await
         .expect_err("rule");
     assert_eq!(err["code"], "not_found");
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
+    assert_eq!(stack.db.fingerprint_of_writes().await, before);
 }
 
 #[tokio::test]
@@ -174,7 +156,7 @@ async fn filter_handles_that_name_nothing_in_the_tenant_are_not_found() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     let (_, customer_b, technician_b) = handles(&stack, 1).await;
-    let before = stack.db.scalar_string(FINGERPRINT).await;
+    let before = stack.db.fingerprint_of_writes().await;
     for (tool, args, next) in [
         ("find_bookings", json!({"customer": customer_b}), "find_customers"),
         ("find_bookings", json!({"technician": technician_b}), "find_technicians"),
@@ -189,5 +171,5 @@ async fn filter_handles_that_name_nothing_in_the_tenant_are_not_found() {
         assert_eq!(err["code"], "not_found", "{tool}: {err}");
         assert_eq!(err["next_tool"], next, "{tool}: {err}");
     }
-    assert_eq!(stack.db.scalar_string(FINGERPRINT).await, before);
+    assert_eq!(stack.db.fingerprint_of_writes().await, before);
 }

@@ -46,10 +46,7 @@ async fn toolsets_decide_what_a_connection_sees_and_name_where_a_tool_lives() {
         .await
         .expect_err("write");
     assert_eq!(err["available_in"], json!(["full"]));
-    assert_eq!(
-        stack.count("SELECT count(*) FROM customers WHERE email = 'x@example.net'").await,
-        0
-    );
+    assert_eq!(stack.db.rows("customers").eq("email", "x@example.net").count().await, 0);
 }
 
 #[tokio::test]
@@ -57,13 +54,7 @@ async fn an_exceeded_bucket_names_the_class_the_limit_and_when_to_retry() {
     let stack = Stack::start().await;
     early_in_a_minute().await;
     let token = stack.token(0, 0);
-    stack
-        .db
-        .exec(&format!(
-            "INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT id, 'notify', 2 FROM tenants WHERE slug = '{}'",
-            stack.seed.tenants[0].slug
-        ))
-        .await;
+    stack.db.insert_tenant_rate_limit(&stack.seed.tenants[0].slug, "notify", 2).await;
     let customer = stack.ok(&token, "find_customers", json!({"query": "Koch"})).await["customers"]
         [0]["customer"]
         .clone();
@@ -76,11 +67,7 @@ async fn an_exceeded_bucket_names_the_class_the_limit_and_when_to_retry() {
     assert_eq!(err["limit"], 2);
     let retry = err["retry_after_secs"].as_u64().expect("retry");
     assert!((1..=60).contains(&retry), "{retry}");
-    assert_eq!(
-        stack.count("SELECT count(*) FROM pending_actions").await,
-        2,
-        "the refused preview stored nothing"
-    );
+    assert_eq!(stack.db.count("pending_actions").await, 2, "the refused preview stored nothing");
     // Other classes and other tenants keep their own buckets.
     stack
         .ok(
@@ -118,7 +105,7 @@ async fn a_tenants_read_override_holds_on_every_worker_and_names_its_limit() {
             shared::services::rates::set_limit(ds, &ctx, class, n).await.expect_err("refused");
         assert_eq!(err.code(), "invalid_argument", "{class} {n:?}");
     }
-    assert_eq!(stack.db.scalar_i64("SELECT count(*) FROM tenant_rate_limits").await, 0);
+    assert_eq!(stack.db.count("tenant_rate_limits").await, 0);
     let set = shared::services::rates::set_limit(ds, &ctx, "read", Some(3)).await.expect("set");
     assert_eq!((set.per_minute, set.overridden), (3, true));
     // The override arrives with the connection context: three reads, then the fourth is
@@ -152,8 +139,5 @@ async fn a_tenants_read_override_holds_on_every_worker_and_names_its_limit() {
         stack.call(&token, "find_technicians", json!({})).await.expect("reads unaffected");
     }
     shared::services::rates::set_limit(ds, &ctx, "silent_write", None).await.expect("writes");
-    assert_eq!(
-        stack.db.scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'rate_limit.set'").await,
-        4
-    );
+    assert_eq!(stack.db.audited("rate_limit.set").await, 4);
 }

@@ -99,14 +99,8 @@ async fn streams_of_one_credential_share_one_reread_per_push() {
     let rereads = || stack.state.metrics.listen_rereads.get();
     let before = rereads();
     // The connection's creator becomes a viewer: the list changes for every stream.
-    stack
-        .db
-        .exec("UPDATE memberships SET role = 'viewer' WHERE role = 'admin' AND person_id = (SELECT creator_id FROM connections ORDER BY id LIMIT 1)")
-        .await;
-    let tenant = stack
-        .db
-        .scalar_string(&format!("SELECT handle FROM tenants WHERE slug = '{}'", t0.slug))
-        .await;
+    stack.db.make_first_connection_creator_a_viewer().await;
+    let tenant = stack.db.rows("tenants").eq("slug", &t0.slug).text("handle").await;
     stack.state.streams.poke(&shared::bus::Event::TenantChanged { tenant });
     for s in streams.iter_mut() {
         let told = read_until(s, "notifications/tools/list_changed").await;

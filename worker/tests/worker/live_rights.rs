@@ -109,8 +109,10 @@ async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wa
     // held (else the create could pass before the deactivation began).
     let held = Held::open(
         &stack,
+        // Raw SQL on purpose: the deactivation must come from a session of its own that keeps
+        // its transaction open, which only SQL sent to that session can do.
         &format!("BEGIN; UPDATE memberships SET active = false WHERE person_id = (SELECT id FROM people WHERE email = '{dispatcher}');"),
-        "l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock'",
+        HeldLock::Written,
     )
     .await;
     let create = {
@@ -131,9 +133,7 @@ async fn a_connection_created_while_its_creator_is_deactivated_is_not_left_to_wa
         created.map(|c| c.connection)
     );
     assert_eq!(
-        stack
-            .count("SELECT count(*) FROM connections WHERE name = 'made during a deactivation'")
-            .await,
+        stack.db.rows("connections").eq("name", "made during a deactivation").count().await,
         0
     );
 }
@@ -155,13 +155,7 @@ async fn a_revoked_connection_is_refused_on_the_next_call() {
     let (status, _, body) = stack.raw(Some(&token), "tools/list", None, json!({}), &[]).await;
     assert_eq!(status, 401);
     assert!(body["error_description"].as_str().expect("text").contains("not known"), "{body}");
-    assert_eq!(
-        stack
-            .db
-            .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'connection.revoke'")
-            .await,
-        1
-    );
+    assert_eq!(stack.db.audited("connection.revoke").await, 1);
 }
 
 #[tokio::test]

@@ -66,33 +66,29 @@ async fn every_tool_call_is_counted_for_the_console_by_outcome_without_its_argum
     assert!(refused.is_err());
     let written = stack.state.activity.flush(&stack.db.ds).await.expect("flush");
     assert_eq!(written, 4);
-    let counts = stack
+    let counts: Vec<String> = stack
         .db
-        .scalar_string(&format!(
-            "SELECT string_agg(a.effect_class || ':' || a.outcome || '=' || a.calls, ' ' ORDER BY a.outcome)
-             FROM call_activity a JOIN connections c ON c.id = a.connection_id WHERE c.handle = '{connection}'"
-        ))
-        .await;
-    assert_eq!(counts, "read:invalid_argument=1 read:ok=3");
-    let recent = stack
-        .db
-        .scalar_string(&format!(
-            "SELECT string_agg(r::text, ' ') FROM recent_calls r JOIN connections c ON c.id = r.connection_id WHERE c.handle = '{connection}'"
-        ))
-        .await;
+        .call_activity_of(connection)
+        .await
+        .iter()
+        .map(|(class, outcome, calls)| format!("{class}:{outcome}={calls}"))
+        .collect();
+    assert_eq!(counts.join(" "), "read:invalid_argument=1 read:ok=3");
+    let recent = stack.db.recent_calls_text(connection).await;
     assert_eq!(recent.matches("find_customers").count(), 3, "{recent}");
     assert!(!recent.contains(decoy), "no argument value is kept: {recent}");
     // A second flush with nothing new writes nothing; the counts add up across flushes.
     assert_eq!(stack.state.activity.flush(&stack.db.ds).await.expect("flush"), 0);
     stack.call(&token, "find_customers", json!({"query": "a"})).await.expect("a read");
     stack.state.activity.flush(&stack.db.ds).await.expect("flush");
-    let ok = stack
+    let ok: i64 = stack
         .db
-        .scalar_i64(&format!(
-            "SELECT sum(calls)::bigint FROM call_activity a JOIN connections c ON c.id = a.connection_id
-             WHERE c.handle = '{connection}' AND a.outcome = 'ok'"
-        ))
-        .await;
+        .call_activity_of(connection)
+        .await
+        .iter()
+        .filter(|(_, outcome, _)| outcome == "ok")
+        .map(|(_, _, calls)| calls)
+        .sum();
     assert_eq!(ok, 4);
     // A two-step action: its first step is a preview, and the confirmation counts under the
     // class of what it executed (a delete), not under confirm_action's own.
@@ -104,15 +100,15 @@ async fn every_tool_call_is_counted_for_the_console_by_outcome_without_its_argum
         .await;
     stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
     stack.state.activity.flush(&stack.db.ds).await.expect("flush");
-    let deletes = stack
+    let deletes: Vec<String> = stack
         .db
-        .scalar_string(&format!(
-            "SELECT string_agg(a.outcome || '=' || a.calls, ' ' ORDER BY a.outcome)
-             FROM call_activity a JOIN connections c ON c.id = a.connection_id
-             WHERE c.handle = '{connection}' AND a.effect_class = 'delete'"
-        ))
-        .await;
-    assert_eq!(deletes, "ok=1 previewed=1");
+        .call_activity_of(connection)
+        .await
+        .iter()
+        .filter(|(class, _, _)| class == "delete")
+        .map(|(_, outcome, calls)| format!("{outcome}={calls}"))
+        .collect();
+    assert_eq!(deletes.join(" "), "ok=1 previewed=1");
     // The latest calls stay bounded per connection however many there were.
     for _ in 0..3 {
         for _ in 0..25 {
@@ -120,12 +116,8 @@ async fn every_tool_call_is_counted_for_the_console_by_outcome_without_its_argum
         }
         stack.state.activity.flush(&stack.db.ds).await.expect("flush");
     }
-    let kept = stack
-        .db
-        .scalar_i64(&format!(
-            "SELECT count(*) FROM recent_calls r JOIN connections c ON c.id = r.connection_id WHERE c.handle = '{connection}'"
-        ))
-        .await;
+    let connection_id = stack.db.rows("connections").eq("handle", connection).int("id").await;
+    let kept = stack.db.rows("recent_calls").eq("connection_id", connection_id).count().await;
     assert_eq!(kept, 50);
 }
 

@@ -122,13 +122,8 @@ async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
     // context (one round trip), decides; another tenant's booking is still not found.
     set(&stack, "@id(\"no-cancelled\")\n@reason(\"cancelled bookings are archived\")\nforbid (principal, action == Action::\"get_booking\", resource is Booking) when { resource has status && resource.status == \"cancelled\" };").await;
     let slug = stack.seed.tenants[0].slug.clone();
-    let pick = |status: &str| {
-        format!(
-            "SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.status = '{status}' ORDER BY b.id LIMIT 1"
-        )
-    };
-    let cancelled = stack.db.scalar_string(&pick("cancelled")).await;
-    let confirmed = stack.db.scalar_string(&pick("confirmed")).await;
+    let cancelled = stack.db.oldest_booking_with_status(&slug, "cancelled").await;
+    let confirmed = stack.db.oldest_booking_with_status(&slug, "confirmed").await;
     let err = stack
         .call(&token, "get_booking", json!({"booking": cancelled}))
         .await
@@ -139,7 +134,7 @@ async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
         stack.call(&token, "get_booking", json!({"booking": foreign})).await.expect_err("foreign");
     assert_eq!(err["code"], "not_found", "{err}");
     // A rule over the connection's creator: their connections' calls, and no one else's.
-    let creator = stack.db.scalar_string(&format!("SELECT p.handle FROM connections c JOIN people p ON p.id = c.creator_id JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' ORDER BY c.id LIMIT 1")).await;
+    let creator = stack.db.first_connection_creator(&slug).await;
     set(&stack, &format!("@id(\"creator\")\n@reason(\"this person's agents are paused\")\nforbid (principal, action == Action::\"get_customer\", resource) when {{ principal.creator == \"{creator}\" }};")).await;
     let err = stack
         .call(&token, "get_customer", json!({"customer": customer}))
@@ -157,8 +152,8 @@ async fn two_step_actions_are_decided_at_prepare_and_at_confirm_with_their_recor
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     let slug = stack.seed.tenants[0].slug.clone();
-    let soon = stack.db.scalar_string(&format!("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.starts_at BETWEEN now() + interval '1 hour' AND now() + interval '47 hours' ORDER BY b.starts_at LIMIT 1")).await;
-    let later = stack.db.scalar_string(&format!("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.starts_at > now() + interval '72 hours' ORDER BY b.starts_at LIMIT 1")).await;
+    let soon = stack.db.next_booking_starting_between(&slug, "1 hour", "47 hours").await;
+    let later = stack.db.next_booking_starting_after(&slug, "72 hours").await;
     set(&stack, r#"
 @id("delete-48h")
 @reason("agents delete only bookings that start more than 48 hours from now")
@@ -174,17 +169,21 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
         stack.call(&token, "delete_booking", json!({"booking": soon})).await.expect_err("soon");
     assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     assert!(err["message"].as_str().expect("message").contains("delete-48h"), "{err}");
-    let refused = stack.count("SELECT count(*) FROM audit_log WHERE action = 'delete_booking.preview' AND outcome = 'refused' AND reason LIKE '%delete-48h%'").await;
+    let refused = stack
+        .db
+        .rows("audit_log")
+        .eq("action", "delete_booking.preview")
+        .eq("outcome", "refused")
+        .like("reason", "%delete-48h%")
+        .count()
+        .await;
     assert_eq!(refused, 1, "the refusal is audited with the policy");
     // Every audited decision records the set's version and the deciding policies.
-    let policy_of = |action: &str, outcome: &str| {
-        format!(
-            "SELECT coalesce((SELECT policy::text FROM audit_log WHERE action = '{action}' AND outcome = '{outcome}' ORDER BY id DESC LIMIT 1), 'none')"
-        )
+    let policy_of = |action: &'static str, outcome: &'static str| {
+        stack.db.latest_audited_policy(action, outcome)
     };
     let decided = |text: String| serde_json::from_str::<Value>(&text).expect("policy json");
-    let refusal =
-        decided(stack.db.scalar_string(&policy_of("delete_booking.preview", "refused")).await);
+    let refusal = decided(policy_of("delete_booking.preview", "refused").await);
     assert_eq!(refusal, json!({"version": 1, "decided_by": ["delete-48h"]}));
     // A handle written with spaces (which the tool trims) is judged as the same booking.
     let err = stack
@@ -194,8 +193,7 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     let preview = stack.ok(&token, "delete_booking", json!({"booking": later})).await;
     assert_eq!(preview["status"], "PREVIEW", "{preview}");
-    let allowed =
-        decided(stack.db.scalar_string(&policy_of("delete_booking.preview", "previewed")).await);
+    let allowed = decided(policy_of("delete_booking.preview", "previewed").await);
     assert_eq!(allowed, json!({"version": 1, "decided_by": []}), "allowed by the set, recorded");
     // A silent write records the version its call read with its context.
     stack
@@ -205,7 +203,7 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
             json!({"booking": later, "text": "checked under the policies"}),
         )
         .await;
-    let note = decided(stack.db.scalar_string(&policy_of("add_booking_note", "ok")).await);
+    let note = decided(policy_of("add_booking_note", "ok").await);
     assert_eq!(note, json!({"version": 1, "decided_by": []}));
     // An @approval policy sends the action to a person, naming the policy.
     let (_, customer, _) = handles(&stack, 0).await;
@@ -217,12 +215,7 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
         )
         .await;
     assert_eq!(waiting["status"], "AWAITING_APPROVAL", "{waiting}");
-    let held = decided(
-        stack
-            .db
-            .scalar_string(&policy_of("send_customer_message.preview", "awaiting_approval"))
-            .await,
-    );
+    let held = decided(policy_of("send_customer_message.preview", "awaiting_approval").await);
     assert_eq!(held, json!({"version": 1, "decided_by": ["messages-need-a-person"]}));
     assert!(
         waiting["next"].as_str().expect("next").contains("messages-need-a-person"),
@@ -257,11 +250,9 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
         .await
         .expect_err("refused at confirm");
     assert!(err["message"].as_str().expect("message").contains("no-deletes"), "{err}");
-    let still =
-        stack.count(&format!("SELECT count(*) FROM bookings WHERE handle = '{later}'")).await;
+    let still = stack.db.rows("bookings").eq("handle", &later).count().await;
     assert_eq!(still, 1, "nothing was deleted");
-    let at_confirm =
-        decided(stack.db.scalar_string(&policy_of("delete_booking.confirm", "refused")).await);
+    let at_confirm = decided(policy_of("delete_booking.confirm", "refused").await);
     assert_eq!(at_confirm, json!({"version": 3, "decided_by": ["no-deletes"]}));
     // Rows no policy decided say nothing of it: a rejection under the set, and a write of a
     // tenant with no set in force.
@@ -273,13 +264,10 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
             json!({"booking": other_booking, "text": "no policies here"}),
         )
         .await;
-    let rows = |sql: &str| {
-        format!(
-            "SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id WHERE t.policy_version = 0 AND a.action = 'add_booking_note' {sql}"
-        )
-    };
-    assert_eq!(stack.count(&rows("")).await, 1, "the other tenant's write is audited");
-    assert_eq!(stack.count(&rows("AND a.policy IS NOT NULL")).await, 0);
+    let (audited, with_a_policy) =
+        stack.db.audited_in_tenants_without_policies("add_booking_note").await;
+    assert_eq!(audited, 1, "the other tenant's write is audited");
+    assert_eq!(with_a_policy, 0);
 }
 
 #[tokio::test]
@@ -469,11 +457,8 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         )
         .await;
     assert_eq!(moved["booking"]["technician"]["technician"], north.as_str(), "{moved}");
-    let named = stack
-        .count(&format!(
-            "SELECT count(*) FROM audit_log WHERE action = 'update_booking' AND targets = ARRAY['{booking}', '{north}']"
-        ))
-        .await;
+    let named =
+        stack.db.audited_with_targets("update_booking", &[booking.as_str(), north.as_str()]).await;
     assert_eq!(named, 1);
     // A change naming no technician is not judged on one.
     stack
@@ -637,13 +622,9 @@ async fn a_rule_over_arguments_replays_on_the_facts_kept_and_never_on_free_text(
     let note = json!({"booking": booking, "text": "We will refund the call-out."});
     stack.ok(&token, "add_booking_note", note.clone()).await;
     // What is kept of the calls: the numbers and handles, never the note's text.
-    let with_text = stack
-        .count("SELECT count(*) FROM audit_call_facts WHERE facts ? 'text' OR facts::text LIKE '%refund%'")
-        .await;
+    let with_text = stack.db.call_facts_with_key_or_text("text", "refund").await;
     assert_eq!(with_text, 0, "free text is never kept");
-    let minutes = stack
-        .count("SELECT count(*) FROM audit_call_facts WHERE (facts->>'minutes')::int = 120")
-        .await;
+    let minutes = stack.db.call_facts_with_number("minutes", 120).await;
     assert_eq!(minutes, 1);
     // The replay judges the mutes on their minutes, exactly as enforcement then does; the
     // rule over text cannot be replayed, and says so in the caveat.

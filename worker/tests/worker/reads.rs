@@ -62,7 +62,7 @@ async fn find_bookings_pages_through_everything_once() {
             None => break,
         }
     }
-    let total = stack.db.scalar_i64(&format!("SELECT count(*) FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{}'", stack.seed.tenants[0].slug)).await;
+    let total = stack.db.rows("bookings").tenant(&stack.seed.tenants[0].slug).count().await;
     assert_eq!(seen.len() as i64, total);
     let mut unique = seen.clone();
     unique.sort();
@@ -121,23 +121,10 @@ async fn find_bookings_filters_by_local_day_and_refuses_bad_times() {
 async fn a_booking_with_ten_thousand_notes_answers_with_a_bounded_page() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let booking: String = stack
-        .db
-        .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
-        .await;
-    stack
-        .db
-        .exec(&format!(
-            "INSERT INTO booking_notes (tenant_id, handle, booking_id, source, body, created_at)
-             SELECT b.tenant_id, 'bnt_bulk' || lpad(i::text, 12, '0'), b.id, 'customer',
-                    'Note ' || i || ' ' || repeat('x', 200), now() + make_interval(secs => i)
-             FROM bookings b, generate_series(1, 10000) i WHERE b.handle = '{booking}'"
-        ))
-        .await;
-    let total = stack
-        .db
-        .scalar_i64(&format!("SELECT count(*) FROM booking_notes n JOIN bookings b ON b.id = n.booking_id WHERE b.handle = '{booking}'"))
-        .await;
+    let booking: String = stack.db.first_tenants_oldest_booking().await;
+    stack.db.pile_notes_on_booking(&booking, 10_000).await;
+    let booking_id = stack.db.rows("bookings").eq("handle", &booking).int("id").await;
+    let total = stack.db.rows("booking_notes").eq("booking_id", booking_id).count().await;
     let first = stack.ok(&token, "get_booking", json!({"booking": booking})).await;
     let notes = first["notes"].as_array().expect("notes");
     assert_eq!(notes.len(), 20, "a page, not the history");
@@ -202,14 +189,12 @@ async fn a_booking_locked_by_a_migration_is_read_once_the_lock_is_gone() {
     // it waits for the lock and then answers, instead of the call failing.
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let booking = stack
-        .db
-        .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
-        .await;
+    let booking = stack.db.first_tenants_oldest_booking().await;
     let mut held = Held::open(
         &stack,
+        // Raw SQL on purpose: what a migration sends from its own session is this test's subject.
         "BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE;",
-        "l.mode = 'AccessExclusiveLock' AND l.relation = 'bookings'::regclass",
+        HeldLock::Table("bookings", "AccessExclusiveLock"),
     )
     .await;
     let (read, ()) =
@@ -229,10 +214,7 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
     let counted =
         |outcome: &str| stack.state.metrics.read_ahead.with_label_values(&[outcome]).get();
     let token = stack.token(0, 0);
-    let booking: String = stack
-        .db
-        .scalar_string("SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id ORDER BY t.id, b.id LIMIT 1")
-        .await;
+    let booking: String = stack.db.first_tenants_oldest_booking().await;
     // Every tool that declares a read-ahead: a call whose body came with its headers is
     // answered from the row read with its context; a body still arriving after the headers is
     // read after authentication, as any body, and the tool reads for itself. Same answer.
@@ -372,22 +354,20 @@ async fn a_read_with_its_context_in_one_statement_holds_every_gate() {
         )
     };
     let slug = &stack.seed.tenants[0].slug;
-    for (on, off, status) in [
-        (
-            "UPDATE platform_state SET global_kill = true",
-            "UPDATE platform_state SET global_kill = false",
-            503,
-        ),
-        (
-            &*format!("UPDATE tenants SET agent_access = false WHERE slug = '{slug}'"),
-            &*format!("UPDATE tenants SET agent_access = true WHERE slug = '{slug}'"),
-            403,
-        ),
-    ] {
+    // The kill switch (503), then the tenant's switch (403).
+    for (kill_switch, status) in [(true, 503), (false, 403)] {
         let used = counted("used");
-        stack.db.exec(on).await;
+        if kill_switch {
+            stack.set_kill_switch(true).await;
+        } else {
+            stack.set_agent_access(slug, false).await;
+        }
         let (got, _, answer) = call_booking().await;
-        stack.db.exec(off).await;
+        if kill_switch {
+            stack.set_kill_switch(false).await;
+        } else {
+            stack.set_agent_access(slug, true).await;
+        }
         assert_eq!(got, status, "{answer}");
         assert!(!answer.to_string().contains(customer), "{answer}");
         assert_eq!(counted("used"), used, "no tool ran");
@@ -420,10 +400,9 @@ async fn a_search_with_its_context_in_one_statement_pages_as_the_pool_does() {
     let token = stack.token(0, 0);
     let own: std::collections::HashSet<String> = stack
         .db
-        .scalar_strings(&format!(
-            "SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{}'",
-            stack.seed.tenants[0].slug
-        ))
+        .rows("bookings")
+        .tenant(&stack.seed.tenants[0].slug)
+        .texts("handle", "id")
         .await
         .into_iter()
         .collect();
@@ -491,11 +470,13 @@ async fn a_search_with_its_context_in_one_statement_pages_as_the_pool_does() {
     // Another tenant's technician as a filter: not found, as before.
     let other_tech = stack
         .db
-        .scalar_string(&format!(
-            "SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id WHERE t.slug = '{}' LIMIT 1",
-            stack.seed.tenants[1].slug
-        ))
-        .await;
+        .rows("technicians")
+        .tenant(&stack.seed.tenants[1].slug)
+        .texts("handle", "id")
+        .await
+        .into_iter()
+        .next()
+        .expect("a technician of the other tenant");
     let err = stack
         .call(&token, "find_bookings", json!({"technician": other_tech}))
         .await

@@ -32,25 +32,17 @@ pub(crate) struct Fixture {
 
 impl Stack {
     pub(crate) async fn fixture(&self, t: usize) -> Fixture {
-        let slug = &self.seed.tenants[t].slug;
+        let slug = self.seed.tenants[t].slug.as_str();
         let token = self.token(t, 0);
-        let handles = |sql: String| async move {
-            let joined = self
-                .db
-                .scalar_string(&format!(
-                    "SELECT coalesce(string_agg(h, ',' ORDER BY h), '') FROM ({sql}) x(h)"
-                ))
-                .await;
-            joined.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect::<Vec<_>>()
-        };
-        let in_tenant = format!("JOIN tenants t ON t.id = b.tenant_id AND t.slug = '{slug}'");
-        let confirmed = handles(format!("SELECT b.handle FROM bookings b {in_tenant} JOIN customers c ON c.id = b.customer_id WHERE b.status = 'confirmed' AND b.starts_at > now() AND c.email IS NOT NULL")).await;
-        let draft_handles = handles(format!("SELECT b.handle FROM bookings b {in_tenant} JOIN customers c ON c.id = b.customer_id WHERE b.status = 'draft' AND b.starts_at > now() AND c.email IS NOT NULL")).await;
-        let noted = handles(format!("SELECT b.handle FROM bookings b {in_tenant} WHERE b.customer_note IS NOT NULL AND EXISTS (SELECT 1 FROM booking_notes n WHERE n.booking_id = b.id AND n.source <> 'staff')")).await;
-        let customer = handles(format!("SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id AND t.slug = '{slug}' WHERE c.email IS NOT NULL AND EXISTS (SELECT 1 FROM bookings b WHERE b.customer_id = c.id) LIMIT 1")).await;
-        let technician = handles(format!("SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id AND t.slug = '{slug}' WHERE x.phone IS NOT NULL LIMIT 1")).await;
-        let service = handles(format!("SELECT x.handle FROM services x JOIN tenants t ON t.id = x.tenant_id AND t.slug = '{slug}' LIMIT 1")).await;
-        let rule = handles(format!("SELECT x.handle FROM alert_rules x JOIN tenants t ON t.id = x.tenant_id AND t.slug = '{slug}' LIMIT 1")).await;
+        let db = &self.db;
+        let confirmed = db.future_bookings_of_customers_with_email(slug, "confirmed").await;
+        let draft_handles = db.future_bookings_of_customers_with_email(slug, "draft").await;
+        let noted = db.bookings_with_third_party_notes(slug).await;
+        let customer = db.customer_with_email_and_bookings(slug).await;
+        let technician =
+            db.rows("technicians").tenant(slug).not_null("phone").texts("handle", "id").await;
+        let service = db.rows("services").tenant(slug).texts("handle", "id").await;
+        let rule = db.rows("alert_rules").tenant(slug).texts("handle", "id").await;
         // Each sample acts on its own record: the booking the reads look at is never one a
         // sample deletes, cancels or moves.
         let noted = noted
@@ -70,7 +62,7 @@ impl Stack {
             let got = self.ok(&token, "get_booking", json!({"booking": d})).await;
             drafts.push((d, got["version"].as_str().expect("version").to_owned()));
         }
-        let c = self.ok(&token, "get_customer", json!({"customer": customer[0]})).await;
+        let c = self.ok(&token, "get_customer", json!({"customer": customer})).await;
         let lonely = self
             .ok(
                 &token,
@@ -81,7 +73,7 @@ impl Stack {
         let page = self.ok(&token, "find_bookings", json!({"limit": 1})).await;
         let cpage = self.ok(&token, "find_customers", json!({"limit": 1})).await;
         Fixture {
-            customer: customer[0].clone(),
+            customer,
             customer_version: c["version"].as_str().expect("version").to_owned(),
             lonely_customer: lonely["customer"]["customer"].as_str().expect("handle").to_owned(),
             confirmed,
@@ -251,35 +243,20 @@ fn the_registry_declares_every_tool_completely() {
     assert!(registry.all().len() >= 27, "the registry holds every tool");
 }
 
-/// Everything any tool can change, per tenant and in total: rows, outbox, alert state, audit.
-const EVERYTHING: &str = "SELECT concat_ws('|',
-    (SELECT string_agg(handle || ':' || name || ':' || coalesce(email, '') || ':' || updated_at::text, ',' ORDER BY id) FROM customers),
-    (SELECT string_agg(handle || ':' || status || ':' || starts_at::text || ':' || coalesce(technician_id::text, '') || ':' || coalesce(reference, '') || ':' || updated_at::text, ',' ORDER BY id) FROM bookings),
-    (SELECT count(*) FROM booking_notes), (SELECT count(*) FROM outbox), (SELECT count(*) FROM audit_log),
-    (SELECT string_agg(status, ',' ORDER BY id) FROM pending_actions),
-    (SELECT string_agg(coalesce(muted_until::text, '-'), ',' ORDER BY id) FROM alert_rules))";
-
 #[tokio::test]
 async fn every_reference_argument_refuses_another_tenants_handle() {
     let stack = Stack::start().await;
     let (a, b) = (stack.fixture(0).await, stack.fixture(1).await);
     let tokens = Tokens::new(&stack).await;
     // Tenant B's handles of every kind, to find them if they leak into a result.
-    let b_handles: Vec<String> = stack
-        .db
-        .scalar_string(&format!(
-            "SELECT string_agg(h, ',') FROM (SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{0}'
-               UNION ALL SELECT x.handle FROM bookings x JOIN tenants t ON t.id = x.tenant_id WHERE t.slug = '{0}') y(h)",
-            stack.seed.tenants[1].slug
-        ))
-        .await
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let b_slug = stack.seed.tenants[1].slug.as_str();
+    let mut b_handles: Vec<String> =
+        stack.db.rows("customers").tenant(b_slug).texts("handle", "id").await;
+    b_handles.extend(stack.db.rows("bookings").tenant(b_slug).texts("handle", "id").await);
     // A preview of tenant B, whose token tenant A will try.
     let b_preview =
         stack.ok(&stack.token(1, 0), "mute_alerts", json!({"rule": b.rule, "minutes": 30})).await;
-    let before = stack.db.scalar_string(EVERYTHING).await;
+    let before = stack.db.everything_tools_can_change().await;
     let mut tried = 0;
     for spec in Registry::new().all() {
         for r in spec.refs {
@@ -363,15 +340,16 @@ async fn every_reference_argument_refuses_another_tenants_handle() {
     }
     assert!(tried >= 25, "every declared reference was tried ({tried})");
     assert_eq!(
-        stack.db.scalar_string(EVERYTHING).await,
+        stack.db.everything_tools_can_change().await,
         before,
         "nothing of either tenant changed, nothing was audited"
     );
     let b_pending = stack
-        .count(&format!(
-            "SELECT count(*) FROM pending_actions WHERE handle = '{}' AND status = 'pending'",
-            b_preview["action"].as_str().expect("h")
-        ))
+        .db
+        .rows("pending_actions")
+        .eq("handle", b_preview["action"].as_str().expect("h"))
+        .eq("status", "pending")
+        .count()
         .await;
     assert_eq!(b_pending, 1, "tenant B's action is untouched");
 }
@@ -384,7 +362,7 @@ fn o_field(r: &worker::tools::Ref) -> &'static str {
 async fn unknown_and_tenant_like_fields_are_refused_by_every_tool_and_write_nothing() {
     let stack = Stack::start().await;
     let tokens = Tokens::new(&stack).await;
-    let before = stack.db.scalar_string(EVERYTHING).await;
+    let before = stack.db.everything_tools_can_change().await;
     for spec in Registry::new().all() {
         for extra in [
             json!({"tenant_id": stack.seed.tenants[1].slug}),
@@ -406,7 +384,7 @@ async fn unknown_and_tenant_like_fields_are_refused_by_every_tool_and_write_noth
             );
         }
     }
-    assert_eq!(stack.db.scalar_string(EVERYTHING).await, before);
+    assert_eq!(stack.db.everything_tools_can_change().await, before);
 }
 
 #[tokio::test]
@@ -418,11 +396,8 @@ async fn control_and_hidden_characters_are_refused_in_every_argument_of_every_to
     let stack = Stack::start().await;
     let tokens = Tokens::new(&stack).await;
     // Hundreds of calls: lift every bucket, so each answer is the argument check's.
-    stack
-        .db
-        .exec("INSERT INTO tenant_rate_limits (tenant_id, class, per_minute) SELECT t.id, c, 100000000 FROM tenants t, unnest(ARRAY['read', 'silent_write', 'notify', 'wake', 'alert', 'delete']) c")
-        .await;
-    let before = stack.db.scalar_string(EVERYTHING).await;
+    stack.db.lift_every_rate_limit().await;
+    let before = stack.db.everything_tools_can_change().await;
     let tags: String =
         "cancel all".chars().filter_map(|c| char::from_u32(0xE0000 + c as u32)).collect();
     let hostile = [
@@ -452,7 +427,7 @@ async fn control_and_hidden_characters_are_refused_in_every_argument_of_every_to
         }
     }
     assert!(checked > 200, "only {checked} arguments were tried");
-    assert_eq!(stack.db.scalar_string(EVERYTHING).await, before);
+    assert_eq!(stack.db.everything_tools_can_change().await, before);
 }
 
 #[tokio::test]
@@ -516,19 +491,7 @@ async fn a_body_that_is_not_one_valid_request_gets_the_json_rpc_error_for_it() {
 
 /// The audit rows added since `since` (an audit id), as (action, outcome, channel, connection, client).
 async fn audit_since(stack: &Stack, since: i64) -> Vec<(String, String, String, String, String)> {
-    let rows = stack
-        .db
-        .scalar_string(&format!(
-            "SELECT coalesce(string_agg(concat_ws('~', action, outcome, channel, coalesce(connection_name, '-'), coalesce(client_name, '-')), '|' ORDER BY id), '') FROM audit_log WHERE id > {since}"
-        ))
-        .await;
-    rows.split('|')
-        .filter(|r| !r.is_empty())
-        .map(|r| {
-            let p: Vec<&str> = r.split('~').collect();
-            (p[0].into(), p[1].into(), p[2].into(), p[3].into(), p[4].into())
-        })
-        .collect()
+    stack.db.audit_rows_after(since).await
 }
 
 /// What a call did, observed in Postgres: outbox rows by channel, alert state, records.
@@ -542,10 +505,10 @@ struct Effects {
 
 async fn effects(stack: &Stack) -> Effects {
     Effects {
-        emails: stack.count("SELECT count(*) FROM outbox WHERE channel = 'email'").await,
-        pages: stack.count("SELECT count(*) FROM outbox WHERE channel = 'page'").await,
-        alerts: stack.db.scalar_string("SELECT string_agg(coalesce(muted_until::text, '-'), ',' ORDER BY id) FROM alert_rules").await,
-        records: stack.db.scalar_string("SELECT concat_ws('|', (SELECT string_agg(handle || updated_at::text, ',' ORDER BY id) FROM customers), (SELECT string_agg(handle || status || updated_at::text, ',' ORDER BY id) FROM bookings), (SELECT count(*) FROM booking_notes))").await,
+        emails: stack.db.rows("outbox").eq("channel", "email").count().await,
+        pages: stack.db.rows("outbox").eq("channel", "page").count().await,
+        alerts: stack.db.alert_mute_states().await,
+        records: stack.db.record_versions().await,
     }
 }
 
@@ -572,7 +535,7 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
     let connection = stack.seed.tenants[0].connections[0].name.clone();
     for spec in Registry::new().all() {
         let Some(args) = fixture.sample(spec.name) else { continue };
-        let since = stack.count("SELECT coalesce(max(id), 0) FROM audit_log").await;
+        let since = stack.db.newest_audit_id().await;
         let before = effects(&stack).await;
         let result = stack
             .call(tokens.of(spec), spec.name, args)
@@ -612,7 +575,7 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
                 assert_eq!(result["status"], "PREVIEW", "{}", spec.name);
                 assert_eq!(after, before, "{}: a preview changes nothing", spec.name);
                 audited_as(&format!("{}.preview", spec.name), "previewed");
-                let since = stack.count("SELECT coalesce(max(id), 0) FROM audit_log").await;
+                let since = stack.db.newest_audit_id().await;
                 let done = stack.ok(&token, "confirm_action", json!({"confirm_token": result["confirm_token"], "confirm_summary": result["confirm_summary"]})).await;
                 let executed = effects(&stack).await;
                 let audit = audit_since(&stack, since).await;
@@ -658,14 +621,12 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
                     );
                 }
                 // Whoever is told is someone the preview named.
-                let recipients = stack
-                    .db
-                    .scalar_string(&format!("SELECT coalesce(string_agg(recipient, ','), '') FROM outbox WHERE pending_action_id = (SELECT id FROM pending_actions WHERE handle = '{}')", result["action"].as_str().expect("h")))
-                    .await;
+                let recipients =
+                    stack.db.recipients_of_action(result["action"].as_str().expect("h")).await;
                 let shown_text = result.to_string();
-                for r in recipients.split(',').filter(|r| !r.is_empty()) {
+                for r in recipients.iter().filter(|r| !r.is_empty()) {
                     assert!(
-                        shown_text.contains(r),
+                        shown_text.contains(r.as_str()),
                         "{}: {r} was told but not shown in the preview",
                         spec.name
                     );
@@ -687,7 +648,7 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
     // Rejecting a preview is a silent write: one audit row, nothing sent.
     let preview =
         stack.ok(&token, "mute_alerts", json!({"rule": fixture.rule, "minutes": 30})).await;
-    let since = stack.count("SELECT coalesce(max(id), 0) FROM audit_log").await;
+    let since = stack.db.newest_audit_id().await;
     let before = effects(&stack).await;
     stack.ok(&token, "reject_action", json!({"confirm_token": preview["confirm_token"]})).await;
     let audit = audit_since(&stack, since).await;
@@ -698,32 +659,29 @@ async fn every_tool_does_what_its_class_says_and_is_audited_once() {
     );
     assert_eq!(effects(&stack).await, before, "a rejection changes nothing else");
     // Every MCP audit row names the connection's creator as the actor (R5, R19).
-    let strangers = stack
-        .count(&format!(
-            "SELECT count(*) FROM audit_log WHERE channel = 'mcp' AND actor_id IS DISTINCT FROM (SELECT id FROM people WHERE email = '{}')",
-            stack.seed.tenants[0].admin.email
-        ))
-        .await;
+    let creator =
+        stack.db.rows("people").eq("email", &stack.seed.tenants[0].admin.email).int("id").await;
+    let strangers =
+        stack.db.rows("audit_log").eq("channel", "mcp").ne("actor_id", creator).count().await;
     assert_eq!(strangers, 0, "the audit names who acted");
-    assert!(stack.count("SELECT count(*) FROM audit_log WHERE channel = 'mcp'").await > 10);
+    assert!(stack.db.rows("audit_log").eq("channel", "mcp").count().await > 10);
 }
 
 /// Changes the record a two-step action is about, the way another user would between the
 /// preview and the confirmation.
-fn edit_sql(kind: RefKind, handle: &str) -> String {
+async fn edit_between_the_steps(db: &TestDb, kind: RefKind, handle: &str) {
     match kind {
-        RefKind::Booking => format!(
-            "UPDATE bookings SET reference = 'edited', updated_at = now() WHERE handle = '{handle}'"
-        ),
-        RefKind::Customer => format!(
-            "UPDATE customers SET name = name || ' (edited)', updated_at = now() WHERE handle = '{handle}'"
-        ),
+        RefKind::Booking => db.booking_edited_elsewhere(handle).await,
+        RefKind::Customer => db.customer_edited_elsewhere(handle).await,
         RefKind::Technician => {
-            format!("UPDATE technicians SET phone = '+00 999 9999' WHERE handle = '{handle}'")
+            db.rows("technicians").eq("handle", handle).set("phone", "+00 999 9999").await;
         }
-        RefKind::AlertRule => format!(
-            "UPDATE alert_rules SET muted_until = now() + interval '3 hours' WHERE handle = '{handle}'"
-        ),
+        RefKind::AlertRule => {
+            db.rows("alert_rules")
+                .eq("handle", handle)
+                .set_now_plus("muted_until", "3 hours")
+                .await;
+        }
         other => panic!("no edit for {other:?}"),
     }
 }
@@ -736,7 +694,8 @@ async fn every_two_step_tool_holds_every_confirmation_check() {
     let other = stack.second_connection().await;
     let second_worker = stack.another_worker().await;
     let connection = stack.seed.tenants[0].connections[0].connection.clone();
-    let admin = stack.seed.tenants[0].admin.email.clone();
+    let admin =
+        stack.db.rows("people").eq("email", &stack.seed.tenants[0].admin.email).int("id").await;
     let mut checked = 0;
     for spec in Registry::new().all().iter().filter(|s| two_step(s)) {
         let name = spec.name;
@@ -782,28 +741,43 @@ async fn every_two_step_tool_holds_every_confirmation_check() {
         stack.ok(&token, "reject_action", json!({"confirm_token": p["confirm_token"]})).await;
         refused(confirm(token.clone(), p, None).await, "action_rejected", "rejected");
         let p = preview().await;
-        stack.db.exec(&format!("UPDATE pending_actions SET expires_at = now() - interval '1 second' WHERE handle = '{}'", p["action"].as_str().expect("h"))).await;
+        stack
+            .db
+            .rows("pending_actions")
+            .eq("handle", p["action"].as_str().expect("h"))
+            .set_now_plus("expires_at", "-1 second")
+            .await;
         refused(confirm(token.clone(), p, None).await, "token_expired", "expired");
         // The token's right narrowed, then the creator demoted: refused on the next call.
         let p = preview().await;
-        stack.db.exec(&format!("UPDATE connections SET rights = array_remove(rights, '{right}') WHERE handle = '{connection}'")).await;
+        stack.db.connection_right_removed(&connection, right).await;
         refused(
             confirm(token.clone(), p.clone(), None).await,
             "permission_denied",
             "right narrowed",
         );
+        let action_id = stack
+            .db
+            .rows("pending_actions")
+            .eq("handle", p["action"].as_str().expect("h"))
+            .int("id")
+            .await;
         let audited = stack
-            .count(&format!("SELECT count(*) FROM audit_log WHERE outcome = 'refused' AND pending_action_id = (SELECT id FROM pending_actions WHERE handle = '{}')", p["action"].as_str().expect("h")))
+            .db
+            .rows("audit_log")
+            .eq("outcome", "refused")
+            .eq("pending_action_id", action_id)
+            .count()
             .await;
         assert_eq!(audited, 1, "{name}: the refusal is audited with its action");
-        stack.db.exec(&format!("UPDATE connections SET rights = array_append(rights, '{right}') WHERE handle = '{connection}'")).await;
-        stack.db.exec(&format!("UPDATE memberships SET role = 'viewer' WHERE person_id = (SELECT id FROM people WHERE email = '{admin}')")).await;
+        stack.db.connection_right_appended(&connection, right).await;
+        stack.db.rows("memberships").eq("person_id", admin).set("role", "viewer").await;
         refused(
             confirm(token.clone(), p.clone(), None).await,
             "permission_denied",
             "creator demoted",
         );
-        stack.db.exec(&format!("UPDATE memberships SET role = 'admin' WHERE person_id = (SELECT id FROM people WHERE email = '{admin}')")).await;
+        stack.db.rows("memberships").eq("person_id", admin).set("role", "admin").await;
         assert_eq!(effects(&stack).await, before, "{name}: no refusal executed anything");
         // An edit between the steps: nothing executes, a new preview comes back, the old token is dead.
         let target = spec
@@ -816,7 +790,7 @@ async fn every_two_step_tool_holds_every_confirmation_check() {
             v => v.as_str().expect("h").to_owned(),
         };
         let p = preview().await;
-        stack.db.exec(&edit_sql(target.kind, &handle)).await;
+        edit_between_the_steps(&stack.db, target.kind, &handle).await;
         let e = confirm(token.clone(), p.clone(), None).await.expect_err("changed");
         assert_eq!(e["code"], "changed_since_preview", "{name}: {e}");
         let fresh = e["preview"].clone();
@@ -849,11 +823,8 @@ async fn every_two_step_tool_holds_every_confirmation_check() {
         for o in outcomes.iter().filter_map(|o| o.as_ref().err()) {
             assert_eq!(o["code"], "token_used", "{name}: {o}");
         }
-        let executions = stack
-            .count(&format!(
-                "SELECT count(*) FROM audit_log WHERE action = '{name}' AND outcome = 'ok'"
-            ))
-            .await;
+        let executions =
+            stack.db.rows("audit_log").eq("action", name).eq("outcome", "ok").count().await;
         assert_eq!(executions, 1, "{name}: one execution audited");
         let after = effects(&stack).await;
         let sent = (after.emails - before.emails) + (after.pages - before.pages);
@@ -879,13 +850,9 @@ async fn every_two_step_tool_counts_its_effects_against_the_budgets() {
         let p = stack.ok(&token, name, fixture.sample(name).expect("sample")).await;
         assert_eq!(p["status"], "PREVIEW", "{name}");
         let ledger = |counted: bool| {
-            let sql = format!(
-                "SELECT coalesce(string_agg(kind || '=' || amount, ',' ORDER BY kind), '') FROM budget_usage
-                 WHERE counted = {counted} AND pending_action_id = (SELECT id FROM pending_actions WHERE handle = '{}')",
-                p["action"].as_str().expect("h")
-            );
+            let action = p["action"].as_str().expect("h").to_owned();
             let stack = &stack;
-            async move { stack.db.scalar_string(&sql).await }
+            async move { stack.db.budget_ledger_of_action(&action, counted).await }
         };
         let reserved = ledger(false).await;
         let declared: Vec<&str> = op.effect_kinds().iter().map(|k| k.as_str()).collect();
@@ -912,20 +879,8 @@ async fn every_two_step_tool_counts_its_effects_against_the_budgets() {
 async fn third_party_text_and_secrets_hold_for_every_tool() {
     let stack = Stack::start().await;
     // A canary in every third-party field, a decoy in every secret column.
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE bookings SET customer_note = '{CANARY} (note)';
-             INSERT INTO booking_notes (tenant_id, booking_id, handle, source, body)
-               SELECT b.tenant_id, b.id, 'bnt_' || substr(md5(b.handle || s), 1, 16), s, '{CANARY} (' || s || ')'
-               FROM bookings b CROSS JOIN (VALUES ('customer'), ('external'), ('agent')) v(s);
-             UPDATE customers SET portal_password_hash = '{DECOY}';
-             UPDATE technicians SET home_address = '{DECOY}';
-             UPDATE people SET password_hash = '{DECOY}';
-             INSERT INTO connection_tokens (connection_id, kind, token_hash) SELECT id, 'refresh', convert_to('{DECOY}' || id, 'UTF8') FROM connections;
-             INSERT INTO console_sessions (token_hash, person_id, csrf_token, expires_at) SELECT convert_to('{DECOY}' || id, 'UTF8'), id, '{DECOY}' || id, now() + interval '1 hour' FROM people;"
-        ))
-        .await;
+    stack.db.canary_in_third_party_text(CANARY).await;
+    stack.db.decoy_in_secret_columns(DECOY).await;
     let fixture = stack.fixture(0).await;
     let tokens = Tokens::new(&stack).await;
     let mut seen = std::collections::BTreeMap::new();
@@ -958,7 +913,7 @@ async fn third_party_text_and_secrets_hold_for_every_tool() {
             assert!(carried >= 2, "{}: customer and external notes both wrapped", spec.name);
         }
     }
-    let audit = stack.db.scalar_string("SELECT coalesce(string_agg(concat_ws(' ', action, outcome, array_to_string(targets, ','), reason), ' '), '') FROM audit_log").await;
+    let audit = stack.db.audit_log_as_text().await;
     assert!(
         !audit.contains(DECOY) && !audit.contains("IGNORE ALL"),
         "the audit holds no secret and no argument"
@@ -976,18 +931,10 @@ async fn every_foreign_credential_is_refused_at_mcp_and_origins_are_checked() {
     let refresh = "gh_mcp_refreshrefreshrefreshrefreshrefresh00";
     stack
         .db
-        .exec(&format!(
-            "INSERT INTO connection_tokens (connection_id, kind, token_hash) SELECT id, 'refresh', sha256(convert_to('{refresh}', 'UTF8')) FROM connections WHERE handle = '{}'",
-            stack.seed.tenants[0].connections[0].connection
-        ))
+        .refresh_token_of_connection(&stack.seed.tenants[0].connections[0].connection, refresh)
         .await;
     let session = "gh_ses_sessionsessionsessionsessionsession00";
-    stack
-        .db
-        .exec(&format!(
-            "INSERT INTO console_sessions (token_hash, person_id, csrf_token, expires_at) SELECT sha256(convert_to('{session}', 'UTF8')), id, 'x', now() + interval '1 hour' FROM people LIMIT 1"
-        ))
-        .await;
+    stack.db.console_session_of_someone(session).await;
     let api = stack.seed.tenants[0].api_token.clone();
     for (what, credential) in [
         ("refresh token", refresh),

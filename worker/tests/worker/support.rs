@@ -392,6 +392,15 @@ pub(crate) async fn handles(stack: &Stack, t: usize) -> (String, String, String)
     (booking, customer, technician)
 }
 
+/// What a second session holds before the test acts.
+#[derive(Clone, Copy)]
+pub(crate) enum HeldLock {
+    /// A lock of this mode (`AccessExclusiveLock`) on this table.
+    Table(&'static str, &'static str),
+    /// Its transaction's id: it has written in the transaction it keeps open.
+    Written,
+}
+
 /// A second session (psql) holding a transaction open, as a migration or another process
 /// would, while the test acts.
 pub(crate) struct Held {
@@ -400,9 +409,8 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Sends `sql` and waits until this database shows psql holding a lock that matches
-    /// `lock` (a condition on `pg_locks l`).
-    pub(crate) async fn open(stack: &Stack, sql: &str, lock: &str) -> Held {
+    /// Sends `sql` and waits until this database shows psql holding `lock`.
+    pub(crate) async fn open(stack: &Stack, sql: &str, lock: HeldLock) -> Held {
         let mut psql = tokio::process::Command::new("psql")
             .args([stack.db.url.as_str(), "-q", "-v", "ON_ERROR_STOP=1"])
             .stdin(std::process::Stdio::piped())
@@ -412,11 +420,12 @@ impl Held {
         let sql_in = psql.stdin.take();
         let mut held = Held { psql, sql: sql_in };
         held.send(sql).await;
-        let query = format!(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE a.datname = current_database() AND a.application_name = 'psql' AND {lock}"
-        );
         for _ in 0..100 {
-            if stack.count(&query).await > 0 {
+            let holds = match lock {
+                HeldLock::Table(table, mode) => stack.db.psql_holds_table_lock(table, mode).await,
+                HeldLock::Written => stack.db.psql_has_written().await,
+            };
+            if holds {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -440,15 +449,6 @@ impl Held {
         self.psql.wait().await.expect("psql ends");
     }
 }
-
-/// A fingerprint of everything the write tools can change.
-pub(crate) const FINGERPRINT: &str = "SELECT concat_ws('|',
-    (SELECT count(*) FROM customers), (SELECT max(updated_at) FROM customers),
-    (SELECT count(*) FROM bookings), (SELECT max(updated_at) FROM bookings),
-    (SELECT string_agg(status, ',' ORDER BY id) FROM bookings),
-    (SELECT count(*) FROM booking_notes), (SELECT count(*) FROM outbox),
-    (SELECT count(*) FROM pending_actions), (SELECT count(*) FROM replay_entries),
-    (SELECT string_agg(coalesce(muted_until::text, '-'), ',' ORDER BY id) FROM alert_rules))";
 
 /// Walks a result; every string holding the canary must be an `untrusted_text` value.
 pub(crate) fn assert_canary_wrapped(value: &Value, path: &str) -> usize {
@@ -495,10 +495,6 @@ impl Stack {
         self.call(token, tool, args).await.unwrap_or_else(|e| panic!("{tool} failed: {e}"))
     }
 
-    pub(crate) async fn count(&self, sql: &str) -> i64 {
-        self.db.scalar_i64(sql).await
-    }
-
     /// A second connection of tenant 0's admin with every right.
     pub(crate) async fn second_connection(&self) -> String {
         self.admin_connection("second", shared::rights::Role::Admin.rights(), "full").await
@@ -537,6 +533,17 @@ impl Stack {
 }
 
 impl Stack {
+    /// Turns the platform's kill switch on or off in the database, behind the console's back
+    /// (nothing audited, no event sent).
+    pub(crate) async fn set_kill_switch(&self, on: bool) {
+        self.db.rows("platform_state").set("global_kill", on).await;
+    }
+
+    /// Turns tenant `slug`'s agent access on or off in the database, behind the console's back.
+    pub(crate) async fn set_agent_access(&self, slug: &str, on: bool) {
+        self.db.rows("tenants").eq("slug", slug).set("agent_access", on).await;
+    }
+
     pub(crate) async fn connection_with(&self, toolset: &str) -> String {
         self.admin_connection(toolset, shared::rights::Role::Admin.rights(), toolset).await
     }

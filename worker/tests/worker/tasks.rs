@@ -61,20 +61,11 @@ impl Stack {
     }
 }
 
-/// Holds an exclusive lock on the bookings for `secs`, so an export waits (and stays working)
-/// meanwhile.
-fn hold_bookings(secs: u32) -> String {
-    format!("BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep({secs}); COMMIT;")
-}
-
+/// Waits until the bookings are locked (by [`TestDb::lock_bookings_for`], which holds an
+/// exclusive lock so an export waits, and stays working, meanwhile).
 async fn wait_for_lock(stack: &Stack) {
     for _ in 0..50 {
-        if stack
-            .db
-            .scalar_i64("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'bookings' AND l.mode = 'AccessExclusiveLock' AND l.granted")
-            .await
-            > 0
-        {
+        if stack.db.bookings_lock_granted().await {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -177,12 +168,7 @@ async fn a_task_is_not_found_for_any_other_connection_or_a_connection_that_lost_
     }
     // The task's connection loses the right its tool needs: the task is not found either.
     let connection = &stack.seed.tenants[0].connections[0].connection;
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE connections SET rights = array_remove(rights, 'bookings:read') WHERE handle = '{connection}'"
-        ))
-        .await;
+    stack.db.connection_right_removed(connection, "bookings:read").await;
     let err = stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect_err("hidden");
     assert!(unknown(&err), "{err}");
     // Revoked: 401 at the door, whatever the task.
@@ -198,7 +184,6 @@ async fn a_task_is_not_found_for_any_other_connection_or_a_connection_that_lost_
 async fn a_cancelled_task_stops_on_its_worker_and_stays_cancelled() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let lock = hold_bookings(4);
     let (task, ()) = tokio::join!(
         async {
             wait_for_lock(&stack).await;
@@ -215,7 +200,7 @@ async fn a_cancelled_task_stops_on_its_worker_and_stays_cancelled() {
             assert!(cancelled.get("result").is_none(), "{cancelled}");
             task
         },
-        stack.db.exec(&lock)
+        stack.db.lock_bookings_for(4)
     );
     let stopped = format!("\"task.id\":\"{task}\"");
     let mut seen = false;
@@ -237,11 +222,9 @@ async fn a_cancelled_task_stops_on_its_worker_and_stays_cancelled() {
 async fn a_revoked_connections_running_task_is_cancelled() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let lock = hold_bookings(4);
     let db = &stack.db;
-    let status = move |task: String| async move {
-        db.scalar_string(&format!("SELECT status FROM tasks WHERE handle = '{task}'")).await
-    };
+    let status =
+        move |task: String| async move { db.rows("tasks").eq("handle", task).text("status").await };
     let (task, ()) = tokio::join!(
         async {
             wait_for_lock(&stack).await;
@@ -260,10 +243,36 @@ async fn a_revoked_connections_running_task_is_cancelled() {
             assert_eq!(last, "cancelled");
             task
         },
-        stack.db.exec(&lock)
+        stack.db.lock_bookings_for(4)
     );
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(status(task).await, "cancelled", "no result is written after the revocation");
+}
+
+/// A change that stops a call from being admitted, made behind the console's back.
+#[derive(Clone, Copy)]
+enum Stop {
+    KillSwitch,
+    TenantSwitch,
+    RightTaken,
+    CreatorLeft,
+}
+
+impl Stop {
+    /// Makes the change (`on`) or undoes it, for tenant `slug`'s `connection`.
+    async fn apply(self, stack: &Stack, slug: &str, connection: &str, on: bool) {
+        match self {
+            Stop::KillSwitch => stack.set_kill_switch(on).await,
+            Stop::TenantSwitch => stack.set_agent_access(slug, !on).await,
+            Stop::RightTaken if on => {
+                stack.db.connection_right_removed(connection, "bookings:read").await;
+            }
+            Stop::RightTaken => {
+                stack.db.connection_right_appended(connection, "bookings:read").await
+            }
+            Stop::CreatorLeft => stack.db.set_connection_creator_membership(connection, !on).await,
+        }
+    }
 }
 
 /// Every way a call stops being admitted, each with the words the task ends with.
@@ -272,59 +281,28 @@ async fn a_running_task_stops_when_its_call_would_no_longer_be_admitted() {
     let stack = Stack::start().await;
     let slug = stack.seed.tenants[0].slug.clone();
     let connection = stack.seed.tenants[0].connections[0].connection.clone();
-    let creator = format!("(SELECT creator_id FROM connections WHERE handle = '{connection}')");
     let cases = [
-        (
-            "the kill switch",
-            "UPDATE platform_state SET global_kill = true".to_owned(),
-            "UPDATE platform_state SET global_kill = false".to_owned(),
-            "kill switch",
-        ),
-        (
-            "the tenant's switch",
-            format!("UPDATE tenants SET agent_access = false WHERE slug = '{slug}'"),
-            format!("UPDATE tenants SET agent_access = true WHERE slug = '{slug}'"),
-            "The tenant turned agent access off.",
-        ),
+        ("the kill switch", Stop::KillSwitch, "kill switch"),
+        ("the tenant's switch", Stop::TenantSwitch, "The tenant turned agent access off."),
         (
             "a right taken from the connection",
-            format!(
-                "UPDATE connections SET rights = array_remove(rights, 'bookings:read') WHERE handle = '{connection}'"
-            ),
-            format!(
-                "UPDATE connections SET rights = array_append(rights, 'bookings:read') WHERE handle = '{connection}'"
-            ),
+            Stop::RightTaken,
             "The connection lost the right bookings:read that export_bookings needs.",
         ),
-        (
-            "the creator leaving the tenant",
-            format!(
-                "UPDATE memberships SET active = false WHERE person_id = {creator} AND tenant_id = (SELECT tenant_id FROM connections WHERE handle = '{connection}')"
-            ),
-            format!(
-                "UPDATE memberships SET active = true WHERE person_id = {creator} AND tenant_id = (SELECT tenant_id FROM connections WHERE handle = '{connection}')"
-            ),
-            "creator no longer belongs",
-        ),
+        ("the creator leaving the tenant", Stop::CreatorLeft, "creator no longer belongs"),
     ];
     let token = stack.token(0, 0);
     let db = &stack.db;
-    let ended = |task: String| async move {
-        db.scalar_string(&format!(
-            "SELECT status || ': ' || coalesce(status_message, '') FROM tasks WHERE handle = '{task}'"
-        ))
-        .await
-    };
-    for (what, change, undo, words) in cases {
+    let ended = |task: String| async move { db.task_outcome(&task).await };
+    for (what, stop, words) in cases {
         // The export waits on a lock, so it is still running when the change lands.
-        let lock = hold_bookings(4);
         let (task, ()) = tokio::join!(
             async {
                 wait_for_lock(&stack).await;
                 let task =
                     stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
                 assert!(ended(task.clone()).await.starts_with("working"), "{what}");
-                db.exec(&change).await;
+                stop.apply(&stack, &slug, &connection, true).await;
                 let mut last = String::new();
                 for _ in 0..50 {
                     last = ended(task.clone()).await;
@@ -337,12 +315,12 @@ async fn a_running_task_stops_when_its_call_would_no_longer_be_admitted() {
                 assert!(last.contains(words), "{what}: {last}");
                 task
             },
-            db.exec(&lock)
+            db.lock_bookings_for(4)
         );
         // Once the lock is gone the export could finish: its result is never written.
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         assert!(ended(task).await.starts_with("cancelled"), "{what}: no result after the stop");
-        db.exec(&undo).await;
+        stop.apply(&stack, &slug, &connection, false).await;
     }
     // With everything back, a task runs to its result: the stops above were the changes'.
     let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
@@ -356,29 +334,16 @@ async fn a_task_whose_worker_stopped_fails_instead_of_working_forever() {
     let task = stack.export_task(&token).await["taskId"].as_str().expect("id").to_owned();
     stack.task_until(&stack.url, &token, &task, &["completed"]).await;
     // As a worker that died mid-run leaves it: working, its heartbeat old.
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE tasks SET status = 'working', result = NULL, heartbeat_at = now() - interval '31 seconds' WHERE handle = '{task}'"
-        ))
-        .await;
+    stack.db.strand_task(&task, "31 seconds").await;
     let failed = stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect("get");
     assert_eq!(failed["status"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], -32603, "{failed}");
     assert!(failed.get("result").is_none());
     // Expired tasks are gone (not found), and housekeeping deletes them.
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE tasks SET expires_at = now() - interval '1 second' WHERE handle = '{task}'"
-        ))
-        .await;
+    stack.db.rows("tasks").eq("handle", &task).set_now_plus("expires_at", "-1 second").await;
     let err =
         stack.task_request(&stack.url, &token, "tasks/get", &task).await.expect_err("expired");
     assert_eq!(err["code"], -32602);
     shared::services::housekeeping(&stack.db.ds).await.expect("housekeeping");
-    assert_eq!(
-        stack.db.scalar_i64(&format!("SELECT count(*) FROM tasks WHERE handle = '{task}'")).await,
-        0
-    );
+    assert_eq!(stack.db.rows("tasks").eq("handle", &task).count().await, 0);
 }

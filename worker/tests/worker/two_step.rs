@@ -18,12 +18,11 @@ async fn two_steps_preview_nothing_then_confirm_exactly_once() {
     );
     let confirm_token = preview["confirm_token"].as_str().expect("token").to_owned();
     // Preview alone sends nothing and changes nothing.
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
-    let status = format!(
-        "SELECT count(*) FROM bookings WHERE handle = '{}' AND status = 'confirmed'",
-        draft["booking"].as_str().expect("h")
-    );
-    assert_eq!(stack.count(&status).await, 0);
+    assert_eq!(stack.db.count("outbox").await, 0);
+    let booking = draft["booking"].as_str().expect("h");
+    let confirmed =
+        || stack.db.rows("bookings").eq("handle", booking).eq("status", "confirmed").count();
+    assert_eq!(confirmed().await, 0);
     // A wrong summary, a foreign connection: refused, audited, nothing happens.
     let err = stack
         .call(
@@ -44,7 +43,7 @@ async fn two_steps_preview_nothing_then_confirm_exactly_once() {
         .await
         .expect_err("foreign");
     assert_eq!(err["code"], "foreign_token");
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(stack.db.count("outbox").await, 0);
     // The real confirmation executes once.
     let done = stack
         .ok(
@@ -54,8 +53,8 @@ async fn two_steps_preview_nothing_then_confirm_exactly_once() {
         )
         .await;
     assert_eq!(done["status"], "EXECUTED");
-    assert_eq!(stack.count(&status).await, 1);
-    assert_eq!(stack.count("SELECT count(*) FROM outbox WHERE channel = 'email'").await, 1);
+    assert_eq!(confirmed().await, 1);
+    assert_eq!(stack.db.rows("outbox").eq("channel", "email").count().await, 1);
     let err = stack
         .call(
             &token,
@@ -65,10 +64,27 @@ async fn two_steps_preview_nothing_then_confirm_exactly_once() {
         .await
         .expect_err("reuse");
     assert_eq!(err["code"], "token_used");
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(stack.db.count("outbox").await, 1);
     // R19: one execution row for the tool, and the preview and refusals linked to the action.
-    assert_eq!(stack.count("SELECT count(*) FROM audit_log WHERE action = 'confirm_booking' AND outcome = 'ok' AND channel = 'mcp'").await, 1);
-    assert_eq!(stack.count("SELECT count(*) FROM audit_log WHERE action = 'confirm_booking.confirm' AND outcome = 'refused' AND pending_action_id IS NOT NULL").await, 3);
+    let audit = || stack.db.rows("audit_log");
+    assert_eq!(
+        audit()
+            .eq("action", "confirm_booking")
+            .eq("outcome", "ok")
+            .eq("channel", "mcp")
+            .count()
+            .await,
+        1
+    );
+    assert_eq!(
+        audit()
+            .eq("action", "confirm_booking.confirm")
+            .eq("outcome", "refused")
+            .not_null("pending_action_id")
+            .count()
+            .await,
+        3
+    );
     let changes = stack.ok(&token, "list_recent_changes", json!({"limit": 10})).await;
     let actions: Vec<&str> = changes["changes"]
         .as_array()
@@ -104,7 +120,12 @@ async fn rejected_expired_and_unknown_tokens_do_nothing() {
     let page = stack
         .ok(&token, "page_technician", json!({"technician": technician, "message": "Second try"}))
         .await;
-    stack.db.exec("UPDATE pending_actions SET expires_at = now() - interval '1 second' WHERE status = 'pending'").await;
+    stack
+        .db
+        .rows("pending_actions")
+        .eq("status", "pending")
+        .set_now_plus("expires_at", "-1 second")
+        .await;
     let err = stack.call(&token, "confirm_action", json!({"confirm_token": page["confirm_token"], "confirm_summary": page["confirm_summary"]})).await.expect_err("expired");
     assert_eq!(err["code"], "token_expired");
     let err = stack
@@ -116,16 +137,14 @@ async fn rejected_expired_and_unknown_tokens_do_nothing() {
         .await
         .expect_err("unknown");
     assert_eq!(err["code"], "unknown_token");
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(stack.db.count("outbox").await, 0);
     // A live page goes out as a page once confirmed.
     let page = stack
         .ok(&token, "page_technician", json!({"technician": technician, "message": "Third try"}))
         .await;
     stack.ok(&token, "confirm_action", json!({"confirm_token": page["confirm_token"], "confirm_summary": page["confirm_summary"]})).await;
     assert_eq!(
-        stack
-            .count("SELECT count(*) FROM outbox WHERE channel = 'page' AND body = 'Third try'")
-            .await,
+        stack.db.rows("outbox").eq("channel", "page").eq("body", "Third try").count().await,
         1
     );
 }
@@ -148,11 +167,9 @@ async fn an_edit_between_preview_and_confirm_yields_a_new_preview() {
     assert_eq!(err["code"], "changed_since_preview");
     let fresh = err["preview"].clone();
     assert_ne!(fresh["confirm_token"], preview["confirm_token"]);
-    let starts = format!(
-        "SELECT count(*) FROM bookings WHERE handle = '{}' AND starts_at = '2027-04-20T08:00:00Z'",
-        draft["booking"].as_str().expect("h")
-    );
-    assert_eq!(stack.count(&starts).await, 0, "nothing executed");
+    let booking = draft["booking"].as_str().expect("h");
+    let moved = || stack.db.bookings_starting_at(booking, "2027-04-20T08:00:00Z");
+    assert_eq!(moved().await, 0, "nothing executed");
     let err = stack.call(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await.expect_err("dead");
     assert_eq!(err["code"], "token_used");
     let done = stack.ok(&token, "confirm_action", json!({"confirm_token": fresh["confirm_token"], "confirm_summary": fresh["confirm_summary"]})).await;
@@ -160,7 +177,7 @@ async fn an_edit_between_preview_and_confirm_yields_a_new_preview() {
         done["result"]["changed"]["booking"]["starts"]["local"],
         "2027-04-20T10:00:00+02:00"
     );
-    assert_eq!(stack.count(&starts).await, 1);
+    assert_eq!(moved().await, 1);
 }
 
 #[tokio::test]
@@ -208,7 +225,7 @@ async fn fifty_concurrent_confirmations_execute_once() {
         }
     }
     assert_eq!(executed, 1);
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(stack.db.count("outbox").await, 1);
 }
 
 /// A tools/call from a client that declared form elicitation, optionally a retry.
@@ -237,13 +254,10 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     let other = stack.another_worker().await;
-    let customer: String = stack
-        .db
-        .scalar_string("SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id ORDER BY t.id, c.id LIMIT 1")
-        .await;
+    let customer: String = stack.db.first_tenants_oldest_customer().await;
     let email =
         |subject: &str| json!({"customer": customer, "subject": subject, "body": "See you at 9."});
-    let sent = |subject: &str| format!("SELECT count(*) FROM outbox WHERE subject = '{subject}'");
+    let sent = |subject: &str| stack.db.rows("outbox").eq("subject", subject).count();
     // The first round asks the person, with the server's summary, and executes nothing.
     let asked =
         elicit_call(&stack, &stack.url, &token, "send_customer_message", email("MRTR one"), None)
@@ -258,7 +272,7 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
         !state.contains(&customer) && !state.contains("MRTR"),
         "the state is sealed, not readable"
     );
-    assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 0);
+    assert_eq!(sent("MRTR one").await, 0);
     // Tampered, moved to another connection, or retried with other arguments: nothing runs.
     let mut chars: Vec<char> = state.chars().collect();
     let i = chars.len() - 3;
@@ -306,14 +320,17 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
     )
     .await;
     assert_eq!(elsewhere["isError"], true, "another tool: {elsewhere}");
-    assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 0);
+    assert_eq!(sent("MRTR one").await, 0);
     // Each refused state that named this tenant's action was audited with it: other arguments,
     // another tool. (The tampered one named nothing that opens; the read-only connection was
     // refused for its rights before any state was looked at.)
     assert_eq!(
         stack
             .db
-            .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'send_customer_message.confirm' AND outcome = 'refused'")
+            .rows("audit_log")
+            .eq("action", "send_customer_message.confirm")
+            .eq("outcome", "refused")
+            .count()
             .await,
         2
     );
@@ -341,7 +358,7 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
     )
     .await;
     assert_eq!(again["structuredContent"]["error"]["code"], "token_used", "{again}");
-    assert_eq!(stack.db.scalar_i64(&sent("MRTR one")).await, 1);
+    assert_eq!(sent("MRTR one").await, 1);
     // Declined: rejected, nothing sent, and the state cannot be accepted afterwards.
     let asked =
         elicit_call(&stack, &stack.url, &token, "send_customer_message", email("MRTR two"), None)
@@ -378,14 +395,18 @@ async fn a_client_that_can_elicit_confirms_in_its_own_ui_once_with_a_sealed_stat
     )
     .await;
     assert_eq!(unanswered["isError"], true);
-    assert_eq!(stack.db.scalar_i64(&sent("MRTR two")).await, 0);
+    assert_eq!(sent("MRTR two").await, 0);
     // A client that declared no elicitation is never sent one: it gets the PREVIEW.
     let plain =
         stack.call(&token, "send_customer_message", email("MRTR three")).await.expect("preview");
     assert_eq!(plain["status"], "PREVIEW");
     let audited = stack
         .db
-        .scalar_i64("SELECT count(*) FROM audit_log WHERE action = 'send_customer_message' AND outcome = 'ok' AND channel = 'mcp'")
+        .rows("audit_log")
+        .eq("action", "send_customer_message")
+        .eq("outcome", "ok")
+        .eq("channel", "mcp")
+        .count()
         .await;
     assert_eq!(audited, 1, "one execution, audited once");
 }

@@ -16,12 +16,20 @@ async fn a_repeated_silent_write_executes_once_and_reaches_nobody() {
     let second = stack.ok(&token, "create_customer", json!({"phone": "+49 30 5550199 ", "email": " greta@example.net", "name": "Greta Lindqvist"})).await;
     assert_eq!(second["replayed"], true);
     assert_eq!(second["customer"], first["customer"], "the first result, replayed");
+    assert_eq!(stack.db.rows("customers").eq("email", "greta@example.net").count().await, 1);
+    // R19: one audit row, channel mcp, connection and client as columns.
     assert_eq!(
-        stack.count("SELECT count(*) FROM customers WHERE email = 'greta@example.net'").await,
+        stack
+            .db
+            .rows("audit_log")
+            .eq("action", "create_customer")
+            .eq("channel", "mcp")
+            .not_null("connection_name")
+            .eq("client_name", "demo")
+            .count()
+            .await,
         1
     );
-    // R19: one audit row, channel mcp, connection and client as columns.
-    assert_eq!(stack.count("SELECT count(*) FROM audit_log WHERE action = 'create_customer' AND channel = 'mcp' AND connection_name IS NOT NULL AND client_name = 'demo'").await, 1);
     // An idempotency key is bound to its arguments.
     let keyed = json!({"booking": stack.draft(0).await["booking"], "text": "Gate code 4711", "idempotency_key": "note-1"});
     stack.ok(&token, "add_booking_note", keyed.clone()).await;
@@ -41,14 +49,11 @@ async fn a_repeated_silent_write_executes_once_and_reaches_nobody() {
     other["text"] = json!("Gate code 0000");
     let err = stack.call(&token, "add_booking_note", other).await.expect_err("key reuse");
     assert_eq!(err["field"], "idempotency_key");
-    assert_eq!(
-        stack.count("SELECT count(*) FROM booking_notes WHERE body LIKE 'Gate code%'").await,
-        1
-    );
+    assert_eq!(stack.db.rows("booking_notes").like("body", "Gate code%").count().await, 1);
     // R6: silent tools dispatch nothing.
     let booking = stack.draft(0).await;
     stack.ok(&token, "update_booking", json!({"booking": booking["booking"], "version": booking["version"], "priority": "high", "reference": "WO-1"})).await;
-    assert_eq!(stack.count("SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(stack.db.count("outbox").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -73,12 +78,7 @@ async fn concurrent_identical_silent_writes_execute_once() {
         replayed += usize::from(c.await.expect("join")["replayed"] == true);
     }
     assert_eq!(replayed, 11);
-    assert_eq!(
-        stack
-            .count("SELECT count(*) FROM booking_notes WHERE body = 'Customer called twice'")
-            .await,
-        1
-    );
+    assert_eq!(stack.db.rows("booking_notes").eq("body", "Customer called twice").count().await, 1);
 }
 
 #[tokio::test]
@@ -105,14 +105,9 @@ async fn creating_twice_with_the_same_business_key_names_the_existing_record() {
         .await
         .expect_err("no reason");
     assert_eq!(err["field"], "reason");
-    assert_eq!(
-        stack
-            .count("SELECT count(*) FROM customers WHERE lower(email) = 'hanna@example.net'")
-            .await,
-        1
-    );
+    assert_eq!(stack.db.customers_with_email_any_case("hanna@example.net").await, 1);
     stack.ok(&token, "create_customer", json!({"name": "H. Berg", "email": "hanna@example.net", "separate": true, "reason": "Her daughter shares the address"})).await;
-    assert_eq!(stack.count("SELECT count(*) FROM customers WHERE lower(email) = 'hanna@example.net' AND separate_reason IS NOT NULL").await, 1);
+    assert_eq!(stack.db.customers_kept_separate_with_email("hanna@example.net").await, 1);
     // Bookings: customer + service + start.
     let service =
         stack.ok(&token, "find_services", json!({})).await["services"][0]["service"].clone();
@@ -151,7 +146,7 @@ async fn an_update_with_a_stale_version_conflicts_and_changes_nothing() {
     assert_eq!(err["current_version"], edited["customer"]["version"]);
     assert_eq!(err["current"]["phone"], "+49 30 5550999");
     assert_eq!(
-        stack.count("SELECT count(*) FROM customers WHERE name = 'Anna Fischer'").await,
+        stack.db.rows("customers").eq("name", "Anna Fischer").count().await,
         1,
         "row unchanged"
     );
@@ -195,10 +190,7 @@ async fn alerts_mute_for_a_bounded_time_and_deletes_check_what_depends_on_them()
         .ok(&token, "delete_customer", json!({"customer": created["customer"]["customer"]}))
         .await;
     stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
-    assert_eq!(
-        stack.count("SELECT count(*) FROM customers WHERE email = 'temp@example.net'").await,
-        0
-    );
+    assert_eq!(stack.db.rows("customers").eq("email", "temp@example.net").count().await, 0);
     // A read-only connection cannot prepare or confirm anything.
     let err = stack
         .call(&stack.token(0, 1), "delete_booking", json!({"booking": "bkg_0000000000000000"}))
@@ -211,17 +203,11 @@ async fn alerts_mute_for_a_bounded_time_and_deletes_check_what_depends_on_them()
 async fn racing_creates_with_one_business_key_make_one_record() {
     let stack = Arc::new(Stack::start().await);
     let token = stack.token(0, 0);
-    for (field, value, count_sql) in [
-        (
-            "email",
-            "race@example.net",
-            "SELECT count(*) FROM customers WHERE lower(email) = 'race@example.net'",
-        ),
-        (
-            "phone",
-            "+49 30 5550 1234",
-            "SELECT count(*) FROM customers WHERE regexp_replace(coalesce(phone, ''), '[^0-9+]', '', 'g') = '+493055501234'",
-        ),
+    // Each key with the form its rows are counted by: the email in lower case, the phone's
+    // digits.
+    for (field, value, key) in [
+        ("email", "race@example.net", "race@example.net"),
+        ("phone", "+49 30 5550 1234", "+493055501234"),
     ] {
         let calls = (0..20).map(|i| {
             let stack = stack.clone();
@@ -237,7 +223,12 @@ async fn racing_creates_with_one_business_key_make_one_record() {
             }
         }
         assert_eq!(created, 1, "{field}: exactly one call creates");
-        assert_eq!(stack.count(count_sql).await, 1, "{field}: one row");
+        let rows = if field == "email" {
+            stack.db.customers_with_email_any_case(key).await
+        } else {
+            stack.db.customers_with_phone_digits(key).await
+        };
+        assert_eq!(rows, 1, "{field}: one row");
     }
 }
 
@@ -252,34 +243,23 @@ async fn the_mute_that_executes_ends_when_its_preview_said() {
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let done = stack.ok(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]})).await;
     assert_eq!(done["result"]["changed"]["muted_until"]["utc"], promised, "{done}");
-    let stored = stack
-        .db
-        .scalar_string(&format!(
-            "SELECT to_char(muted_until AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM alert_rules WHERE handle = '{}'",
-            rule.as_str().expect("h")
-        ))
-        .await;
+    let stored = stack.db.alert_rule_muted_until_utc(rule.as_str().expect("h")).await;
     assert_eq!(json!(stored), promised);
     // A preview whose window has passed executes nothing.
     let rule2 = stack.ok(&token, "find_alert_rules", json!({})).await["rules"][1]["rule"].clone();
     let preview = stack.ok(&token, "mute_alerts", json!({"rule": rule2, "minutes": 5})).await;
-    stack
-        .db
-        .exec(&format!(
-            "UPDATE pending_actions SET created_at = created_at - interval '6 minutes' WHERE handle = '{}'",
-            preview["action"].as_str().expect("h")
-        ))
-        .await;
+    stack.db.age_pending_action(preview["action"].as_str().expect("h"), "6 minutes").await;
     let err = stack
         .call(&token, "confirm_action", json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]}))
         .await
         .expect_err("window passed");
     assert_eq!(err["code"], "wrong_state", "{err}");
     let muted = stack
-        .count(&format!(
-            "SELECT count(*) FROM alert_rules WHERE handle = '{}' AND muted_until IS NOT NULL",
-            rule2.as_str().expect("h")
-        ))
+        .db
+        .rows("alert_rules")
+        .eq("handle", rule2.as_str().expect("h"))
+        .not_null("muted_until")
+        .count()
         .await;
     assert_eq!(muted, 0);
 }
@@ -289,9 +269,10 @@ async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     let (booking, _, _) = handles(&stack, 0).await;
-    let notes_sql = format!(
-        "SELECT count(*) FROM booking_notes n JOIN bookings b ON b.id = n.booking_id WHERE b.handle = '{booking}' AND n.body = 'Same note'"
-    );
+    let booking_id = stack.db.rows("bookings").eq("handle", &booking).int("id").await;
+    let notes = |body: &str| {
+        stack.db.rows("booking_notes").eq("booking_id", booking_id).eq("body", body).count()
+    };
     // An optional field sent as null is the same call as one that leaves it out, and so is
     // the same call under another idempotency key.
     stack.ok(&token, "add_booking_note", json!({"booking": booking, "text": "Same note"})).await;
@@ -302,7 +283,7 @@ async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
         let second = stack.ok(&token, "add_booking_note", again.clone()).await;
         assert_eq!(second["replayed"], true, "{again}");
     }
-    assert_eq!(stack.count(&notes_sql).await, 1);
+    assert_eq!(notes("Same note").await, 1);
     // The key of a call answered from the replay cache now names that call: other arguments
     // under it are refused, not executed.
     let err = stack
@@ -314,10 +295,7 @@ async fn replay_ignores_nulls_and_keys_and_bounds_its_keys() {
         .await
         .expect_err("a key names one call");
     assert_eq!(err["field"], "idempotency_key", "{err}");
-    assert_eq!(
-        stack.count(&format!("SELECT count(*) FROM booking_notes n JOIN bookings b ON b.id = n.booking_id WHERE b.handle = '{booking}' AND n.body = 'A different note'")).await,
-        0
-    );
+    assert_eq!(notes("A different note").await, 0);
     // Keys are at most 200 printable characters.
     for key in ["k".repeat(201), "bad\u{0007}key".to_owned()] {
         let err = stack
@@ -350,8 +328,8 @@ async fn notes_added_at_once_to_one_booking_all_land_without_rewriting_it() {
     let (booking, _, _) = handles(&stack, 0).await;
     let before = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
     let total_before = before["notes_total"].as_i64().expect("total");
-    let row_version = format!("SELECT xmin::text FROM bookings WHERE handle = '{booking}'");
-    let xmin = stack.db.scalar_string(&row_version).await;
+    let row_version = || stack.db.rows("bookings").eq("handle", &booking).text("xmin");
+    let xmin = row_version().await;
     let calls: Vec<_> = (0..20)
         .map(|i| {
             let (stack_url, token, booking) = (stack.url.clone(), token.clone(), booking.clone());
@@ -383,13 +361,9 @@ async fn notes_added_at_once_to_one_booking_all_land_without_rewriting_it() {
     }
     let after = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
     assert_eq!(after["notes_total"].as_i64(), Some(total_before + 20));
-    assert_eq!(
-        stack.db.scalar_string(&row_version).await,
-        xmin,
-        "the booking's row was not rewritten"
-    );
+    assert_eq!(row_version().await, xmin, "the booking's row was not rewritten");
     // Deleting a note counts down; the sum over the shards stays the truth.
-    stack.db.exec("DELETE FROM booking_notes WHERE body = 'side by side 3'").await;
+    stack.db.rows("booking_notes").eq("body", "side by side 3").delete().await;
     let after = stack.call(&token, "get_booking", json!({"booking": booking})).await.expect("get");
     assert_eq!(after["notes_total"].as_i64(), Some(total_before + 19));
 }

@@ -39,12 +39,14 @@ mod data;
 mod listen;
 mod load;
 mod policy;
+mod propagation;
 
 use cluster::*;
 use data::*;
 use listen::*;
 use load::*;
 use policy::*;
+use propagation::*;
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -531,95 +533,10 @@ async fn main() -> Result<()> {
         .as_str()
         .context("customer")?
         .to_owned();
-    let mut previews = Vec::new();
-    for i in 0..400 {
-        let v: Value = http
-            .post(format!("{lb2}/mcp"))
-            .header("Content-Type", "application/json")
-            .header("Accept", "application/json, text/event-stream")
-            .header("MCP-Protocol-Version", "2026-07-28")
-            .header("Mcp-Method", "tools/call")
-            .header("Mcp-Name", "send_customer_message")
-            .bearer_auth(&token)
-            .body(mcp_body("send_customer_message", json!({"customer": customer, "subject": format!("Bench {i}"), "body": "Benchmark message."})))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let sc = &v["result"]["structuredContent"];
-        previews.push(
-            json!({"confirm_token": sc["confirm_token"], "confirm_summary": sc["confirm_summary"]}),
-        );
-    }
-    let queue = Arc::new(std::sync::Mutex::new(previews));
-    let started = Instant::now();
-    let confirmers: Vec<_> = (0..args.concurrency)
-        .map(|_| {
-            let (queue, lb2, token) = (queue.clone(), lb2.clone(), token.clone());
-            tokio::spawn(async move {
-                let http = reqwest::Client::new();
-                let mut done = 0;
-                loop {
-                    let Some(args) = queue.lock().expect("queue").pop() else { return done };
-                    let t = Target {
-                        url: format!("{lb2}/mcp"),
-                        tool: Some("confirm_action"),
-                        tokens: Arc::new(vec![token.clone()]),
-                        write: false,
-                        body: mcp_body("confirm_action", args),
-                        rotate: Default::default(),
-                    };
-                    done += usize::from(send(&http, &t, 0).await == Outcome::Ok);
-                }
-            })
-        })
-        .collect();
-    let mut confirmed = 0;
-    for c in confirmers {
-        confirmed += c.await?;
-    }
-    let confirm_rate = confirmed as f64 / started.elapsed().as_secs_f64();
+    let (confirmed, confirm_rate) =
+        confirm_rate(&http, &lb2, &token, &customer, args.concurrency).await?;
     eprintln!("  confirm_action: {confirm_rate:.0}/s");
-
-    // Kill switch and revocation propagation.
-    let ds = shared::Services::connect(&stack.database_url, 2)
-        .await?
-        .with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5), 1).await?);
-    let workers = stack.worker_urls.clone();
-    let admin_email = stack.tenant(0)["admin"]["email"].as_str().context("email")?.to_owned();
-    let operator = operators::authenticate(&ds, &admin_email, Channel::Cli).await?;
-    let (mut on_ms, mut off_ms, mut revoke_ms) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..20 {
-        let t0 = Instant::now();
-        admin::kill_switch_set(&ds, admin::SwitchScope::Global(&operator), true, "benchmark")
-            .await?;
-        on_ms.push(until_all(&http, &workers, &token, 503, t0).await);
-        let t1 = Instant::now();
-        admin::kill_switch_set(&ds, admin::SwitchScope::Global(&operator), false, "benchmark")
-            .await?;
-        off_ms.push(until_all(&http, &workers, &token, 200, t1).await);
-    }
-    let tenant =
-        admin::tenant_by_slug(&ds, stack.tenant(0)["slug"].as_str().context("slug")?).await?;
-    let ctx = shared::OpCtx::for_operator(&operator, admin::tenant_ref(&tenant)?);
-    for i in 0..20 {
-        let c = admin::connection_create(
-            &ds,
-            &ctx,
-            admin::NewConnection {
-                creator_email: &admin_email,
-                name: &format!("bench {i}"),
-                client_name: "bench",
-                rights: shared::rights::read_only(),
-                toolset: "full",
-            },
-        )
-        .await?;
-        until_all(&http, &workers, &c.token, 200, Instant::now()).await;
-        let t0 = Instant::now();
-        admin::connection_revoke(&ds, &ctx, &c.connection, "benchmark").await?;
-        revoke_ms.push(until_all(&http, &workers, &c.token, 401, t0).await);
-    }
+    let (on_ms, off_ms, revoke_ms) = switch_and_revocation(&stack, &http, &token).await?;
     eprintln!("cluster propagation: three NATS servers, one stopped half-way");
     let [(c50, c99, cn, cmiss), (d50, d99, dn, dmiss)] = cluster_propagation().await?;
     let (on50, on99) = summary(on_ms);

@@ -1,0 +1,173 @@
+//! What a call brings to its policies: the caller, the records, the clock, and the verdict.
+
+use std::sync::Arc;
+
+use cedar_policy::RestrictedExpression;
+
+use super::*;
+
+/// Compiled sets by tenant, one version each (a new version replaces the old): held by the
+/// `Services` of one database, so two databases' tenants never share an entry.
+#[derive(Debug, Default)]
+pub struct CompiledByTenant(
+    pub(crate) std::sync::Mutex<std::collections::HashMap<i64, (i32, Arc<Compiled>)>>,
+);
+
+/// What the worker knows of the caller from the connection context: the policy version in
+/// force and who the connection is.
+#[derive(Debug, Clone)]
+pub struct CallerFacts {
+    pub version: i32,
+    pub principal: Principal,
+}
+
+/// The connection a call comes through, as policies see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub handle: String,
+    /// The creator's current role in the tenant.
+    pub role: String,
+    pub client: String,
+    /// `static`, `oauth` or `id_jag`.
+    pub grant: String,
+    pub name: String,
+    /// The person who created the connection (`per_…`).
+    pub creator: String,
+}
+
+/// The record a call names.
+#[derive(Debug, Clone)]
+pub enum Resource {
+    Tenant(String),
+    Booking {
+        handle: String,
+        status: Option<String>,
+        hours_until_start: Option<i64>,
+        /// Its customer's region.
+        region: Option<String>,
+    },
+    Customer {
+        handle: String,
+        region: Option<String>,
+        /// The time in the customer's zone (the tenant's when the customer has none).
+        local: Option<jiff::ZonedDateTime>,
+    },
+    Technician(TechnicianFacts),
+}
+
+/// One kind of effect of a two-step action against the connection's budget of that kind.
+#[derive(Debug, Clone)]
+pub struct BudgetFact {
+    /// One of [`BUDGET_KINDS`].
+    pub kind: &'static str,
+    /// Used in the budget's window, apart from this action.
+    pub used: i64,
+    pub limit: i64,
+    /// What this action adds.
+    pub amount: i64,
+}
+
+/// A technician as policies see it: as the resource (`page_technician`) or as the one a call
+/// names beside its record (`context.technician`).
+#[derive(Debug, Clone)]
+pub struct TechnicianFacts {
+    pub handle: String,
+    pub region: Option<String>,
+    /// `None` for a technician the tenant does not have.
+    pub active: Option<bool>,
+}
+
+impl Resource {
+    /// Its type, as an index into [`RESOURCE_TYPES`], and its handle.
+    pub(super) fn uid(&self) -> (usize, &str) {
+        match self {
+            Resource::Tenant(h) => (0, h),
+            Resource::Booking { handle, .. } => (1, handle),
+            Resource::Customer { handle, .. } => (2, handle),
+            Resource::Technician(t) => (3, &t.handle),
+        }
+    }
+}
+
+/// A wall clock's fields, as `context.now` and a customer's `local_time` give them.
+pub(super) fn clock(at: &jiff::ZonedDateTime) -> Vec<(String, RestrictedExpression)> {
+    let date = at.date();
+    vec![
+        ("hour".to_owned(), RestrictedExpression::new_long(at.hour().into())),
+        ("minute".to_owned(), RestrictedExpression::new_long(at.minute().into())),
+        ("weekday".to_owned(), RestrictedExpression::new_string(weekday(date.weekday()).into())),
+        (
+            "date".to_owned(),
+            RestrictedExpression::new_string(format!(
+                "{:04}-{:02}-{:02}",
+                date.year(),
+                date.month(),
+                date.day()
+            )),
+        ),
+    ]
+}
+
+/// Whether `policy` reads the records a call names: a scope that constrains the resource, or a
+/// condition that names `resource` or `technician` anywhere (read from the policy's JSON form;
+/// when that form cannot be had, it is taken to read them).
+pub(super) fn reads_a_record(policy: &cedar_policy::Policy) -> bool {
+    if !matches!(policy.resource_constraint(), cedar_policy::ResourceConstraint::Any) {
+        return true;
+    }
+    match policy.to_json() {
+        Ok(json) => {
+            let conditions = json["conditions"].to_string();
+            conditions.contains("\"Var\":\"resource\"") || conditions.contains("technician")
+        }
+        Err(_) => true,
+    }
+}
+
+/// A weekday's English name, as `context.now.weekday` gives it.
+pub(super) fn weekday(day: jiff::civil::Weekday) -> &'static str {
+    use jiff::civil::Weekday::*;
+    match day {
+        Monday => "Monday",
+        Tuesday => "Tuesday",
+        Wednesday => "Wednesday",
+        Thursday => "Thursday",
+        Friday => "Friday",
+        Saturday => "Saturday",
+        Sunday => "Sunday",
+    }
+}
+
+/// One call, as policies see it.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub connection: &'a Principal,
+    pub tool: &'a str,
+    pub class: EffectClass,
+    /// `call` (a read or a silent write), `prepare` or `confirm` (a two-step action).
+    pub phase: &'static str,
+    /// The call's arguments as sent; those the schema types are kept, with their type.
+    pub args: Value,
+    pub resource: Resource,
+    /// The technician the arguments name beside the resource (`context.technician`).
+    pub technician: Option<TechnicianFacts>,
+    /// A two-step action's effects against the connection's budgets (`context.budgets`);
+    /// empty for reads and silent writes, which budgets do not count.
+    pub budgets: Vec<BudgetFact>,
+    /// How many records the action touches (0 for a read).
+    pub effects: i64,
+    /// The tenant's local time.
+    pub now: jiff::ZonedDateTime,
+}
+
+/// What a policy set decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// A `forbid` matched: refused, naming it.
+    Forbid(PolicyInfo),
+    /// Only `@approval` policies matched: a person decides.
+    Approval(PolicyInfo),
+    /// The set could not be evaluated for this call: refused (never allowed).
+    Error(String),
+}
