@@ -204,7 +204,7 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     );
     assert!(!ok, "{err}");
     assert_eq!(err["error"]["code"], "wrong_state", "{err}");
-    let active = db.membership_active_of("lee@acme.example").await;
+    let active = db.membership_of_email("lee@acme.example").await.1;
     assert!(!active, "the membership stays inactive");
     // No new credential for them either: it would wake if they were added again.
     let (ok, err) = ctl(

@@ -206,7 +206,7 @@ async fn an_invited_person_joins_once_by_setting_a_password() {
         .await
         .expect("home");
     assert_eq!(home.status(), 200, "working in the tenant");
-    assert_eq!(db.member_role_of_email("newcomer@example.com").await, "dispatcher");
+    assert_eq!(db.membership_of_email("newcomer@example.com").await.0, "dispatcher");
     assert_eq!(db.rows("invitations").text("accepted_how").await, "password");
     assert_eq!(db.audited("person.join").await, 1);
     // The link works once.
@@ -346,7 +346,7 @@ async fn an_invited_address_joins_through_single_sign_on_with_the_invitations_ro
     let r = finish(&api, &idp, &started, token).await;
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     assert_eq!(
-        db.member_role_of_email("invitee@northwind.example").await,
+        db.membership_of_email("invitee@northwind.example").await.0,
         "dispatcher",
         "the invitation's role, not the lowest"
     );

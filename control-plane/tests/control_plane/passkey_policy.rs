@@ -59,12 +59,12 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
         admin.post("/people/role", &form(&csrf, &[("email", dispatcher), ("role", "admin")])).await;
     let status = r.status().as_u16();
     refused("raising a role")(status, &r.text().await.expect("body"));
-    assert_eq!(db.member_role_of_email(dispatcher).await, "dispatcher");
+    assert_eq!(db.membership_of_email(dispatcher).await.0, "dispatcher");
     let r = admin
         .post("/people/role", &form(&csrf, &[("email", dispatcher), ("role", "viewer")]))
         .await;
     assert_eq!(r.status(), 303, "lowering a role stays one step");
-    assert_eq!(db.member_role_of_email(dispatcher).await, "viewer");
+    assert_eq!(db.membership_of_email(dispatcher).await.0, "viewer");
 
     // Raising a rate limit; lowering one is one step.
     let r = admin

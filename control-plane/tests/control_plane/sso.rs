@@ -799,7 +799,7 @@ async fn with_join_allowed_a_verified_newcomer_joins_as_viewer_and_a_removed_mem
     let joined_before = joins().count().await;
     let cookie = sign_in(&api, &idp, "sub-newcomer", "newcomer@northwind.example").await;
     assert_eq!(
-        db.member_role_of_email("newcomer@northwind.example").await,
+        db.membership_of_email("newcomer@northwind.example").await.0,
         "viewer",
         "the lowest role"
     );

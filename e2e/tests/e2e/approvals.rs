@@ -8,6 +8,7 @@ use crate::support::*;
 async fn a_step_up_body_still_arriving_when_the_connection_is_revoked_executes_nothing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let stack = Stack::start(Options::for_test("slowbody", 1)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     // A narrowed OAuth grant: its person could grant more, so the worker reads the body.
     let granted = oauth_flow::connect(&stack, &["customers:read", "customers:write"]).await;
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "create_customer",
@@ -27,7 +28,8 @@ async fn a_step_up_body_still_arriving_when_the_connection_is_revoked_executes_n
     socket.write_all(&body.as_bytes()[..10]).await.expect("start of body");
     // Revoked while the body is still arriving; wait until a fresh request is refused.
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
-    let handle = e2e_connection_of(&stack, &granted.client_id);
+    let handle =
+        db.rows("connections").eq("oauth_client_id", &granted.client_id).text("handle").await;
     stack
         .ctl(&[
             "connection",
@@ -46,23 +48,10 @@ async fn a_step_up_body_still_arriving_when_the_connection_is_revoked_executes_n
     let _ = socket.read_to_string(&mut answer).await;
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM customers WHERE email = 'slow.body@example.com'"),
+        db.rows("customers").eq("email", "slow.body@example.com").count().await,
         0,
         "nothing executed after the revocation"
     );
-}
-
-/// The handle of the connection an OAuth client holds.
-fn e2e_connection_of(stack: &Stack, client_id: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .arg(&stack.database_url)
-        .args([
-            "-Atqc",
-            &format!("SELECT handle FROM connections WHERE oauth_client_id = '{client_id}'"),
-        ])
-        .output()
-        .expect("psql");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// The CSRF token a console page's forms carry.
@@ -113,6 +102,7 @@ async fn decide(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     let mut stack = Stack::start(Options::for_test("approvals", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     // A second control-plane process: two people deciding at once reach different processes.
     let port = e2e::free_port().expect("port");
     let control2 = format!("http://127.0.0.1:{port}");
@@ -177,12 +167,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
             "{names:?}"
         );
     }
-    let technician = psql_text(
-        &stack,
-        &format!(
-            "SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id WHERE t.slug = '{slug}' AND x.phone IS NOT NULL LIMIT 1"
-        ),
-    );
+    let technician = db.technician_with_phone(&slug).await;
     let paged = tool_call(
         &stack.lb_url,
         &token,
@@ -200,9 +185,8 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         "{paged}"
     );
     // Prepared under person_approves: the agent is told a person decides, and cannot complete it.
-    let customer = emailed_customer(&stack, &slug);
-    let customer_email =
-        psql_text(&stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let customer = emailed_customer(&db, &slug).await;
+    let customer_email = db.rows("customers").eq("handle", &customer).text("email").await;
     let prepare = |subject: &str| {
         let (lb, token, customer) = (stack.lb_url.clone(), token.clone(), customer.clone());
         let subject = subject.to_owned();
@@ -216,17 +200,18 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     let confirm = json!({"confirm_token": preview["confirm_token"], "confirm_summary": preview["confirm_summary"]});
     let early = tool_call(&stack.lb_url, &token, "confirm_action", confirm.clone()).await;
     assert_eq!(early["structuredContent"]["error"]["code"], "awaiting_approval", "{early}");
-    let sent_to_customer = || {
-        psql_count(
-            &stack,
-            &format!("SELECT count(*) FROM outbox WHERE recipient = '{customer_email}'"),
-        )
-    };
-    assert_eq!(sent_to_customer(), 0, "nothing reaches the customer before a person approves");
-    let admins_told = psql_count(
-        &stack,
-        "SELECT count(*) FROM outbox WHERE subject = 'Approval needed: send_customer_message from Dispatch agent' AND body NOT LIKE '%Arrival time%'",
+    let sent_to_customer = || db.rows("outbox").eq("recipient", &customer_email).count();
+    assert_eq!(
+        sent_to_customer().await,
+        0,
+        "nothing reaches the customer before a person approves"
     );
+    let admins_told = db
+        .messages_with_subject_not_mentioning(
+            "Approval needed: send_customer_message from Dispatch agent",
+            "Arrival time",
+        )
+        .await;
     assert!(admins_told >= 2, "the members who can approve are emailed: {admins_told}");
     // Two people approve at once on the console while the agent asks again: one execution.
     let action = preview["action"].as_str().expect("action").to_owned();
@@ -256,7 +241,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         .count();
     assert_eq!(approved, 1, "exactly one approval executes: {a:?} {b:?}");
     assert!(c["isError"] == true || c["structuredContent"]["status"] == "EXECUTED", "{c}");
-    assert_eq!(sent_to_customer(), 1, "one email to the customer");
+    assert_eq!(sent_to_customer().await, 1, "one email to the customer");
     // The person's approval is the agent's change too: its connection names it.
     let recent = tool_call(&stack.lb_url, &token, "list_recent_changes", json!({})).await;
     let executed = recent["structuredContent"]["changes"]
@@ -270,13 +255,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         done["structuredContent"]["status"], "EXECUTED",
         "the agent learns it was approved: {done}"
     );
-    assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id WHERE a.action = 'send_customer_message' AND a.outcome = 'ok' AND a.channel = 'console' AND a.reason = p.decision_reason"
-        ),
-        1
-    );
+    assert_eq!(db.audited_with_the_decisions_reason("send_customer_message", "console").await, 1);
     // Denied: the agent is told, with the reason; nothing is sent.
     let denied = prepare("Discount offer").await;
     let (status, _) = decide(
@@ -294,15 +273,10 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         told["content"][0]["text"].as_str().expect("t").contains("we do not offer discounts"),
         "{told}"
     );
-    assert_eq!(sent_to_customer(), 1);
+    assert_eq!(sent_to_customer().await, 1);
     // Changed between preparation and approval: nothing executes, the new version waits.
     let changed = prepare("New address").await;
-    psql_text(
-        &stack,
-        &format!(
-            "UPDATE customers SET email = 'moved@example.com', updated_at = now() WHERE handle = '{customer}' RETURNING 1"
-        ),
-    );
+    db.customer_email_changed_elsewhere(&customer, "moved@example.com").await;
     let (status, html) = decide(
         &stack.control_url,
         &mut admin,
@@ -313,10 +287,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     .await;
     assert_eq!(status, 200);
     assert!(html.contains("changed since it was prepared"), "{html}");
-    assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
-        0
-    );
+    assert_eq!(db.rows("outbox").eq("recipient", "moved@example.com").count().await, 0);
     // The agent's token follows its action to the new version.
     let follow = json!({"confirm_token": changed["confirm_token"], "confirm_summary": changed["confirm_summary"]});
     let told = tool_call(&stack.lb_url, &token, "confirm_action", follow.clone()).await;
@@ -326,10 +297,14 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     assert!(waiting.contains("moved@example.com"), "the person sees the new version");
     // Hostile decisions: no CSRF token, an unknown decision, no reason, a foreign or
     // agent-confirmed action: refused, nothing changes.
-    let newest = psql_text(
-        &stack,
-        "SELECT handle FROM pending_actions WHERE status = 'pending' AND completion = 'person_approves' ORDER BY id DESC LIMIT 1",
-    );
+    let newest = db
+        .rows("pending_actions")
+        .eq("status", "pending")
+        .eq("completion", "person_approves")
+        .texts("handle", "id")
+        .await
+        .pop()
+        .expect("an action waiting for a person");
     let url = |d: &str| format!("{}/approvals/{newest}/{d}", stack.control_url);
     assert_eq!(
         admin.post_form(&url("approve"), &[("reason".into(), "no csrf".into())]).await.status(),
@@ -366,17 +341,12 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
             .await;
         assert_eq!(r.status(), 404, "{other}");
     }
-    assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
-        0
-    );
-    let newest_version = psql_text(
-        &stack,
-        &format!(
-            "SELECT replaced_by FROM pending_actions WHERE handle = '{}'",
-            changed["action"].as_str().expect("a")
-        ),
-    );
+    assert_eq!(db.rows("outbox").eq("recipient", "moved@example.com").count().await, 0);
+    let newest_version = db
+        .rows("pending_actions")
+        .eq("handle", changed["action"].as_str().expect("a"))
+        .text("replaced_by")
+        .await;
     let (status, _) =
         decide(&stack.control_url, &mut admin, &newest_version, "approve", "new address checked")
             .await;
@@ -386,10 +356,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         done["structuredContent"]["status"], "EXECUTED",
         "the agent learns the new version was approved: {done}"
     );
-    assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM outbox WHERE recipient = 'moved@example.com'"),
-        1
-    );
+    assert_eq!(db.rows("outbox").eq("recipient", "moved@example.com").count().await, 1);
     // A policy change reaches actions already prepared: one the agent could confirm a moment
     // ago now waits for a person, or, turned off, dies.
     set("notify", "agent_confirms", &[]);
@@ -403,23 +370,19 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     set("notify", "off", &[]);
     let dead = tool_call(&stack.lb_url, &token, "confirm_action", json!({"confirm_token": second_try["confirm_token"], "confirm_summary": second_try["confirm_summary"]})).await;
     assert_eq!(dead["structuredContent"]["error"]["code"], "turned_off_by_policy", "{dead}");
-    assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM outbox WHERE subject IN ('Prepared before the change', 'Prepared before off')"
-        ),
-        0
-    );
+    let mut prepared_before = 0;
+    for subject in ["Prepared before the change", "Prepared before off"] {
+        prepared_before += db.rows("outbox").eq("subject", subject).count().await;
+    }
+    assert_eq!(prepared_before, 0);
     set("notify", "person_approves", &[]);
     // Expired before anyone decided: refused in the console, and the agent is told.
     let late = prepare("Too late").await;
     let late_action = late["action"].as_str().expect("a").to_owned();
-    psql_text(
-        &stack,
-        &format!(
-            "UPDATE pending_actions SET expires_at = now() - interval '1 second' WHERE handle = '{late_action}' RETURNING 1"
-        ),
-    );
+    db.rows("pending_actions")
+        .eq("handle", &late_action)
+        .set_now_plus("expires_at", "-1 second")
+        .await;
     let (status, _) = decide(&stack.control_url, &mut admin, &late_action, "approve", "ok").await;
     assert_eq!(status, 422, "an expired action cannot be approved");
     let told = tool_call(
@@ -430,7 +393,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
     )
     .await;
     assert_eq!(told["structuredContent"]["error"]["code"], "token_expired", "{told}");
-    assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox WHERE subject = 'Too late'"), 0);
+    assert_eq!(db.rows("outbox").eq("subject", "Too late").count().await, 0);
     // The policy may require that the approver is not the connection's creator.
     set("notify", "person_approves", &["--approver-not-creator"]);
     let guarded = prepare("Reminder").await;
@@ -442,10 +405,7 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
         decide(&stack.control_url, &mut admin, &guarded_action, "approve", "checked").await;
     assert_eq!((status, html.contains("Approved and executed")), (200, true), "{html}");
     assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM audit_log WHERE action = 'approval_policy.set' AND channel = 'cli'"
-        ),
+        db.rows("audit_log").eq("action", "approval_policy.set").eq("channel", "cli").count().await,
         8
     );
 }
@@ -453,8 +413,9 @@ async fn a_person_approves_what_an_agent_prepares_under_the_tenant_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_confirms_in_its_own_ui_with_a_sealed_single_use_state() {
     let stack = Stack::start(Options::for_test("mrtr", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
-    let customer = emailed_customer(&stack, &slug);
+    let customer = emailed_customer(&db, &slug).await;
     let run = |answer: &str, subject: &str| {
         let out = std::process::Command::new(e2e::python())
             .arg(e2e::repo_root().join("e2e/py/mrtr_check.py"))
@@ -466,24 +427,23 @@ async fn the_python_sdk_confirms_in_its_own_ui_with_a_sealed_single_use_state() 
         assert!(out.status.success(), "{line}\n{}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_str::<Value>(line.trim()).expect("json")
     };
-    let sent = |subject: &str| {
-        psql_count(&stack, &format!("SELECT count(*) FROM outbox WHERE subject = '{subject}'"))
-    };
+    let sent = |subject: &str| db.rows("outbox").eq("subject", subject).count();
     // Accepted in the client's own UI: the person saw the server's summary; executed once.
     let accepted = run("accept", "SDK accepted");
     assert_eq!(accepted["status"], "EXECUTED", "{accepted}");
     let asked = accepted["asked"][0].as_str().expect("the person was asked");
     assert!(asked.contains("Email") && asked.contains("SDK accepted"), "{asked}");
-    assert_eq!(sent("SDK accepted"), 1);
+    assert_eq!(sent("SDK accepted").await, 1);
     // Declined: nothing is sent and the action is rejected.
     let declined = run("decline", "SDK declined");
     assert_eq!(declined["status"], "REJECTED", "{declined}");
-    assert_eq!(sent("SDK declined"), 0);
+    assert_eq!(sent("SDK declined").await, 0);
     assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM pending_actions WHERE status = 'rejected' AND tool = 'send_customer_message'"
-        ),
+        db.rows("pending_actions")
+            .eq("status", "rejected")
+            .eq("tool", "send_customer_message")
+            .count()
+            .await,
         1
     );
 }
@@ -491,9 +451,11 @@ async fn the_python_sdk_confirms_in_its_own_ui_with_a_sealed_single_use_state() 
 #[tokio::test]
 async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
     let stack = Stack::start(Options::for_test("approve_ui", 1)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let tenant = stack.tenant(0).clone();
     let slug = tenant["slug"].as_str().expect("slug").to_owned();
-    let (agent_token, customer, customer_email) = notify_waits_for_a_person(&stack, &slug);
+    let (agent_token, customer, customer_email) =
+        notify_waits_for_a_person(&stack, &db, &slug).await;
     let out = std::process::Command::new("node")
         .arg(e2e::repo_root().join("e2e/browser/approvals.mjs"))
         .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
@@ -516,28 +478,25 @@ async fn an_admin_approves_in_the_browser_what_a_dispatchers_agent_prepared() {
     assert_eq!(seen["agent_status"], "EXECUTED", "{seen}");
     assert_eq!(seen["denied_code"], "action_denied", "{seen}");
     // Exactly one email reached the customer: the approved one.
-    assert_eq!(
-        psql_count(
-            &stack,
-            &format!("SELECT count(*) FROM outbox WHERE recipient = '{customer_email}'")
-        ),
-        1
-    );
+    assert_eq!(db.rows("outbox").eq("recipient", &customer_email).count().await, 1);
     let approved = seen["approved_action"].as_str().expect("action");
-    assert_eq!(
-        psql_text(
-            &stack,
-            &format!(
-                "SELECT status || ' ' || coalesce(decision_reason, '') FROM pending_actions WHERE handle = '{approved}'"
-            )
-        ),
-        "executed customer asked for it"
-    );
+    let status = db.rows("pending_actions").eq("handle", approved).text("status").await;
+    let reason = db
+        .rows("pending_actions")
+        .eq("handle", approved)
+        .opt_text("decision_reason")
+        .await
+        .unwrap_or_default();
+    assert_eq!(format!("{status} {reason}"), "executed customer asked for it");
 }
 
 /// The first tenant's notify actions wait for a person; a dispatcher's agent that may send
 /// them: its token, and a customer with an email (handle, address).
-pub(crate) fn notify_waits_for_a_person(stack: &Stack, slug: &str) -> (String, String, String) {
+pub(crate) async fn notify_waits_for_a_person(
+    stack: &Stack,
+    db: &TestDb,
+    slug: &str,
+) -> (String, String, String) {
     let agent_token = dispatch_agent(stack, "customers:read,bookings:read,bookings:notify");
     stack
         .ctl(&[
@@ -551,9 +510,8 @@ pub(crate) fn notify_waits_for_a_person(stack: &Stack, slug: &str) -> (String, S
             "person_approves",
         ])
         .expect("policy");
-    let customer = emailed_customer(stack, slug);
-    let customer_email =
-        psql_text(stack, &format!("SELECT email FROM customers WHERE handle = '{customer}'"));
+    let customer = emailed_customer(db, slug).await;
+    let customer_email = db.rows("customers").eq("handle", &customer).text("email").await;
     (agent_token, customer, customer_email)
 }
 
@@ -579,11 +537,13 @@ pub(crate) fn dispatch_agent(stack: &Stack, rights: &str) -> String {
 }
 
 /// The first customer of a tenant who has an email address.
-pub(crate) fn emailed_customer(stack: &Stack, slug: &str) -> String {
-    psql_text(
-        stack,
-        &format!(
-            "SELECT c.handle FROM customers c JOIN tenants t ON t.id = c.tenant_id WHERE t.slug = '{slug}' AND c.email IS NOT NULL ORDER BY c.id LIMIT 1"
-        ),
-    )
+pub(crate) async fn emailed_customer(db: &TestDb, slug: &str) -> String {
+    db.rows("customers")
+        .tenant(slug)
+        .not_null("email")
+        .texts("handle", "id")
+        .await
+        .into_iter()
+        .next()
+        .expect("a customer with an email")
 }

@@ -57,15 +57,11 @@ async fn receive(
     axum::http::StatusCode::NO_CONTENT
 }
 
-fn add_events(stack: &Stack, slug: &str, n: usize, tag: &str) {
-    psql_text(
-        stack,
-        &format!(
-            "INSERT INTO audit_log (tenant_id, channel, action, outcome, targets)
-             SELECT t.id, 'api', 'booking.update', 'ok', ARRAY['{tag}_' || i]
-             FROM tenants t, generate_series(1, {n}) i WHERE t.slug = '{slug}'"
-        ),
-    );
+/// `n` audit rows of booking updates through the API in tenant `slug`, naming `{tag}_1`….
+async fn add_events(db: &TestDb, slug: &str, n: usize, tag: &str) {
+    let tenant = db.tenant_id(slug).await;
+    db.log_audit_events(tenant, "api", "booking.update", (1..=n).map(|i| format!("{tag}_{i}")))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,6 +71,7 @@ async fn every_audit_event_reaches_the_siem_in_order_through_a_down_endpoint_and
     opts.control_args = vec!["--dev-mode".into()];
     opts.env.push(("GATEHOUSE_AUDIT_WEBHOOK_MAX_BACKOFF_MS".into(), "400".into()));
     let mut stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     let receiver = Arc::new(Receiver::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -92,7 +89,7 @@ async fn every_audit_event_reaches_the_siem_in_order_through_a_down_endpoint_and
 
     // The endpoint is down while the first events are written; then it comes back.
     receiver.down.store(true, Ordering::SeqCst);
-    add_events(&stack, &slug, 40, "a");
+    add_events(&db, &slug, 40, "a").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(receiver.got.lock().expect("lock").is_empty(), "nothing taken while it was down");
     receiver.down.store(false, Ordering::SeqCst);
@@ -104,20 +101,12 @@ async fn every_audit_event_reaches_the_siem_in_order_through_a_down_endpoint_and
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stack.kill_control_plane().expect("kill");
-    add_events(&stack, &slug, 40, "b");
+    add_events(&db, &slug, 40, "b").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     stack.start_control_plane().expect("restart");
 
     // Every event written after the webhook was set arrives.
-    let expected: i64 = psql_text(
-        &stack,
-        &format!(
-            "SELECT count(*) FROM audit_log a JOIN tenants t ON t.id = a.tenant_id
-             WHERE t.slug = '{slug}' AND (a.targets[1] LIKE 'a\\_%' OR a.targets[1] LIKE 'b\\_%')"
-        ),
-    )
-    .parse()
-    .expect("count");
+    let expected = db.audited_with_first_target_starting(&slug, &["a_", "b_"]).await;
     assert_eq!(expected, 80);
     let deadline = Instant::now() + Duration::from_secs(90);
     let wanted = |got: &Vec<(String, i64, String)>| {

@@ -6,6 +6,7 @@ use crate::support::*;
 #[tokio::test]
 async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
     let stack = Stack::start(Options::for_test("sdk", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let url = format!("{}/mcp", stack.lb_url);
     let token = stack.token(0, 0);
     let mut seen = BTreeSet::new();
@@ -42,14 +43,14 @@ async fn python_sdk_clients_work_through_the_load_balancer_in_both_eras() {
     // The confirmed emails leave through the control plane's dispatcher, once each.
     let mut sent = 0;
     for _ in 0..100 {
-        sent = psql_count(&stack, "SELECT count(*) FROM outbox WHERE status = 'sent'");
+        sent = db.rows("outbox").eq("status", "sent").count().await;
         if sent == 2 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(sent, 2, "one email per mode, delivered");
-    assert_eq!(psql_count(&stack, "SELECT count(*) FROM outbox"), 2);
+    assert_eq!(db.count("outbox").await, 2);
 }
 
 /// The MCP Inspector CLI (Node 22, installed by the scripts into .tools/), against one URL.
@@ -274,6 +275,7 @@ async fn the_typescript_sdk_completes_its_own_oauth_flow_through_the_load_balanc
     // https with the test CA: the SDKs refuse http document URLs.
     opts.control_args = vec!["--dev-mode".into(), "--dev-ca-cert".into(), ca];
     let stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let tenant = stack.tenant(0).clone();
     let mcp = format!("{}/mcp", stack.lb_url);
     let run = |extra: &[&str]| {
@@ -322,12 +324,12 @@ async fn the_typescript_sdk_completes_its_own_oauth_flow_through_the_load_balanc
             ),
         }
         // The grant is a connection of the person, audited as such.
-        let connections = psql_count(
-            &stack,
-            &format!(
-                "SELECT count(*) FROM connections WHERE oauth_client_id = '{client}' AND status = 'active'"
-            ),
-        );
+        let connections = db
+            .rows("connections")
+            .eq("oauth_client_id", client)
+            .eq("status", "active")
+            .count()
+            .await;
         assert_eq!(connections, 1, "{mode}");
     }
 }

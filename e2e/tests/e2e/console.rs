@@ -6,6 +6,7 @@ use crate::support::*;
 #[tokio::test]
 async fn a_tenant_admin_manages_connections_people_and_the_switch_in_a_browser() {
     let stack = Stack::start(Options::for_test("browser", 1)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let tenant = stack.tenant(0).clone();
     let shots = stack.run_dir.join("screenshots");
     let out = std::process::Command::new("node")
@@ -29,29 +30,22 @@ async fn a_tenant_admin_manages_connections_people_and_the_switch_in_a_browser()
     // and each console write was audited with channel console.
     let token = seen["token"].as_str().expect("token");
     assert_eq!(tool_names(&stack.lb_url, token).await.0, 401);
-    let role = psql_count(
-        &stack,
-        &format!(
-            "SELECT count(*) FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = '{}' AND m.role = 'viewer'",
-            tenant["dispatcher"]["email"].as_str().expect("e")
-        ),
-    );
+    let role = db
+        .memberships_of_email_in_role(tenant["dispatcher"]["email"].as_str().expect("e"), "viewer")
+        .await;
     assert_eq!(role, 1);
-    let audited = psql_count(
-        &stack,
-        "SELECT count(*) FROM audit_log WHERE channel = 'console' AND action IN ('connection.create', 'connection.revoke', 'person.set_role', 'agent_access.off', 'agent_access.on')",
-    );
+    let mut audited = 0;
+    for action in [
+        "connection.create",
+        "connection.revoke",
+        "person.set_role",
+        "agent_access.off",
+        "agent_access.on",
+    ] {
+        audited += db.rows("audit_log").eq("channel", "console").eq("action", action).count().await;
+    }
     assert_eq!(audited, 5);
-    assert_eq!(
-        psql_count(
-            &stack,
-            &format!(
-                "SELECT count(*) FROM connection_tokens WHERE token_hash = sha256(convert_to('{token}', 'UTF8'))"
-            )
-        ),
-        0,
-        "revoked tokens are gone"
-    );
+    assert_eq!(db.connection_tokens_hashing_to(token).await, 0, "revoked tokens are gone");
 }
 
 #[tokio::test]

@@ -142,11 +142,12 @@ async fn promoting_a_synchronous_standby_under_writers_loses_and_doubles_nothing
     }
     assert!(acknowledged.len() > 50, "the writers wrote: {}", acknowledged.len());
     // On the new primary: every acknowledged note once, every confirmed message once.
-    let notes = psql_rows(&stack, "SELECT body FROM booking_notes WHERE body LIKE 'failover w%'");
+    let db = TestDb::attach(&stack.database_url).await;
+    let notes = db.rows("booking_notes").like("body", "failover w%").texts("body", "id").await;
     for text in &acknowledged {
         assert_eq!(notes.iter().filter(|b| *b == text).count(), 1, "{text}: lost or doubled");
     }
-    let sent = psql_rows(&stack, "SELECT subject FROM outbox WHERE subject LIKE 'failover w%'");
+    let sent = db.rows("outbox").like("subject", "failover w%").texts("subject", "id").await;
     for subject in &confirmed {
         assert_eq!(sent.iter().filter(|s| *s == subject).count(), 1, "{subject}: lost or doubled");
     }

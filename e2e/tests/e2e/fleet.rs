@@ -37,8 +37,8 @@ async fn revocation_and_deactivation_hold_on_every_worker_at_the_next_call() {
 #[tokio::test]
 async fn kill_switches_reach_every_worker_and_hold_without_nats() {
     let mut stack = Stack::start(Options::for_test("switch", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);
-    let customers = "SELECT count(*) FROM customers WHERE name = 'Switch Test'";
     // Global switch on: every worker answers 503 with Retry-After, nothing is written.
     let flipped = stack.ctl(&["kill-switch", "on", "--reason", "incident 42"]).expect("on");
     assert_eq!(flipped["kill"], true);
@@ -46,7 +46,7 @@ async fn kill_switches_reach_every_worker_and_hold_without_nats() {
         assert_eq!(status, 503);
         assert_eq!(retry.as_deref(), Some("30"));
     }
-    assert_eq!(psql_count(&stack, customers), 0);
+    assert_eq!(db.rows("customers").eq("name", "Switch Test").count().await, 0);
     // The flip arrived over NATS on every worker, not only through Postgres.
     for w in &stack.worker_urls {
         let mut pushed = false;
@@ -81,18 +81,13 @@ async fn kill_switches_reach_every_worker_and_hold_without_nats() {
     );
     stack.ctl(&["kill-switch", "off", "--tenant", &slug, "--reason", "back"]).expect("tenant off");
     // Each flip is one audit row, with its reason.
+    let mut flips = 0;
+    for action in ["kill_switch.on", "kill_switch.off"] {
+        flips += db.rows("audit_log").eq("action", action).not_null("reason").count().await;
+    }
+    assert_eq!(flips, 2);
     assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM audit_log WHERE action IN ('kill_switch.on', 'kill_switch.off') AND reason IS NOT NULL"
-        ),
-        2
-    );
-    assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM audit_log WHERE action LIKE 'agent_access.%' AND channel = 'cli'"
-        ),
+        db.rows("audit_log").like("action", "agent_access.%").eq("channel", "cli").count().await,
         2
     );
 
@@ -140,6 +135,7 @@ async fn kill_switches_reach_every_worker_and_hold_without_nats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_a_connection_ends_its_streaming_export_on_another_worker() {
     let stack = Stack::start(Options::for_test("stream", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     // Enough bookings that the export streams for a while.
     let bulk = BulkBookings::new(&slug, 40000)
@@ -147,7 +143,7 @@ async fn revoking_a_connection_ends_its_streaming_export_on_another_worker() {
         .starting("2028-01-01 08:00+01", "5 minutes")
         .status("confirmed")
         .handles("bkg_");
-    assert_eq!(psql_count(&stack, &bulk.sql()), 40000);
+    bulk.insert(&db).await;
     let token = stack.token(0, 1);
     let connection =
         stack.tenant(0)["connections"][1]["connection"].as_str().expect("handle").to_owned();
@@ -197,14 +193,11 @@ async fn a_three_worker_fleet_survives_kills_nats_failures_and_switches_without_
     let mut opts = Options::for_test("fleet", 3);
     opts.nats_nodes = 3;
     let mut stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);
     let (clients, rounds) = (6, 18);
     // A load drill: this tenant's buckets are raised for it, as an admin would.
-    psql_count(
-        &stack,
-        "WITH ins AS (INSERT INTO tenant_rate_limits (tenant_id, class, per_minute)
-         SELECT t.id, c, 10000 FROM tenants t, unnest(ARRAY['notify', 'silent_write']) c RETURNING 1) SELECT count(*) FROM ins",
-    );
+    db.set_every_tenants_rate_limits(&["notify", "silent_write"], 10000).await;
     let workload = tokio::process::Command::new(e2e::python())
         .arg(e2e::repo_root().join("e2e/py/fleet_client.py"))
         .args(["--url", &format!("{}/mcp", stack.lb_url), "--token", &token])
@@ -254,12 +247,9 @@ async fn a_three_worker_fleet_survives_kills_nats_failures_and_switches_without_
     // No committed write lost, none doubled: each note the clients saw exists exactly once.
     let committed = report["notes_committed"].as_array().expect("notes");
     assert_eq!(committed.len(), clients * rounds);
-    let distinct = psql_count(
-        &stack,
-        "SELECT count(DISTINCT body) FROM booking_notes WHERE body LIKE 'fleet note %'",
-    );
-    let rows =
-        psql_count(&stack, "SELECT count(*) FROM booking_notes WHERE body LIKE 'fleet note %'");
+    let notes = db.rows("booking_notes").like("body", "fleet note %").texts("body", "id").await;
+    let distinct = notes.iter().collect::<BTreeSet<_>>().len() as i64;
+    let rows = notes.len() as i64;
     assert_eq!(
         (distinct, rows),
         (committed.len() as i64, committed.len() as i64),
@@ -271,26 +261,12 @@ async fn a_three_worker_fleet_survives_kills_nats_failures_and_switches_without_
         confirms.iter().all(|c| c["outcome"] == "EXECUTED" || c["outcome"] == "token_used"),
         "{confirms:?}"
     );
-    let executed =
-        psql_count(&stack, "SELECT count(*) FROM pending_actions WHERE status = 'executed'");
+    let executed = db.rows("pending_actions").eq("status", "executed").count().await;
     assert_eq!(executed, confirms.len() as i64, "each prepared message executed exactly once");
+    assert_eq!(db.count("outbox").await, executed, "one outbox row per execution");
+    assert_eq!(db.actions_with_more_than_one_message().await, 0);
     assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM outbox"),
-        executed,
-        "one outbox row per execution"
-    );
-    assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM (SELECT pending_action_id FROM outbox GROUP BY 1 HAVING count(*) > 1) d"
-        ),
-        0
-    );
-    assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM customers WHERE email = 'fleet-drill@example.net'"
-        ),
+        db.rows("customers").eq("email", "fleet-drill@example.net").count().await,
         0,
         "nothing ran while switched off"
     );
@@ -330,15 +306,11 @@ async fn with_postgres_down_workers_answer_503_and_a_retry_after_recovery_execut
     assert_eq!(first["structuredContent"]["replayed"], false, "{first}");
     let again = tool_call(&stack.lb_url, &token, "add_booking_note", args).await;
     assert_eq!(again["structuredContent"]["replayed"], true, "{again}");
+    // Attached once Postgres is back: no connection of the test's own lived through the outage.
+    let db = TestDb::attach(&stack.database_url).await;
+    assert_eq!(db.rows("booking_notes").eq("body", "written across an outage").count().await, 1);
     assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM booking_notes WHERE body = 'written across an outage'"
-        ),
-        1
-    );
-    assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM customers WHERE email = 'outage@example.net'"),
+        db.rows("customers").eq("email", "outage@example.net").count().await,
         0,
         "nothing half-applied"
     );

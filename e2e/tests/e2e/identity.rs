@@ -8,10 +8,12 @@ use crate::support::*;
 #[tokio::test]
 async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
     let stack = Stack::start(Options::for_test("passkeys", 1)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let tenant = stack.tenant(0).clone();
     let other = stack.tenant(1).clone();
     let slug = tenant["slug"].as_str().expect("slug").to_owned();
-    let (agent_token, customer, customer_email) = notify_waits_for_a_person(&stack, &slug);
+    let (agent_token, customer, customer_email) =
+        notify_waits_for_a_person(&stack, &db, &slug).await;
     let out = std::process::Command::new("node")
         .arg(e2e::repo_root().join("e2e/browser/passkeys.mjs"))
         .args(["--control", &stack.control_url, "--mcp", &format!("{}/mcp", stack.lb_url)])
@@ -77,22 +79,10 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
     // Narrowing stays one step: a deny without a passkey goes through.
     assert_eq!(seen["deny_without_passkey"]["target"], "rejected", "{seen}");
     // Exactly one email reached the customer: the approved one.
-    assert_eq!(
-        psql_count(
-            &stack,
-            &format!("SELECT count(*) FROM outbox WHERE recipient = '{customer_email}'")
-        ),
-        1
-    );
+    assert_eq!(db.rows("outbox").eq("recipient", &customer_email).count().await, 1);
     // The audit row of the approval records the passkey and user verification.
     let approved = seen["approved_action"].as_str().expect("action");
-    let proof = psql_text(
-        &stack,
-        &format!(
-            "SELECT a.proof::text FROM audit_log a JOIN pending_actions p ON p.id = a.pending_action_id
-             WHERE p.handle = '{approved}' AND a.action = 'send_customer_message' AND a.outcome = 'ok'"
-        ),
-    );
+    let proof = db.proof_of_executed_action(approved, "send_customer_message").await;
     let proof: serde_json::Value = serde_json::from_str(&proof).expect("proof json");
     assert_eq!(proof["method"], "passkey", "{proof}");
     assert_eq!(proof["user_verified"], true, "{proof}");

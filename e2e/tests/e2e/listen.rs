@@ -72,6 +72,7 @@ async fn the_python_sdk_hears_each_change_to_its_tool_list_and_nothing_else() {
     let mut opts = Options::for_test("listen", 2);
     opts.log_level = "info,worker=debug,sqlx=warn,rmcp=warn".into();
     let stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let mcp = format!("{}/mcp", stack.lb_url);
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     let agent = dispatch_agent(&stack, "customers:read,bookings:read,bookings:notify");
@@ -168,10 +169,12 @@ async fn the_python_sdk_hears_each_change_to_its_tool_list_and_nothing_else() {
     assert_eq!(b.silent(2), Ok(()), "a re-check that finds the same list says nothing");
 
     // 6. Revoking the connection ends its stream at once; the other goes on.
-    let connection = psql_text(
-        &stack,
-        "SELECT handle FROM connections WHERE name = 'Dispatch agent' AND status = 'active'",
-    );
+    let connection = db
+        .rows("connections")
+        .eq("name", "Dispatch agent")
+        .eq("status", "active")
+        .text("handle")
+        .await;
     stack
         .ctl(&["connection", "revoke", "--tenant", &slug, "--connection", &connection])
         .expect("revoke");

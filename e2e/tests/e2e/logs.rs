@@ -63,20 +63,7 @@ async fn an_idle_worker_gives_its_connections_back() {
     let database = opts.database.clone();
     let server = opts.pg_server.clone();
     let stack = Stack::start(opts).await.expect("stack");
-    let held = || {
-        let out = std::process::Command::new("psql")
-            .arg(format!("{server}/postgres"))
-            .args([
-                "-Atqc",
-                &format!(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'
-                       AND application_name IN ('gatehouse-worker', 'gatehouse-pipe')"
-                ),
-            ])
-            .output()
-            .expect("psql");
-        String::from_utf8_lossy(&out.stdout).trim().parse::<i64>().expect("a count")
-    };
+    let held = || TestDb::worker_connections_held(&server, &database);
     let token = stack.token(0, 0);
     let worker = stack.worker_urls[0].clone();
     let booking =

@@ -156,6 +156,7 @@ fn challenge_scope(challenge: &str) -> String {
 #[tokio::test]
 async fn hostile_oauth_requests_are_refused() {
     let stack = Stack::start(Options::for_test("oauth_hostile", 1)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let mcp = format!("{}/mcp", stack.lb_url);
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -322,22 +323,10 @@ async fn hostile_oauth_requests_are_refused() {
     );
     // Expired and foreign-audience tokens are refused by the worker.
     let second = oauth_flow::connect(&stack, &["bookings:read"]).await;
-    psql_count(
-        &stack,
-        &format!(
-            "WITH u AS (UPDATE connection_tokens SET audience = 'https://elsewhere.example/mcp' WHERE token_hash = sha256(convert_to('{}', 'UTF8')) RETURNING 1) SELECT count(*) FROM u",
-            second.access
-        ),
-    );
+    db.set_token_audience(&second.access, "https://elsewhere.example/mcp").await;
     assert_eq!(tool_names(&stack.lb_url, &second.access).await.0, 401, "another audience");
     let third = oauth_flow::connect(&stack, &["bookings:read"]).await;
-    psql_count(
-        &stack,
-        &format!(
-            "WITH u AS (UPDATE connection_tokens SET expires_at = now() - interval '1 second' WHERE token_hash = sha256(convert_to('{}', 'UTF8')) RETURNING 1) SELECT count(*) FROM u",
-            third.access
-        ),
-    );
+    db.expire_token(&third.access).await;
     assert_eq!(tool_names(&stack.lb_url, &third.access).await.0, 401, "expired");
     // Credentials never cross: an MCP token at the console, a session cookie at /mcp.
     let console = reqwest::Client::new()

@@ -19,24 +19,12 @@ fn answer(result: &Value) -> (String, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_said() {
     let stack = Stack::start(Options::for_test("policies", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);
     let lb = stack.lb_url.clone();
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
-    let of_tenant = format!(
-        "JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' AND b.status = 'confirmed'"
-    );
-    let soon = psql_text(
-        &stack,
-        &format!(
-            "SELECT b.handle FROM bookings b {of_tenant} AND b.starts_at BETWEEN now() + interval '1 hour' AND now() + interval '47 hours' ORDER BY b.starts_at LIMIT 1"
-        ),
-    );
-    let later = psql_rows(
-        &stack,
-        &format!(
-            "SELECT b.handle FROM bookings b {of_tenant} AND b.starts_at > now() + interval '96 hours' ORDER BY b.starts_at LIMIT 3"
-        ),
-    );
+    let soon = db.next_confirmed_booking_starting_between(&slug, "1 hour", "47 hours").await;
+    let later = db.next_confirmed_bookings_starting_after(&slug, "96 hours", 3).await;
     assert!(soon.starts_with("bkg_") && later.len() == 3, "{soon} {later:?}");
     let customers = tool_call(&lb, &token, "find_customers", json!({"limit": 2})).await;
     let customer = |i: usize| {
@@ -63,12 +51,7 @@ async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_sa
     }
     // A confirmed booking of a northern customer, and a technician of each region, as the seed
     // places them.
-    let northern = psql_text(
-        &stack,
-        &format!(
-            "SELECT b.handle FROM bookings b JOIN customers c ON c.id = b.customer_id {of_tenant} AND c.region = 'north' ORDER BY b.id LIMIT 1"
-        ),
-    );
+    let northern = db.first_confirmed_booking_in_region(&slug, "north").await;
     let techs = tool_call(&lb, &token, "find_technicians", json!({})).await;
     let of_region = |region: &str| {
         techs["structuredContent"]["technicians"]
@@ -204,10 +187,7 @@ when { context.effects > 2 };
         assert!(message.contains(why), "{message}");
     }
     // And each decision's audit row names the set's version and the rule that decided.
-    let decided = psql_rows(
-        &stack,
-        "SELECT policy->'decided_by'->>0 FROM audit_log WHERE policy->>'version' = '1' AND policy->'decided_by' <> '[]'::jsonb ORDER BY id",
-    );
+    let decided = db.first_deciding_policies_of_version(1).await;
     for rule in ["cancel-48h", "big-batches"] {
         assert!(decided.iter().any(|d| d == rule), "{rule}: {decided:?}");
     }

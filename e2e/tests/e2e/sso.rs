@@ -180,6 +180,7 @@ async fn people_sign_in_through_a_real_openid_provider_and_its_logout_ends_the_s
     let mut opts = Options::for_test("sso", 1);
     opts.control_args = vec!["--dev-mode".into()];
     let stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let (_idp, issuer) = start_idp(&stack);
     e2e::wait_ready(
         &format!("{issuer}/.well-known/openid-configuration"),
@@ -224,17 +225,8 @@ async fn people_sign_in_through_a_real_openid_provider_and_its_logout_ends_the_s
         sign_in(&stack, &mut browser, "dispatch@northwind.example", "okta-00u1dispatch").await;
     assert_eq!(status, 200, "{url}: {body}\n{}", stack.log("control-plane"));
     assert!(url.ends_with("/approvals"), "{url}");
-    assert_eq!(
-        psql_count(
-            &stack,
-            "SELECT count(*) FROM person_identities WHERE subject = 'okta-00u1dispatch'"
-        ),
-        1
-    );
-    assert_eq!(
-        psql_count(&stack, "SELECT count(*) FROM console_sessions WHERE idp_sid IS NOT NULL"),
-        1
-    );
+    assert_eq!(db.rows("person_identities").eq("subject", "okta-00u1dispatch").count().await, 1);
+    assert_eq!(db.rows("console_sessions").not_null("idp_sid").count().await, 1);
     // Password sign-in is off for the tenant.
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -273,15 +265,13 @@ async fn people_sign_in_through_a_real_openid_provider_and_its_logout_ends_the_s
         sign_in(&stack, &mut other, "unverified@northwind.example", "okta-00u2unverified").await;
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("verified"), "{body}");
-    assert_eq!(psql_count(&stack, "SELECT count(*) FROM person_identities"), 1);
+    assert_eq!(db.count("person_identities").await, 1);
     // Signing out at the IdP sends a back-channel logout: the console session ends.
     let end = browser.send(browser.http.get(format!("{issuer}/session/end"))).await;
     let (_, _, _) = browser.walk(end, "", &format!("{issuer}/session/end/success")).await;
     let mut ended = false;
     for _ in 0..50 {
-        if psql_count(&stack, "SELECT count(*) FROM console_sessions WHERE idp_sid IS NOT NULL")
-            == 0
-        {
+        if db.rows("console_sessions").not_null("idp_sid").count().await == 0 {
             ended = true;
             break;
         }
@@ -331,6 +321,7 @@ async fn the_python_sdk_trades_an_id_jag_for_a_token_and_calls_tools_through_the
     let mut opts = Options::for_test("idjag", 2);
     opts.control_args = vec!["--dev-mode".into()];
     let stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
     stack
         .ctl(&[
@@ -361,15 +352,7 @@ async fn the_python_sdk_trades_an_id_jag_for_a_token_and_calls_tools_through_the
         .expect("client");
     // The dispatcher signed in through the IdP once before (their subject is linked).
     let dispatcher = stack.tenant(0)["dispatcher"]["email"].as_str().expect("email").to_owned();
-    let linked = Command::new("psql")
-        .arg(&stack.database_url)
-        .args(["-qc", &format!(
-            "INSERT INTO person_identities (issuer, subject, person_id, tenant_id)
-             SELECT '{idp}', 'sub-dispatch', p.id, t.id FROM people p, tenants t WHERE p.email = '{dispatcher}' AND t.slug = '{slug}'"
-        )])
-        .status()
-        .expect("psql");
-    assert!(linked.success());
+    db.link_idp_subject(&idp, "sub-dispatch", &dispatcher, &slug).await;
     let out = Command::new(e2e::python())
         .arg(e2e::repo_root().join("e2e/py/id_jag_check.py"))
         .args(["--url", &format!("{}/mcp", stack.lb_url), "--issuer", &stack.control_url])
@@ -410,12 +393,9 @@ async fn the_python_sdk_trades_an_id_jag_for_a_token_and_calls_tools_through_the
         2,
         "both workers served it: {seen}"
     );
-    assert_eq!(psql_count(&stack, "SELECT count(*) FROM connections WHERE granted_by = 'idp'"), 1);
+    assert_eq!(db.rows("connections").eq("granted_by", "idp").count().await, 1);
     // The first grant, and the SDK's step-up attempt for the write (the same rights again).
-    assert!(
-        psql_count(&stack, "SELECT count(*) FROM audit_log WHERE action = 'connection.id_jag'")
-            >= 1
-    );
+    assert!(db.audited("connection.id_jag").await >= 1);
     let listed = stack.ctl(&["connection", "list", "--tenant", &slug]).expect("list");
     assert!(
         listed["connections"].as_array().expect("list").iter().any(|c| c["granted_by"] == "idp"),

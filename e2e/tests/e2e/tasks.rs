@@ -46,6 +46,7 @@ async fn export(base: &str, token: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_created_on_one_worker_is_read_on_the_other_and_by_no_other_connection() {
     let stack = Stack::start(Options::for_test("tasks", 2)).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);
     let w = stack.worker_urls.clone();
     let task = export(&w[0], &token).await;
@@ -72,20 +73,11 @@ async fn a_task_created_on_one_worker_is_read_on_the_other_and_by_no_other_conne
     }
     // A revoked connection's running task is cancelled: an export held up by a lock on the
     // bookings, then the connection revoked.
-    let lock = std::process::Command::new("psql")
-        .arg(&stack.database_url)
-        .args([
-            "-qc",
-            "BEGIN; LOCK TABLE bookings IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(4); COMMIT;",
-        ])
-        .spawn()
-        .expect("psql");
+    // Held from a session of its own, as a migration would hold it.
+    let locker = TestDb::attach(&stack.database_url).await;
+    let lock = tokio::spawn(async move { locker.lock_bookings_for(4).await });
     for _ in 0..50 {
-        if psql_count(
-            &stack,
-            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'bookings' AND l.mode = 'AccessExclusiveLock' AND l.granted",
-        ) > 0
-        {
+        if db.bookings_lock_granted().await {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -108,17 +100,18 @@ async fn a_task_created_on_one_worker_is_read_on_the_other_and_by_no_other_conne
         .expect("revoke");
     let mut status = String::new();
     for _ in 0..50 {
-        status = psql_text(&stack, &format!("SELECT status FROM tasks WHERE handle = '{running}'"));
+        status =
+            db.rows("tasks").eq("handle", &running).opt_text("status").await.unwrap_or_default();
         if status == "cancelled" {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(status, "cancelled");
-    let _ = tokio::task::spawn_blocking(move || lock.wait_with_output()).await;
+    let _ = lock.await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(
-        psql_text(&stack, &format!("SELECT status FROM tasks WHERE handle = '{running}'")),
+        db.rows("tasks").eq("handle", &running).text("status").await,
         "cancelled",
         "no result is written after the revocation"
     );

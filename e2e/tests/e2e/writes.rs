@@ -27,15 +27,7 @@ async fn the_same_races_behind_pgbouncer_take_effect_once_within_its_connections
         "the services reach Postgres through the pooler"
     );
     races_take_effect_once(&stack).await;
-    let out = std::process::Command::new("psql")
-        .arg(format!("{server}/postgres"))
-        .args([
-            "-Atqc",
-            &format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'"),
-        ])
-        .output()
-        .expect("psql");
-    let held: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count");
+    let held = TestDb::connections_postgres_holds_for(&server, &database);
     assert!((1..=24).contains(&held), "Postgres holds {held} connections for the stack");
     let log = std::fs::read_to_string(stack.run_dir.join("pgbouncer/pgbouncer-own.log"))
         .unwrap_or_default();
@@ -43,6 +35,7 @@ async fn the_same_races_behind_pgbouncer_take_effect_once_within_its_connections
 }
 
 async fn races_take_effect_once(stack: &Stack) {
+    let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);
     let w = stack.worker_urls.clone();
     let found = tool_call(&w[0], &token, "find_customers", json!({"query": "Koch"})).await;
@@ -76,7 +69,7 @@ async fn races_take_effect_once(stack: &Stack) {
         }
     }
     assert_eq!(executed, 1);
-    assert_eq!(psql_count(stack, "SELECT count(*) FROM outbox"), 1);
+    assert_eq!(db.count("outbox").await, 1);
 
     // A silent write re-sent on the other worker (a retry after a broken stream) executes once.
     let booking = tool_call(&w[0], &token, "find_bookings", json!({"limit": 1})).await["structuredContent"]["bookings"][0]["booking"].clone();
@@ -104,10 +97,9 @@ async fn races_take_effect_once(stack: &Stack) {
         replayed += usize::from(r["structuredContent"]["replayed"] == true);
     }
     assert_eq!(replayed, 19);
-    assert_eq!(
-        psql_count(stack, "SELECT count(*) FROM booking_notes WHERE body = 'Retry-safe note'"),
-        1
-    );
+    assert_eq!(db.rows("booking_notes").eq("body", "Retry-safe note").count().await, 1);
+    // Closed before a caller counts the connections the stack holds.
+    db.detach().await;
 }
 
 #[tokio::test]
@@ -205,6 +197,7 @@ async fn confirmed_emails_leave_through_an_smtp_relay_with_their_idempotency_key
     let mut opts = Options::for_test("smtp", 1);
     opts.smtp_url = Some(format!("smtp://127.0.0.1:{port}"));
     let stack = Stack::start(opts).await.expect("stack");
+    let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);
     let customer = tool_call(&stack.lb_url, &token, "find_customers", json!({"query": "Fischer"}))
         .await["structuredContent"]["customers"][0]["customer"]
@@ -221,7 +214,7 @@ async fn confirmed_emails_leave_through_an_smtp_relay_with_their_idempotency_key
     assert_eq!(done["structuredContent"]["status"], "EXECUTED");
     let mut sent = 0;
     for _ in 0..100 {
-        sent = psql_count(&stack, "SELECT count(*) FROM outbox WHERE status = 'sent'");
+        sent = db.rows("outbox").eq("status", "sent").count().await;
         if sent == 1 {
             break;
         }

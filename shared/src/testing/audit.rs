@@ -443,17 +443,6 @@ impl TestDb {
         .expect("the token's person")
     }
 
-    /// Whether the membership of the person with `email` is active (their first one).
-    pub async fn membership_active_of(&self, email: &str) -> bool {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT m.active FROM memberships m JOIN people p ON p.id = m.person_id WHERE p.email = $1",
-        )
-        .bind(email)
-        .fetch_one(self.ds.pool())
-        .await
-        .expect("a membership")
-    }
-
     // ------------------------------------------------------------ the demo seed
 
     /// The number of bookings of the tenant with the fewest.

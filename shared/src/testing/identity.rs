@@ -47,11 +47,6 @@ impl TestDb {
         .expect("a membership")
     }
 
-    /// The role of the (first found) membership of person `email`.
-    pub async fn member_role_of_email(&self, email: &str) -> String {
-        self.membership_of_email(email).await.0
-    }
-
     /// How many memberships of tenant `slug` the person `email` (in any case) holds: 0 or 1.
     pub async fn memberships_in_tenant(&self, slug: &str, email: &str) -> i64 {
         sqlx::query_scalar::<_, i64>(

@@ -14,6 +14,7 @@ mod agents;
 mod audit;
 mod identity;
 mod rows;
+mod stacks;
 mod tenancy;
 pub use rows::{Rows, Val};
 
