@@ -265,11 +265,12 @@ pub fn public_app(state: Arc<AppState>) -> Router {
         .nest("/api/v1", api::routes(state.clone()))
         .merge(
             console::routes()
+                .merge(oauth::routes())
+                .layer(axum::middleware::from_fn_with_state(state.clone(), console::offer_step_up))
                 .layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     console::with_navigation,
                 ))
-                .merge(oauth::routes())
                 .layer(axum::middleware::map_response_with_state(state.clone(), security_headers)),
         )
         .route(

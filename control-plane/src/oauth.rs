@@ -245,7 +245,7 @@ async fn authorize(
                 button type="submit" class="plain" { "Not you? Sign out and use another account" }
             }
         }
-        form method="post" action="/oauth/authorize" class="card" data-passkey[session.row.passkey_policy()] {
+        form method="post" action="/oauth/authorize" class="card" {
             (csrf)
             input type="hidden" name="request" value=(request);
             p { strong { (client.client_name) } " asks to act for you in " strong { (tenant) } ". It will be able to:" }
@@ -335,6 +335,27 @@ async fn decide(
             ),
         )
             .into_response();
+    }
+    // Consent beyond reading under the tenant's passkey policy is confirmed before the request
+    // is used up: the service names the decision and the console's layer shows its
+    // confirmation, which posts this form again with the assertion.
+    if let Some(ctx) = shared::services::console::session_ctx(&session.row)
+        && one("decision") == Some("approve")
+        && one("passkey_assertion").is_none_or(str::is_empty)
+    {
+        let rights: Vec<&str> =
+            form.iter().filter(|(k, _)| k == "right").map(|(_, v)| v.as_str()).collect();
+        let asked = oauth::consent_step_up(
+            &state.ds,
+            &session.row,
+            &ctx,
+            one("request").unwrap_or_default(),
+            &rights,
+        )
+        .await;
+        if let Err(e) = asked {
+            return crate::console::refusal(e);
+        }
     }
     // The request comes from the server, once; nothing of it is read from the form.
     let req = match oauth::consent_take(&state.ds, &session.row, one("request").unwrap_or_default())

@@ -102,34 +102,55 @@ async function prepare(subject) {
 
 const status = (action) => sql(`SELECT status FROM pending_actions WHERE handle = '${action}'`);
 
-// Clicks Approve on an action's card; returns the page's status line or error.
+// Clicks Approve on an action's card: the service asks for the passkey, and the console
+// answers with the confirmation of that decision (not yet signed).
 async function approveInUi(page, action, reason) {
   await page.goto(`${control}/approvals`);
   const card = page.locator(`[data-action="${action}"]`);
   await card.locator('form[action$="/approve"] input[name="reason"]').fill(reason);
-  await card.locator('form[action$="/approve"] button[type="submit"]').click();
+  await Promise.all([page.waitForNavigation(), card.locator('form[action$="/approve"] button[type="submit"]').click()]);
+  await page.waitForSelector("form[data-passkey-confirm]", { timeout: 10000 });
 }
 
-// Makes the browser do a real ceremony for an action's approval but keeps the form from
-// reaching the server: returns the fields it would have posted (ceremony and assertion).
-async function captureAssertion(page, action, reason, tamperOptions) {
+// On the confirmation page: signs the ceremony with the passkey and posts the form again.
+async function confirmHere(page) {
+  const shown = (await page.locator("#confirm-decision").textContent()) ?? "";
+  expect(shown.includes("Confirm with your passkey"), `the confirmation names itself: ${shown.slice(0, 300)}`);
+  await Promise.all([page.waitForNavigation(), page.click("form[data-passkey-confirm] button[type=submit]")]);
+}
+
+// Submits a widening form by `click`: the service names its decision, the console shows its
+// confirmation, the passkey signs exactly that one and the form posts again.
+async function submitConfirmed(page, click) {
+  await Promise.all([page.waitForNavigation(), click()]);
+  await page.waitForSelector("form[data-passkey-confirm]", { timeout: 10000 });
+  const decision = (await page.locator("#confirm-decision strong").first().textContent()) ?? "";
+  await confirmHere(page);
+  return decision.trim();
+}
+
+// Makes the browser do a real ceremony for an action's approval but keeps the signed form
+// from reaching the server: returns the fields it would have posted (ceremony and assertion).
+// `lowerVerification` asks the authenticator for less than the server's options demand.
+async function captureAssertion(page, action, reason, lowerVerification) {
   let captured;
   await page.route("**/approvals/*/approve", async (route) => {
-    captured = new URLSearchParams(route.request().postData() ?? "");
+    const fields = new URLSearchParams(route.request().postData() ?? "");
+    if (!fields.get("passkey_assertion")) return route.continue();
+    captured = fields;
     await route.abort();
   });
-  if (tamperOptions) {
-    await page.route("**/passkeys/decision", async (route) => {
-      const response = await route.fetch();
-      const body = await response.json();
-      tamperOptions(body);
-      await route.fulfill({ response, json: body });
+  await approveInUi(page, action, reason);
+  if (lowerVerification) {
+    await page.$eval("form[data-passkey-confirm]", (form) => {
+      const options = JSON.parse(form.dataset.options);
+      options.publicKey.userVerification = "discouraged";
+      form.dataset.options = JSON.stringify(options);
     });
   }
-  await approveInUi(page, action, reason);
+  await page.click("form[data-passkey-confirm] button[type=submit]");
   for (let i = 0; i < 100 && !captured; i++) await page.waitForTimeout(100);
   await page.unroute("**/approvals/*/approve");
-  if (tamperOptions) await page.unroute("**/passkeys/decision");
   expect(captured?.get("passkey_assertion"), `no assertion was posted for ${action}`);
   return captured;
 }
@@ -166,6 +187,9 @@ try {
   step = "approve an agent's action with the passkey";
   const a = await prepare("Approved with a passkey");
   await approveInUi(page, a.action, "customer asked for it");
+  const named = (await page.locator("#confirm-decision").textContent()) ?? "";
+  out.confirmation_names_action = named.includes(a.action) || named.toLowerCase().includes("approv");
+  await confirmHere(page);
   await page.waitForSelector('p.ok[role="status"]', { timeout: 10000 });
   out.approved_flash = (await page.locator('p.ok[role="status"]').textContent()).trim();
   out.approved_status = status(a.action);
@@ -197,9 +221,7 @@ try {
 
   step = "an assertion without user verification";
   await admin.cdp.send("WebAuthn.setUserVerified", { authenticatorId: admin.authenticatorId, isUserVerified: false });
-  const noUv = await captureAssertion(page, c.action, "no uv", (body) => {
-    if (body.options) body.options.publicKey.userVerification = "discouraged";
-  });
+  const noUv = await captureAssertion(page, c.action, "no uv", true);
   const unverified = await postFrom(page, `/approvals/${c.action}/approve`, { csrf, reason: "no uv", passkey_ceremony: noUv.get("passkey_ceremony"), passkey_assertion: noUv.get("passkey_assertion") });
   await admin.cdp.send("WebAuthn.setUserVerified", { authenticatorId: admin.authenticatorId, isUserVerified: true });
   out.unverified = { status: unverified.status, target: status(c.action) };
@@ -217,9 +239,12 @@ try {
   await addPasskey(other.page, "Their key", args["other-password"]);
   // The admin's ceremony for c, answered by the other person's authenticator.
   const ceremony = await page.evaluate(async ({ action, csrf }) => {
-    const body = new URLSearchParams({ csrf, reason: "x", for: `/approvals/${action}/approve` });
-    const r = await fetch("/passkeys/decision", { method: "POST", body, credentials: "same-origin" });
-    return r.json();
+    // The approval posted without a passkey: the console answers with the confirmation.
+    const body = new URLSearchParams({ csrf, reason: "x" });
+    const r = await fetch(`/approvals/${action}/approve`, { method: "POST", body, credentials: "same-origin" });
+    const html = new DOMParser().parseFromString(await r.text(), "text/html");
+    const form = html.querySelector("form[data-passkey-confirm]");
+    return { needed: !!form, ceremony: form?.dataset.ceremony, options: form ? JSON.parse(form.dataset.options) : null };
   }, { action: c.action, csrf });
   expect(ceremony.needed && ceremony.ceremony, `the admin gets a ceremony: ${JSON.stringify(ceremony).slice(0, 300)}`);
   const theirs = await other.page.evaluate(async (options) => {
@@ -240,7 +265,7 @@ try {
   step = "create a connection with the passkey";
   await page.goto(`${control}/connections/new`);
   await page.fill('form[action="/connections"] input[name="name"]', "Made with a passkey");
-  await Promise.all([page.waitForNavigation(), page.click('form[action="/connections"] button[type="submit"]')]);
+  out.connection_decision = await submitConfirmed(page, () => page.click('form[action="/connections"] button[type="submit"]'));
   out.connection_created = sql(`SELECT count(*) FROM connections WHERE name = 'Made with a passkey'`);
 
   step = "raise a role with the passkey";
@@ -249,14 +274,14 @@ try {
   await row.locator('select[name="role"]').selectOption("admin");
   await Promise.all([page.waitForNavigation(), row.locator('button[type="submit"]').click()]);
   // The confirmation page's form carries the passkey step-up.
-  await Promise.all([page.waitForNavigation(), page.click('form[action="/people/role"][method="post"] button[type="submit"]')]);
+  await submitConfirmed(page, () => page.click('form[action="/people/role"][method="post"] button[type="submit"]'));
   out.role_raised = sql(`SELECT m.role FROM memberships m JOIN people p ON p.id = m.person_id JOIN tenants t ON t.id = m.tenant_id WHERE lower(p.email) = lower('${args["dispatcher-email"]}') AND t.id = (SELECT tenant_id FROM memberships m2 JOIN people p2 ON p2.id = m2.person_id WHERE lower(p2.email) = lower('${args.email}') LIMIT 1)`);
 
   step = "raise a rate limit with the passkey";
   await page.goto(`${control}/settings/limits`);
   const notifyLimit = page.locator('form[action="/settings/rate-limit"]:has(input[name="class"][value="notify"])').first();
   await notifyLimit.locator('input[name="per_minute"]').fill("60");
-  await Promise.all([page.waitForNavigation(), notifyLimit.locator('button[type="submit"]').click()]);
+  await submitConfirmed(page, () => notifyLimit.locator('button[type="submit"]').click());
   out.rate_raised = sql(`SELECT per_minute FROM tenant_rate_limits WHERE class = 'notify'`);
 
   step = "invite someone with the passkey; they join with a passkey of their own";
@@ -265,7 +290,8 @@ try {
     await page.fill('form[action="/people/invite"] input[name="email"]', "passkey.joiner@example.com");
     await page.fill('form[action="/people/invite"] input[name="name"]', "Pat Joiner");
     await page.locator('form[action="/people/invite"] select[name="role"]').selectOption("dispatcher");
-    await Promise.all([page.waitForURL(/\/people\/invitations\/inv_[a-z0-9]+\/sent$/), page.click('form[action="/people/invite"] button[type="submit"]')]);
+    await submitConfirmed(page, () => page.click('form[action="/people/invite"] button[type="submit"]'));
+    await page.waitForURL(/\/people\/invitations\/inv_[a-z0-9]+\/sent$/);
     const link = (await page.locator("#invitation-link").textContent()).trim().replace("127.0.0.1", "localhost");
     expect(link.includes("/invitations/gh_inv_"), `the link is shown once after sending: ${link}`);
     const joiner = await person();
@@ -288,7 +314,7 @@ try {
   await page.goto(`${control}/settings/approvals`);
   const notifyPolicy = page.locator('form[action="/settings/approval-policy"]:has(input[name="scope"][value="notify"])');
   await notifyPolicy.locator('select[name="mode"]').selectOption("agent_confirms");
-  await Promise.all([page.waitForNavigation(), notifyPolicy.locator('button[type="submit"]').click()]);
+  await submitConfirmed(page, () => notifyPolicy.locator('button[type="submit"]').click());
   out.policy_loosened = sql(`SELECT count(*) FROM approval_policies WHERE scope = 'class:notify' AND mode = 'agent_confirms'`);
 
   step = "agent access off without a passkey, on again with it";
@@ -297,7 +323,7 @@ try {
   await Promise.all([page.waitForNavigation(), page.click('form[action="/settings/agent-access"] button[type="submit"]')]);
   out.access_off = await page.locator("#agent-access-state").textContent();
   await page.fill('form[action="/settings/agent-access"] input[name="reason"]', "drill over");
-  await Promise.all([page.waitForNavigation(), page.click('form[action="/settings/agent-access"] button[type="submit"]')]);
+  await submitConfirmed(page, () => page.click('form[action="/settings/agent-access"] button[type="submit"]'));
   out.access_on = await page.locator("#agent-access-state").textContent();
 
   step = "the passkey policy needs a passkey to turn off; narrowing does not";
@@ -308,7 +334,7 @@ try {
 
   step = "the policy off, with the passkey";
   await page.goto(`${control}/settings/security`);
-  await Promise.all([page.waitForNavigation(), page.click('#passkey-policy button[type="submit"]')]);
+  await submitConfirmed(page, () => page.click('#passkey-policy button[type="submit"]'));
   out.policy_off = sql(`SELECT decisions_need_passkey FROM tenants t JOIN memberships m ON m.tenant_id = t.id JOIN people p ON p.id = m.person_id WHERE lower(p.email) = lower('${args.email}') LIMIT 1`);
 
   await page.screenshot({ path: join(shots, "passkeys.png"), fullPage: true });

@@ -141,8 +141,11 @@ pub enum Error {
 
     /// The tenant's policy needs a passkey assertion made for this decision, and the request
     /// carried none that holds (missing, for another decision, expired, or another person's).
+    /// `ceremony_for` is the digest a passkey ceremony must be made for to satisfy it (the
+    /// decision as the service built it from its own input), or `None` when no ceremony can
+    /// (the person holds no passkey, or the assertion itself was bad).
     #[error("{decision} needs a passkey: {problem}")]
-    PasskeyRequired { decision: String, problem: String },
+    PasskeyRequired { decision: String, problem: String, ceremony_for: Option<String> },
 
     /// The database could not serve the call (no connection, a restart, a failover); nothing
     /// of it was applied and a retry after a few seconds is expected to work. The cause names

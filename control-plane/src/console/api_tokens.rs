@@ -76,7 +76,7 @@ fn new_body(t: &Tenant, entered: &Entered<'_>) -> Markup {
     let days = entered.value("expires_in_days", "90");
     html! {
         (entered.summary(&["name", "expires_in_days"]))
-        form method="post" action="/api-tokens" class="card" data-passkey[t.session.row.passkey_policy()] {
+        form method="post" action="/api-tokens" class="card" {
             (csrf_field(t.csrf()))
             label {
                 "Name "

@@ -143,7 +143,7 @@ pub(super) async fn page(
                     pre { (serde_json::to_string_pretty(&a.effect).unwrap_or_default()) }
                 }
                 p class="muted" { "A comment is optional; the agent and the audit log see it." }
-                form method="post" action={ "/approvals/" (action) "/approve" } data-passkey[t.session.row.passkey_policy()] {
+                form method="post" action={ "/approvals/" (action) "/approve" } {
                     (csrf)
                     label { "Comment (optional) " input type="text" name="reason" maxlength="500" aria-label={ "Comment on approving " (a.action) }; }
                     button type="submit" { "Approve" }

@@ -1,6 +1,6 @@
 //! Budgets on effects in the console: a connection's (on its page) and the tenant-wide ones
 //! (on Agent access), used and left, and the forms that set them. Raising one is a widening
-//! decision: the forms carry `data-passkey` and `decisions::decision_of` names it.
+//! decision: its service names it when it asks for a passkey (`console::step_up`).
 //! The form posts to `settings::set_budget`, which shows the page it came from again on a mistake.
 
 use maud::{Markup, html};
@@ -18,7 +18,6 @@ pub(super) fn section(
     connection: Option<&str>,
     can: Option<&[budgets::EffectKind]>,
     csrf: &str,
-    passkey: bool,
     failed: Option<&RowFailed<'_>>,
 ) -> Markup {
     let scope = if connection.is_some() { Scope::Connection } else { Scope::Tenant };
@@ -56,11 +55,11 @@ pub(super) fn section(
                             td { (b.used) }
                             td { (b.left) }
                             td {
-                                (form(connection, b.kind.as_str(), Some((b.limit, &b.window)), csrf, passkey, RowFailed::of(failed, b.kind.as_str())))
+                                (form(connection, b.kind.as_str(), Some((b.limit, &b.window)), csrf, RowFailed::of(failed, b.kind.as_str())))
                                 @if b.default { " " small { "(default)" } }
                                 @else {
                                     " "
-                                    form method="post" action="/budgets" class="inline" data-passkey[passkey] {
+                                    form method="post" action="/budgets" class="inline" {
                                         (csrf_field(csrf))
                                         @if let Some(c) = connection { input type="hidden" name="connection" value=(c); }
                                         input type="hidden" name="kind" value=(b.kind.as_str());
@@ -77,7 +76,7 @@ pub(super) fn section(
                         tr data-budget=(k.as_str()) {
                             td { code { (k.as_str()) } }
                             td { "—" } td { "no limit" }
-                            td { (form(None, k.as_str(), None, csrf, passkey, RowFailed::of(failed, k.as_str()))) }
+                            td { (form(None, k.as_str(), None, csrf, RowFailed::of(failed, k.as_str()))) }
                         }
                     }
                 }
@@ -91,7 +90,6 @@ fn form(
     kind: &str,
     now: Option<(i64, &str)>,
     csrf: &str,
-    passkey: bool,
     entered: Option<&Entered<'_>>,
 ) -> Markup {
     let limit = now.map(|n| n.0.to_string()).unwrap_or_default();
@@ -100,7 +98,7 @@ fn form(
     let invalid = |f: &str| entered.and_then(|e| e.invalid(f));
     let described = |f: &str| entered.and_then(|e| e.described(f));
     html! {
-        form method="post" action="/budgets" class="inline" data-passkey[passkey] {
+        form method="post" action="/budgets" class="inline" {
             (csrf_field(csrf))
             @if let Some(c) = connection { input type="hidden" name="connection" value=(c); }
             input type="hidden" name="kind" value=(kind);

@@ -141,7 +141,7 @@ fn new_body(t: &Tenant, entered: &Entered<'_>) -> Markup {
     let toolset = entered.value("toolset", "full");
     html! {
         (entered.summary(&["name", "toolset", "rights"]))
-        form method="post" action="/connections" class="card" data-passkey[t.session.row.passkey_policy()] {
+        form method="post" action="/connections" class="card" {
             (csrf_field(t.csrf()))
             label {
                 "Name "
@@ -183,7 +183,7 @@ fn edit_body(t: &Tenant, c: &admin::ConnectionSummary, entered: &Entered<'_>) ->
     let had = RightSet::parse_lenient(&c.rights);
     html! {
         (entered.summary(&["name", "toolset", "rights"]))
-        form method="post" action={ "/connections/" (segment(&c.connection)) "/edit" } class="card" data-passkey[t.session.row.passkey_policy()] {
+        form method="post" action={ "/connections/" (segment(&c.connection)) "/edit" } class="card" {
             (csrf_field(t.csrf()))
             p { "Renaming or narrowing applies from the connection's next call, on every worker; its token stays the same. Giving it more is a decision under the tenant's passkey policy." }
             label {
@@ -403,7 +403,7 @@ async fn detail_body(
         // A revoked connection is read-only: nothing of it can be set any more.
         @if c.status == "active" {
             @let can = shared::services::budgets::EffectKind::caused_by(RightSet::parse_lenient(&c.rights));
-            (super::budgets::section(&budgets, Some(&c.connection), Some(&can), t.csrf(), t.session.row.passkey_policy(), failed))
+            (super::budgets::section(&budgets, Some(&c.connection), Some(&can), t.csrf(), failed))
         }
         (crate::pictures::section("connection-activity", &base, &found, true))
         h2 { "Recent changes" }

@@ -60,7 +60,7 @@ fn new_body(t: &Tenant, entered: &Entered<'_>) -> Markup {
     let role = entered.value("role", "viewer");
     html! {
         (entered.summary(&["email", "name", "role"]))
-        form method="post" action="/people/invite" class="card" data-passkey[t.session.row.passkey_policy()] {
+        form method="post" action="/people/invite" class="card" {
             (csrf_field(t.csrf()))
             p { "They get an email with a link to join " (t.ctx.tenant().slug) ", valid for " (invitations::DAYS) " days. They join by setting a password, with a passkey, with the Gatehouse account they have, or through your single sign-on." }
             label {

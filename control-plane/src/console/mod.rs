@@ -16,7 +16,6 @@ mod audit;
 mod banners;
 mod budgets;
 mod connections;
-mod decisions;
 mod extract;
 mod invitations;
 mod messages;
@@ -43,6 +42,7 @@ use shared::{OpCtx, time};
 pub use banners::AuditSeen;
 pub use extract::{Session, Source};
 pub use passkeys::SCRIPT as PASSKEY_SCRIPT;
+pub use step_up::offer as offer_step_up;
 
 use crate::AppState;
 use layout::{error_box, page};
@@ -69,7 +69,6 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/account/passkeys", get(passkeys::page).post(passkeys::register))
         .route("/account/passkeys/options", post(passkeys::register_options))
         .route("/account/passkeys/{passkey}/remove", post(passkeys::remove))
-        .route("/passkeys/decision", post(decisions::decision))
         .route("/settings/passkey-policy", post(passkeys::set_policy))
         .route("/logout", post(sign_in::logout))
         .route("/tenants", get(sign_in::tenants).post(sign_in::pick_tenant))
@@ -154,6 +153,12 @@ impl IntoResponse for Fail {
 /// What a console handler returns.
 pub type Answer<T = Response> = Result<T, Fail>;
 
+/// A service's refusal as the console's page (a decision a passkey can confirm comes back as
+/// its confirmation), for the OAuth consent, which is not a console route.
+pub fn refusal(e: Error) -> Response {
+    fail(e)
+}
+
 /// The one mapping of a service error to a console page.
 fn fail(e: Error) -> Response {
     let status = match &e {
@@ -190,8 +195,12 @@ fn fail(e: Error) -> Response {
             axum::http::HeaderValue::from(shared::error::UNAVAILABLE_RETRY_AFTER_SECS),
         );
     }
-    // The console's layer draws this again with the person's navigation ([`with_navigation`]).
+    // The console's layer draws this again with the person's navigation ([`with_navigation`]);
+    // a decision a passkey can confirm comes back as its confirmation ([`step_up::offer`]).
     response.extensions_mut().insert(Failed(message));
+    if let Some(confirm) = step_up::Confirm::of(&e) {
+        response.extensions_mut().insert(confirm);
+    }
     response
 }
 

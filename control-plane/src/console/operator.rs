@@ -23,7 +23,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, s: Session) -> Answ
                 @if on { "The global kill switch is ON: every agent request answers 503." }
                 @else { "Agents are served." }
             }
-            form method="post" action="/operator/kill-switch" data-passkey[on] {
+            form method="post" action="/operator/kill-switch" {
                 (csrf_field(s.csrf()))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 label { "Reason " input type="text" name="reason" required maxlength="300"; }

@@ -59,31 +59,29 @@
     }
     input.value = value;
   };
+  // A fetch answer: the JSON, or an error carrying what the server said. A service that asks
+  // for a passkey first answers `{needed: true, ceremony, options}`: returned, not thrown.
   const post = async (url, form, extra) => {
     const body = new URLSearchParams(new FormData(form));
     Object.entries(extra || {}).forEach(([k, v]) => body.set(k, v));
     const r = await fetch(url, { method: 'POST', body, credentials: 'same-origin' });
     const data = await r.json().catch(() => ({ error: `the server answered ${r.status}` }));
-    if (!r.ok) throw new Error(data.error || `the server answered ${r.status}`);
+    if (!r.ok && !data.needed) throw new Error(data.error || `the server answered ${r.status}`);
     return data;
   };
 
-  // A decision under the tenant's passkey policy: ask for a ceremony made for this form's
-  // decision, sign it, and send the assertion with the form.
-  const prove = async (form, submitter) => {
-    const extra = { for: new URL(form.action, location.href).pathname };
-    if (submitter && submitter.name) extra[submitter.name] = submitter.value;
-    const answer = await post('/passkeys/decision', form, extra);
-    if (!answer.needed) return;
-    const cred = await navigator.credentials.get(requestOptions(answer.options));
-    setField(form, 'passkey_ceremony', answer.ceremony);
+  // Signs a decision's ceremony and puts the assertion on the form, beside its fields.
+  const sign = async (form, ceremony, options) => {
+    const cred = await navigator.credentials.get(requestOptions(options));
+    setField(form, 'passkey_ceremony', ceremony);
     setField(form, 'passkey_assertion', JSON.stringify(assertionJson(cred)));
   };
 
   document.addEventListener('submit', async (e) => {
     const form = e.target;
     if (form.dataset.passkeyDone) return;
-    if (!('passkey' in form.dataset) && !('passkeyRegister' in form.dataset) && !('passkeySignin' in form.dataset)) return;
+    const kinds = ['passkeyConfirm', 'passkeyRegister', 'passkeySignin'];
+    if (!kinds.some((k) => k in form.dataset)) return;
     e.preventDefault();
     const submitter = e.submitter;
     try {
@@ -93,16 +91,22 @@
         setField(form, 'ceremony', answer.ceremony);
         setField(form, 'assertion', JSON.stringify(assertionJson(cred)));
       } else if ('passkeyRegister' in form.dataset) {
-        if ('passkey' in form.dataset) await prove(form, submitter);
         // A form may name its own options endpoint (joining by an invitation) and then posts
-        // back to itself; adding one to one's account posts to /account/passkeys.
-        const answer = await post(form.dataset.options || '/account/passkeys/options', form);
+        // back to itself; adding one to one's account posts to /account/passkeys. A further
+        // passkey is a decision: the server answers with its ceremony, signed with one held.
+        const url = form.dataset.options || '/account/passkeys/options';
+        let answer = await post(url, form);
+        if (answer.needed) {
+          await sign(form, answer.ceremony, answer.options);
+          answer = await post(url, form);
+        }
         const cred = await navigator.credentials.create(creationOptions(answer.options));
         setField(form, 'ceremony', answer.ceremony);
         setField(form, 'credential', JSON.stringify(credentialJson(cred)));
         if (!form.dataset.options) form.action = '/account/passkeys';
       } else {
-        await prove(form, submitter);
+        // The confirmation the service asked for: its ceremony, made for this decision.
+        await sign(form, form.dataset.ceremony, JSON.parse(form.dataset.options));
       }
       if (submitter && submitter.name) setField(form, submitter.name, submitter.value);
       form.dataset.passkeyDone = '1';

@@ -1,8 +1,8 @@
 //! Passkeys in the console: a person's own passkeys (add, name, remove), signing in with one,
 //! the tenant's policy "decisions need a passkey", and the ceremony a widening decision asks
-//! for. The decision itself is checked by its service (`services::passkeys::require`); here a
-//! form's assertion becomes the context's proof ([`proven`]), and [`decision`] answers which
-//! decision a form would make, so the browser's assertion is made for exactly that one.
+//! for. The decision itself is checked by its service (`services::passkeys::require`), which
+//! names it when it asks for a passkey; `step_up` starts the ceremony for that decision and
+//! turns a form's assertion into the context's proof.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -66,7 +66,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, s: Session) -> Answ
                                 td { (p.created_at) }
                                 td { (p.last_used_at.as_deref().unwrap_or("never")) }
                                 td {
-                                    form method="post" action={ "/account/passkeys/" (segment(&p.passkey)) "/remove" } class="inline" data-passkey {
+                                    form method="post" action={ "/account/passkeys/" (segment(&p.passkey)) "/remove" } class="inline" {
                                         (csrf_field(s.csrf()))
                                         button type="submit" class="danger" aria-label={ "Remove " (p.name) } { "Remove" }
                                     }
@@ -77,7 +77,7 @@ pub(super) async fn page(State(state): State<Arc<AppState>>, s: Session) -> Answ
                 }
             }
         }
-        form method="post" action="/account/passkeys" class="card" data-passkey-register data-passkey[!list.is_empty()] id="add-passkey" {
+        form method="post" action="/account/passkeys" class="card" data-passkey-register id="add-passkey" {
             (csrf_field(s.csrf()))
             h2 { "Add a passkey" }
             label { "Name " input type="text" name="name" required maxlength="60" placeholder="Work laptop"; }
@@ -118,7 +118,8 @@ pub(super) async fn register_options(
         Ok((ceremony, options)) => {
             Json(json!({ "ceremony": ceremony, "options": options })).into_response()
         }
-        Err(e) => refused(e),
+        // A further passkey is a decision: the ceremony for it, signed with one held already.
+        Err(e) => super::step_up::ceremony_json(&state, &s, e).await,
     }
 }
 

@@ -130,7 +130,7 @@ pub(super) async fn role_confirm(
     let lost = from.rights().without(role.rights());
     let yourself = person.email.eq_ignore_ascii_case(t.session.row.email());
     let body = html! {
-        form method="post" action="/people/role" class="card" data-passkey[t.session.row.passkey_policy() && !gained.is_empty()] {
+        form method="post" action="/people/role" class="card" {
             (csrf_field(t.csrf()))
             input type="hidden" name="email" value=(person.email);
             input type="hidden" name="role" value=(role.as_str());

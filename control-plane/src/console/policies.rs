@@ -102,7 +102,6 @@ async fn body(
     let view: PolicyView = policies::show(&state.ds, &t.ctx).await?;
     let history = policies::history(&state.ds, &t.ctx, 10).await?;
     let source = draft.unwrap_or(&view.source);
-    let passkey = t.session.row.passkey_policy();
     let rows = source.lines().count().clamp(8, 30);
     Ok(html! {
         (super::settings::tabs(PATH))
@@ -130,7 +129,7 @@ async fn body(
                 }
             }
         }
-        form method="post" action=(PATH) class="card" id="policy-editor" data-passkey[passkey] {
+        form method="post" action=(PATH) class="card" id="policy-editor" {
             (csrf_field(t.csrf()))
             input type="hidden" name="expected_version" value=(view.version);
             label for="policy-source" { "Policy set (Cedar)" }

@@ -26,7 +26,7 @@ pub(super) async fn page(t: Tenant) -> Answer {
                 @if on { "Agents can use this tenant's connections." }
                 @else { "Agent access is OFF: every agent request for this tenant is refused." }
             }
-            form method="post" action="/settings/agent-access" data-passkey[t.session.row.passkey_policy()] {
+            form method="post" action="/settings/agent-access" {
                 (csrf_field(t.csrf()))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 label { "Reason " input type="text" name="reason" required maxlength="300"; }
@@ -77,7 +77,7 @@ async fn approvals_body(
     let policy = approvals::policy(&state.ds, &t.ctx).await?;
     Ok(html! {
         (tabs("/settings/approvals"))
-        (policy_form(&policy, t.csrf(), t.session.row.passkey_policy(), failed))
+        (policy_form(&policy, t.csrf(), failed))
     })
 }
 
@@ -97,11 +97,10 @@ pub(super) async fn limits_body(
 ) -> Result<Markup, Fail> {
     let limits = rates::limits(&state.ds, &t.ctx).await?;
     let budgets = shared::services::budgets::show(&state.ds, &t.ctx, None).await?;
-    let passkey_policy = t.session.row.passkey_policy();
     Ok(html! {
         (tabs("/settings/limits"))
-        (limits_form(&limits, t.csrf(), passkey_policy, rate))
-        (super::budgets::section(&budgets, None, None, t.csrf(), passkey_policy, budget))
+        (limits_form(&limits, t.csrf(), rate))
+        (super::budgets::section(&budgets, None, None, t.csrf(), budget))
     })
 }
 
@@ -141,12 +140,7 @@ const COMPLETIONS: [(approvals::Completion, &str); 3] = [
 ];
 
 /// The approval policy as a form: one row per effect class.
-fn policy_form(
-    policy: &approvals::Policy,
-    csrf: &str,
-    passkey: bool,
-    failed: Option<&RowFailed<'_>>,
-) -> Markup {
+fn policy_form(policy: &approvals::Policy, csrf: &str, failed: Option<&RowFailed<'_>>) -> Markup {
     let tools: Vec<_> = policy.rules.iter().filter(|r| r.scope.starts_with("tool:")).collect();
     html! {
         div class="card" {
@@ -160,7 +154,7 @@ fn policy_form(
                 @let mode = rule.map(|r| r.mode).unwrap_or(approvals::DEFAULT);
                 @let e = RowFailed::of(failed, class);
                 @let typed = e.map(|e| e.value("mode", ""));
-                form method="post" action="/settings/approval-policy" class="policy-row" data-passkey[passkey] {
+                form method="post" action="/settings/approval-policy" class="policy-row" {
                     (csrf_field(csrf))
                     @if let Some(e) = e { (e.summary(&["mode"])) }
                     input type="hidden" name="scope" value=(class);
@@ -191,7 +185,7 @@ fn policy_form(
             @let e = RowFailed::of(failed, TOOL_RULE);
             @let fresh = Entered::fresh();
             @let e = e.unwrap_or(&fresh);
-            form method="post" action="/settings/approval-policy" class="policy-row" data-passkey[passkey] {
+            form method="post" action="/settings/approval-policy" class="policy-row" {
                 (csrf_field(csrf))
                 h3 { "A rule for one tool" }
                 (e.summary(&["scope", "mode"]))
@@ -224,12 +218,7 @@ fn policy_form(
 const TOOL_RULE: &str = "tool-rule";
 
 /// The rate buckets as a form: one row per class.
-fn limits_form(
-    limits: &[Limit],
-    csrf: &str,
-    passkey: bool,
-    failed: Option<&RowFailed<'_>>,
-) -> Markup {
+fn limits_form(limits: &[Limit], csrf: &str, failed: Option<&RowFailed<'_>>) -> Markup {
     html! {
         div class="card" {
             h2 { "Rate limits per connection" }
@@ -244,7 +233,7 @@ fn limits_form(
                             td { @if l.counted == "per_worker" { "on each worker" } @else { "across all workers" } }
                             td { (l.default) }
                             td {
-                                form method="post" action="/settings/rate-limit" class="inline" data-passkey[passkey] {
+                                form method="post" action="/settings/rate-limit" class="inline" {
                                     (csrf_field(csrf))
                                     input type="hidden" name="class" value=(l.class);
                                     @let now = l.per_minute.to_string();
@@ -258,7 +247,7 @@ fn limits_form(
                                 }
                                 @if l.overridden {
                                     " "
-                                    form method="post" action="/settings/rate-limit" class="inline" data-passkey[passkey] {
+                                    form method="post" action="/settings/rate-limit" class="inline" {
                                         (csrf_field(csrf))
                                         input type="hidden" name="class" value=(l.class);
                                         input type="hidden" name="per_minute" value="default";
@@ -368,7 +357,7 @@ pub(super) fn policy_card(on: bool, csrf: &str) -> Markup {
             } @else {
                 p { "Off: a signed-in session decides alone. Turn it on so a stolen session or password cannot approve or widen anything." }
             }
-            form method="post" action="/settings/passkey-policy" data-passkey[on] {
+            form method="post" action="/settings/passkey-policy" {
                 (csrf_field(csrf))
                 input type="hidden" name="to" value=(if on { "off" } else { "on" });
                 button type="submit" class=(if on { "danger" } else { "" }) {

@@ -209,7 +209,7 @@ fn settings_body(
                 None => { p id="sso-state" { "No identity provider is connected; people sign in with passwords." } }
             }
         }
-        form method="post" action="/settings/sso" class="card" data-passkey[t.session.row.passkey_policy()] {
+        form method="post" action="/settings/sso" class="card" {
             (csrf_field(csrf))
             h2 { @if idp.is_some() { "Change the identity provider" } @else { "Connect an identity provider" } }
             (entered.summary(&["issuer", "client_id", "client_secret", "email_domains", "session_hours"]))
@@ -258,7 +258,7 @@ fn settings_body(
             button type="submit" { "Save" }
         }
         @if idp.is_some() {
-            form method="post" action="/settings/sso/remove" class="card" data-passkey[t.session.row.passkey_policy()] {
+            form method="post" action="/settings/sso/remove" class="card" {
                 (csrf_field(csrf))
                 p { "Disconnecting ends every session the IdP started; people sign in with passwords again (your platform operator can set a password for someone who has none)." }
                 button type="submit" class="danger" { "Disconnect the identity provider" }
@@ -276,7 +276,7 @@ fn settings_body(
             @if !clients.is_empty() {
                 ul { @for c in clients { li { (c.name) " · " code { (c.client_id) } } } }
             }
-            form method="post" action="/settings/sso/clients" data-passkey[t.session.row.passkey_policy()] {
+            form method="post" action="/settings/sso/clients" {
                 (csrf_field(csrf))
                 label { "Name " input type="text" name="name" required maxlength="80" placeholder="Acme agent platform"; }
                 button type="submit" { "Register a client" }

@@ -46,7 +46,6 @@ fn once_key(t: &Tenant) -> String {
 const PATH: &str = "/audit/webhook";
 
 fn page_body(t: &Tenant, hook: Option<&WebhookView>, secret: Option<&str>) -> Markup {
-    let passkey = t.session.row.passkey_policy();
     html! {
         (super::settings::tabs("/audit/webhook"))
         @if let Some(s) = secret {
@@ -61,14 +60,14 @@ fn page_body(t: &Tenant, hook: Option<&WebhookView>, secret: Option<&str>) -> Ma
             Some(h) => { (delivery(t, h)) }
             None => { p class="card" id="no-webhook" { "No audit webhook: events stay in the log and the CSV export." } }
         }
-        form method="post" action="/audit/webhook" class="card" data-passkey[passkey] {
+        form method="post" action="/audit/webhook" class="card" {
             (csrf_field(t.csrf()))
             h2 { @if hook.is_some() { "Change the URL" } @else { "Send every audit event to your SIEM" } }
             label { "HTTPS URL " input type="url" name="url" required maxlength="2000" placeholder="https://siem.example.com/hooks/gatehouse" value=[hook.map(|h| h.url.as_str())]; }
             button type="submit" { "Save" }
         }
         @if hook.is_some() {
-            form method="post" action="/audit/webhook/rotate" class="card" data-passkey[passkey] {
+            form method="post" action="/audit/webhook/rotate" class="card" {
                 (csrf_field(t.csrf()))
                 p { "A new secret is shown once; the previous one keeps signing beside it for a day, so the receiver can switch." }
                 button type="submit" class="plain" { "Rotate the secret" }

@@ -68,7 +68,13 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
     assert_eq!(seen["forged"]["says"], true, "the refusal names the passkey: {seen}");
     assert_eq!(seen["policy_off_without_passkey"]["status"], 403, "{seen}");
     assert_eq!(seen["policy_off_without_passkey"]["still_on"], "t", "{seen}");
-    // Every other widening decision went through its own form with the passkey.
+    // Every other widening decision went through its own form with the passkey: the form
+    // posted, its service named the decision, the console showed it to confirm.
+    assert_eq!(seen["confirmation_names_action"], true, "{seen}");
+    assert_eq!(
+        seen["connection_decision"], "Creating the connection “Made with a passkey”",
+        "the confirmation names what the service will decide: {seen}"
+    );
     assert_eq!(seen["connection_created"], "1", "{seen}");
     assert_eq!(seen["role_raised"], "admin", "{seen}");
     assert_eq!(seen["rate_raised"], "60", "{seen}");

@@ -238,7 +238,7 @@ async fn keep_an_admin(
 
 /// The decision a role change is when it gives the person rights they do not hold now
 /// (`None` when it keeps or lowers them: narrowing never waits for a passkey).
-pub async fn role_decision(
+pub(crate) async fn role_decision(
     ds: &Services,
     ctx: &OpCtx,
     email: &str,

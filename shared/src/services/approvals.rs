@@ -186,18 +186,6 @@ fn looser(will: (Completion, bool), was: (Completion, bool)) -> bool {
         || (will.0 == was.0 && will.0 == Completion::PersonApproves && was.1 && !will.1)
 }
 
-/// The decision a rule is when it loosens the policy of its scope (`None` when it keeps or
-/// tightens it).
-pub async fn policy_decision(
-    ds: &Services,
-    ctx: &OpCtx,
-    scope: &str,
-    mode: Option<Completion>,
-    approver_not_creator: bool,
-) -> Result<Option<crate::services::passkeys::Decision>> {
-    loosening(ds, ctx, &parse_scope(scope)?, mode, approver_not_creator).await
-}
-
 async fn loosening(
     ds: &Services,
     ctx: &OpCtx,
@@ -406,27 +394,6 @@ pub enum Decided {
         action: String,
         replaced_by: String,
     },
-}
-
-/// The decision approving a waiting action is, as a passkey ceremony names it: its handle
-/// and the content hash of what it would do now. An action that changes after the ceremony
-/// began no longer matches, so the assertion cannot approve the new version.
-pub async fn decision_for(
-    ds: &Services,
-    ctx: &OpCtx,
-    raw: &str,
-) -> Result<crate::services::passkeys::Decision> {
-    let handle = raw.trim();
-    if !handle.starts_with("pac_") || handle.len() > 64 {
-        return Err(no_such_action(raw));
-    }
-    let mut tx = ds.begin().await?;
-    let p = db::pending_lock_by_handle(&mut tx, ctx, handle)
-        .await?
-        .filter(|p| p.completion == db::PendingCompletion::PersonApproves)
-        .ok_or_else(|| no_such_action(raw))?;
-    tx.rollback().await?;
-    Ok(crate::services::passkeys::Decision::approve_action(&p.handle, &p.content_hash))
 }
 
 /// The comment a person gives with a decision: optional (empty when none), bounded, plain

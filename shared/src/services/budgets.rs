@@ -392,18 +392,6 @@ fn decision(set: &BudgetSet<'_>, kind: EffectKind, after: Option<(i64, i64)>) ->
     Decision::raise_budget(set.connection.map(str::trim).unwrap_or("tenant"), kind.as_str(), after)
 }
 
-/// The decision setting a budget is when it raises it (`None` when it keeps or lowers it).
-pub async fn set_decision(
-    ds: &Services,
-    ctx: &OpCtx,
-    set: &BudgetSet<'_>,
-) -> Result<Option<Decision>> {
-    let mut tx = ds.begin().await?;
-    let (kind, _, before, after) = change(&mut tx, ctx, set).await?;
-    tx.rollback().await?;
-    Ok(raises(before, after).then(|| decision(set, kind, after)))
-}
-
 /// Sets a budget, audited; raising one needs the passkey under the tenant's policy. Holds from
 /// the next action on every worker: budgets are read in the transaction of every check.
 pub async fn set(ds: &Services, ctx: &OpCtx, set: &BudgetSet<'_>) -> Result<Vec<BudgetView>> {

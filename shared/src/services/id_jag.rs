@@ -300,7 +300,7 @@ pub struct ClientView {
 /// Registers a confidential client for the tenant (an agent platform that presents ID-JAGs
 /// from the tenant's IdP); audited as `oauth_client.register`.
 /// The decision registering a confidential client is (it may then trade ID-JAGs for tokens).
-pub fn client_decision(name: &str) -> crate::services::passkeys::Decision {
+pub(crate) fn client_decision(name: &str) -> crate::services::passkeys::Decision {
     crate::services::passkeys::Decision::identity_provider(
         "register_client",
         &[("name", name.trim().to_owned())],

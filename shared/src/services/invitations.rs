@@ -94,7 +94,7 @@ pub fn link(public_url: &str, token: &str) -> String {
 }
 
 /// The decision an invitation is: letting someone new in with a role's rights.
-pub fn invite_decision(email: &str, role: Role) -> Decision {
+pub(crate) fn invite_decision(email: &str, role: Role) -> Decision {
     Decision::invite_person(&email.trim().to_lowercase(), role.as_str())
 }
 

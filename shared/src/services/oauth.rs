@@ -481,33 +481,37 @@ pub async fn consent_take(
     ds.preauth_oauth_request_take(handle, session.id, tenant).await
 }
 
-/// The decision a consent form would make, for its passkey ceremony: `None` when it grants
-/// reading only (no passkey asked) or the request is gone.
-pub async fn consent_form_decision(
+/// Asked before a consent is taken (a consent request is used once): whether approving it
+/// needs a passkey the form did not carry. Refuses as [`approve`] would, with
+/// [`Error::PasskeyRequired`] naming the decision, so the person confirms it and posts again
+/// while the request still waits; `Ok` when it grants reading only, the tenant's policy does
+/// not ask, or the request is gone (the take then says so).
+pub async fn consent_step_up(
     ds: &Services,
     session: &ConsoleSession,
     ctx: &OpCtx,
     handle: &str,
     rights: &[&str],
-) -> Result<Option<crate::services::passkeys::Decision>> {
+) -> Result<()> {
     let row = session.row();
-    let Some(tenant) = row.tenant_id else { return Ok(None) };
+    let Some(tenant) = row.tenant_id else { return Ok(()) };
     if !handle.starts_with("areq_") || handle.len() > 64 {
-        return Ok(None);
+        return Ok(());
     }
     let Some(req) = ds.preauth_oauth_request_peek(handle, row.id, tenant).await? else {
-        return Ok(None);
+        return Ok(());
     };
     let granted = RightSet::parse_lenient(rights).intersect(ctx.rights());
     if granted.is_subset_of(crate::rights::read_only()) {
-        return Ok(None);
+        return Ok(());
     }
     let name = ds
         .preauth_oauth_client_get(&req.client_id)
         .await?
         .map(|c| c.client_name)
         .unwrap_or_else(|| req.client_id.clone());
-    Ok(Some(consent_decision(&req, granted, &name)))
+    let mut tx = ds.begin().await?;
+    crate::services::passkeys::require(&mut tx, ctx, &consent_decision(&req, granted, &name)).await
 }
 
 /// The decision a consent is, as a passkey ceremony names it: the client, where the code

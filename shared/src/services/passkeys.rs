@@ -3,10 +3,12 @@
 //! People register discoverable passkeys with user verification, name and remove them, and
 //! sign in with one. Under a tenant's policy "decisions need a passkey", every decision that
 //! widens what agents can do needs a user-verified assertion made for that decision, at most
-//! [`PROOF_MAX_AGE_SECS`] old: the adapter asks for a ceremony naming the [`Decision`]
-//! ([`decision_begin`]), the browser signs its challenge, the adapter turns the assertion into
-//! a [`Proof`] ([`prove`]) and puts it on the context; the service that makes the decision
-//! builds the same `Decision` from its own inputs and calls [`require`], which is the check.
+//! [`PROOF_MAX_AGE_SECS`] old. The service that makes the decision builds its [`Decision`] from
+//! its own typed input and calls [`require`], which is the check; without a proof that holds it
+//! refuses with [`Error::PasskeyRequired`] naming the decision's digest. The adapter starts a
+//! ceremony for that digest ([`decision_begin`]), the browser signs its challenge and posts the
+//! same form again, and the adapter turns the assertion into a [`Proof`] ([`prove`]) on the
+//! context. No adapter builds or predicts a decision: the service is its one source.
 //! So an assertion for one approval cannot approve another, a session cookie alone decides
 //! nothing, and no adapter can forget the check: it lives in the service. Narrowing decisions
 //! (deny, revoke, deactivate, lower a role, switch off) never ask.
@@ -325,7 +327,11 @@ fn check(ctx: &OpCtx, decision: &Decision) -> Result<()> {
             "this tenant's policy asks for your passkey on every decision that widens what agents can do; confirm with your passkey"
         }
     };
-    Err(Error::PasskeyRequired { decision: decision.label(), problem: problem.into() })
+    Err(Error::PasskeyRequired {
+        decision: decision.label(),
+        problem: problem.into(),
+        ceremony_for: Some(decision.digest(Some(ctx.tenant().handle.as_str()))),
+    })
 }
 
 /// The platform kill switch's own rule: in the console it always needs the operator's
@@ -343,6 +349,7 @@ pub(crate) fn require_for_platform(
     Err(Error::PasskeyRequired {
         decision: decision.label(),
         problem: "turning agents back on everywhere needs your passkey; confirm with it (or use gatehousectl on the host)".into(),
+        ceremony_for: Some(decision.digest(None)),
     })
 }
 

@@ -261,25 +261,6 @@ pub async fn set(
     })
 }
 
-/// The decision setting `source` would be, for its passkey ceremony: `None` when it only
-/// narrows what the version in force allows.
-pub async fn set_decision(
-    ds: &Services,
-    ctx: &OpCtx,
-    source: &str,
-    expected: i32,
-) -> Result<Option<crate::services::passkeys::Decision>> {
-    ctx.require(Right::TenantSwitch)?;
-    let old = match expected {
-        v if v > 0 => ds.policy_at(ctx, v).await?.unwrap_or_default(),
-        _ => String::new(),
-    };
-    Ok(crate::policies::widens(&old, source).then(|| {
-        let digest = crate::canon::sha256_hex(source.as_bytes());
-        crate::services::passkeys::Decision::policy_widen(expected + 1, &digest)
-    }))
-}
-
 /// One version in the history, with what it changed from the one before.
 #[derive(Debug, Serialize)]
 pub struct PolicyVersion {

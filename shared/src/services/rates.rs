@@ -117,7 +117,7 @@ pub async fn limits(ds: &Services, ctx: &OpCtx) -> Result<Vec<Limit>> {
 
 /// The decision setting a class's allowance is when it raises it (`None` when it keeps or
 /// lowers it).
-pub async fn limit_decision(
+pub(crate) async fn limit_decision(
     ds: &Services,
     ctx: &OpCtx,
     class: &str,

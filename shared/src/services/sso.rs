@@ -217,7 +217,7 @@ fn email_domains(raw: &[String]) -> Result<Vec<String>> {
 
 /// The decision connecting or changing the IdP is, as a passkey ceremony names it: every
 /// setting it stores (never the secret itself, only whether one is given).
-pub fn set_decision(input: &IdpInput) -> crate::services::passkeys::Decision {
+pub(crate) fn set_decision(input: &IdpInput) -> crate::services::passkeys::Decision {
     let domains = email_domains(&input.email_domains).unwrap_or_default().join(" ");
     crate::services::passkeys::Decision::identity_provider(
         "set",
@@ -366,7 +366,7 @@ pub async fn idp_set(
 }
 
 /// The decision removing an IdP the tenant requires is.
-pub fn remove_decision() -> crate::services::passkeys::Decision {
+pub(crate) fn remove_decision() -> crate::services::passkeys::Decision {
     crate::services::passkeys::Decision::identity_provider("remove", &[])
 }
 

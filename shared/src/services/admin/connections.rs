@@ -27,7 +27,7 @@ pub struct NewConnection<'a> {
 
 /// The decision creating a connection is, as a passkey ceremony names it: the name as the
 /// connection will carry it, its rights and its toolset.
-pub fn connection_decision(
+pub(crate) fn connection_decision(
     name: &str,
     rights: RightSet,
     toolset: &str,
@@ -163,7 +163,7 @@ pub(super) fn toolset_widens(from: &str, to: &str) -> bool {
 
 /// The decision an edit is when it widens the connection (rights it lacks, a larger toolset):
 /// `None` when it renames or narrows, which never waits for a passkey.
-pub fn connection_edit_decision(
+pub(crate) fn connection_edit_decision(
     current: &ConnectionSummary,
     edit: &ConnectionEdit<'_>,
 ) -> Option<Decision> {

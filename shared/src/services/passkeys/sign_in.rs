@@ -101,12 +101,15 @@ pub(super) async fn advance(
 // ------------------------------------------------------------------ proving a decision
 
 /// Starts a ceremony for one decision of the signed-in person: the options for
-/// `navigator.credentials.get`, limited to their own passkeys.
+/// `navigator.credentials.get`, limited to their own passkeys. `digest` is the decision as its
+/// service named it when it asked for a passkey ([`Error::PasskeyRequired`]'s `ceremony_for`):
+/// the assertion proves exactly that decision and no other.
 pub async fn decision_begin(
     ds: &Services,
     rp: &RelyingParty,
     session: &ConsoleSession,
-    decision: &Decision,
+    label: &str,
+    digest: &str,
 ) -> Result<(String, serde_json::Value)> {
     let keys: Vec<Passkey> = ds
         .preauth_passkeys_of(session.person_id())
@@ -116,8 +119,9 @@ pub async fn decision_begin(
         .collect();
     if keys.is_empty() {
         return Err(Error::PasskeyRequired {
-            decision: decision.label(),
+            decision: label.to_owned(),
             problem: "you have no passkey yet; add one under Passkeys (your name, top right), or ask an operator".into(),
+            ceremony_for: None,
         });
     }
     let (options, state) = rp
@@ -125,13 +129,11 @@ pub async fn decision_begin(
         .start_passkey_authentication(&keys)
         .map_err(|e| Error::Internal(format!("passkey check: {e}")))?;
     let (id, hash) = ceremony_id();
-    let tenant =
-        crate::services::console::session_ctx(session).map(|c| c.tenant().handle.to_string());
     ds.preauth_ceremony_create(
         &hash,
         "decision",
         Some(session.person_id()),
-        Some(&decision.digest(tenant.as_deref())),
+        Some(digest),
         &to_json(&state)?,
         CEREMONY_TTL_SECS,
     )
@@ -151,6 +153,7 @@ pub async fn prove(
     let refused = |problem: &str| Error::PasskeyRequired {
         decision: "this decision".into(),
         problem: problem.into(),
+        ceremony_for: None,
     };
     let assertion: PublicKeyCredential = bounded("passkey_assertion", assertion)?;
     let row = ds
