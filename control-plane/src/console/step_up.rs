@@ -93,15 +93,7 @@ pub async fn offer(State(state): State<Arc<AppState>>, request: Request, next: N
         return response;
     };
     let session = Session { row, token, notice: None };
-    match passkeys::decision_begin(
-        &state.ds,
-        &state.passkeys,
-        &session.row,
-        &confirm.label,
-        &confirm.digest,
-    )
-    .await
-    {
+    match begin(&state, &session, &confirm).await {
         Ok((ceremony, options)) => {
             let form = Shown { action: &action, back: &back, fields: &bytes };
             confirmation(&session, &confirm, &form, &ceremony, &options)
@@ -157,15 +149,7 @@ fn confirmation(
 /// signs it and asks again; any other error as [`super::passkeys::refused`] words it.
 pub(super) async fn ceremony_json(state: &AppState, session: &Session, e: Error) -> Response {
     let Some(confirm) = Confirm::of(&e) else { return super::passkeys::refused(e) };
-    match passkeys::decision_begin(
-        &state.ds,
-        &state.passkeys,
-        &session.row,
-        &confirm.label,
-        &confirm.digest,
-    )
-    .await
-    {
+    match begin(state, session, &confirm).await {
         Ok((ceremony, options)) => (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({
@@ -175,6 +159,22 @@ pub(super) async fn ceremony_json(state: &AppState, session: &Session, e: Error)
             .into_response(),
         Err(e) => super::passkeys::refused(e),
     }
+}
+
+/// A ceremony for the decision the service named, limited to the person's own passkeys.
+async fn begin(
+    state: &AppState,
+    session: &Session,
+    confirm: &Confirm,
+) -> Result<(String, serde_json::Value), Error> {
+    passkeys::decision_begin(
+        &state.ds,
+        &state.passkeys,
+        &session.row,
+        &confirm.label,
+        &confirm.digest,
+    )
+    .await
 }
 
 /// The context of a decision with the proof its form carried: a passkey assertion turned into
