@@ -306,3 +306,35 @@ impl TestDb {
         .expect("a count of audit rows")
     }
 }
+
+impl TestDb {
+    /// How the newest console session of the person `email` (any case) was proven:
+    /// `password`, `passkey` or `single_sign_on`.
+    pub async fn latest_session_proof_of(&self, email: &str) -> String {
+        sqlx::query_scalar::<_, String>(
+            "SELECT s.signed_in_with::text FROM console_sessions s \
+             JOIN people p ON p.id = s.person_id WHERE lower(p.email) = lower($1) \
+             ORDER BY s.id DESC LIMIT 1",
+        )
+        .bind(email)
+        .fetch_one(self.ds.pool())
+        .await
+        .expect("a console session of the person")
+    }
+
+    /// How the person invited as `email` joined: `how:role:without a password:passkeys`,
+    /// e.g. `passkey:dispatcher:true:1`.
+    pub async fn how_an_invitee_joined(&self, email: &str) -> String {
+        sqlx::query_scalar::<_, String>(
+            "SELECT i.accepted_how || ':' || m.role || ':' || (p.password_hash IS NULL) || ':' \
+                    || (SELECT count(*) FROM passkeys k WHERE k.person_id = p.id) \
+             FROM invitations i JOIN people p ON p.id = i.person_id \
+             JOIN memberships m ON m.person_id = p.id AND m.tenant_id = i.tenant_id \
+             WHERE p.email = $1",
+        )
+        .bind(email)
+        .fetch_one(self.ds.pool())
+        .await
+        .expect("an accepted invitation")
+    }
+}
