@@ -337,18 +337,38 @@ async fn decide(
             .into_response();
     }
     // Consent beyond reading under the tenant's passkey policy is confirmed before the request
-    // is used up: the service names the decision and the console's layer shows its
-    // confirmation, which posts this form again with the assertion.
-    if let Some(ctx) = shared::services::console::session_ctx(&session.row)
+    // is used up: the assertion (if the form carries one) is checked first, then the service
+    // names the decision it still needs, and the console's layer shows its confirmation, which
+    // posts this form again. A bad or stale assertion leaves the request waiting.
+    let proven = match shared::services::console::session_ctx(&session.row) {
+        Some(ctx) => match (one("passkey_ceremony"), one("passkey_assertion")) {
+            (Some(ceremony), Some(assertion)) if !ceremony.is_empty() && !assertion.is_empty() => {
+                match shared::services::passkeys::prove(
+                    &state.ds,
+                    &state.passkeys,
+                    &session.row,
+                    ceremony,
+                    assertion,
+                )
+                .await
+                {
+                    Ok(proof) => Some(ctx.with_proof(proof)),
+                    Err(e) => return crate::console::refusal(e),
+                }
+            }
+            _ => Some(ctx),
+        },
+        None => None,
+    };
+    if let Some(ctx) = &proven
         && one("decision") == Some("approve")
-        && one("passkey_assertion").is_none_or(str::is_empty)
     {
         let rights: Vec<&str> =
             form.iter().filter(|(k, _)| k == "right").map(|(_, v)| v.as_str()).collect();
         let asked = oauth::consent_step_up(
             &state.ds,
             &session.row,
-            &ctx,
+            ctx,
             one("request").unwrap_or_default(),
             &rights,
         )
@@ -395,27 +415,8 @@ async fn decide(
                 .into_response();
         }
     }
-    let Some(ctx) = shared::services::console::session_ctx(&session.row) else {
+    let Some(ctx) = proven else {
         return Redirect::to("/tenants").into_response();
-    };
-    // Under the tenant's passkey policy, consent beyond reading carries an assertion made for
-    // it; the service checks it (a wrong one ends this consent request).
-    let ctx = match (one("passkey_ceremony"), one("passkey_assertion")) {
-        (Some(ceremony), Some(assertion)) if !ceremony.is_empty() => {
-            match shared::services::passkeys::prove(
-                &state.ds,
-                &state.passkeys,
-                &session.row,
-                ceremony,
-                assertion,
-            )
-            .await
-            {
-                Ok(proof) => ctx.with_proof(proof),
-                Err(e) => return show_error(e.into()),
-            }
-        }
-        _ => ctx,
     };
     let names: Vec<&str> =
         form.iter().filter(|(k, _)| k == "right").map(|(_, v)| v.as_str()).collect();

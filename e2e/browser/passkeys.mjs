@@ -129,6 +129,9 @@ async function submitConfirmed(page, click) {
   await Promise.all([page.waitForNavigation(), click()]);
   await page.waitForSelector("form[data-passkey-confirm]", { timeout: 10000 });
   const decision = (await page.locator("#confirm-decision strong").first().textContent()) ?? "";
+  // The form comes back sealed: nothing typed is written into the page.
+  const carried = await page.$$eval("form[data-passkey-confirm] input", (inputs) => inputs.map((i) => i.name));
+  expect(carried.join(",") === "confirm_form", `the confirmation carries only the sealed form: ${carried}`);
   await confirmHere(page);
   return decision.trim();
 }

@@ -77,6 +77,15 @@
     setField(form, 'passkey_assertion', JSON.stringify(assertionJson(cred)));
   };
 
+  // Cancel on a confirmation goes back to the page the form was on.
+  document.addEventListener('click', (e) => {
+    const back = e.target.closest && e.target.closest('a[data-back]');
+    if (back && history.length > 1) {
+      e.preventDefault();
+      history.back();
+    }
+  });
+
   document.addEventListener('submit', async (e) => {
     const form = e.target;
     if (form.dataset.passkeyDone) return;
@@ -95,10 +104,14 @@
         // back to itself; adding one to one's account posts to /account/passkeys. A further
         // passkey is a decision: the server answers with its ceremony, signed with one held.
         const url = form.dataset.options || '/account/passkeys/options';
+        // A retry starts afresh: a ceremony signed before is used up.
+        form.querySelectorAll('input[name="passkey_ceremony"], input[name="passkey_assertion"]')
+          .forEach((input) => input.remove());
         let answer = await post(url, form);
         if (answer.needed) {
           await sign(form, answer.ceremony, answer.options);
           answer = await post(url, form);
+          if (answer.needed) throw new Error('the passkey check did not hold');
         }
         const cred = await navigator.credentials.create(creationOptions(answer.options));
         setField(form, 'ceremony', answer.ceremony);

@@ -58,60 +58,128 @@ impl Confirm {
 }
 
 /// The console's layer: a form refused for want of a passkey comes back as the page that
-/// confirms it. Every other request and answer passes untouched.
+/// confirms it, and that page's post becomes the form again. Every other request and answer
+/// passes untouched; a post without a session cookie is not even read here.
 pub async fn offer(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let is_form = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
-    if request.method() != Method::POST || !is_form {
+    let is_form =
+        request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(
+            |v| v.to_ascii_lowercase().starts_with("application/x-www-form-urlencoded"),
+        );
+    let token = cookie(request.headers(), super::session_cookie(&state));
+    let (true, true, Some(token)) = (request.method() == Method::POST, is_form, token) else {
         return next.run(request).await;
-    }
-    let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, FORM_LIMIT).await else {
-        let body = error_box("This form is larger than the console takes; nothing changed.");
-        return (StatusCode::PAYLOAD_TOO_LARGE, page("Too large", None, body)).into_response();
     };
-    let action = parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_default();
-    let token = cookie(&parts.headers, super::session_cookie(&state));
-    // Cancel goes back to the page the form was on, when it was the console's own.
-    let back = parts
-        .headers
-        .get(header::REFERER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|r| url::Url::parse(r).ok())
-        .filter(|r| state.public_url.starts_with(&r.origin().ascii_serialization()))
-        .map(|r| super::safe_next(Some(&r[url::Position::BeforePath..])))
-        .unwrap_or_else(|| "/".into());
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, FORM_LIMIT).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let (status, text) = if too_large {
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "This form is larger than the console takes; nothing changed.",
+                )
+            } else {
+                (
+                    StatusCode::BAD_REQUEST,
+                    "The form did not arrive whole; nothing changed. Try again.",
+                )
+            };
+            return (status, page("Not done", None, error_box(text))).into_response();
+        }
+    };
+    let path = parts.uri.path().to_owned();
+    let action = parts.uri.path_and_query().map(|p| p.as_str().to_owned()).unwrap_or(path.clone());
+    // The confirmation's own post: the form as it was first posted, sealed to this session and
+    // this path, with the passkey's assertion beside it.
+    let bytes = match sealed_form(&bytes) {
+        Some(sealed) => match opened(&state, &token, &path, sealed, &bytes).await {
+            Some(form) => form,
+            None => {
+                let body = error_box(
+                    "This confirmation was not made for this form or this session; submit the form again.",
+                );
+                return (StatusCode::FORBIDDEN, page("Not done", None, body)).into_response();
+            }
+        },
+        None => bytes,
+    };
     let response = next.run(Request::from_parts(parts, Body::from(bytes.clone()))).await;
     let Some(confirm) = response.extensions().get::<Confirm>().cloned() else {
         return response;
     };
-    let Some(token) = token else { return response };
     let Ok(Some(row)) = shared::services::console::session(&state.ds, &token).await else {
         return response;
     };
     let session = Session { row, token, notice: None };
-    match begin(&state, &session, &confirm).await {
-        Ok((ceremony, options)) => {
-            let form = Shown { action: &action, back: &back, fields: &bytes };
+    let sealed = shared::services::console::once_seal(
+        &state.ds,
+        &session.row,
+        &purpose(&path),
+        &without_proof(&bytes),
+    );
+    match (sealed, begin(&state, &session, &confirm).await) {
+        (Ok(sealed), Ok((ceremony, options))) => {
+            let form = Shown { action: &action, sealed: &sealed };
             confirmation(&session, &confirm, &form, &ceremony, &options)
         }
-        Err(e) => super::Fail::from(e).into_response(),
+        (Err(e), _) | (_, Err(e)) => super::Fail::from(e).into_response(),
     }
 }
 
-/// The form a confirmation posts again: where to, its fields as they came, and where Cancel
-/// goes.
+/// The field a confirmation carries its form in.
+const SEALED_FIELD: &str = "confirm_form";
+
+fn purpose(path: &str) -> String {
+    format!("confirm-form\0{path}")
+}
+
+/// The sealed form a confirmation's post carries, if it is one.
+fn sealed_form(body: &Bytes) -> Option<String> {
+    url::form_urlencoded::parse(body).find(|(k, _)| k == SEALED_FIELD).map(|(_, v)| v.into_owned())
+}
+
+/// A form's fields without the proof of an attempt before.
+fn without_proof(body: &Bytes) -> String {
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in url::form_urlencoded::parse(body) {
+        if !PROOF_FIELDS.contains(&k.as_ref()) && k != SEALED_FIELD {
+            out.append_pair(&k, &v);
+        }
+    }
+    out.finish()
+}
+
+/// The form a confirmation sealed, opened for this session and path, with the assertion the
+/// confirmation's post brought; `None` when the seal is not this session's or this path's.
+async fn opened(
+    state: &AppState,
+    token: &str,
+    path: &str,
+    sealed: String,
+    posted: &Bytes,
+) -> Option<Bytes> {
+    let row = shared::services::console::session(&state.ds, token).await.ok().flatten()?;
+    let form = shared::services::console::once_open(&state.ds, &row, &purpose(path), &sealed)?;
+    let mut out = url::form_urlencoded::Serializer::new(form);
+    for (k, v) in url::form_urlencoded::parse(posted) {
+        if PROOF_FIELDS.contains(&k.as_ref()) {
+            out.append_pair(&k, &v);
+        }
+    }
+    Some(Bytes::from(out.finish()))
+}
+
+/// The form a confirmation posts again: where to, and the form itself, sealed to the session
+/// (so nothing typed, a secret included, is written into the page).
 struct Shown<'a> {
     action: &'a str,
-    back: &'a str,
-    fields: &'a Bytes,
+    sealed: &'a str,
 }
 
 /// The page that confirms a decision: what it is, why a passkey is asked, and the form again
-/// with its ceremony. Refused (403) as the form was: nothing happened yet.
+/// (sealed) with its ceremony. Refused (403) as the form was: nothing happened yet.
 fn confirmation(
     session: &Session,
     confirm: &Confirm,
@@ -119,10 +187,6 @@ fn confirmation(
     ceremony: &str,
     options: &serde_json::Value,
 ) -> Response {
-    let fields: Vec<(String, String)> = url::form_urlencoded::parse(form.fields)
-        .filter(|(k, _)| !PROOF_FIELDS.contains(&k.as_ref()))
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
     let body = html! {
         div class="card" id="confirm-decision" {
             h2 { "Confirm with your passkey" }
@@ -130,12 +194,10 @@ fn confirmation(
             p class="muted" { (super::sentence(&confirm.problem)) }
             form method="post" action=(form.action) data-passkey-confirm
                 data-ceremony=(ceremony) data-options=(options.to_string()) {
-                @for (name, value) in &fields {
-                    input type="hidden" name=(name) value=(value);
-                }
+                input type="hidden" name=(SEALED_FIELD) value=(form.sealed);
                 button type="submit" { "Confirm with your passkey" }
                 " "
-                a href=(form.back) { "Cancel" }
+                a href="/" data-back { "Cancel" }
             }
             p class="muted" { "Nothing has changed yet. Your device asks for your PIN, fingerprint or face; the check is made for this decision alone and holds five minutes." }
         }

@@ -208,6 +208,14 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
     assert_eq!(r.status(), 403);
     let body = r.text().await.expect("body");
     assert!(body.contains("no passkey yet") && body.contains("Passkeys"), "{body}");
+    // A confirmation's post carries its form sealed to the session and the path: a made-up
+    // seal is refused and changes nothing.
+    let forged = form(&csrf, &[("confirm_form", "gs1.forged"), ("to", "on"), ("reason", "x")]);
+    let r = admin.post("/settings/agent-access", &forged).await;
+    assert_eq!(r.status(), 403);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("not made for this form"), "{body}");
+    assert_eq!(db.rows("tenants").eq("slug", slug).text("agent_access").await, "false");
     let r =
         admin.post("/passkeys/decision", &form(&csrf, &[("for", "/settings/agent-access")])).await;
     assert!(matches!(r.status().as_u16(), 404 | 405), "no router of decisions by URL");
