@@ -102,6 +102,8 @@ pub struct Compiled {
     /// The tools some policy judging them reads the call's records for (see
     /// [`Compiled::reads_records`]).
     reads_records: std::collections::HashSet<String>,
+    /// By tool: the attributes of `context` its policies read (`None`: every one is built).
+    context_reads: std::collections::HashMap<String, Option<std::collections::BTreeSet<String>>>,
     schema: Arc<PolicySchema>,
     /// By Cedar's id of each policy: what the tenant named it and why.
     info: BTreeMap<String, PolicyInfo>,
@@ -322,8 +324,10 @@ impl Compiled {
             schema.actions.values().map(|f| &f.uid).collect();
         let mut by_action = std::collections::HashMap::new();
         let mut reads_records = std::collections::HashSet::new();
+        let mut context_keys = std::collections::HashMap::new();
         for (tool, facts) in &schema.actions {
             let mut share = PolicySet::new();
+            let mut keys = Some(std::collections::BTreeSet::new());
             for policy in tenant.policies() {
                 let applies = match policy.action_constraint() {
                     ActionConstraint::Any => true,
@@ -336,6 +340,13 @@ impl Compiled {
                     if reads_a_record(policy) {
                         reads_records.insert(tool.clone());
                     }
+                    keys = match (keys, context_reads(policy)) {
+                        (Some(mut all), Some(these)) => {
+                            all.extend(these);
+                            Some(all)
+                        }
+                        _ => None,
+                    };
                     share
                         .add(policy.clone())
                         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
@@ -350,10 +361,12 @@ impl Compiled {
                 Some(share)
             };
             by_action.insert(tool.clone(), share);
+            context_keys.insert(tool.clone(), keys);
         }
         Ok(Compiled {
             by_action,
             reads_records,
+            context_reads: context_keys,
             schema,
             info,
             authorizer: Authorizer::new(),
@@ -467,6 +480,10 @@ impl Compiled {
         );
         let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
         let connection = self.connection_entity(call.connection, &principal)?;
+        // Only what the tool's policies read is built: the clock, the arguments and the
+        // record's attributes cost more than evaluating a policy that never looks at them.
+        let reads = self.context_reads.get(call.tool).and_then(Option::as_ref);
+        let wants = |key: &str| reads.is_none_or(|r| r.contains(key));
         let record = |fields: Vec<(String, RestrictedExpression)>| {
             RestrictedExpression::new_record(fields).map_err(|e| format!("the call's context: {e}"))
         };
@@ -476,22 +493,25 @@ impl Compiled {
                 attrs.insert(name.to_owned(), value);
             }
         };
-        match &call.resource {
-            Resource::Booking { status, hours_until_start, region, .. } => {
-                put("status", status.as_deref().map(string));
-                put("hours_until_start", hours_until_start.map(RestrictedExpression::new_long));
-                put("region", region.as_deref().map(string));
+        // A record's attributes only when a policy of the tool reads the record.
+        if self.reads_records.contains(call.tool) {
+            match &call.resource {
+                Resource::Booking { status, hours_until_start, region, .. } => {
+                    put("status", status.as_deref().map(string));
+                    put("hours_until_start", hours_until_start.map(RestrictedExpression::new_long));
+                    put("region", region.as_deref().map(string));
+                }
+                Resource::Customer { region, local, .. } => {
+                    put("region", region.as_deref().map(string));
+                    put("zone", local.as_ref().and_then(|l| l.time_zone().iana_name()).map(string));
+                    put("local_time", local.as_ref().map(|l| record(clock(l))).transpose()?);
+                }
+                Resource::Technician(t) => {
+                    put("region", t.region.as_deref().map(string));
+                    put("active", t.active.map(RestrictedExpression::new_bool));
+                }
+                Resource::Tenant(_) => {}
             }
-            Resource::Customer { region, local, .. } => {
-                put("region", region.as_deref().map(string));
-                put("zone", local.as_ref().and_then(|l| l.time_zone().iana_name()).map(string));
-                put("local_time", local.as_ref().map(|l| record(clock(l))).transpose()?);
-            }
-            Resource::Technician(t) => {
-                put("region", t.region.as_deref().map(string));
-                put("active", t.active.map(RestrictedExpression::new_bool));
-            }
-            Resource::Tenant(_) => {}
         }
         let entity =
             Entity::new(resource.clone(), attrs, Default::default()).map_err(|e| e.to_string())?;
@@ -500,18 +520,27 @@ impl Compiled {
         // entities and context against the schema again would cost more than evaluating.
         let entities = Entities::from_entities([connection, entity], None)
             .map_err(|e| format!("the call's entities: {e}"))?;
-        let args = facts
-            .args
-            .iter()
-            .filter_map(|(name, ty)| Some((name.clone(), ty.fact(call.args.get(name)?)?)));
-        let mut context = vec![
-            ("args".to_owned(), record(args.collect())?),
-            ("class".to_owned(), string(call.class.as_str())),
-            ("phase".to_owned(), string(call.phase)),
-            ("effects".to_owned(), RestrictedExpression::new_long(call.effects)),
-            ("now".to_owned(), record(clock(&call.now))?),
-        ];
-        if let Some(t) = &call.technician {
+        let mut context = Vec::new();
+        if wants("args") {
+            let args = facts
+                .args
+                .iter()
+                .filter_map(|(name, ty)| Some((name.clone(), ty.fact(call.args.get(name)?)?)));
+            context.push(("args".to_owned(), record(args.collect())?));
+        }
+        if wants("class") {
+            context.push(("class".to_owned(), string(call.class.as_str())));
+        }
+        if wants("phase") {
+            context.push(("phase".to_owned(), string(call.phase)));
+        }
+        if wants("effects") {
+            context.push(("effects".to_owned(), RestrictedExpression::new_long(call.effects)));
+        }
+        if wants("now") {
+            context.push(("now".to_owned(), record(clock(&call.now))?));
+        }
+        if let Some(t) = call.technician.as_ref().filter(|_| wants("technician")) {
             let mut fields = vec![("handle".to_owned(), string(&t.handle))];
             if let Some(region) = &t.region {
                 fields.push(("region".to_owned(), string(region)));
@@ -521,7 +550,7 @@ impl Compiled {
             }
             context.push(("technician".to_owned(), record(fields)?));
         }
-        if !call.budgets.is_empty() {
+        if !call.budgets.is_empty() && wants("budgets") {
             let kinds = call
                 .budgets
                 .iter()

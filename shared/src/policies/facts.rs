@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use cedar_policy::RestrictedExpression;
+use serde_json::Value;
 
 use super::*;
 
@@ -122,6 +123,46 @@ pub(super) fn reads_a_record(policy: &cedar_policy::Policy) -> bool {
         }
         Err(_) => true,
     }
+}
+
+/// The attributes of `context` a policy reads (`context.now`, `context has args`), or `None`
+/// when it uses `context` otherwise (as a whole value) or its JSON form cannot be read: then a
+/// call judged by it gets every attribute. A call's context is built with only the attributes
+/// its tool's policies read; one they never read cannot change their verdict.
+pub(super) fn context_reads(
+    policy: &cedar_policy::Policy,
+) -> Option<std::collections::BTreeSet<String>> {
+    fn walk(
+        node: &Value,
+        reads: &mut std::collections::BTreeSet<String>,
+        seen: &mut usize,
+        used: &mut usize,
+    ) {
+        match node {
+            Value::Object(map) => {
+                if map.len() == 1 && map.get("Var").and_then(Value::as_str) == Some("context") {
+                    *used += 1;
+                    return;
+                }
+                for (key, inner) in map {
+                    if (key == "." || key == "has")
+                        && inner["left"].get("Var").and_then(Value::as_str) == Some("context")
+                        && let Some(attr) = inner["attr"].as_str()
+                    {
+                        reads.insert(attr.to_owned());
+                        *seen += 1;
+                    }
+                    walk(inner, reads, seen, used);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, reads, seen, used)),
+            _ => {}
+        }
+    }
+    let json = policy.to_json().ok()?;
+    let (mut reads, mut seen, mut used) = (std::collections::BTreeSet::new(), 0, 0);
+    walk(&json["conditions"], &mut reads, &mut seen, &mut used);
+    (seen == used).then_some(reads)
 }
 
 /// A weekday's English name, as `context.now.weekday` gives it.

@@ -442,3 +442,54 @@ fn a_set_reads_the_records_of_a_call_only_when_a_policy_judging_it_names_them() 
         "@id(\"p\")\n@reason(\"r\")\nforbid (principal, action, resource) when { resource is Booking };"
     ));
 }
+
+#[test]
+fn a_call_builds_only_the_context_its_policies_read_and_each_read_part_still_decides() {
+    let parse = |text: &str| cedar_policy::Policy::parse(None, text).expect("a policy");
+    let reads = |text: &str| facts::context_reads(&parse(text));
+    let keys = |names: &[&str]| Some(names.iter().map(|n| (*n).to_owned()).collect());
+    assert_eq!(
+        reads(
+            "forbid (principal, action, resource) when { context.now.hour == 3 && context has args && context.args.x == \"y\" };"
+        ),
+        keys(&["args", "now"])
+    );
+    assert_eq!(
+        reads("forbid (principal, action, resource) when { principal.client == \"c\" };"),
+        keys(&[])
+    );
+    // `context` as a whole value: nothing can be left out.
+    assert_eq!(reads("forbid (principal, action, resource) when { context == {} };"), None);
+    // Each part of the context, read by a policy alone, still reaches it: the call it matches
+    // is refused by name, never by an evaluation error (a part left out would be one).
+    let who = principal();
+    let parts = [
+        (
+            "args",
+            "context has args && context.args has customer && context.args.customer == \"cus_x\"",
+        ),
+        ("class", "context.class == \"notify\""),
+        ("phase", "context.phase == \"prepare\""),
+        ("effects", "context.effects == 1"),
+        ("now", "context.now.hour == 10"),
+        ("technician", "context has technician && context.technician.handle == \"tec_x\""),
+        (
+            "budgets",
+            "context has budgets && context.budgets has customers_messaged && context.budgets.customers_messaged.used == 4",
+        ),
+    ];
+    for (part, condition) in parts {
+        let source = format!(
+            "@id(\"reads-{part}\")\n@reason(\"reads {part}\")\nforbid (principal, action == Action::\"send_customer_message\", resource) when {{ {condition} }};"
+        );
+        let compiled = Compiled::compile(&source, schema()).expect("compiles");
+        let mut c = call(&who, "send_customer_message", 10, None);
+        c.technician =
+            Some(TechnicianFacts { handle: "tec_x".into(), region: None, active: Some(true) });
+        c.budgets = vec![BudgetFact { kind: "customers_messaged", used: 4, limit: 10, amount: 1 }];
+        match compiled.evaluate(&c) {
+            Verdict::Forbid(p) => assert_eq!(p.id, format!("reads-{part}")),
+            other => panic!("{part}: {other:?}"),
+        }
+    }
+}
