@@ -669,6 +669,9 @@ async fn run_once(
     use crate::telemetry::{self, Attr, Name};
     let attrs = [Attr::Tool(op.name()), Attr::Class(op.class())];
     let work = async move {
+        // What it does counts against its connection's budgets, whoever completes it (in the
+        // same transaction: a failed apply counts nothing).
+        budgets::count(&mut tx, ctx, p.connection_id, p.id, &plan.effects()).await?;
         let result = apply(&mut tx, ctx, plan, (p.id, &p.handle), now).await?;
         let out = Executed {
             status: ExecutedStatus::Executed,
@@ -685,8 +688,6 @@ async fn run_once(
         if let Some((person, reason)) = approved {
             db::pending_decided_by(&mut tx, ctx, p.id, Some(person), reason).await?;
         }
-        // What it did counts against its connection's budgets, whoever completed it.
-        budgets::count(&mut tx, ctx, p.connection_id, p.id, &plan.effects()).await?;
         let stored = serde_json::to_value(&out).map_err(|e| Error::Internal(e.to_string()))?;
         db::pending_decide(&mut tx, ctx, p.id, db::PendingStatus::Executed, Some(&stored)).await?;
         db::audit_insert(
