@@ -123,12 +123,16 @@ async function confirmHere(page) {
   await Promise.all([page.waitForNavigation(), page.click("form[data-passkey-confirm] button[type=submit]")]);
 }
 
+// What the last confirmation said the decision sets, row by row.
+let lastFacts = [];
+
 // Submits a widening form by `click`: the service names its decision, the console shows its
 // confirmation, the passkey signs exactly that one and the form posts again.
 async function submitConfirmed(page, click) {
   await Promise.all([page.waitForNavigation(), click()]);
   await page.waitForSelector("form[data-passkey-confirm]", { timeout: 10000 });
   const decision = (await page.locator("#confirm-decision strong").first().textContent()) ?? "";
+  lastFacts = await page.$$eval("#confirm-decision table.facts tr", (rows) => rows.map((r) => r.textContent.trim().replace(/\s+/g, " ")));
   // The form comes back sealed: nothing typed is written into the page.
   const carried = await page.$$eval("form[data-passkey-confirm] input", (inputs) => inputs.map((i) => i.name));
   expect(carried.join(",") === "confirm_form", `the confirmation carries only the sealed form: ${carried}`);
@@ -277,6 +281,7 @@ try {
   await page.goto(`${control}/connections/new`);
   await page.fill('form[action="/connections"] input[name="name"]', "Made with a passkey");
   out.connection_decision = await submitConfirmed(page, () => page.click('form[action="/connections"] button[type="submit"]'));
+  out.connection_facts = lastFacts;
 
   step = "raise a role with the passkey";
   await page.goto(`${control}/people`);

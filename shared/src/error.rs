@@ -141,11 +141,11 @@ pub enum Error {
 
     /// The tenant's policy needs a passkey assertion made for this decision, and the request
     /// carried none that holds (missing, for another decision, expired, or another person's).
-    /// `ceremony_for` is the digest a passkey ceremony must be made for to satisfy it (the
-    /// decision as the service built it from its own input), or `None` when no ceremony can
-    /// (the person holds no passkey, or the assertion itself was bad).
+    /// `ceremony_for` is what a passkey ceremony must be made for to satisfy it (the decision
+    /// as the service built it from its own input), or `None` when no ceremony can (the person
+    /// holds no passkey, or the assertion itself was bad).
     #[error("{decision} needs a passkey: {problem}")]
-    PasskeyRequired { decision: String, problem: String, ceremony_for: Option<String> },
+    PasskeyRequired { decision: String, problem: String, ceremony_for: Option<Box<CeremonyFor>> },
 
     /// The database could not serve the call (no connection, a restart, a failover); nothing
     /// of it was applied and a retry after a few seconds is expected to work. The cause names
@@ -214,6 +214,14 @@ pub(crate) const POOL_TIMED_OUT: &str = "no pooled connection was free within 5 
 
 /// Why Postgres did not serve a statement, as an operator reads it: the SQLSTATE and
 /// Postgres's own message, or what the driver saw (no SQLSTATE: the socket, a pool timeout).
+/// What a passkey ceremony must be made for to satisfy [`Error::PasskeyRequired`]: the
+/// decision's digest, and the facts it binds in words, for the person who confirms it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CeremonyFor {
+    pub digest: String,
+    pub facts: Vec<(String, String)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbFailure {
     pub sqlstate: Option<String>,

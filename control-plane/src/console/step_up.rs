@@ -39,17 +39,20 @@ pub(super) struct Confirm {
     pub label: String,
     pub problem: String,
     pub digest: String,
+    /// What the decision sets, in words (`rights`, `toolset`, `url`…).
+    pub facts: Vec<(String, String)>,
 }
 
 impl Confirm {
     /// The confirmation a service's refusal asks for, when a ceremony can satisfy it.
     pub(super) fn of(e: &Error) -> Option<Confirm> {
         match e {
-            Error::PasskeyRequired { decision, problem, ceremony_for: Some(digest) } => {
+            Error::PasskeyRequired { decision, problem, ceremony_for: Some(asked) } => {
                 Some(Confirm {
                     label: decision.clone(),
                     problem: problem.clone(),
-                    digest: digest.clone(),
+                    digest: asked.digest.clone(),
+                    facts: asked.facts.clone(),
                 })
             }
             _ => None,
@@ -191,6 +194,13 @@ fn confirmation(
         div class="card" id="confirm-decision" {
             h2 { "Confirm with your passkey" }
             p { strong { (confirm.label) } }
+            @if !confirm.facts.is_empty() {
+                table class="facts" {
+                    @for (name, value) in &confirm.facts {
+                        tr { th scope="row" { (name) } td { code { (value) } } }
+                    }
+                }
+            }
             p class="muted" { (super::sentence(&confirm.problem)) }
             form method="post" action=(form.action) data-passkey-confirm
                 data-ceremony=(ceremony) data-options=(options.to_string()) {

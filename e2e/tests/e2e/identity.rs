@@ -88,6 +88,11 @@ async fn a_passkey_approves_under_the_policy_and_nothing_else_does() {
         seen["connection_decision"], "Creating the connection “Made with a passkey”",
         "the confirmation names what the service will decide: {seen}"
     );
+    let facts = seen["connection_facts"].to_string();
+    assert!(
+        facts.contains("rights") && facts.contains("bookings:read") && facts.contains("toolset"),
+        "and shows what it sets: {seen}"
+    );
     assert_eq!(db.rows("connections").eq("name", "Made with a passkey").count().await, 1);
     let dispatcher = tenant["dispatcher"]["email"].as_str().expect("email");
     assert_eq!(db.membership_in(&slug, dispatcher).await.0, "admin", "the role was raised");

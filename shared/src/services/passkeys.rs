@@ -281,6 +281,20 @@ impl Decision {
         }
     }
 
+    /// What a ceremony for this decision is made for: its digest (made in `tenant`), and its
+    /// facts in words.
+    pub fn asked(&self, tenant: Option<&str>) -> Box<crate::error::CeremonyFor> {
+        let facts: Vec<(String, String)> = self
+            .facts
+            .iter()
+            // A hash binds what the person reads elsewhere on the page (the action's preview,
+            // the policy's text); it means nothing in words.
+            .filter(|(k, v)| !v.is_empty() && !k.contains("hash") && !k.contains("digest"))
+            .map(|(k, v)| (k.replace('_', " "), v.clone()))
+            .collect();
+        Box::new(crate::error::CeremonyFor { digest: self.digest(tenant), facts })
+    }
+
     /// The digest a ceremony binds: SHA-256 of the decision's canonical JSON and, for a
     /// decision made in a tenant, that tenant's handle.
     pub fn digest(&self, tenant: Option<&str>) -> String {
@@ -330,7 +344,7 @@ fn check(ctx: &OpCtx, decision: &Decision) -> Result<()> {
     Err(Error::PasskeyRequired {
         decision: decision.label(),
         problem: problem.into(),
-        ceremony_for: Some(decision.digest(Some(ctx.tenant().handle.as_str()))),
+        ceremony_for: Some(decision.asked(Some(ctx.tenant().handle.as_str()))),
     })
 }
 
@@ -349,7 +363,7 @@ pub(crate) fn require_for_platform(
     Err(Error::PasskeyRequired {
         decision: decision.label(),
         problem: "turning agents back on everywhere needs your passkey; confirm with it (or use gatehousectl on the host)".into(),
-        ceremony_for: Some(decision.digest(None)),
+        ceremony_for: Some(decision.asked(None)),
     })
 }
 

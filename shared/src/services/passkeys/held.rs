@@ -88,7 +88,7 @@ pub async fn register_begin(
                 return Err(Error::PasskeyRequired {
                     decision: decision.label(),
                     problem: "you hold a passkey already; confirm with it to add another".into(),
-                    ceremony_for: Some(decision.digest(None)),
+                    ceremony_for: Some(decision.asked(None)),
                 });
             };
             if !proof.covers(person.id, &decision.digest(None), now, PROOF_MAX_AGE_SECS) {
@@ -96,7 +96,7 @@ pub async fn register_begin(
                     decision: decision.label(),
                     problem: "the passkey check was made for another decision; confirm again"
                         .into(),
-                    ceremony_for: Some(decision.digest(None)),
+                    ceremony_for: Some(decision.asked(None)),
                 });
             }
         }
@@ -214,7 +214,7 @@ pub async fn remove(
         return Err(Error::PasskeyRequired {
             decision: decision.label(),
             problem: "confirm with one of your passkeys; lost them all? an operator resets them (gatehousectl passkey reset)".into(),
-            ceremony_for: Some(digest),
+            ceremony_for: Some(decision.asked(None)),
         });
     }
     let row = ds
