@@ -110,3 +110,58 @@ async fn what_a_policy_can_read_is_snapshotted_as_the_console_shows_it() {
     let reference = page[start..end].replace("<tr>", "\n<tr>").replace("<p ", "\n<p ");
     insta::assert_snapshot!("console_policy_reference", stable(&reference));
 }
+
+#[tokio::test]
+async fn what_a_console_refusal_says_is_snapshotted() {
+    let api = Api::start().await;
+    let t0 = &api.seed.tenants[0];
+    let db = &api._db;
+    let admin = Browser::sign_in(&api, &t0.admin.email, &t0.admin.password).await;
+    let html = admin.get("/settings").await.text().await.expect("html");
+    let csrf = form_fields(&html, "/settings/agent-access")
+        .into_iter()
+        .find(|(k, _)| k == "csrf")
+        .map(|(_, v)| v)
+        .expect("csrf");
+    let form = |fields: &[(&str, &str)]| {
+        let mut f = vec![("csrf".to_owned(), csrf.clone())];
+        f.extend(fields.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        f
+    };
+    // Under the tenant's passkey policy, by an admin who holds no passkey yet: each widening
+    // decision in its service's own words, and a form that is wrong in its own words.
+    db.rows("tenants").eq("slug", &t0.slug).set("decisions_need_passkey", true).await;
+    let dispatcher = t0.dispatcher.email.as_str();
+    let cases: [(&str, &str, Vec<(String, String)>); 5] = [
+        (
+            "a connection",
+            "/connections",
+            form(&[("name", "Dispatch bot"), ("right", "bookings:read")]),
+        ),
+        ("a role raised", "/people/role", form(&[("email", dispatcher), ("role", "admin")])),
+        (
+            "a rate limit raised",
+            "/settings/rate-limit",
+            form(&[("class", "notify"), ("per_minute", "60")]),
+        ),
+        (
+            "an invitation",
+            "/people/invite",
+            form(&[("email", "new@example.com"), ("name", "New"), ("role", "dispatcher")]),
+        ),
+        ("a switch with no direction", "/settings/agent-access", form(&[("to", "sideways")])),
+    ];
+    let mut texts = String::new();
+    for (case, path, fields) in cases {
+        let r = admin.post(path, &fields).await;
+        let status = r.status().as_u16();
+        let page = r.text().await.expect("page");
+        let said: Vec<&str> = page
+            .split("<p class=\"error\" role=\"alert\">")
+            .skip(1)
+            .filter_map(|rest| rest.split("</p>").next())
+            .collect();
+        texts.push_str(&format!("## {case}: {status}\n{}\n\n", stable(&said.join("\n"))));
+    }
+    insta::assert_snapshot!("console_refusals", texts);
+}

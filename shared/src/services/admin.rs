@@ -253,7 +253,7 @@ pub(crate) async fn role_decision(
         .map(|r| r.rights())
         .unwrap_or_default();
     Ok((!role.rights().is_subset_of(held))
-        .then(|| Decision::raise_role(&person.handle, role.as_str())))
+        .then(|| Decision::raise_role(&person.handle, role.as_str()).shown_as(&person.email)))
 }
 
 /// Changes a person's role. Their connections keep their stored rights, but the live rights

@@ -263,7 +263,9 @@ impl Decision {
             "widen_connection" => format!("Giving the connection {s} more rights"),
             "create_api_token" => format!("Creating the API token “{s}”"),
             "identity_provider" => format!("Changing single sign-on ({s})"),
-            "raise_role" => format!("Making {s} {}", fact("role")),
+            "raise_role" => {
+                format!("Making {} {}", self.shown_as.as_deref().unwrap_or(s), fact("role"))
+            }
             "invite_person" => format!("Inviting {s} as {}", fact("role")),
             "agent_access_on" => "Turning agent access on".into(),
             "global_switch_on" => "Turning agents back on platform-wide".into(),
