@@ -132,7 +132,7 @@ async fn what_a_console_refusal_says_is_snapshotted() {
     // decision in its service's own words, and a form that is wrong in its own words.
     db.rows("tenants").eq("slug", &t0.slug).set("decisions_need_passkey", true).await;
     let dispatcher = t0.dispatcher.email.as_str();
-    let cases: [(&str, &str, Vec<(String, String)>); 5] = [
+    let cases = [
         (
             "a connection",
             "/connections",
