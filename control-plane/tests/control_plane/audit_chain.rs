@@ -362,7 +362,7 @@ async fn an_admin_sets_rotates_and_removes_the_audit_webhook_in_the_console() {
     assert!(
         api._db
             .rows("audit_log")
-            .like("action", "audit_webhook.%")
+            .like("action", "audit\\_webhook.%")
             .eq("channel", "console")
             .count()
             .await

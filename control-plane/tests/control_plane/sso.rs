@@ -859,7 +859,8 @@ async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewher
     // The dispatcher of tenant 0 is also an admin of tenant 1 and a platform operator.
     let ctx1 = operator_in(&db.ds, &t0.admin.email, &t1.slug).await;
     Person::new(&db.ds, &ctx1, &t0.dispatcher.email).role(Role::Admin).create().await;
-    db.rows("people").eq("email", &t0.dispatcher.email).set("is_operator", true).await;
+    let made = db.rows("people").eq("email", &t0.dispatcher.email).set("is_operator", true).await;
+    assert_eq!(made, 1, "the dispatcher is an operator now");
     let cookie = sign_in(&api, &idp, "sub-two-homes", &t0.dispatcher.email).await;
     let get = |path: &'static str| {
         let cookie = cookie.clone();
@@ -891,7 +892,8 @@ async fn an_idp_session_works_only_in_its_tenant_and_vouches_for_no_one_elsewher
     // Back in its tenant: a first passkey is refused, since the person belongs elsewhere too.
     let t0_id = db.tenant_id(&t0.slug).await;
     db.rows("console_sessions").not_null("idp_id").set("tenant_id", t0_id).await;
-    db.rows("people").eq("email", &t0.dispatcher.email).set_null("password_hash").await;
+    let cleared = db.rows("people").eq("email", &t0.dispatcher.email).set_null("password_hash");
+    assert_eq!(cleared.await, 1, "the dispatcher has no password now");
     let r = no_redirects()
         .post(format!("{}/account/passkeys/options", api.url))
         .header("cookie", &cookie)

@@ -157,25 +157,25 @@ impl<'a> Rows<'a> {
             let n = first + binds.len();
             match filter {
                 Filter::Eq(c, v) => {
-                    parts.push(format!("{c}::text = ${n}"));
+                    parts.push(format!("\"{c}\"::text = ${n}"));
                     binds.push(v.text());
                 }
                 Filter::Ne(c, v) => {
-                    parts.push(format!("{c}::text IS DISTINCT FROM ${n}"));
+                    parts.push(format!("\"{c}\"::text IS DISTINCT FROM ${n}"));
                     binds.push(v.text());
                 }
                 Filter::Like(c, p) => {
-                    parts.push(format!("{c}::text LIKE ${n}"));
+                    parts.push(format!("\"{c}\"::text LIKE ${n}"));
                     binds.push(p.clone());
                 }
-                Filter::Null(c) => parts.push(format!("{c} IS NULL")),
-                Filter::NotNull(c) => parts.push(format!("{c} IS NOT NULL")),
+                Filter::Null(c) => parts.push(format!("\"{c}\" IS NULL")),
+                Filter::NotNull(c) => parts.push(format!("\"{c}\" IS NOT NULL")),
                 Filter::Tenant(slug) => {
                     parts.push(format!("tenant_id = (SELECT id FROM tenants WHERE slug = ${n})"));
                     binds.push(slug.clone());
                 }
                 Filter::Before(c, interval) => {
-                    parts.push(format!("{c} < now() + ${n}::interval"));
+                    parts.push(format!("\"{c}\" < now() + ${n}::interval"));
                     binds.push(interval.clone());
                 }
             }
@@ -188,9 +188,27 @@ impl<'a> Rows<'a> {
         (clause, binds)
     }
 
+    /// Panics when a tenant the rows are narrowed to does not exist: a probe of no tenant would
+    /// find nothing, and a test checking for nothing would pass without looking.
+    async fn tenants_known(&self) {
+        for filter in &self.filters {
+            if let Filter::Tenant(slug) = filter {
+                let known =
+                    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM tenants WHERE slug = $1")
+                        .bind(slug)
+                        .fetch_one(self.db.ds.pool())
+                        .await
+                        .expect("testkit tenant");
+                assert_eq!(known, 1, "the testkit knows no tenant {slug:?}");
+            }
+        }
+    }
+
     async fn texts_of(&self, expr: &str, order: &str) -> Vec<Option<String>> {
         let (clause, binds) = self.clause(1);
-        let sql = format!("SELECT ({expr})::text FROM {}{clause} ORDER BY {order}", self.table);
+        self.tenants_known().await;
+        let sql =
+            format!("SELECT (\"{expr}\")::text FROM \"{}\"{clause} ORDER BY {order}", self.table);
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for b in binds {
             query = query.bind(b);
@@ -202,7 +220,8 @@ impl<'a> Rows<'a> {
     /// How many rows match.
     pub async fn count(self) -> i64 {
         let (clause, binds) = self.clause(1);
-        let sql = format!("SELECT count(*) FROM {}{clause}", self.table);
+        self.tenants_known().await;
+        let sql = format!("SELECT count(*) FROM \"{}\"{clause}", self.table);
         let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql));
         for b in binds {
             query = query.bind(b);
@@ -224,9 +243,11 @@ impl<'a> Rows<'a> {
         values.into_iter().next().flatten()
     }
 
-    /// `column`'s text in every matching row, in the order of `order_by` (a column).
+    /// `column`'s text in every matching row, in the order of `order_by` (a column); rows where
+    /// it is null are left out.
     pub async fn texts(self, column: &'static str, order_by: &'static str) -> Vec<String> {
-        self.texts_of(ident(column), ident(order_by)).await.into_iter().flatten().collect()
+        let order = format!("\"{}\"", ident(order_by));
+        self.texts_of(ident(column), &order).await.into_iter().flatten().collect()
     }
 
     /// `column` of the one matching row as a number.
@@ -248,7 +269,8 @@ impl<'a> Rows<'a> {
         let column = ident(column);
         let first = if value.is_some() { 2 } else { 1 };
         let (clause, binds) = self.clause(first);
-        let sql = format!("UPDATE {} SET {column} = {value_sql}{clause}", self.table);
+        self.tenants_known().await;
+        let sql = format!("UPDATE \"{}\" SET \"{column}\" = {value_sql}{clause}", self.table);
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         if let Some(v) = value {
             query = query.bind(v);
@@ -292,7 +314,8 @@ impl<'a> Rows<'a> {
     /// Deletes every matching row; how many went.
     pub async fn delete(self) -> u64 {
         let (clause, binds) = self.clause(1);
-        let sql = format!("DELETE FROM {}{clause}", self.table);
+        self.tenants_known().await;
+        let sql = format!("DELETE FROM \"{}\"{clause}", self.table);
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
         for b in binds {
             query = query.bind(b);

@@ -253,6 +253,7 @@ async fn every_reference_argument_refuses_another_tenants_handle() {
     let mut b_handles: Vec<String> =
         stack.db.rows("customers").tenant(b_slug).texts("handle", "id").await;
     b_handles.extend(stack.db.rows("bookings").tenant(b_slug).texts("handle", "id").await);
+    assert!(!b_handles.is_empty(), "tenant B has records to leak");
     // A preview of tenant B, whose token tenant A will try.
     let b_preview =
         stack.ok(&stack.token(1, 0), "mute_alerts", json!({"rule": b.rule, "minutes": 30})).await;

@@ -420,7 +420,10 @@ impl Held {
         let sql_in = psql.stdin.take();
         let mut held = Held { psql, sql: sql_in };
         held.send(sql).await;
-        for _ in 0..100 {
+        // The test is about what happens while psql holds it: wait until it does (at most 30 s
+        // on a slow machine), never go on without it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
             let holds = match lock {
                 HeldLock::Table(table, mode) => stack.db.psql_holds_table_lock(table, mode).await,
                 HeldLock::Written => stack.db.psql_has_written().await,
@@ -428,6 +431,7 @@ impl Held {
             if holds {
                 break;
             }
+            assert!(std::time::Instant::now() < deadline, "psql never took what it was sent");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         held
