@@ -216,6 +216,24 @@ async fn under_the_policy_a_session_alone_widens_nothing_and_narrowing_stays_one
     let body = r.text().await.expect("body");
     assert!(body.contains("not made for this form"), "{body}");
     assert_eq!(db.rows("tenants").eq("slug", slug).text("agent_access").await, "false");
+    // A form larger than the console reads is refused whole, before any handler sees it; two
+    // seals, the first forged, are refused as one.
+    let huge = "x".repeat(600 * 1024);
+    let r = admin
+        .post("/settings/agent-access", &form(&csrf, &[("to", "on"), ("reason", &huge)]))
+        .await;
+    assert_eq!(r.status(), 413);
+    let twice = form(
+        &csrf,
+        &[
+            ("confirm_form", "gs1.forged"),
+            ("confirm_form", "gs1.again"),
+            ("to", "on"),
+            ("reason", "x"),
+        ],
+    );
+    assert_eq!(admin.post("/settings/agent-access", &twice).await.status(), 403);
+    assert_eq!(db.rows("tenants").eq("slug", slug).text("agent_access").await, "false");
     let r =
         admin.post("/passkeys/decision", &form(&csrf, &[("for", "/settings/agent-access")])).await;
     assert!(matches!(r.status().as_u16(), 404 | 405), "no router of decisions by URL");
