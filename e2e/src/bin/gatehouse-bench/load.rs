@@ -149,6 +149,29 @@ pub(super) fn mcp_body(tool: &str, args: Value) -> String {
     .to_string()
 }
 
+/// One tools/call of `tool` through `base` (a worker or the balancer), as JSON.
+pub(super) async fn call_tool(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> anyhow::Result<Value> {
+    Ok(http
+        .post(format!("{base}/mcp"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .bearer_auth(token)
+        .body(mcp_body(tool, args))
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
 pub(super) async fn send(http: &reqwest::Client, t: &Target, n: u64) -> Outcome {
     let mut body = t.body.replace("{n}", &n.to_string());
     if !t.rotate.is_empty() {

@@ -128,19 +128,7 @@ async fn main() -> Result<()> {
     let token = stack.token(0, 0);
     let http = reqwest::Client::new();
     let w1 = stack.worker_urls[0].clone();
-    let found: Value = http
-        .post(format!("{w1}/mcp"))
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", "find_bookings")
-        .bearer_auth(&token)
-        .body(mcp_body("find_bookings", json!({"limit": 1})))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let found = call_tool(&http, &w1, &token, "find_bookings", json!({"limit": 1})).await?;
     let booking = found["result"]["structuredContent"]["bookings"][0]["booking"]
         .as_str()
         .context("a booking")?

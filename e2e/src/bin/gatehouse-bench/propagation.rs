@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use e2e::Stack;
 use e2e::bench::Outcome;
-use serde_json::{Value, json};
+use serde_json::json;
 use shared::ctx::Channel;
 use shared::services::{admin, operators};
 
@@ -24,19 +24,8 @@ pub async fn confirm_rate(
 ) -> Result<(usize, f64)> {
     let mut previews = Vec::new();
     for i in 0..400 {
-        let v: Value = http
-            .post(format!("{lb2}/mcp"))
-            .header("Content-Type", "application/json")
-            .header("Accept", "application/json, text/event-stream")
-            .header("MCP-Protocol-Version", "2026-07-28")
-            .header("Mcp-Method", "tools/call")
-            .header("Mcp-Name", "send_customer_message")
-            .bearer_auth(token)
-            .body(mcp_body("send_customer_message", json!({"customer": customer, "subject": format!("Bench {i}"), "body": "Benchmark message."})))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let message = json!({"customer": customer, "subject": format!("Bench {i}"), "body": "Benchmark message."});
+        let v = call_tool(http, lb2, token, "send_customer_message", message).await?;
         let sc = &v["result"]["structuredContent"];
         previews.push(
             json!({"confirm_token": sc["confirm_token"], "confirm_summary": sc["confirm_summary"]}),
