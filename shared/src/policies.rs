@@ -30,6 +30,7 @@ use crate::effect::EffectClass;
 
 mod facts;
 mod schema;
+mod screen;
 pub use facts::*;
 pub use schema::*;
 
@@ -98,7 +99,7 @@ pub struct PolicyInfo {
 pub struct Compiled {
     /// By tool: the policies that may apply to it, beside the implicit permit; `None` when the
     /// tenant wrote none that does.
-    by_action: std::collections::HashMap<String, Option<PolicySet>>,
+    by_action: std::collections::HashMap<String, Option<Share>>,
     /// The tools some policy judging them reads the call's records for (see
     /// [`Compiled::reads_records`]).
     reads_records: std::collections::HashSet<String>,
@@ -111,6 +112,14 @@ pub struct Compiled {
     /// Each connection's entity as last built, by handle: the same connection calls again
     /// and again, and cloning its entity costs less than building it from expressions.
     principals: std::sync::Mutex<std::collections::HashMap<String, (Principal, Entity)>>,
+}
+
+/// The policies that judge one tool: the set Cedar judges policy by policy (which names the
+/// deciding ones), and its screen, the same policies as one ([`screen`]), which allows an
+/// allowed call in one pass. `screen` is `None` when a policy has a form it does not translate.
+struct Share {
+    set: PolicySet,
+    screen: Option<PolicySet>,
 }
 
 /// The most connection entities one compiled set keeps (a full cache starts again empty).
@@ -327,6 +336,7 @@ impl Compiled {
         let mut context_keys = std::collections::HashMap::new();
         for (tool, facts) in &schema.actions {
             let mut share = PolicySet::new();
+            let mut judging = Vec::new();
             let mut keys = Some(std::collections::BTreeSet::new());
             for policy in tenant.policies() {
                 let applies = match policy.action_constraint() {
@@ -350,15 +360,25 @@ impl Compiled {
                     share
                         .add(policy.clone())
                         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
+                    judging.push(policy);
                 }
             }
             let share = if share.is_empty() {
                 None
             } else {
-                share
-                    .add(base.clone())
-                    .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
-                Some(share)
+                let with_base = |mut set: PolicySet| {
+                    set.add(base.clone())
+                        .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
+                    Ok::<_, Vec<Problem>>(set)
+                };
+                let screen = match screen::screen(&judging, &facts.uid) {
+                    Some(one) => Some(with_base(
+                        PolicySet::from_policies([one])
+                            .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?,
+                    )?),
+                    None => None,
+                };
+                Some(Share { set: with_base(share)?, screen })
             };
             by_action.insert(tool.clone(), share);
             context_keys.insert(tool.clone(), keys);
@@ -372,6 +392,17 @@ impl Compiled {
             authorizer: Authorizer::new(),
             principals: Default::default(),
         })
+    }
+
+    /// The same set judged policy by policy only, without the screens (for tests that hold
+    /// both paths to the same verdicts), and how many tools have a screen.
+    #[cfg(test)]
+    fn without_screens(mut self) -> (Self, usize) {
+        let mut screened = 0;
+        for share in self.by_action.values_mut().flatten() {
+            screened += usize::from(share.screen.take().is_some());
+        }
+        (self, screened)
     }
 
     /// Whether evaluating a call of `tool` may refuse it: some policy applies to the tool, or
@@ -402,13 +433,23 @@ impl Compiled {
         else {
             return Verdict::Error(format!("{} is not in the policy schema", call.tool));
         };
-        let Some(set) = share else { return Verdict::Allow };
+        let Some(share) = share else { return Verdict::Allow };
         if let Some(problem) = oversized(&call.args) {
             return Verdict::Error(problem);
         }
         match self.request(call, facts) {
             Ok((request, entities)) => {
-                let answer = self.authorizer.is_authorized(&request, set, &entities);
+                // The screen allows in one pass what the set allows; anything else (a policy
+                // that applies, an error) is judged by the set, which names the policies.
+                if let Some(screen) = &share.screen {
+                    let first = self.authorizer.is_authorized(&request, screen, &entities);
+                    if first.decision() == Decision::Allow
+                        && first.diagnostics().errors().next().is_none()
+                    {
+                        return Verdict::Allow;
+                    }
+                }
+                let answer = self.authorizer.is_authorized(&request, &share.set, &entities);
                 if let Some(error) = answer.diagnostics().errors().next() {
                     return Verdict::Error(format!("a policy failed to evaluate: {error}"));
                 }

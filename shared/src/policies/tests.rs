@@ -493,3 +493,94 @@ fn a_call_builds_only_the_context_its_policies_read_and_each_read_part_still_dec
         }
     }
 }
+
+#[test]
+fn the_screen_allows_only_what_the_set_allows_and_leaves_every_other_verdict_to_it() {
+    // Every kind of scope, `when` and `unless` clauses, a policy on no action, one on two,
+    // and conditions that fail at evaluation (an overflow), one policy per line.
+    let policies = [
+        r#"forbid (principal == Connection::"con_a", action == Action::"cancel_booking", resource) when { context.effects > 3 };"#,
+        r#"forbid (principal in Connection::"con_b", action, resource) when { context.now.hour == 4 };"#,
+        r#"forbid (principal is Connection, action in [Action::"cancel_booking", Action::"send_customer_message"], resource is Booking) when { resource has status && resource.status == "draft" } unless { context.effects == 2 };"#,
+        r#"forbid (principal is Connection in Connection::"con_a", action == Action::"send_customer_message", resource) unless { context.now.hour < 20 && context.now.hour >= 8 };"#,
+        r#"forbid (principal, action, resource == Tenant::"ten_x") when { principal.client == "Blocked" };"#,
+        r#"forbid (principal, action == Action::"cancel_booking", resource in Tenant::"ten_x") when { context.effects * 4611686018427387904 > 0 && context.now.hour == 10 };"#,
+        r#"forbid (principal, action == Action::"send_customer_message", resource) when { context.effects > 100 } when { principal.role == "member" };"#,
+        r#"forbid (principal, action, resource) when { action == Action::"cancel_booking" && resource is Booking && resource has hours_until_start && resource.hours_until_start < 48 };"#,
+    ];
+    let who = principal();
+    let mut other = principal();
+    other.handle = "con_b".into();
+    other.client = "Blocked".into();
+    let mut compared = 0;
+    let mut not_allowed = 0;
+    // Each policy alone, every pair in order, and the whole list.
+    let mut sets: Vec<Vec<usize>> = (0..policies.len()).map(|i| vec![i]).collect();
+    for i in 0..policies.len() {
+        for j in i + 1..policies.len() {
+            sets.push(vec![i, j]);
+        }
+    }
+    sets.push((0..policies.len()).collect());
+    for chosen in &sets {
+        let source: String = chosen
+            .iter()
+            .map(|&i| format!("@id(\"p{i}\") @reason(\"r\") {}\n", policies[i]))
+            .collect();
+        let screened = Compiled::compile(&source, schema()).expect("compiles");
+        let (exact, with_screen) =
+            Compiled::compile(&source, schema()).expect("compiles").without_screens();
+        // Every form above translates: each tool a policy judges has its screen.
+        assert!(with_screen > 0, "{source}");
+        for tool in ["cancel_booking", "send_customer_message"] {
+            for who in [&who, &other] {
+                for hour in [4, 10, 21] {
+                    for effects in [0, 2, 5, 200] {
+                        for status in ["draft", "confirmed"] {
+                            for start in [None, Some(12), Some(100)] {
+                                let mut c = call(who, tool, hour, start);
+                                c.effects = effects;
+                                if let Resource::Booking { status: s, .. } = &mut c.resource {
+                                    *s = Some(status.into());
+                                }
+                                let expected = exact.evaluate(&c);
+                                // The screen alone: it allows exactly the calls the set allows
+                                // (every policy false, none failing), and no other.
+                                let Some(share) = screened.by_action[tool].as_ref() else {
+                                    // No policy judges the tool: allowed without a request.
+                                    assert_eq!(expected, Verdict::Allow);
+                                    compared += 1;
+                                    continue;
+                                };
+                                let facts = &screened.schema.actions[tool];
+                                let (request, entities) =
+                                    screened.request(&c, facts).expect("request");
+                                let screen = share.screen.as_ref().expect("a screen");
+                                let first =
+                                    Authorizer::new().is_authorized(&request, screen, &entities);
+                                let screen_allows = first.decision() == Decision::Allow
+                                    && first.diagnostics().errors().next().is_none();
+                                assert_eq!(
+                                    screen_allows,
+                                    expected == Verdict::Allow,
+                                    "{source}\n{tool} {hour} {effects}"
+                                );
+                                assert_eq!(
+                                    screened.evaluate(&c),
+                                    expected,
+                                    "{source}\n{tool} {} {hour} {effects} {status} {start:?}",
+                                    who.handle
+                                );
+                                not_allowed += usize::from(expected != Verdict::Allow);
+                                compared += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(compared, sets.len() * 2 * 2 * 3 * 4 * 2 * 3);
+    // Both paths were exercised: refusals, approvals and errors as well as allowed calls.
+    assert!(not_allowed > compared / 10 && not_allowed < compared, "{not_allowed} of {compared}");
+}

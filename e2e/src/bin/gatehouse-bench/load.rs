@@ -67,7 +67,7 @@ pub(super) fn args() -> Args {
                 println!(
                     "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]\n\
                      gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)\n\
-                     gatehouse-bench --reads-only     (get_booking against the bare rmcp peer, alternated; prints, writes nothing)\n\
+                     gatehouse-bench --reads-only     (get_booking and find_bookings against the bare rmcp peers, alternated; prints, writes nothing)\n\
                      gatehouse-bench --listen-only [--listen-streams 10000]   (idle listen streams on one worker, change-to-notification latency and a tenant switch's fan-out; writes the Listen streams section)\n\
                      gatehouse-bench --policy-only    (evaluating a tenant's Cedar policies, 0 to 100 of them, per call; writes the Policy evaluation section)"
                 );
