@@ -334,6 +334,9 @@ impl Compiled {
         let mut by_action = std::collections::HashMap::new();
         let mut reads_records = std::collections::HashSet::new();
         let mut context_keys = std::collections::HashMap::new();
+        // Each policy's condition for the screens, read once (not once per tool it judges).
+        let conditions: std::collections::HashMap<_, _> =
+            tenant.policies().map(|p| (p.id().clone(), screen::Condition::of(p))).collect();
         for (tool, facts) in &schema.actions {
             let mut share = PolicySet::new();
             let mut judging = Vec::new();
@@ -360,7 +363,7 @@ impl Compiled {
                     share
                         .add(policy.clone())
                         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
-                    judging.push(policy);
+                    judging.push(conditions.get(policy.id()).and_then(Option::as_ref));
                 }
             }
             let share = if share.is_empty() {

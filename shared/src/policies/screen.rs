@@ -18,14 +18,66 @@
 use cedar_policy::{ActionConstraint, EntityUid, Policy, PolicyId};
 use serde_json::{Value, json};
 
+/// One policy's condition in parts, read from its JSON form once when the set is compiled
+/// (a policy on no action joins every tool's screen).
+pub(super) struct Condition {
+    action: ActionConstraint,
+    principal: Option<Value>,
+    action_scope: Option<Value>,
+    resource: Option<Value>,
+    /// The `when` clauses, and each `unless` negated, in their order.
+    clauses: Vec<Value>,
+}
+
+impl Condition {
+    /// `None` when the policy has a form the screen does not translate: no tool it judges
+    /// then has a screen, and the full set judges every call.
+    pub(super) fn of(policy: &Policy) -> Option<Condition> {
+        let json = policy.to_json().ok()?;
+        let mut clauses = Vec::new();
+        for clause in json["conditions"].as_array()? {
+            let body = clause.get("body")?.clone();
+            clauses.push(match clause.get("kind")?.as_str()? {
+                "when" => body,
+                "unless" => json!({"!": {"arg": body}}),
+                _ => return None,
+            });
+        }
+        Some(Condition {
+            action: policy.action_constraint(),
+            principal: scope("principal", &json["principal"])?,
+            action_scope: scope("action", &json["action"])?,
+            resource: scope("resource", &json["resource"])?,
+            clauses,
+        })
+    }
+
+    /// The condition as Cedar builds it (principal scope, action scope, resource scope, then
+    /// each clause in order), with the action scope left out when it is true of `action`
+    /// (every policy of the tool's share names it or no action).
+    fn on(&self, action: &EntityUid) -> Value {
+        let holds = match &self.action {
+            ActionConstraint::Any => true,
+            ActionConstraint::Eq(uid) => uid == action,
+            ActionConstraint::In(uids) => uids.contains(action),
+        };
+        let parts =
+            [&self.principal, if holds { &None } else { &self.action_scope }, &self.resource]
+                .into_iter()
+                .flatten()
+                .chain(&self.clauses)
+                .cloned()
+                .collect();
+        balanced("&&", parts).unwrap_or_else(|| json!({"Value": true}))
+    }
+}
+
 /// The screen for the policies that judge the tool `action`, or `None` when one of them has a
 /// form the screen does not translate (the full set then judges every call).
-pub(super) fn screen(policies: &[&Policy], action: &EntityUid) -> Option<Policy> {
+pub(super) fn screen(policies: &[Option<&Condition>], action: &EntityUid) -> Option<Policy> {
     let disjuncts: Vec<Value> =
-        policies.iter().map(|p| condition(p, action)).collect::<Option<_>>()?;
-    let body = disjuncts
-        .into_iter()
-        .reduce(|left, right| json!({"||": {"left": left, "right": right}}))?;
+        policies.iter().map(|c| c.map(|c| c.on(action))).collect::<Option<_>>()?;
+    let body = balanced("||", disjuncts)?;
     let screen = json!({
         "effect": "forbid",
         "principal": {"op": "All"},
@@ -37,36 +89,19 @@ pub(super) fn screen(policies: &[&Policy], action: &EntityUid) -> Option<Policy>
     Policy::from_json(Some(PolicyId::new("gatehouse-screen")), screen).ok()
 }
 
-/// One policy's condition as Cedar builds it (principal scope, action scope, resource scope,
-/// then each clause in order), with the action scope left out when it is true of `action`
-/// (every policy of the tool's share names it or no action).
-fn condition(policy: &Policy, action: &EntityUid) -> Option<Value> {
-    let json = policy.to_json().ok()?;
-    let mut parts = Vec::new();
-    parts.extend(scope("principal", &json["principal"])?);
-    let holds = match policy.action_constraint() {
-        ActionConstraint::Any => true,
-        ActionConstraint::Eq(uid) => &uid == action,
-        ActionConstraint::In(uids) => uids.contains(action),
-    };
-    if !holds {
-        parts.extend(scope("action", &json["action"])?);
+/// `items` joined by `op` (`||` or `&&`) in their order, as a balanced tree: a tool with
+/// hundreds of policies makes a screen a few levels deep, not hundreds (Cedar evaluates
+/// recursively). Both operators are associative and evaluate left to right, so the grouping
+/// changes neither the value nor which operand is reached first.
+fn balanced(op: &str, mut items: Vec<Value>) -> Option<Value> {
+    match items.len() {
+        0 => None,
+        1 => items.pop(),
+        n => {
+            let right = items.split_off(n / 2);
+            Some(json!({op: {"left": balanced(op, items)?, "right": balanced(op, right)?}}))
+        }
     }
-    parts.extend(scope("resource", &json["resource"])?);
-    for clause in json["conditions"].as_array()? {
-        let body = clause.get("body")?.clone();
-        parts.push(match clause.get("kind")?.as_str()? {
-            "when" => body,
-            "unless" => json!({"!": {"arg": body}}),
-            _ => return None,
-        });
-    }
-    Some(
-        parts
-            .into_iter()
-            .reduce(|left, right| json!({"&&": {"left": left, "right": right}}))
-            .unwrap_or_else(|| json!({"Value": true})),
-    )
 }
 
 /// A scope constraint as an expression on its variable: nothing for `All`, `None` for a form

@@ -507,6 +507,11 @@ fn the_screen_allows_only_what_the_set_allows_and_leaves_every_other_verdict_to_
         r#"forbid (principal, action == Action::"cancel_booking", resource in Tenant::"ten_x") when { context.effects * 4611686018427387904 > 0 && context.now.hour == 10 };"#,
         r#"forbid (principal, action == Action::"send_customer_message", resource) when { context.effects > 100 } when { principal.role == "member" };"#,
         r#"forbid (principal, action, resource) when { action == Action::"cancel_booking" && resource is Booking && resource has hours_until_start && resource.hours_until_start < 48 };"#,
+        r#"forbid (principal, action in Action::"cancel_booking", resource is Booking in Tenant::"ten_x") unless { context.effects > 1 } unless { context.now.hour == 4 };"#,
+        r#"forbid (principal, action == Action::"send_customer_message", resource) unless { principal.client like "Bl*" } when { context.now.hour == 21 };"#,
+        r#"forbid (principal, action == Action::"cancel_booking", resource is Booking);"#,
+        r#"forbid (principal, action, resource) when { if context.effects > 3 then [4, 21].contains(context.now.hour) else false };"#,
+        r#"forbid (principal == Connection::"con_\"q\\", action, resource) when { true };"#,
     ];
     let who = principal();
     let mut other = principal();
@@ -514,6 +519,7 @@ fn the_screen_allows_only_what_the_set_allows_and_leaves_every_other_verdict_to_
     other.client = "Blocked".into();
     let mut compared = 0;
     let mut not_allowed = 0;
+    let mut verdicts = std::collections::BTreeSet::new();
     // Each policy alone, every pair in order, and the whole list.
     let mut sets: Vec<Vec<usize>> = (0..policies.len()).map(|i| vec![i]).collect();
     for i in 0..policies.len() {
@@ -525,7 +531,11 @@ fn the_screen_allows_only_what_the_set_allows_and_leaves_every_other_verdict_to_
     for chosen in &sets {
         let source: String = chosen
             .iter()
-            .map(|&i| format!("@id(\"p{i}\") @reason(\"r\") {}\n", policies[i]))
+            // Every third one sends to a person instead of refusing.
+            .map(|&i| {
+                let approval = if i % 3 == 0 { "@approval " } else { "" };
+                format!("@id(\"p{i}\") {approval}@reason(\"r\") {}\n", policies[i])
+            })
             .collect();
         let screened = Compiled::compile(&source, schema()).expect("compiles");
         let (exact, with_screen) =
@@ -572,6 +582,12 @@ fn the_screen_allows_only_what_the_set_allows_and_leaves_every_other_verdict_to_
                                     who.handle
                                 );
                                 not_allowed += usize::from(expected != Verdict::Allow);
+                                verdicts.insert(match &expected {
+                                    Verdict::Allow => "allow",
+                                    Verdict::Forbid(_) => "forbid",
+                                    Verdict::Approval(_) => "approval",
+                                    Verdict::Error(_) => "error",
+                                });
                                 compared += 1;
                             }
                         }
@@ -583,4 +599,32 @@ fn the_screen_allows_only_what_the_set_allows_and_leaves_every_other_verdict_to_
     assert_eq!(compared, sets.len() * 2 * 2 * 3 * 4 * 2 * 3);
     // Both paths were exercised: refusals, approvals and errors as well as allowed calls.
     assert!(not_allowed > compared / 10 && not_allowed < compared, "{not_allowed} of {compared}");
+    assert!(
+        verdicts.contains("forbid") && verdicts.contains("approval") && verdicts.contains("error")
+    );
+}
+
+#[test]
+fn a_tool_judged_by_the_most_policies_a_set_holds_keeps_a_shallow_screen_that_agrees() {
+    // Every policy names no action, so each tool's screen joins all of them.
+    let source: String = (0..MAX_POLICIES)
+        .map(|i| {
+            format!(
+                "@id(\"p{i}\") @reason(\"r\") forbid (principal, action, resource) when {{ context.effects == {} }};\n",
+                1000 + i
+            )
+        })
+        .collect();
+    let screened = Compiled::compile(&source, schema()).expect("compiles");
+    let (exact, with_screen) =
+        Compiled::compile(&source, schema()).expect("compiles").without_screens();
+    assert_eq!(with_screen, 2, "both tools have their screen");
+    let who = principal();
+    for effects in [0, 1000, 1250, 1499, 1500] {
+        let mut c = call(&who, "cancel_booking", 10, Some(100));
+        c.effects = effects;
+        let verdict = screened.evaluate(&c);
+        assert_eq!(verdict, exact.evaluate(&c));
+        assert_eq!(verdict == Verdict::Allow, !(1000..1500).contains(&effects), "{effects}");
+    }
 }
