@@ -58,14 +58,57 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// The version of an object: a short hash of its canonical content.
 pub fn version_of<T: Serialize>(content: &T) -> String {
     let value = serde_json::to_value(content).unwrap_or(Value::Null);
-    let digest = Sha256::digest(canonical_json(&value).as_bytes());
-    format!("v_{}", hex::encode(&digest[..8]))
+    short_version(canonical_json(&value).as_bytes())
+}
+
+/// [`version_of`] for a record given as a tuple of fields (strings, numbers, booleans, nulls,
+/// lists of them): a JSON array with no object in it is canonical as serde_json writes it, so
+/// it is hashed as written, with no `Value` built (a search presents many records, each with
+/// its version). The same version as [`version_of`] for such a tuple (tested); a tuple holding
+/// a map would need [`version_of`].
+pub fn version_of_fields<T: Serialize>(fields: &T) -> String {
+    let written = serde_json::to_vec(fields).unwrap_or_default();
+    debug_assert!(written.first() == Some(&b'['), "a tuple of fields");
+    short_version(&written)
+}
+
+fn short_version(canonical: &[u8]) -> String {
+    let digest = Sha256::digest(canonical);
+    let mut out = String::with_capacity(18);
+    out.push_str("v_");
+    out.push_str(&hex::encode(&digest[..8]));
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_tuple_of_fields_has_the_version_its_canonical_value_has() {
+        let texts = [
+            "plain",
+            "",
+            "quote \" and back\\slash",
+            "controls \u{0}\u{1}\u{8}\t\n\u{b}\u{c}\r\u{1f}\u{7f}",
+            "unicode é 東京 🙂 \u{2028}\u{2029} \u{feff}",
+            "</script> & <b>",
+        ];
+        let numbers =
+            [0i64, -1, 1, 9_007_199_254_740_993, i64::MIN, i64::MAX, 1_790_000_000_000_000];
+        for (i, text) in texts.iter().enumerate() {
+            for n in numbers {
+                let none: Option<String> = None;
+                let some = Some(text.to_string());
+                let skills = vec![text.to_string(), "b".to_owned()];
+                let tuple = (text, n, &none, &some, i % 2 == 0, &skills, n.wrapping_neg());
+                assert_eq!(version_of_fields(&tuple), version_of(&tuple), "{text:?} {n}");
+            }
+        }
+        // A different field makes a different version.
+        assert_ne!(version_of_fields(&("a", 1)), version_of_fields(&("a", 2)));
+    }
 
     #[test]
     fn key_order_does_not_change_the_canonical_form() {

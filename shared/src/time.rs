@@ -245,33 +245,80 @@ pub fn present(ts: Timestamp, tz: &TimeZone, zone_name: &str, now: Timestamp) ->
     let (oh, om) = (offset / 3600, offset / 60 % 60);
     let (y, mo, d, h, mi, se) =
         (local.year(), local.month(), local.day(), local.hour(), local.minute(), local.second());
+    // Written digit by digit into strings of their final size: a search shows two times per
+    // record, and `format!` grew each string several times.
+    let local = if offset % 60 == 0 {
+        let mut local = String::with_capacity(25);
+        push_date_time(&mut local, [y, mo.into(), d.into(), h.into(), mi.into(), se.into()]);
+        local.push(sign);
+        push_digits(&mut local, oh, 2);
+        local.push(':');
+        push_digits(&mut local, om, 2);
+        local
+    } else {
+        // An offset with seconds (some historical zones): `%:z` shows it as `strftime` does.
+        local_of(ts, tz)
+    };
+    // `%Z` shows abbreviations in capitals (Guam's `ChST` as `CHST`).
+    let mut display = String::with_capacity(24 + abbreviation.len());
+    display.push_str(&weekday[..3]);
+    display.push(' ');
+    push_digits(&mut display, d.into(), 1);
+    display.push(' ');
+    display.push_str(month);
+    display.push(' ');
+    push_digits(&mut display, y.into(), 4);
+    display.push_str(", ");
+    push_digits(&mut display, h.into(), 2);
+    display.push(':');
+    push_digits(&mut display, mi.into(), 2);
+    display.push(' ');
+    display.extend(abbreviation.chars().map(|c| c.to_ascii_uppercase()));
+    let mut utc_text = String::with_capacity(20);
+    push_date_time(
+        &mut utc_text,
+        [
+            utc.year(),
+            utc.month().into(),
+            utc.day().into(),
+            utc.hour().into(),
+            utc.minute().into(),
+            utc.second().into(),
+        ],
+    );
+    utc_text.push('Z');
     TimeView {
         weekday: weekday.to_owned(),
-        local: if offset % 60 == 0 {
-            format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{se:02}{sign}{oh:02}:{om:02}")
-        } else {
-            // An offset with seconds (some historical zones): `%:z` shows it as `strftime` does.
-            local_of(ts, tz)
-        },
+        local,
         zone: zone_name.to_owned(),
-        // `%Z` shows abbreviations in capitals (Guam's `ChST` as `CHST`).
-        display: if abbreviation.bytes().all(|b| b.is_ascii_uppercase()) {
-            format!("{} {d} {month} {y:04}, {h:02}:{mi:02} {abbreviation}", &weekday[..3])
-        } else {
-            let abbreviation = abbreviation.to_ascii_uppercase();
-            format!("{} {d} {month} {y:04}, {h:02}:{mi:02} {abbreviation}", &weekday[..3])
-        },
-        utc: format!(
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-            utc.year(),
-            utc.month(),
-            utc.day(),
-            utc.hour(),
-            utc.minute(),
-            utc.second()
-        ),
+        display,
+        utc: utc_text,
         from_now: distance(ts, now),
     }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` from year, month, day, hour, minute and second (the year in
+/// 0..=9999, as the plain path checks).
+fn push_date_time(out: &mut String, [y, mo, d, h, mi, se]: [i16; 6]) {
+    push_digits(out, y.into(), 4);
+    for (separator, part) in [('-', mo), ('-', d), ('T', h), (':', mi), (':', se)] {
+        out.push(separator);
+        push_digits(out, part.into(), 2);
+    }
+}
+
+/// `n` (not negative) in decimal, zero-padded to at least `width` digits.
+fn push_digits(out: &mut String, n: i32, width: usize) {
+    let mut digits = [b'0'; 10];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    while rest > 0 || digits.len() - at < width.max(1) {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    // ASCII digits only.
+    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 const WEEKDAYS: [&str; 7] =
@@ -309,8 +356,21 @@ pub fn distance(ts: Timestamp, now: Timestamp) -> String {
         2_592_000..=31_535_999 => (abs / 2_592_000, "month"),
         _ => (abs / 31_536_000, "year"),
     };
-    let plural = if n == 1 { "" } else { "s" };
-    if secs > 0 { format!("in {n} {unit}{plural}") } else { format!("{n} {unit}{plural} ago") }
+    let mut out = String::with_capacity(18);
+    if secs > 0 {
+        out.push_str("in ");
+    }
+    // At most some thousands of years: well inside an i32.
+    push_digits(&mut out, i32::try_from(n).unwrap_or(i32::MAX), 1);
+    out.push(' ');
+    out.push_str(unit);
+    if n != 1 {
+        out.push('s');
+    }
+    if secs <= 0 {
+        out.push_str(" ago");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -322,6 +382,67 @@ mod tests {
             Error::Invalid { options, .. } => options,
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_distance_reads_as_words_in_both_directions() {
+        // The words as `format!` wrote them before distances were written digit by digit.
+        let words = |secs: i64| {
+            let abs = secs.unsigned_abs();
+            let (n, unit) = match abs {
+                0..=59 => return "now".to_owned(),
+                60..=3599 => (abs / 60, "minute"),
+                3600..=86_399 => (abs / 3600, "hour"),
+                86_400..=2_591_999 => (abs / 86_400, "day"),
+                2_592_000..=31_535_999 => (abs / 2_592_000, "month"),
+                _ => (abs / 31_536_000, "year"),
+            };
+            let plural = if n == 1 { "" } else { "s" };
+            if secs > 0 {
+                format!("in {n} {unit}{plural}")
+            } else {
+                format!("{n} {unit}{plural} ago")
+            }
+        };
+        let now = Timestamp::from_second(1_790_000_000).expect("now");
+        let mut seen = 0;
+        for secs in [
+            0,
+            1,
+            59,
+            60,
+            61,
+            119,
+            120,
+            3599,
+            3600,
+            7200,
+            86_399,
+            86_400,
+            172_800,
+            2_591_999,
+            2_592_000,
+            5_184_000,
+            31_535_999,
+            31_536_000,
+            63_072_000,
+            200_000_000_000,
+        ] {
+            for secs in [secs, -secs] {
+                let ts = Timestamp::from_second(now.as_second() + secs).expect("in range");
+                assert_eq!(distance(ts, now), words(secs), "{secs}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 40);
+        assert_eq!(
+            distance(Timestamp::from_second(now.as_second() + 172_800).expect("ts"), now),
+            "in 2 days"
+        );
+        assert_eq!(
+            distance(Timestamp::from_second(now.as_second() - 60).expect("ts"), now),
+            "1 minute ago"
+        );
     }
 
     #[test]

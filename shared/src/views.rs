@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::canon::version_of;
+use crate::canon::version_of_fields;
 use crate::datastore::{BookingRow, CustomerRow, TechnicianRow, to_ts};
 use crate::money::{self, MoneyView};
 use crate::text::{UntrustedText, untrusted};
@@ -130,7 +130,7 @@ pub struct Page<T> {
 }
 
 pub fn customer_version(row: &CustomerRow) -> String {
-    version_of(&(
+    version_of_fields(&(
         &row.handle,
         &row.name,
         &row.email,
@@ -142,7 +142,7 @@ pub fn customer_version(row: &CustomerRow) -> String {
 }
 
 pub fn booking_version(row: &BookingRow) -> String {
-    version_of(&(
+    version_of_fields(&(
         &row.handle,
         &row.status,
         row.starts_at.timestamp_micros(),
@@ -177,7 +177,7 @@ pub fn customer(
 pub fn technician(row: &TechnicianRow) -> TechnicianView {
     TechnicianView {
         technician: row.handle.clone(),
-        version: version_of(&(
+        version: version_of_fields(&(
             &row.handle,
             &row.name,
             &row.phone,
