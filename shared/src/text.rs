@@ -262,8 +262,10 @@ mod tests {
             assert!(raw.bytes().all(|b| (0x20..0x7f).contains(&b)));
             assert_eq!(untrusted(&raw, "customer"), untrusted_cleaned(&raw, "customer"), "{raw:?}");
         }
-        // Anything else takes the cleaning path.
+        // Anything else takes the cleaning path, the range's neighbours included.
         assert_eq!(untrusted("a\tb\u{200B}c", "customer").untrusted_text, "a bc");
+        assert_eq!(untrusted("a\u{7f}b", "customer").untrusted_text, "ab");
+        assert_eq!(untrusted("a\u{1f}b", "customer").untrusted_text, "ab");
     }
 
     #[test]
