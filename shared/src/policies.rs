@@ -40,6 +40,8 @@ pub const MAX_SOURCE_BYTES: usize = 64 * 1024;
 pub const MAX_POLICIES: usize = 500;
 /// How deep brackets may nest in a policy's source (Cedar's parser recurses on them).
 pub const MAX_NESTING: usize = 32;
+/// The most operators one policy may hold (Cedar recurses once per operator of a chain).
+pub const MAX_OPERATORS: usize = 128;
 
 /// The kinds of effect budgets count (`customers_messaged`, …), as `context.budgets` names
 /// them; the domain's effect kinds, by name.
@@ -254,6 +256,14 @@ impl Compiled {
             return Err(vec![Problem {
                 line,
                 message: format!("brackets nest deeper than {MAX_NESTING} levels here"),
+            }]);
+        }
+        if let Some(line) = too_many_operators(source) {
+            return Err(vec![Problem {
+                line,
+                message: format!(
+                    "the policy reaching this line holds more than {MAX_OPERATORS} operators; split it into several policies, or list values in a set (`[\"a\", \"b\"].contains(context.args.region)`)"
+                ),
             }]);
         }
         let tenant: PolicySet = source.parse().map_err(|e: cedar_policy::ParseErrors| {
@@ -639,13 +649,9 @@ fn oversized(args: &Value) -> Option<String> {
     }
 }
 
-/// How deep brackets nest, when deeper than allowed: the line where it happens.
-fn too_deep(source: &str) -> Option<usize> {
-    // `if` nests without brackets: many of them are refused as too deep as well.
-    if source.matches("if ").count() > MAX_NESTING * 4 {
-        return Some(1);
-    }
-    let mut depth = 0usize;
+/// Calls `visit` with each character of `source` outside strings and comments, and its line;
+/// the line where `visit` first answers `true`.
+fn first_in_code(source: &str, mut visit: impl FnMut(char) -> bool) -> Option<usize> {
     let mut line = 1;
     let mut in_string = false;
     let mut in_comment = false;
@@ -655,6 +661,9 @@ fn too_deep(source: &str) -> Option<usize> {
         if c == '\n' {
             line += 1;
             in_comment = false;
+            if visit(' ') {
+                return Some(line);
+            }
             continue;
         }
         if in_comment {
@@ -673,19 +682,61 @@ fn too_deep(source: &str) -> Option<usize> {
             }
             continue;
         }
-        match c {
-            '"' => in_string = true,
-            '(' | '[' | '{' => {
-                depth += 1;
-                if depth > MAX_NESTING {
-                    return Some(line);
-                }
+        if c == '"' {
+            in_string = true;
+            // A string is one operand: it ends a word as a space does.
+            if visit(' ') {
+                return Some(line);
             }
-            ')' | ']' | '}' => depth = depth.saturating_sub(1),
-            _ => {}
+            continue;
+        }
+        if visit(c) {
+            return Some(line);
         }
     }
     None
+}
+
+/// How deep brackets nest, when deeper than allowed: the line where it happens.
+fn too_deep(source: &str) -> Option<usize> {
+    // `if` nests without brackets: many of them are refused as too deep as well.
+    if source.matches("if ").count() > MAX_NESTING * 4 {
+        return Some(1);
+    }
+    let mut depth = 0usize;
+    first_in_code(source, |c| {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        depth > MAX_NESTING
+    })
+}
+
+/// The line of a policy with more operators than [`MAX_OPERATORS`]. Operators chain without
+/// brackets (`a || b || c …`, `x + 1 + 1 …`), and Cedar parses, converts, evaluates and drops
+/// such a chain recursively, one level per operator: a long one would overflow a thread's stack
+/// (a worker's, when the set it cached is dropped). Counted generously: every operator
+/// character (`&&` is two), every `.`, and the words `in`, `has`, `like` and `is`.
+fn too_many_operators(source: &str) -> Option<usize> {
+    let (mut count, mut word) = (0usize, String::new());
+    first_in_code(source, |c| {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            word.push(c);
+            return false;
+        }
+        if matches!(word.as_str(), "in" | "has" | "like" | "is") {
+            count += 1;
+        }
+        word.clear();
+        match c {
+            ';' => count = 0,
+            '+' | '-' | '*' | '<' | '>' | '=' | '!' | '&' | '|' | '.' => count += 1,
+            _ => {}
+        }
+        count > MAX_OPERATORS
+    })
 }
 
 /// Whether replacing the set `old` with `new` may widen what agents may do. Decided

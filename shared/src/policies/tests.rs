@@ -628,3 +628,54 @@ fn a_tool_judged_by_the_most_policies_a_set_holds_keeps_a_shallow_screen_that_ag
         assert_eq!(verdict == Verdict::Allow, !(1000..1500).contains(&effects), "{effects}");
     }
 }
+
+#[test]
+fn a_policy_with_more_operators_than_a_thread_can_take_is_refused_at_its_line() {
+    let chain = |terms: usize| vec!["1"; terms].join(" + ");
+    // The limit counts every operator character: `> 0` and `context.` add three.
+    let within = format!(
+        "@id(\"ok\") @reason(\"r\") forbid (principal, action, resource) when {{ context.effects + {} < 0 }};",
+        chain(MAX_OPERATORS - 4)
+    );
+    let beyond = format!(
+        "@id(\"short\") @reason(\"r\") forbid (principal, action, resource) when {{ context.effects > 5 }};\n\n@id(\"long\") @reason(\"r\")\nforbid (principal, action, resource) when {{ context.effects + {} > 0 }};",
+        chain(MAX_OPERATORS)
+    );
+    // Refused before Cedar parses it (which would recurse once per operator), at its line.
+    let problems = Compiled::compile(&beyond, schema()).expect_err("refused");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].line, 4, "{problems:?}");
+    assert!(problems[0].message.contains("operators"), "{problems:?}");
+    // Operators in strings and comments are not counted; each policy counts its own.
+    let quoted = format!(
+        "// {}\n@id(\"q\") @reason(\"{}\") forbid (principal, action, resource) when {{ principal.client == \"{}\" }};\n{within}",
+        "+".repeat(4 * MAX_OPERATORS),
+        "&|".repeat(70),
+        "||".repeat(MAX_OPERATORS),
+    );
+    // One at the limit compiles on a compiling thread's stack (as the services compile) and is
+    // judged and dropped on an ordinary test thread's.
+    let compiled = std::thread::Builder::new()
+        .stack_size(256 * 1024 * 1024)
+        .spawn(move || Compiled::compile(&quoted, schema()))
+        .expect("thread")
+        .join()
+        .expect("joined")
+        .expect("compiles");
+    let compiled = Arc::new(compiled);
+    let judge = |stack: usize| {
+        let compiled = compiled.clone();
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(move || compiled.evaluate(&call(&principal(), "cancel_booking", 10, None)))
+            .expect("thread")
+            .join()
+            .expect("no overflow")
+    };
+    assert_eq!(judge(8 * 1024 * 1024), Verdict::Allow);
+    // On a small stack Cedar's own check stops the walk: the call is refused, never allowed
+    // unjudged, and the thread lives.
+    assert!(matches!(judge(256 * 1024), Verdict::Error(e) if e.contains("recursion limit")));
+    assert!(!widens(&within, &within));
+    drop(compiled);
+}

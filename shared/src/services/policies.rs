@@ -113,30 +113,31 @@ pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option
 /// Compiles on a thread of its own with a large stack: Cedar's parser recurses on the source's
 /// nesting, and a tenant's set must never take a worker down.
 fn compile_guarded(source: &str) -> std::result::Result<Compiled, Vec<Problem>> {
-    let owned = source.to_owned();
-    let schema = schema();
-    // On the async runtime, the wait for the compiling thread must not stall other requests.
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(|| compile_on_thread(owned, schema))
-        }
-        _ => compile_on_thread(owned, schema),
-    }
+    let (owned, schema) = (source.to_owned(), schema());
+    on_large_stack(move || Compiled::compile(&owned, schema)).unwrap_or_else(|| {
+        Err(vec![Problem { line: 0, message: "the policy set could not be compiled".into() }])
+    })
 }
 
-fn compile_on_thread(
-    owned: String,
-    schema: Arc<PolicySchema>,
-) -> std::result::Result<Compiled, Vec<Problem>> {
-    std::thread::Builder::new()
-        .name("policy-compile".into())
-        .stack_size(256 * 1024 * 1024)
-        .spawn(move || Compiled::compile(&owned, schema))
-        .map_err(|e| vec![Problem { line: 0, message: format!("could not start compiling: {e}") }])?
-        .join()
-        .unwrap_or_else(|_| {
-            Err(vec![Problem { line: 0, message: "the policy set could not be compiled".into() }])
-        })
+/// Runs `work` on a thread of its own with a 256 MiB stack and waits for it (`None` when the
+/// thread could not start or panicked). On the async runtime the wait does not stall other
+/// requests.
+fn on_large_stack<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let run = move || {
+        std::thread::Builder::new()
+            .name("policy-compile".into())
+            .stack_size(256 * 1024 * 1024)
+            .spawn(work)
+            .ok()?
+            .join()
+            .ok()
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(run)
+        }
+        _ => run(),
+    }
 }
 
 fn join(problems: &[Problem]) -> String {
@@ -227,7 +228,10 @@ pub async fn set(
         0 => String::new(),
         v => ds.policy_at(ctx, v).await?.unwrap_or_default(),
     };
-    let widens = crate::policies::widens(&old, source);
+    // Parsed again to compare, so on the large stack as well; a comparison that could not run
+    // counts as widening.
+    let new = source.to_owned();
+    let widens = on_large_stack(move || crate::policies::widens(&old, &new)).unwrap_or(true);
     let version = current + 1;
     if widens {
         let digest = crate::canon::sha256_hex(source.as_bytes());
