@@ -42,6 +42,10 @@ pub const MAX_POLICIES: usize = 500;
 pub const MAX_NESTING: usize = 32;
 /// The most operators one policy may hold (Cedar recurses once per operator of a chain).
 pub const MAX_OPERATORS: usize = 128;
+/// How deep a parsed policy's JSON form may nest (about two levels per operator or bracket):
+/// the backstop behind the counts on the source, checked where the set is compiled (on a
+/// large stack), so no set that is kept nests deeper than an ordinary thread can drop.
+pub const MAX_DEPTH: usize = 2 * (MAX_OPERATORS + MAX_NESTING) + 64;
 
 /// The kinds of effect budgets count (`customers_messaged`, …), as `context.budgets` names
 /// them; the domain's effect kinds, by name.
@@ -290,6 +294,14 @@ impl Compiled {
         for policy in tenant.policies() {
             // The policy's text as written, found in the source: its line.
             let line = source.find(&policy.to_string()).map(|at| line_of(source, at)).unwrap_or(0);
+            if policy.to_json().map_or(true, |json| depth_of(&json) > MAX_DEPTH) {
+                problems.push(Problem {
+                    line,
+                    message: format!(
+                        "this policy nests deeper than {MAX_DEPTH} levels; split it into several policies, or list values in a set"
+                    ),
+                });
+            }
             if policy.effect() != cedar_policy::Effect::Forbid {
                 problems.push(Problem {
                     line,
@@ -658,8 +670,9 @@ fn first_in_code(source: &str, mut visit: impl FnMut(char) -> bool) -> Option<us
     let mut escaped = false;
     let mut chars = source.chars().peekable();
     while let Some(c) = chars.next() {
-        if c == '\n' {
-            line += 1;
+        if c == '\n' || c == '\r' {
+            // Cedar ends a comment at either; a line is counted at `\n`.
+            line += usize::from(c == '\n');
             in_comment = false;
             if visit(' ') {
                 return Some(line);
@@ -718,7 +731,9 @@ fn too_deep(source: &str) -> Option<usize> {
 /// brackets (`a || b || c …`, `x + 1 + 1 …`), and Cedar parses, converts, evaluates and drops
 /// such a chain recursively, one level per operator: a long one would overflow a thread's stack
 /// (a worker's, when the set it cached is dropped). Counted generously: every operator
-/// character (`&&` is two), every `.`, and the words `in`, `has`, `like` and `is`.
+/// character (`&&` is two), every `.` and `[` (an index chain `x["a"]["a"]…` nests as well),
+/// and the words `in`, `has`, `like`, `is` and `if`. What this count misses, the depth of the
+/// parsed policy catches ([`MAX_DEPTH`]).
 fn too_many_operators(source: &str) -> Option<usize> {
     let (mut count, mut word) = (0usize, String::new());
     first_in_code(source, |c| {
@@ -726,17 +741,37 @@ fn too_many_operators(source: &str) -> Option<usize> {
             word.push(c);
             return false;
         }
-        if matches!(word.as_str(), "in" | "has" | "like" | "is") {
+        // A name cannot start with a digit: `1in` is a number and `in`.
+        if matches!(
+            word.trim_start_matches(|d: char| d.is_ascii_digit()),
+            "in" | "has" | "like" | "is" | "if"
+        ) {
             count += 1;
         }
         word.clear();
         match c {
             ';' => count = 0,
-            '+' | '-' | '*' | '<' | '>' | '=' | '!' | '&' | '|' | '.' => count += 1,
+            '+' | '-' | '*' | '<' | '>' | '=' | '!' | '&' | '|' | '.' | '[' => count += 1,
             _ => {}
         }
         count > MAX_OPERATORS
     })
+}
+
+/// How deep a JSON value nests (a scalar is 1), without recursing: the value may be as deep as
+/// the policy it was made from.
+fn depth_of(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 1usize)];
+    while let Some((value, depth)) = stack.pop() {
+        deepest = deepest.max(depth);
+        match value {
+            Value::Array(items) => stack.extend(items.iter().map(|v| (v, depth + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|v| (v, depth + 1))),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Whether replacing the set `old` with `new` may widen what agents may do. Decided

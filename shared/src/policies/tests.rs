@@ -653,6 +653,26 @@ fn a_policy_with_more_operators_than_a_thread_can_take_is_refused_at_its_line() 
         "&|".repeat(70),
         "||".repeat(MAX_OPERATORS),
     );
+    // What the count cannot be fooled by: a carriage return ends a comment for Cedar, `if`
+    // nests with any space after it, an index chain nests with brackets that close.
+    for hidden in [
+        format!("//\r context.effects{} > 0", "+1".repeat(MAX_OPERATORS)),
+        format!("{}true", "if\ttrue then true else\t".repeat(MAX_OPERATORS + 1)),
+        format!("context.args{} == 1", "[\"a\"]".repeat(MAX_OPERATORS + 1)),
+        format!("context.effects{} > 0", " 1in".repeat(MAX_OPERATORS + 1)),
+    ] {
+        let source = format!(
+            "@id(\"h\") @reason(\"r\") forbid (principal, action, resource) when {{ {hidden} }};"
+        );
+        let problems = Compiled::compile(&source, schema()).expect_err("refused");
+        assert!(
+            problems.iter().any(|p| p.message.contains("operators")),
+            "{hidden:.60}: {problems:?}"
+        );
+    }
+    // Behind the counts, the parsed policy's depth: a set within them is checked again.
+    let deep = json!({"a": [[[[1]]]]});
+    assert_eq!(depth_of(&deep), 6);
     // One at the limit compiles on a compiling thread's stack (as the services compile) and is
     // judged and dropped on an ordinary test thread's.
     let compiled = std::thread::Builder::new()
