@@ -712,10 +712,8 @@ fn first_in_code(source: &str, mut visit: impl FnMut(char) -> bool) -> Option<us
 
 /// How deep brackets nest, when deeper than allowed: the line where it happens.
 fn too_deep(source: &str) -> Option<usize> {
-    // `if` nests without brackets: many of them are refused as too deep as well.
-    if source.matches("if ").count() > MAX_NESTING * 4 {
-        return Some(1);
-    }
+    // `if` nests without brackets: each is counted among its policy's operators
+    // ([`too_many_operators`]), per policy and at its line.
     let mut depth = 0usize;
     first_in_code(source, |c| {
         match c {

@@ -670,6 +670,18 @@ fn a_policy_with_more_operators_than_a_thread_can_take_is_refused_at_its_line() 
             "{hidden:.60}: {problems:?}"
         );
     }
+    // Counted per policy: a set of many policies with an `if` each is not refused for them
+    // together, and one policy of too many `if`s is refused at its line.
+    let many: String = (0..200)
+        .map(|i| format!("@id(\"i{i}\") @reason(\"r\") forbid (principal, action, resource) when {{ if context.effects > {i} then true else false }};\n"))
+        .collect();
+    assert!(Compiled::compile(&many, schema()).is_ok());
+    let nested = format!(
+        "{many}@id(\"deep\") @reason(\"r\")\nforbid (principal, action, resource) when {{ {}true }};",
+        "if true then true else ".repeat(MAX_OPERATORS + 1)
+    );
+    let problems = Compiled::compile(&nested, schema()).expect_err("refused");
+    assert_eq!(problems[0].line, 202, "{problems:?}");
     // Behind the counts, the parsed policy's depth: a set within them is checked again.
     let deep = json!({"a": [[[[1]]]]});
     assert_eq!(depth_of(&deep), 6);
