@@ -119,6 +119,26 @@ pub struct BookingView {
     pub earlier_notes_cursor: Option<String>,
 }
 
+/// A booking as a search lists it: what an agent needs to pick one and act on it (its handle,
+/// version, status, start, who, what and the total). The rest (the end, the price's parts,
+/// priority, reference, the customer's note and the notes) is `get_booking`'s: a list stays
+/// small, and carries no third-party text.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct BookingSummary {
+    /// The booking's handle.
+    pub booking: String,
+    /// Content hash; pass it back to update tools.
+    pub version: String,
+    /// draft, confirmed, cancelled or completed.
+    pub status: String,
+    pub starts: TimeView,
+    pub customer: CustomerRef,
+    pub technician: Option<TechnicianRef>,
+    pub service: ServiceRef,
+    /// The price with tax.
+    pub total: MoneyView,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Page<T> {
     pub items: Vec<T>,
@@ -257,5 +277,30 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
         notes,
         notes_total: with_notes.then_some(row.notes_total),
         earlier_notes_cursor,
+    }
+}
+
+/// A booking as a search lists it ([`BookingSummary`]).
+pub fn booking_summary(row: &BookingRow, now: Timestamp) -> BookingSummary {
+    let tz = jiff::tz::TimeZone::get(&row.zone).unwrap_or(jiff::tz::TimeZone::UTC);
+    BookingSummary {
+        booking: row.handle.clone(),
+        version: booking_version(row),
+        status: row.status.clone(),
+        starts: time::present(to_ts(row.starts_at), &tz, &row.zone, now),
+        customer: CustomerRef {
+            customer: row.customer_handle.clone(),
+            name: row.customer_name.clone(),
+        },
+        technician: row.technician_handle.as_ref().map(|h| TechnicianRef {
+            technician: h.clone(),
+            name: row.technician_name.clone().unwrap_or_default(),
+        }),
+        service: ServiceRef {
+            service: row.service_handle.clone(),
+            name: row.service_name.clone(),
+            duration_minutes: row.duration_minutes,
+        },
+        total: money::present(row.total_minor, &row.currency),
     }
 }

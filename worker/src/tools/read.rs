@@ -10,7 +10,7 @@ use shared::services::catalog::{
 };
 use shared::services::customers::{self, FindCustomersInput, GetCustomerInput};
 use shared::services::technicians::{self, FindTechniciansInput};
-use shared::views::{self, BookingView, CustomerView, TechnicianView};
+use shared::views::{self, BookingSummary, BookingView, CustomerView, TechnicianView};
 
 use super::{Access, Def, EffectClass, Env, Ref, RefKind, Shape, ThirdPartyText, ToolSpec, tool};
 
@@ -25,7 +25,7 @@ pub struct CustomersOut {
 
 #[derive(Serialize, JsonSchema)]
 pub struct BookingsOut {
-    pub bookings: Vec<BookingView>,
+    pub bookings: Vec<BookingSummary>,
     pub count: usize,
     /// Pass as `cursor` for the next page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -124,7 +124,7 @@ pub fn tools() -> Vec<ToolSpec> {
             Def {
                 name: "find_bookings",
                 title: "Find bookings",
-                description: "Search bookings in a time range, optionally by status, technician (tec_…) or customer (cus_…), ordered by start and paginated. Dates and local times are read in `zone` (an IANA name); times with an offset need no zone. Every time is shown with weekday, local time, zone, UTC and distance from now. Text written by customers is returned under untrusted_text.",
+                description: "Search bookings in a time range, optionally by status, technician (tec_…) or customer (cus_…), ordered by start and paginated. Dates and local times are read in `zone` (an IANA name); times with an offset need no zone. Each booking is listed by handle, version, status, start, customer, technician, service and total; get_booking gives the rest (end, price parts, priority, reference, the customer's note and the notes). Every time is shown with weekday, local time, zone, UTC and distance from now.",
                 class: EffectClass::Read,
                 access: Access::Right(Right::BookingsRead),
                 refs: &[
@@ -132,7 +132,8 @@ pub fn tools() -> Vec<ToolSpec> {
                     Ref { field: "customer", kind: RefKind::Customer, shape: Shape::Filter },
                     Ref { field: "cursor", kind: RefKind::Cursor, shape: Shape::Cursor },
                 ],
-                untrusted: &[ThirdPartyText::CustomerNote],
+                // A list carries no third-party text: the customer's note is get_booking's.
+                untrusted: &[],
             },
             find_bookings,
         )
@@ -186,8 +187,8 @@ async fn get_customer(env: Env, input: GetCustomerInput) -> shared::Result<Custo
 
 async fn find_bookings(env: Env, input: FindBookingsInput) -> shared::Result<BookingsOut> {
     let found = bookings::find(&env.ds, &env.ctx, &input).await?;
-    let bookings: Vec<BookingView> =
-        found.items.iter().map(|b| views::booking(b, false, env.now)).collect();
+    let bookings: Vec<BookingSummary> =
+        found.items.iter().map(|b| views::booking_summary(b, env.now)).collect();
     Ok(BookingsOut { count: bookings.len(), bookings, next_cursor: found.next_cursor })
 }
 

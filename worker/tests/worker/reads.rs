@@ -38,6 +38,54 @@ async fn every_read_tool_succeeds_with_versions_and_full_times() {
     assert_eq!(t["count"], 2);
 }
 
+/// A search lists each booking as a summary (the fields an agent picks and acts by); its
+/// version and start are get_booking's, so a write can follow a search directly, and what it
+/// leaves out (the customer's note, a third party's text) is get_booking's alone.
+#[tokio::test]
+async fn a_search_lists_summaries_an_agent_can_act_on() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 1);
+    let found = stack.ok(&token, "find_bookings", json!({"limit": 100})).await;
+    let items = found["bookings"].as_array().expect("bookings");
+    assert!(items.len() > 4, "{found}");
+    let mut left_out_a_note = false;
+    for item in items {
+        let keys: std::collections::BTreeSet<&str> =
+            item.as_object().expect("object").keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "booking",
+                "customer",
+                "service",
+                "starts",
+                "status",
+                "technician",
+                "total",
+                "version"
+            ]
+            .into_iter()
+            .collect(),
+            "{item}"
+        );
+        let full = stack.ok(&token, "get_booking", json!({"booking": item["booking"]})).await;
+        assert_eq!(item["version"], full["version"], "the version a write takes");
+        for key in ["weekday", "local", "zone", "display", "utc"] {
+            assert_eq!(item["starts"][key], full["starts"][key], "starts.{key}");
+        }
+        assert!(item["starts"]["from_now"].is_string(), "{item}");
+        assert_eq!(item["total"], full["price"]["total"]);
+        assert_eq!(item["customer"], full["customer"]);
+        assert_eq!(item["service"], full["service"]);
+        assert_eq!(item["technician"], full["technician"]);
+        if let Some(note) = full["customer_note"]["untrusted_text"].as_str() {
+            assert!(!item.to_string().contains(note), "no third-party text in a list: {item}");
+            left_out_a_note = true;
+        }
+    }
+    assert!(left_out_a_note, "the seed has a booking with a customer's note");
+}
+
 #[tokio::test]
 async fn find_bookings_pages_through_everything_once() {
     let stack = Stack::start().await;

@@ -379,12 +379,19 @@ pub(crate) async fn handles(stack: &Stack, t: usize) -> (String, String, String)
     let token = stack.token(t, 0);
     let bookings =
         stack.call(&token, "find_bookings", json!({"limit": 100})).await.expect("find_bookings");
-    let with_notes = bookings["bookings"]
-        .as_array()
-        .expect("list")
-        .iter()
-        .find(|b| b["customer_note"].is_object())
-        .expect("a booking with a note");
+    // A search lists summaries; the customer's note is get_booking's.
+    let mut with_notes = None;
+    for b in bookings["bookings"].as_array().expect("list") {
+        let full = stack
+            .call(&token, "get_booking", json!({"booking": b["booking"]}))
+            .await
+            .expect("get_booking");
+        if full["customer_note"].is_object() {
+            with_notes = Some(full);
+            break;
+        }
+    }
+    let with_notes = with_notes.expect("a booking with a note");
     let booking = with_notes["booking"].as_str().expect("handle").to_owned();
     let customer = with_notes["customer"]["customer"].as_str().expect("handle").to_owned();
     let techs = stack.call(&token, "find_technicians", json!({})).await.expect("find_technicians");
