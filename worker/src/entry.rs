@@ -243,13 +243,15 @@ pub async fn authenticate(
         request.extensions_mut().insert(context.clone());
         let outage = DatabaseUnavailable::default();
         request.extensions_mut().insert(outage.clone());
+        let written = crate::written::WrittenOnce::default();
+        request.extensions_mut().insert(written.clone());
         if let Some(reserved) = reserved {
             request.extensions_mut().insert(reserved);
         }
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
-        let response = next.run(request).await;
+        let response = written.write(next.run(request).await).await;
         // A JSON answer (not a stream already under way) to a call the database could not
         // serve becomes the retryable 503 it is.
         let response = match outage.take() {

@@ -12,6 +12,7 @@ pub mod results;
 pub mod serve;
 pub mod tasks;
 pub mod tools;
+pub mod written;
 
 use std::sync::Arc;
 

@@ -26,6 +26,7 @@ use shared::telemetry::{self, Attr, Name};
 
 use crate::results::{self, ErrorBody};
 use crate::tools::{Answer, Env};
+use crate::written::WrittenOnce;
 use crate::{AppState, listen};
 
 #[derive(Clone)]
@@ -205,6 +206,18 @@ impl Server {
         match self.list_digest(&fresh).await {
             Ok(digest) => listen::Reread::Fresh { digest, expires_at: fresh.expires_at },
             Err(_) => listen::Reread::Failed,
+        }
+    }
+
+    /// A tool's answer as a result built from a `Value`; a database outage explained.
+    async fn present(
+        &self,
+        answer: shared::Result<Answer>,
+    ) -> shared::Result<rmcp::model::CallToolResult> {
+        match answer.and_then(Answer::into_json) {
+            Ok(value) => Ok(results::success(value)),
+            Err(e @ Error::Unavailable { .. }) => Err(self.state.ds.explain(e).await),
+            Err(e) => Err(e),
         }
     }
 
@@ -543,12 +556,19 @@ impl ServerHandler for Server {
             }
             _ => "ok",
         };
-        let outcome = match outcome.and_then(Answer::into_json) {
-            Err(e @ Error::Unavailable { .. }) => Err(self.state.ds.explain(e).await),
-            other => other,
+        // A typed output is written once, into both places of a JSON answer; anything else
+        // becomes a `Value` first.
+        let outcome = match outcome {
+            Ok(Answer::Written(text)) if let Some(once) = WrittenOnce::offered(&context) => {
+                match once.hold(text) {
+                    Ok(result) => Ok(result),
+                    Err(text) => self.present(Ok(Answer::Written(text))).await,
+                }
+            }
+            other => self.present(other).await,
         };
         let (result, label) = match outcome {
-            Ok(value) => (results::success(value), label),
+            Ok(result) => (result, label),
             Err(error) => {
                 if let Error::Internal(detail) = &error {
                     tracing::error!(tool.name = name, request.id = %request_id, error = %detail, "tool failed");

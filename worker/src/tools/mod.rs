@@ -97,6 +97,9 @@ impl Progress {
 /// it did, before it becomes JSON.
 pub enum Answer {
     Json(Value),
+    /// A typed output already written as JSON text: a call answered as one JSON body takes it
+    /// as it is for both places of its result ([`crate::written`]).
+    Written(String),
     TwoStep(Box<shared::services::outcome::Outcome>),
 }
 
@@ -104,6 +107,8 @@ impl Answer {
     pub fn into_json(self) -> shared::Result<Value> {
         match self {
             Answer::Json(value) => Ok(value),
+            Answer::Written(text) => serde_json::from_str(&text)
+                .map_err(|e| shared::Error::Internal(format!("present: {e}"))),
             Answer::TwoStep(outcome) => serde_json::to_value(*outcome)
                 .map_err(|e| shared::Error::Internal(format!("present: {e}"))),
         }
@@ -294,9 +299,11 @@ where
     F: Fn(Env, I) -> Fut + Send + Sync + Copy + 'static,
     Fut: Future<Output = shared::Result<O>> + Send + 'static,
 {
-    tool_json::<I, O, _, _>(def, move |env, input| async move {
+    tool_answer::<I, O, _, _>(def, move |env, input| async move {
         let output = f(env, input).await?;
-        serde_json::to_value(output).map_err(|e| shared::Error::Internal(format!("present: {e}")))
+        serde_json::to_string(&output)
+            .map(Answer::Written)
+            .map_err(|e| shared::Error::Internal(format!("present: {e}")))
     })
 }
 
