@@ -251,7 +251,7 @@ pub async fn authenticate(
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
-        let response = written.write(next.run(request).await).await;
+        let response = written.write(&body, next.run(request).await).await;
         // A JSON answer (not a stream already under way) to a call the database could not
         // serve becomes the retryable 503 it is.
         let response = match outage.take() {

@@ -23,6 +23,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use axum::body::Bytes;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::Value;
@@ -63,13 +64,15 @@ impl WrittenOnce {
 
     /// Keeps `json` (a tool's output as JSON text) for the entry point and gives rmcp the
     /// result with markers where it goes; an output that is not a JSON object is returned, to
-    /// become a `Value` as before (rmcp treats those differently for older clients).
+    /// become a `Value` as before (rmcp treats those differently for older clients), as is one
+    /// that cannot be kept.
     pub fn hold(&self, json: String) -> Result<CallToolResult, String> {
         if !json.starts_with('{') {
             return Err(json);
         }
-        if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(json);
+        match self.0.lock() {
+            Ok(mut slot) => *slot = Some(json),
+            Err(_) => return Err(json),
         }
         // An object, as the output is: rmcp moves a structured result that is not an object
         // into the text for a client on an older protocol version.
@@ -84,46 +87,94 @@ impl WrittenOnce {
         self.0.lock().ok().and_then(|mut slot| slot.take())
     }
 
-    /// The response with the held text in place of the markers; the response as it is when
-    /// nothing was held. A held text whose response is not the JSON body it was written for
-    /// (which [`WrittenOnce::offered`] rules out) is answered as an internal error rather than
-    /// sent with markers in it.
-    pub async fn write(&self, response: Response) -> Response {
-        let Some(json) = self.take() else { return response };
-        let is_json = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/json"));
-        let (mut parts, body) = response.into_parts();
-        let spliced = if is_json {
-            match axum::body::to_bytes(body, usize::MAX).await {
-                Ok(bytes) => splice(&bytes, &json),
-                Err(_) => None,
-            }
-        } else {
-            None
-        };
-        let Some(spliced) = spliced else {
-            tracing::error!("a result written once met a response it was not written for");
-            let body = serde_json::json!({
-                "error": "internal",
-                "error_description": "The server could not write this result. Send the very same request again: a silent write repeated within ten minutes is answered with its first result, never run twice.",
+    fn holds(&self) -> bool {
+        self.0.lock().is_ok_and(|slot| slot.is_some())
+    }
+
+    /// The response with the held text in place of the markers. A JSON answer is written when
+    /// it is returned (the call is over). An event stream (a call that sent something before
+    /// its result) is written as it flows: the event that carries the markers gets the text the
+    /// call held by then. What holds no markers passes as it is (nothing was held, or rmcp
+    /// answered otherwise); markers that cannot be written are never sent: a JSON answer
+    /// becomes a JSON-RPC internal error for the request's `id`, a stream ends.
+    pub async fn write(&self, request: &[u8], response: Response) -> Response {
+        if is_event_stream(&response) {
+            let once = self.clone();
+            let (parts, body) = response.into_parts();
+            let stream = body.into_data_stream().map(move |chunk| {
+                let chunk = chunk?;
+                if !once.holds() || find(&chunk, MARKERS.text.as_bytes()).is_none() {
+                    return Ok(chunk);
+                }
+                once.take().and_then(|json| splice(&chunk, &json)).ok_or_else(|| {
+                    tracing::error!("a streamed result's markers could not be written");
+                    axum::Error::new(std::io::Error::other("a result could not be written"))
+                })
             });
-            return (http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response();
+            return Response::from_parts(parts, axum::body::Body::from_stream(stream));
+        }
+        let Some(json) = self.take() else { return response };
+        let (mut parts, body) = response.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+            return internal_error(request);
         };
-        parts.headers.remove(header::CONTENT_LENGTH);
-        Response::from_parts(parts, axum::body::Body::from(spliced))
+        match splice(&bytes, &json) {
+            Some(spliced) => {
+                parts.headers.remove(header::CONTENT_LENGTH);
+                Response::from_parts(parts, axum::body::Body::from(spliced))
+            }
+            None if find(&bytes, MARKERS.text.as_bytes()).is_none()
+                && find(&bytes, MARKERS.structured.as_bytes()).is_none() =>
+            {
+                Response::from_parts(parts, axum::body::Body::from(bytes))
+            }
+            None => {
+                tracing::error!("a result's markers could not be written");
+                internal_error(request)
+            }
+        }
     }
 }
 
-/// `body` (rmcp's response, holding each marker once) with `json` in place of the structured
-/// marker (an object of one key) and `json` as a JSON string in place of the text marker.
+fn is_event_stream(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// JSON-RPC's internal error for the request, in place of a result that could not be written.
+fn internal_error(request: &[u8]) -> Response {
+    let id = serde_json::from_slice::<Value>(request)
+        .ok()
+        .and_then(|r| r.get("id").cloned())
+        .unwrap_or(Value::Null);
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": -32603,
+            "message": "The server could not write this result. Send the very same request again: a silent write repeated within ten minutes is answered with its first result, never run twice.",
+        },
+    });
+    (http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
+}
+
+/// `body` (rmcp's response, or one event of its stream) with `json` in place of the structured
+/// marker (an object of one key) and `json` as a JSON string in place of the text marker. Each
+/// marker is looked for in the result only (after `"result":`, which rmcp writes after the
+/// request's `id`: an `id` spelling a marker is left alone) and must be there once.
 fn splice(body: &[u8], json: &str) -> Option<Bytes> {
     let structured = format!("{{\"{}\":true}}", MARKERS.structured);
     let text = format!("\"{}\"", MARKERS.text);
-    let at_structured = find(body, structured.as_bytes())?;
-    let at_text = find(body, text.as_bytes())?;
+    let result = find(body, b"\"result\":")?;
+    let once = |marker: &[u8]| {
+        let at = result + find(&body[result..], marker)?;
+        find(&body[at + 1..], marker).is_none().then_some(at)
+    };
+    let at_structured = once(structured.as_bytes())?;
+    let at_text = once(text.as_bytes())?;
     let mut as_string = Vec::with_capacity(json.len() + json.len() / 4 + 2);
     serde_json::to_writer(&mut as_string, json).ok()?;
     let mut places = [
@@ -151,45 +202,157 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rmcp::model::{NumberOrString, ServerJsonRpcMessage, ServerResult};
 
-    /// What rmcp writes for the held result, spliced, is what it writes for the same result
-    /// built as a `Value`: byte for byte, text with quotes, backslashes, control and non-ASCII
-    /// characters, and a marker's own spelling inside the output included.
-    #[test]
-    fn a_result_written_once_is_the_result_rmcp_writes_from_a_value() {
-        let output = serde_json::json!({
-            "booking": "bkg_1",
-            "quoted": "she said \"ring twice\" \\ then\nleft\u{1}",
-            "zone": "Europe/Zürich ✓",
-            "count": 3,
-            "planted": MARKERS.text.clone(),
-            "nested": {"structured": MARKERS.structured.clone(), "list": [1, null, true]},
-        });
-        let json = serde_json::to_string(&output).expect("json");
-        let envelope = |result: CallToolResult| {
-            serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": 7, "result": result}))
-                .expect("json")
-        };
-        let expected = envelope(CallToolResult::structured(output));
-        let held = WrittenOnce::default().hold(json.clone()).expect("an object");
-        let written = splice(&envelope(held), &json).expect("both markers");
-        assert_eq!(
-            String::from_utf8_lossy(&written),
-            String::from_utf8_lossy(&expected),
-            "the same bytes"
-        );
+    /// Fields in an order no sorted map keeps, text a JSON string must escape, and a record
+    /// that spells both markers (as a third party could write into a note).
+    #[derive(serde::Serialize)]
+    struct Output {
+        zeta: &'static str,
+        booking: &'static str,
+        quoted: &'static str,
+        zone: &'static str,
+        count: u32,
+        planted: String,
+        nested: Value,
+    }
+
+    fn output() -> Output {
+        Output {
+            zeta: "first",
+            booking: "bkg_1",
+            quoted: "she said \"ring twice\" \\ then\nleft\u{1}",
+            zone: "Europe/Zürich ✓",
+            count: 3,
+            planted: MARKERS.text.clone(),
+            nested: serde_json::json!({"structured": MARKERS.structured.clone(), "list": [1, null]}),
+        }
+    }
+
+    /// rmcp's own response message for `result`, as it writes it.
+    fn rmcp_body(result: CallToolResult, id: NumberOrString) -> Vec<u8> {
+        let message = ServerJsonRpcMessage::response(ServerResult::CallToolResult(result), id);
+        serde_json::to_vec(&message).expect("json")
+    }
+
+    fn json_response(body: Vec<u8>) -> Response {
+        let mut response = Response::new(axum::body::Body::from(body.clone()));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        response.headers_mut().insert(header::CONTENT_LENGTH, http::HeaderValue::from(body.len()));
+        response
+    }
+
+    async fn body_of(response: Response) -> String {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.expect("body");
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    /// What the entry point writes for a held result is what rmcp writes for the same result
+    /// built as a `Value`, byte for byte, for a client on either protocol version.
+    #[tokio::test]
+    async fn a_result_written_once_is_the_result_rmcp_writes_from_a_value() {
+        let json = serde_json::to_string(&output()).expect("json");
+        let value = serde_json::to_value(output()).expect("value");
+        let id = || NumberOrString::Number(7);
+        let expected = rmcp_body(CallToolResult::structured(value), id());
+        let once = WrittenOnce::default();
+        let held = once.hold(json.clone()).expect("an object");
+        let written = once.write(b"{}", json_response(rmcp_body(held, id()))).await;
+        assert_eq!(written.headers().get(header::CONTENT_LENGTH), None, "its length changed");
+        assert_eq!(body_of(written).await, String::from_utf8_lossy(&expected), "the same bytes");
         // What rmcp does for a client on an older protocol version leaves both markers.
-        let mut legacy = rmcp::model::ServerResult::CallToolResult(
+        let mut legacy = ServerResult::CallToolResult(
             WrittenOnce::default().hold(json.clone()).expect("an object"),
         );
         legacy.strip_non_object_output_for_legacy_peer();
-        let rmcp::model::ServerResult::CallToolResult(legacy) = legacy else { unreachable!() };
-        let written = splice(&envelope(legacy), &json).expect("both markers");
+        let ServerResult::CallToolResult(legacy) = legacy else { unreachable!() };
+        let written = splice(&rmcp_body(legacy, id()), &json).expect("both markers");
         assert_eq!(String::from_utf8_lossy(&written), String::from_utf8_lossy(&expected));
         // An output that is not an object is not held.
         assert_eq!(WrittenOnce::default().hold("[1]".into()).err().as_deref(), Some("[1]"));
-        // A body without the markers is not spliced.
-        let plain = envelope(CallToolResult::structured(serde_json::json!({"a": 1})));
-        assert!(splice(&plain, &json).is_none());
+    }
+
+    /// A request `id` that spells the text marker stays the id: only the result is written.
+    #[tokio::test]
+    async fn an_id_spelling_a_marker_is_left_alone() {
+        let json = serde_json::to_string(&output()).expect("json");
+        let id = || NumberOrString::String(MARKERS.text.clone().into());
+        let expected = rmcp_body(
+            CallToolResult::structured(serde_json::to_value(output()).expect("value")),
+            id(),
+        );
+        let once = WrittenOnce::default();
+        let held = once.hold(json).expect("an object");
+        let written = once.write(b"{}", json_response(rmcp_body(held, id()))).await;
+        assert_eq!(body_of(written).await, String::from_utf8_lossy(&expected));
+    }
+
+    /// Nothing held, or an answer without markers (rmcp answered otherwise): passed as it is.
+    /// Markers that cannot be written are never sent: the request's id gets JSON-RPC's
+    /// internal error.
+    #[tokio::test]
+    async fn markers_are_written_or_never_sent() {
+        let plain = rmcp_body(
+            CallToolResult::structured(serde_json::json!({"a": 1})),
+            NumberOrString::Number(1),
+        );
+        let nothing = WrittenOnce::default().write(b"{}", json_response(plain.clone())).await;
+        assert_eq!(body_of(nothing).await, String::from_utf8_lossy(&plain));
+        let once = WrittenOnce::default();
+        once.hold("{\"b\":2}".into()).expect("held");
+        let otherwise = once.write(b"{}", json_response(plain.clone())).await;
+        assert_eq!(body_of(otherwise).await, String::from_utf8_lossy(&plain));
+        // One marker only (the other lost): an error for the request, no marker in it.
+        let once = WrittenOnce::default();
+        let mut held = once.hold("{\"b\":2}".into()).expect("held");
+        held.content.clear();
+        let half = rmcp_body(held, NumberOrString::Number(9));
+        let refused = once.write(br#"{"jsonrpc":"2.0","id":9}"#, json_response(half)).await;
+        assert_eq!(refused.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        let body: Value = serde_json::from_str(&body_of(refused).await).expect("json");
+        assert_eq!(body["id"], 9, "{body}");
+        assert_eq!(body["error"]["code"], -32603, "{body}");
+        assert!(!body.to_string().contains("written-once"), "{body}");
+    }
+
+    /// A call that sent something before its result is answered as an event stream: the event
+    /// carrying the markers is written with the text held by the time it flows (after the
+    /// entry point had the response); the events before it pass as they are.
+    #[tokio::test]
+    async fn a_streamed_result_is_written_as_it_flows() {
+        let json = serde_json::to_string(&output()).expect("json");
+        let id = || NumberOrString::Number(3);
+        let once = WrittenOnce::default();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Bytes, std::io::Error>>();
+        let stream = tokio_stream_of(rx);
+        let mut response = Response::new(axum::body::Body::from_stream(stream));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("text/event-stream"));
+        let written = once.write(b"{}", response).await;
+        let progress = Bytes::from_static(b"data: {\"method\":\"notifications/progress\"}\n\n");
+        tx.send(Ok(progress.clone())).expect("send");
+        let held = once.hold(json.clone()).expect("an object");
+        let mut event = b"data: ".to_vec();
+        event.extend(rmcp_body(held, id()));
+        event.extend(b"\n\n");
+        tx.send(Ok(Bytes::from(event))).expect("send");
+        drop(tx);
+        let mut expected = String::from_utf8_lossy(&progress).into_owned();
+        expected.push_str("data: ");
+        expected.push_str(&String::from_utf8_lossy(&rmcp_body(
+            CallToolResult::structured(serde_json::to_value(output()).expect("value")),
+            id(),
+        )));
+        expected.push_str("\n\n");
+        assert_eq!(body_of(written).await, expected);
+    }
+
+    fn tokio_stream_of(
+        mut rx: tokio::sync::mpsc::UnboundedReceiver<Result<Bytes, std::io::Error>>,
+    ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
     }
 }
