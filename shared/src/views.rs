@@ -252,19 +252,9 @@ pub fn booking(row: &BookingRow, with_notes: bool, now: Timestamp) -> BookingVie
         status: row.status.clone(),
         starts: time::present(starts, &tz, &row.zone, now),
         ends: time::present(ends, &tz, &row.zone, now),
-        customer: CustomerRef {
-            customer: row.customer_handle.clone(),
-            name: row.customer_name.clone(),
-        },
-        technician: row.technician_handle.as_ref().map(|h| TechnicianRef {
-            technician: h.clone(),
-            name: row.technician_name.clone().unwrap_or_default(),
-        }),
-        service: ServiceRef {
-            service: row.service_handle.clone(),
-            name: row.service_name.clone(),
-            duration_minutes: row.duration_minutes,
-        },
+        customer: customer_ref(row),
+        technician: technician_ref(row),
+        service: service_ref(row),
         price: PriceView {
             net: money::present(row.net_minor, &row.currency),
             tax: money::present(row.tax_minor, &row.currency),
@@ -288,19 +278,28 @@ pub fn booking_summary(row: &BookingRow, now: Timestamp) -> BookingSummary {
         version: booking_version(row),
         status: row.status.clone(),
         starts: time::present(to_ts(row.starts_at), &tz, &row.zone, now),
-        customer: CustomerRef {
-            customer: row.customer_handle.clone(),
-            name: row.customer_name.clone(),
-        },
-        technician: row.technician_handle.as_ref().map(|h| TechnicianRef {
-            technician: h.clone(),
-            name: row.technician_name.clone().unwrap_or_default(),
-        }),
-        service: ServiceRef {
-            service: row.service_handle.clone(),
-            name: row.service_name.clone(),
-            duration_minutes: row.duration_minutes,
-        },
+        customer: customer_ref(row),
+        technician: technician_ref(row),
+        service: service_ref(row),
         total: money::present(row.total_minor, &row.currency),
+    }
+}
+
+fn customer_ref(row: &BookingRow) -> CustomerRef {
+    CustomerRef { customer: row.customer_handle.clone(), name: row.customer_name.clone() }
+}
+
+fn technician_ref(row: &BookingRow) -> Option<TechnicianRef> {
+    row.technician_handle.as_ref().map(|h| TechnicianRef {
+        technician: h.clone(),
+        name: row.technician_name.clone().unwrap_or_default(),
+    })
+}
+
+fn service_ref(row: &BookingRow) -> ServiceRef {
+    ServiceRef {
+        service: row.service_handle.clone(),
+        name: row.service_name.clone(),
+        duration_minutes: row.duration_minutes,
     }
 }

@@ -25,6 +25,7 @@ use crate::AppState;
 
 mod answers;
 mod headers;
+pub(crate) use answers::is_event_stream;
 use answers::*;
 use headers::*;
 

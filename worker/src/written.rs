@@ -98,7 +98,7 @@ impl WrittenOnce {
     /// answered otherwise); markers that cannot be written are never sent: a JSON answer
     /// becomes a JSON-RPC internal error for the request's `id`, a stream ends.
     pub async fn write(&self, request: &[u8], response: Response) -> Response {
-        if is_event_stream(&response) {
+        if crate::entry::is_event_stream(&response) {
             let once = self.clone();
             let (parts, body) = response.into_parts();
             let stream = body.into_data_stream().map(move |chunk| {
@@ -134,14 +134,6 @@ impl WrittenOnce {
             }
         }
     }
-}
-
-fn is_event_stream(response: &Response) -> bool {
-    response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// JSON-RPC's internal error for the request, in place of a result that could not be written.

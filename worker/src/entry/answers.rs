@@ -57,12 +57,7 @@ pub(super) fn end_stream_on_revocation(
     response: Response,
     inflight: crate::live::InFlight,
 ) -> Response {
-    let streaming = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    if !streaming {
+    if !is_event_stream(&response) {
         return response;
     }
     let (parts, body) = response.into_parts();
@@ -122,7 +117,7 @@ pub(super) fn header_safe(text: &str) -> String {
         .collect()
 }
 
-pub(super) fn is_event_stream(response: &Response) -> bool {
+pub(crate) fn is_event_stream(response: &Response) -> bool {
     response
         .headers()
         .get(header::CONTENT_TYPE)
