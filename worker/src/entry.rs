@@ -246,6 +246,10 @@ pub async fn authenticate(
         request.extensions_mut().insert(outage.clone());
         let written = crate::written::WrittenOnce::default();
         request.extensions_mut().insert(written.clone());
+        // A listen stream's task tells its response directly (see `listen::Direct`).
+        let direct = reserved
+            .as_ref()
+            .and_then(|r| r.0.lock().ok()?.as_ref().map(|registered| registered.direct.clone()));
         if let Some(reserved) = reserved {
             request.extensions_mut().insert(reserved);
         }
@@ -253,6 +257,13 @@ pub async fn authenticate(
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
         let response = written.write(&body, next.run(request).await).await;
+        let response = match direct {
+            Some(direct) if is_event_stream(&response) => {
+                let (parts, stream) = response.into_parts();
+                Response::from_parts(parts, crate::listen::attach(direct, stream))
+            }
+            _ => response,
+        };
         // A JSON answer (not a stream already under way) to a call the database could not
         // serve becomes the retryable 503 it is.
         let response = match outage.take() {

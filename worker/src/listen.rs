@@ -22,9 +22,14 @@
 //! so a stream woken by a later change never takes an answer read before it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 
+use axum::body::Bytes;
+use futures_util::Stream;
+use futures_util::task::AtomicWaker;
 use shared::bus::Event;
 use tokio::sync::{Notify, OnceCell};
 
@@ -125,6 +130,126 @@ pub struct Registered {
     tenant: String,
     connection: String,
     pub wake: Arc<Wake>,
+    /// Where the stream's task tells its response directly ([`Direct`]).
+    pub direct: Arc<Direct>,
+}
+
+/// A listen stream's `toolsListChanged` events, written by its task straight into its response.
+///
+/// Through rmcp, each event went from the stream's task to the request's service loop, which
+/// spawned a task to hand it to the transport, whose channel fed the response body, and an
+/// answer went back to the stream's task: five task hops and a spawn per stream and event, most
+/// of a switch's fan-out to ten thousand streams (docs/benchmarks.md). Here the task counts the
+/// event and wakes the response's body, which writes the event's bytes (the very message rmcp
+/// would write, made once per stream with rmcp's types) between what rmcp sends: never before
+/// rmcp's acknowledgement, and always before what rmcp sends after the event was told (the
+/// stream's final result). A stream whose response the entry point did not attach (a request
+/// that reached rmcp another way) tells through rmcp as before.
+#[derive(Default)]
+pub struct Direct {
+    attached: AtomicBool,
+    closed: AtomicBool,
+    pending: AtomicUsize,
+    event: OnceLock<Bytes>,
+    waker: AtomicWaker,
+}
+
+impl Direct {
+    /// Whether the response reads from here.
+    pub fn attached(&self) -> bool {
+        self.attached.load(Ordering::Acquire)
+    }
+
+    /// The bytes of one event (set once, by the stream's task).
+    pub fn set_event(&self, event: Bytes) {
+        let _ = self.event.set(event);
+    }
+
+    /// One event for the response; `false` when the response is gone (the client left).
+    pub fn tell(&self) -> bool {
+        if self.closed.load(Ordering::Acquire) || self.event.get().is_none() {
+            return false;
+        }
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.waker.wake();
+        true
+    }
+
+    fn take(&self) -> Option<Bytes> {
+        let event = self.event.get()?;
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| event.clone())
+    }
+}
+
+/// The listen response's body: rmcp's (its acknowledgement first, keep-alives, the final result)
+/// with the stream task's events between.
+pub fn attach(direct: Arc<Direct>, body: axum::body::Body) -> axum::body::Body {
+    direct.attached.store(true, Ordering::Release);
+    axum::body::Body::from_stream(Merged {
+        inner: body.into_data_stream(),
+        direct,
+        acknowledged: false,
+        stashed: None,
+        done: false,
+    })
+}
+
+struct Merged {
+    inner: axum::body::BodyDataStream,
+    direct: Arc<Direct>,
+    /// rmcp's first message (the acknowledgement) went out: events may follow.
+    acknowledged: bool,
+    /// rmcp's chunk held back behind an event told before it was sent.
+    stashed: Option<Bytes>,
+    done: bool,
+}
+
+impl Stream for Merged {
+    type Item = Result<Bytes, axum::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.acknowledged {
+            this.direct.waker.register(cx.waker());
+            if let Some(event) = this.direct.take() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+        }
+        if let Some(chunk) = this.stashed.take() {
+            return Poll::Ready(Some(Ok(chunk)));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_next(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                // An event told before rmcp sent this (the final result comes after the task
+                // told its last event) goes first.
+                if this.acknowledged
+                    && let Some(event) = this.direct.take()
+                {
+                    this.stashed = Some(chunk);
+                    return Poll::Ready(Some(Ok(event)));
+                }
+                this.acknowledged = true;
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(this.direct.take().map(Ok))
+            }
+            other => other,
+        }
+    }
+}
+
+impl Drop for Merged {
+    fn drop(&mut self) {
+        self.direct.closed.store(true, Ordering::Release);
+    }
 }
 
 impl Drop for Registered {
@@ -186,6 +311,7 @@ impl Streams {
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Wake::default());
+        let direct = Arc::new(Direct::default());
         inner.by_tenant.entry(tenant.to_owned()).or_default().insert(id, wake.clone());
         inner.by_connection.entry(connection.to_owned()).or_default().insert(id, wake.clone());
         inner.total += 1;
@@ -201,6 +327,7 @@ impl Streams {
             tenant: tenant.to_owned(),
             connection: connection.to_owned(),
             wake,
+            direct,
         })
     }
 
@@ -324,6 +451,79 @@ mod tests {
         drop(a);
         assert_eq!(streams.open_count(), 2);
         streams.open("ten_a", "con_a", 0).expect("room again");
+    }
+
+    /// What a stream's task tells goes into its response after rmcp's acknowledgement, in the
+    /// order told and before what rmcp sends after it (the final result); a response that is
+    /// gone is told nothing more.
+    async fn next(body: &mut axum::body::BodyDataStream) -> Option<String> {
+        use futures_util::StreamExt;
+        tokio::time::timeout(std::time::Duration::from_millis(100), body.next())
+            .await
+            .ok()
+            .flatten()
+            .map(|chunk| String::from_utf8_lossy(&chunk.expect("chunk")).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_streams_events_are_written_between_rmcps_messages_in_order() {
+        let direct = Arc::new(Direct::default());
+        assert!(!direct.tell(), "no event made yet: nothing to tell");
+        direct.set_event(Bytes::from_static(b"data: changed\n\n"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Result<Bytes, std::io::Error>>();
+        let rmcp = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        assert!(!direct.attached());
+        let mut body =
+            attach(direct.clone(), axum::body::Body::from_stream(rmcp)).into_data_stream();
+        assert!(direct.attached());
+        // Told before the acknowledgement: held until it went.
+        assert!(direct.tell());
+        assert_eq!(next(&mut body).await, None, "nothing before the acknowledgement");
+        tx.send(Ok(Bytes::from_static(b"data: ack\n\n"))).expect("send");
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: ack\n\n"));
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: changed\n\n"));
+        // Two told, then rmcp's final result: both events first.
+        assert!(direct.tell());
+        assert!(direct.tell());
+        tx.send(Ok(Bytes::from_static(b"data: result\n\n"))).expect("send");
+        drop(tx);
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: changed\n\n"));
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: changed\n\n"));
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: result\n\n"));
+        assert_eq!(next(&mut body).await, None);
+        drop(body);
+        assert!(!direct.tell(), "the response is gone");
+    }
+
+    /// The event is the message rmcp's subscription sink sends: `toolsListChanged` with the
+    /// listen request's id as its subscription id, one SSE `data` line.
+    #[test]
+    fn the_event_is_the_notification_rmcp_sends() {
+        let id = rmcp::model::NumberOrString::String("listen-7".into());
+        let event = crate::mcp::tools_changed_event(&id);
+        let text = String::from_utf8(event.to_vec()).expect("utf-8");
+        let json = text
+            .strip_prefix("data: ")
+            .and_then(|t| t.strip_suffix("\n\n"))
+            .expect("one data line");
+        assert!(!json.contains('\n'), "{text}");
+        let message: serde_json::Value = serde_json::from_str(json).expect("json");
+        assert_eq!(message["jsonrpc"], "2.0", "{message}");
+        assert_eq!(message["method"], "notifications/tools/list_changed", "{message}");
+        assert_eq!(
+            message["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "listen-7",
+            "{message}"
+        );
+        // rmcp reads it back as the notification it is, with its subscription.
+        let parsed: rmcp::model::ServerJsonRpcMessage =
+            serde_json::from_str(json).expect("rmcp's message");
+        let rmcp::model::ServerJsonRpcMessage::Notification(n) = parsed else {
+            panic!("a notification: {json}")
+        };
+        assert!(matches!(
+            n.notification,
+            rmcp::model::ServerNotification::ToolListChangedNotification(_)
+        ));
     }
 
     #[tokio::test]

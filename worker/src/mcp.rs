@@ -255,21 +255,41 @@ impl Server {
         metrics.listen_events.with_label_values(&["opened"]).inc();
         metrics.listen_streams.set(self.state.streams.open_count() as i64);
         let tells = subscription.accepted().tools_list_changed == Some(true);
+        let direct = registered.direct.clone();
+        if tells {
+            direct.set_event(tools_changed_event(&request.id));
+        }
         let credential = shared::secret::hash_token(authorization.as_deref().unwrap_or_default());
         let mut seen = self.list_digest(&first).await?;
         let mut expires_at = first.expires_at;
+        // Made once per stream, not per wake: the worker's draining token is one for all its
+        // streams, and a waiter made and dropped on each wake takes that token's lock each time
+        // (a switch wakes ten thousand streams at once).
+        let cancelled = subscription.cancelled();
+        let draining = self.state.draining.cancelled();
+        tokio::pin!(cancelled, draining);
+        // Counters looked up once, not by label on each wake.
+        let (told, unchanged) = (
+            metrics.listen_events.with_label_values(&["changed"]),
+            metrics.listen_events.with_label_values(&["unchanged"]),
+        );
         loop {
             let until_expiry = expires_at.map(|at| {
                 let left = at.as_millisecond() - jiff::Timestamp::now().as_millisecond();
                 std::time::Duration::from_millis(left.max(0) as u64)
             });
             tokio::select! {
-                _ = subscription.cancelled() => return Ok(()),
+                _ = &mut cancelled => return Ok(()),
                 // The worker is stopping: the final result tells the client to listen again.
-                _ = self.state.draining.cancelled() => return Ok(()),
+                _ = &mut draining => return Ok(()),
                 _ = registered.wake.notified() => {}
-                _ = tokio::time::sleep(until_expiry.unwrap_or(std::time::Duration::MAX)),
-                    if until_expiry.is_some() => {}
+                // A timer only for a credential that expires (an async block makes none).
+                _ = async {
+                    match until_expiry {
+                        Some(left) => tokio::time::sleep(left).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
             // A credential past its expiry ends the stream without asking Postgres.
             if expires_at.is_some_and(|at| at <= jiff::Timestamp::now()) {
@@ -313,7 +333,7 @@ impl Server {
                 }
             };
             if now == seen {
-                metrics.listen_events.with_label_values(&["unchanged"]).inc();
+                unchanged.inc();
                 tracing::debug!(connection = %connection, "listen stream woken; tool list unchanged");
                 continue;
             }
@@ -322,15 +342,37 @@ impl Server {
             if !tells {
                 continue;
             }
-            let changed = ServerNotification::ToolListChangedNotification(
-                ToolListChangedNotification::default(),
-            );
-            if subscription.sink().send(changed).await.is_err() {
-                return Ok(());
+            if direct.attached() {
+                if !direct.tell() {
+                    return Ok(());
+                }
+            } else {
+                let changed = ServerNotification::ToolListChangedNotification(
+                    ToolListChangedNotification::default(),
+                );
+                if subscription.sink().send(changed).await.is_err() {
+                    return Ok(());
+                }
             }
-            metrics.listen_events.with_label_values(&["changed"]).inc();
+            told.inc();
         }
     }
+}
+
+/// A listen stream's `toolsListChanged` as its response carries it: the message rmcp's
+/// subscription sink sends (the notification with the listen request's id as its subscription
+/// id), framed as rmcp's event stream frames it.
+pub fn tools_changed_event(subscription: &rmcp::model::RequestId) -> axum::body::Bytes {
+    use rmcp::model::GetMeta as _;
+    let mut notification =
+        ServerNotification::ToolListChangedNotification(ToolListChangedNotification::default());
+    notification.get_meta_mut().set_subscription_id(subscription.clone());
+    let message = rmcp::model::ServerJsonRpcMessage::notification(notification);
+    let mut event = b"data: ".to_vec();
+    // A notification of rmcp's own types always serializes.
+    let _ = serde_json::to_writer(&mut event, &message);
+    event.extend_from_slice(b"\n\n");
+    event.into()
 }
 
 /// Keeps the open-streams gauge right when a stream ends, however it ends.
