@@ -188,8 +188,11 @@ impl Direct {
 /// with the stream task's events between.
 pub fn attach(direct: Arc<Direct>, body: axum::body::Body) -> axum::body::Body {
     direct.attached.store(true, Ordering::Release);
+    let inner_wake = Arc::new(InnerWake { woken: AtomicBool::new(true), task: AtomicWaker::new() });
     axum::body::Body::from_stream(Merged {
         inner: body.into_data_stream(),
+        inner_waker: std::task::Waker::from(inner_wake.clone()),
+        inner_wake,
         direct,
         acknowledged: false,
         stashed: None,
@@ -197,8 +200,28 @@ pub fn attach(direct: Arc<Direct>, body: axum::body::Body) -> axum::body::Body {
     })
 }
 
+/// rmcp's part of the body is polled only when it woke: an event written directly must not
+/// cost a poll of rmcp's whole stream (its channel, its cancellation check) for nothing.
+struct InnerWake {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl std::task::Wake for InnerWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
 struct Merged {
     inner: axum::body::BodyDataStream,
+    inner_wake: Arc<InnerWake>,
+    inner_waker: std::task::Waker,
     direct: Arc<Direct>,
     /// rmcp's first message (the acknowledgement) went out: events may follow.
     acknowledged: bool,
@@ -212,6 +235,7 @@ impl Stream for Merged {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        this.inner_wake.task.register(cx.waker());
         if this.acknowledged {
             this.direct.waker.register(cx.waker());
             if let Some(event) = this.direct.take() {
@@ -224,7 +248,16 @@ impl Stream for Merged {
         if this.done {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_next(cx) {
+        if !this.inner_wake.woken.swap(false, Ordering::AcqRel) {
+            return Poll::Pending;
+        }
+        let polled =
+            Pin::new(&mut this.inner).poll_next(&mut Context::from_waker(&this.inner_waker));
+        if polled.is_ready() {
+            // A stream that answered may have more at once, without waking again.
+            this.inner_wake.woken.store(true, Ordering::Release);
+        }
+        match polled {
             Poll::Ready(Some(Ok(chunk))) => {
                 // An event told before rmcp sent this (the final result comes after the task
                 // told its last event) goes first.

@@ -279,10 +279,14 @@ impl Server {
                 std::time::Duration::from_millis(left.max(0) as u64)
             });
             tokio::select! {
+                // A wake first: its turn polls nothing else (a cancellation waiter checks its
+                // token under the token's lock on every poll, and the draining token is the
+                // worker's, one for all its streams).
+                biased;
+                _ = registered.wake.notified() => {}
                 _ = &mut cancelled => return Ok(()),
                 // The worker is stopping: the final result tells the client to listen again.
                 _ = &mut draining => return Ok(()),
-                _ = registered.wake.notified() => {}
                 // A timer only for a credential that expires (an async block makes none).
                 _ = async {
                     match until_expiry {
