@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -20,7 +20,8 @@ pub struct Live {
     global_kill: AtomicBool,
     nats_connected: AtomicBool,
     /// Tenants (by handle) whose agent access NATS last said is off.
-    tenants_off: Mutex<HashSet<String>>,
+    /// Read by every call and every woken listen stream, written on a switch's push.
+    tenants_off: RwLock<HashSet<String>>,
     /// In-flight requests by connection handle.
     inflight: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
     next_id: AtomicU64,
@@ -57,7 +58,7 @@ impl Live {
 
     pub fn tenant_off(&self, tenant: &str) -> bool {
         self.nats_connected.load(Ordering::Acquire)
-            && self.tenants_off.lock().unwrap_or_else(|p| p.into_inner()).contains(tenant)
+            && self.tenants_off.read().unwrap_or_else(|p| p.into_inner()).contains(tenant)
     }
 
     pub fn nats_connected(&self) -> bool {
@@ -109,7 +110,7 @@ impl Live {
         match event {
             Event::GlobalKill(on) => self.global_kill.store(*on, Ordering::Release),
             Event::TenantAccess { tenant, on } => {
-                let mut off = self.tenants_off.lock().unwrap_or_else(|p| p.into_inner());
+                let mut off = self.tenants_off.write().unwrap_or_else(|p| p.into_inner());
                 if *on {
                     off.remove(tenant);
                 } else {
