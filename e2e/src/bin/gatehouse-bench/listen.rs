@@ -383,7 +383,7 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
          {verdict} Each change goes through `approvals::policy_set` (as the console and the CLI do); the\n\
          workers learn it from the NATS push, re-read the context once per credential (its streams share\n\
          the answer), and compare the tool lists. A tenant switch turned off needs no read at all: the\n\
-         worker holds the switch from the same push, and a turned-away tenant's list is empty. The idle streams use {per} streams per connection (the per-connection bound).\n\n\
+         worker holds the switch from the same push, and a turned-away tenant's list is empty; each stream's task then writes its event straight into its response (docs/architecture.md, \"Live tool lists\"). The load generator reads every stream on the same two cores. The idle streams use {per} streams per connection (the per-connection bound).\n\n\
          An idle stream costs no CPU and no query; its memory is mostly the per-request rmcp service\n\
          that answers it (its channels and request context) and the HTTP connection's buffers, so\n\
          `--max-listen-streams` (default {bound}) is sized to the worker's memory at about this figure each.\n",
