@@ -72,6 +72,9 @@ pub struct AppState {
     pub rechecks: Arc<tokio::sync::Semaphore>,
     /// Cancelled when the worker starts to stop: listen streams end with their final result.
     pub draining: tokio_util::sync::CancellationToken,
+    /// The same, as a flag a woken listen stream reads without the token's lock (one for all
+    /// of the worker's streams).
+    pub draining_now: std::sync::atomic::AtomicBool,
     /// Cancelled just after: rmcp ends whatever still streams, so shutdown never hangs.
     pub stopping: tokio_util::sync::CancellationToken,
 }
@@ -81,6 +84,7 @@ pub struct AppState {
 /// streams is ended, so a graceful shutdown finishes instead of waiting for streams that
 /// would never end on their own.
 pub async fn drain(state: &AppState) {
+    state.draining_now.store(true, std::sync::atomic::Ordering::Release);
     state.draining.cancel();
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     state.stopping.cancel();
@@ -108,6 +112,7 @@ impl AppState {
             streams: Arc::new(listen::Streams::default()),
             rechecks: Arc::new(tokio::sync::Semaphore::new(listen::RECHECKS_AT_ONCE)),
             draining: Default::default(),
+            draining_now: Default::default(),
             stopping: Default::default(),
         }
     }

@@ -165,6 +165,11 @@ impl Direct {
         let _ = self.event.set(event);
     }
 
+    /// Whether the response is gone (the client left).
+    pub fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// One event for the response; `false` when the response is gone (the client left).
     pub fn tell(&self) -> bool {
         if self.closed.load(Ordering::Acquire) || self.event.get().is_none() {
@@ -443,6 +448,7 @@ fn wake_all(streams: Vec<&Arc<Wake>>, recheck: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::StreamExt;
 
     #[tokio::test]
     async fn streams_are_bounded_and_woken_by_what_concerns_them() {
@@ -490,7 +496,6 @@ mod tests {
     /// order told and before what rmcp sends after it (the final result); a response that is
     /// gone is told nothing more.
     async fn next(body: &mut axum::body::BodyDataStream) -> Option<String> {
-        use futures_util::StreamExt;
         tokio::time::timeout(std::time::Duration::from_millis(100), body.next())
             .await
             .ok()
@@ -523,9 +528,47 @@ mod tests {
         assert_eq!(next(&mut body).await.as_deref(), Some("data: changed\n\n"));
         assert_eq!(next(&mut body).await.as_deref(), Some("data: changed\n\n"));
         assert_eq!(next(&mut body).await.as_deref(), Some("data: result\n\n"));
-        assert_eq!(next(&mut body).await, None);
+        let end = tokio::time::timeout(std::time::Duration::from_secs(5), body.next()).await;
+        assert!(matches!(end, Ok(None)), "the body ends with rmcp's stream");
+        assert!(!direct.closed());
         drop(body);
+        assert!(direct.closed());
         assert!(!direct.tell(), "the response is gone");
+    }
+
+    /// A body already waiting is woken by a tell from another task, and by rmcp's next chunk.
+    #[tokio::test]
+    async fn a_waiting_response_is_woken_by_a_tell_and_by_rmcp() {
+        let direct = Arc::new(Direct::default());
+        direct.set_event(Bytes::from_static(b"data: changed\n\n"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Result<Bytes, std::io::Error>>();
+        let rmcp = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let mut body =
+            attach(direct.clone(), axum::body::Body::from_stream(rmcp)).into_data_stream();
+        tx.send(Ok(Bytes::from_static(b"data: ack\n\n"))).expect("send");
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: ack\n\n"));
+        // The body waits in a task of its own and hands on each chunk as it comes.
+        let (got, mut chunks) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(chunk) = body.next().await {
+                let _ = got.send(chunk.expect("chunk"));
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(chunks.try_recv().is_err(), "nothing to write yet");
+        // A tell from another thread wakes it: the event arrives with nothing else sent.
+        let teller = direct.clone();
+        std::thread::spawn(move || assert!(teller.tell())).join().expect("tell");
+        let first = tokio::time::timeout(std::time::Duration::from_secs(5), chunks.recv())
+            .await
+            .expect("woken by the tell");
+        assert_eq!(first.as_deref(), Some(&b"data: changed\n\n"[..]));
+        // rmcp's next chunk wakes it too.
+        tx.send(Ok(Bytes::from_static(b"data: keep-alive\n\n"))).expect("send");
+        let second = tokio::time::timeout(std::time::Duration::from_secs(5), chunks.recv())
+            .await
+            .expect("woken by rmcp");
+        assert_eq!(second.as_deref(), Some(&b"data: keep-alive\n\n"[..]));
     }
 
     /// The event is the message rmcp's subscription sink sends: `toolsListChanged` with the

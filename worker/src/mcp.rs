@@ -295,6 +295,15 @@ impl Server {
                     }
                 } => {}
             }
+            // A wake wins the biased select whenever one is waiting, so a stream woken again
+            // and again (pushes faster than its re-reads, a database that keeps failing) looks
+            // at its end here too: its client gone, or the worker stopping.
+            if request.ct.is_cancelled() || direct.closed() {
+                return Ok(());
+            }
+            if self.state.draining_now.load(std::sync::atomic::Ordering::Acquire) {
+                return Ok(());
+            }
             // A credential past its expiry ends the stream without asking Postgres.
             if expires_at.is_some_and(|at| at <= jiff::Timestamp::now()) {
                 metrics.listen_events.with_label_values(&["ended"]).inc();
@@ -330,9 +339,14 @@ impl Server {
                     return Ok(());
                 }
                 listen::Reread::Failed => {
-                    // The database is away: look again in a moment (and at the next change).
+                    // The database is away: look again in a moment (and at the next change),
+                    // unless the client leaves or the worker stops meanwhile.
                     registered.wake.again();
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = &mut cancelled => return Ok(()),
+                        _ = &mut draining => return Ok(()),
+                    }
                     continue;
                 }
             };
