@@ -7,7 +7,9 @@ use serde_json::Value;
 
 /// A policy set of `n` policies like a security team's (tools, arguments, records, local
 /// time, batch sizes), none of which matches the benchmark's calls, so the figures measure
-/// evaluation, not refusals.
+/// evaluation, not refusals. Policies go to the ten tools in turn, and each round of ten takes
+/// the next kind of condition, so with 50 policies or more every tool is judged by every kind
+/// (the principal, the context, the clock and the records), never by one kind alone.
 pub fn policy_set(n: usize) -> String {
     let tools = [
         "send_customer_message",
@@ -24,9 +26,10 @@ pub fn policy_set(n: usize) -> String {
     (0..n)
         .map(|i| {
             let tool = tools[i % tools.len()];
-            let when = match i % 5 {
+            let when = match (i / tools.len()) % 5 {
                 0 => format!("context.now.hour == 25 && context.effects > {i}"),
-                1 => format!("resource is Booking && resource has hours_until_start && resource.hours_until_start < -{}", 1000 + i),
+                // Over a century ago: no booking of the benchmark's data is that old.
+                1 => format!("resource is Booking && resource has hours_until_start && resource.hours_until_start < -{}", 1_000_000 + i),
                 2 => format!("principal.client == \"blocked-client-{i}\""),
                 3 => format!("context.effects > {}", 100_000 + i),
                 _ => format!("context.now.weekday == \"Someday{i}\""),

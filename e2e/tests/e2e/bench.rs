@@ -103,6 +103,18 @@ fn the_benchmarks_policy_sets_validate_against_the_schema_and_a_section_is_repla
         assert_eq!(found.len(), n);
         assert!(found.iter().any(|p| p.approval) || n < 7, "some are @approval");
     }
+    // With 100, each tool the benchmark calls is judged by every kind of condition.
+    let set = e2e::bench::policy_set(100);
+    for tool in ["get_booking", "add_booking_note", "find_bookings"] {
+        let conditions: Vec<&str> =
+            set.split("forbid ").filter(|p| p.contains(&format!("Action::\"{tool}\""))).collect();
+        assert_eq!(conditions.len(), 10, "{tool}");
+        for kind in
+            ["principal.client", "resource.hours_until_start", "context.effects", "context.now"]
+        {
+            assert!(conditions.iter().any(|c| c.contains(kind)), "{tool} has a {kind} policy");
+        }
+    }
     let page = "# B\n\n## A\nold a\n## Policy evaluation\nold p\n## C\nc\n";
     let new =
         e2e::bench::replace_section(page, "Policy evaluation", "## Policy evaluation\nnew p\n");
