@@ -489,8 +489,7 @@ async fn main() -> Result<()> {
         notes.push(note_with);
     }
     // The set is meant to match none of the calls: say so only when none was refused.
-    let refused: usize =
-        gets.iter().chain(notes.iter()).flat_map(|run| run.errors.values()).sum();
+    let refused: usize = gets.iter().chain(notes.iter()).flat_map(|run| run.errors.values()).sum();
     let refusals = if refused == 0 {
         "every call evaluated in full, none refused".to_owned()
     } else {
