@@ -71,6 +71,10 @@ pub enum ReadAhead {
     /// `find_bookings`: one page of a search, the filter as the service runs it (its limit one
     /// more than the page, to tell whether another follows).
     Bookings(crate::datastore::BookingFilter),
+    /// The gate of a call judged by the tenant's policies: what they see of the records the
+    /// call's arguments name (at most one of each kind), read only when the tenant has a
+    /// policy set in force ([`crate::services::policies::facts_ahead`] builds the key).
+    Facts { bookings: Vec<String>, customers: Vec<String>, technicians: Vec<String> },
 }
 
 /// The rows read ahead, by the kind of read.
@@ -79,6 +83,8 @@ pub(crate) enum AheadRows {
     Booking(Box<Option<crate::datastore::BookingRow>>),
     /// A search's page, never empty.
     Bookings(Vec<crate::datastore::BookingRow>),
+    /// The records found of those named (possibly none).
+    Facts(Vec<crate::datastore::PolicyFactRow>),
 }
 
 /// What was read ahead, taken at most once. Its `Debug` shows the key only: the row holds a
@@ -143,7 +149,7 @@ pub(crate) fn peek_read_ahead_booking(ctx: &OpCtx, handle: &str) -> Option<Optio
                         .as_ref()
                         .map(|b| (b.status.clone(), b.starts_at, b.customer_region.clone())),
                 ),
-                AheadRows::Bookings(_) => None,
+                AheadRows::Bookings(_) | AheadRows::Facts(_) => None,
             })
             .flatten(),
         _ => None,
@@ -219,6 +225,15 @@ pub async fn authenticate_mcp(
         ReadAhead::Bookings(filter) => {
             match svc.entry_connection_context_with_bookings(&hash, filter).await? {
                 Some(read) => (Some(read.context), read.bookings.map(AheadRows::Bookings)),
+                None => (None, None),
+            }
+        }
+        ReadAhead::Facts { bookings, customers, technicians } => {
+            match svc
+                .entry_connection_context_with_facts(&hash, bookings, customers, technicians)
+                .await?
+            {
+                Some(read) => (Some(read.context), read.facts.map(AheadRows::Facts)),
                 None => (None, None),
             }
         }

@@ -360,18 +360,27 @@ struct ProbeParams {
     meta: Option<Box<serde_json::value::RawValue>>,
 }
 
-/// The read a call's tool declared it does, for these arguments (see `ToolSpec::reads_ahead`).
+/// The read a call's tool declared it does, for these arguments (see `ToolSpec::reads_ahead`);
+/// else, for a call the policy gate judges, what the tenant's policies would read of the
+/// records it names (read only when the tenant has a policy set).
 fn read_ahead(state: &AppState, probe: &Probe) -> Option<shared::auth::ReadAhead> {
     if probe.method != "tools/call" || probe.id.is_none() {
         return None;
     }
     let params = probe.params.as_ref()?;
-    let spec = state.tools.get(params.name.as_deref()?).filter(|spec| spec.reads_ahead_any())?;
+    let spec = state.tools.get(params.name.as_deref()?)?;
+    if !spec.reads_ahead_any() && !crate::mcp::judged_at_gate(spec) {
+        return None;
+    }
     let args = match &params.arguments {
         Some(raw) => serde_json::from_str(raw.get()).ok()?,
         None => serde_json::Value::Object(Default::default()),
     };
-    spec.read_ahead(args)
+    if spec.reads_ahead_any() {
+        spec.read_ahead(args)
+    } else {
+        shared::services::policies::facts_ahead(spec.name, &args)
+    }
 }
 
 /// A request body as far as it had arrived when the request reached the entry point.

@@ -64,10 +64,7 @@ async fn policy_gate(
     bound: &McpContext,
     arguments: Option<&serde_json::Map<String, Value>>,
 ) -> Result<(), Error> {
-    if bound.policy_version == 0
-        || spec.class.two_step()
-        || matches!(spec.name, "confirm_action" | "reject_action")
-    {
+    if bound.policy_version == 0 || !judged_at_gate(spec) {
         return Ok(());
     }
     let ctx = &bound.ctx;
@@ -94,6 +91,13 @@ async fn policy_gate(
         jiff::Timestamp::now(),
     )
     .await
+}
+
+/// Whether a call of the tool is judged by the tenant's policies at the worker's gate: every
+/// read and silent write. A two-step tool is judged at prepare and at confirm, in the action's
+/// transaction, and confirming or rejecting is judged there too.
+pub(crate) fn judged_at_gate(spec: &crate::tools::ToolSpec) -> bool {
+    !(spec.class.two_step() || matches!(spec.name, "confirm_action" | "reject_action"))
 }
 
 /// The request's span, when traces are exported.

@@ -81,6 +81,16 @@ pub struct ContextWithBookings {
     pub bookings: Option<Vec<BookingRow>>,
 }
 
+/// A connection context read together with what its tenant's policies see of the records a
+/// call names.
+pub(crate) struct ContextWithFacts {
+    pub context: ConnectionContextRow,
+    /// The records found, when they were read (a context that passes every gate, of a tenant
+    /// with a policy set in force) and decoded; `None` otherwise: the gate then reads them
+    /// itself, if it needs them.
+    pub facts: Option<Vec<super::PolicyFactRow>>,
+}
+
 impl ConnectionContextRow {
     /// Reads the context from a row of the pipe (`sqlx::FromRow` reads the same columns from a
     /// pool row; a test holds the two to the same answer).
@@ -219,6 +229,45 @@ impl Services {
             (!found.is_empty()).then_some(found)
         });
         Ok(Some(ContextWithBookings { context, bookings }))
+    }
+
+    /// Looks up an MCP token by hash and what its tenant's policies see of the records named,
+    /// in one round trip.
+    pub(crate) async fn entry_connection_context_with_facts(
+        &self,
+        token_hash: &[u8],
+        bookings: &[String],
+        customers: &[String],
+        technicians: &[String],
+    ) -> Result<Option<ContextWithFacts>> {
+        let params: [&(dyn ToSql + Sync); 4] = [&token_hash, &bookings, &customers, &technicians];
+        let Some((context, rows)) =
+            self.entry_context_and_read(token_hash, Sql::ContextAndFacts, &params).await?
+        else {
+            return Ok(None);
+        };
+        let facts = rows.and_then(|rows| {
+            let decoded: Result<Option<Vec<super::PolicyFactRow>>> = (|| {
+                if !rows.first().map(|r| r.get::<bool>("facts_read")).transpose()?.unwrap_or(false)
+                {
+                    return Ok(None);
+                }
+                let mut found = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    if row.get::<Option<String>>("fact_handle")?.is_some() {
+                        found.push(super::PolicyFactRow::from_pipe(row)?);
+                    }
+                }
+                Ok(Some(found))
+            })();
+            decoded
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "the read-ahead row did not decode; not used"),
+                )
+                .ok()
+                .flatten()
+        });
+        Ok(Some(ContextWithFacts { context, facts }))
     }
 
     /// Runs a statement that reads the connection context and a tool's read together: the

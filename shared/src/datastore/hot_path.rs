@@ -23,12 +23,22 @@ pub(crate) enum Sql {
     /// $2–$9 the search: range, statuses, technician, customer, keyset, limit): one row per
     /// booking, or one with the context alone when none matches.
     ContextAndBookings = 3,
+    /// The connection context and what its tenant's policies see of the records a call names
+    /// ($1 token hash, $2–$4 the handles of bookings, customers and technicians), read only
+    /// when the tenant has a policy set in force: one row per record found, or one with the
+    /// context alone.
+    ContextAndFacts = 4,
 }
 
 impl Sql {
-    pub(crate) const COUNT: usize = 4;
-    pub(crate) const ALL: [Sql; Sql::COUNT] =
-        [Sql::Context, Sql::ContextAndBooking, Sql::RateTake, Sql::ContextAndBookings];
+    pub(crate) const COUNT: usize = 5;
+    pub(crate) const ALL: [Sql; Sql::COUNT] = [
+        Sql::Context,
+        Sql::ContextAndBooking,
+        Sql::RateTake,
+        Sql::ContextAndBookings,
+        Sql::ContextAndFacts,
+    ];
 
     /// Its name in metrics.
     pub(crate) fn name(self) -> &'static str {
@@ -37,6 +47,7 @@ impl Sql {
             Sql::ContextAndBooking => "context_and_booking",
             Sql::RateTake => "rate_take",
             Sql::ContextAndBookings => "context_and_bookings",
+            Sql::ContextAndFacts => "context_and_facts",
         }
     }
 
@@ -46,6 +57,7 @@ impl Sql {
             Sql::ContextAndBooking => CONTEXT_AND_BOOKING_SQL.as_str(),
             Sql::RateTake => RATE_TAKE_SQL,
             Sql::ContextAndBookings => CONTEXT_AND_BOOKINGS_SQL.as_str(),
+            Sql::ContextAndFacts => CONTEXT_AND_FACTS_SQL.as_str(),
         }
     }
 
@@ -67,6 +79,9 @@ impl Sql {
                 Type::TEXT,
                 Type::INT8,
             ],
+            Sql::ContextAndFacts => {
+                &[Type::BYTEA, Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::TEXT_ARRAY]
+            }
         }
     }
 
@@ -140,6 +155,31 @@ pub(crate) static CONTEXT_AND_BOOKINGS_SQL: std::sync::LazyLock<String> =
                 "ctx.tenant_id",
                 ["$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"]
             ),
+        )
+    });
+
+/// The connection context and the facts its tenant's policies read of the records a call
+/// names, in one statement, so the policy gate of a call that names a booking, customer or
+/// technician costs no round trip of its own ($1 token hash, $2–$4 the handles, as
+/// [`crate::datastore::policy_facts_sql_with`] takes them). The facts are read only for a
+/// context that passes every gate and whose tenant has a policy set in force (`facts_read`
+/// says whether they were): a tenant without policies pays for a lookup never made. The
+/// subquery is kept whole (`OFFSET 0`), so its conditions on the context are the plan's
+/// one-time filter and its scans never start when they fail. Columns of a record carry the
+/// prefix `fact_`.
+pub(crate) static CONTEXT_AND_FACTS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| {
+        format!(
+            "WITH ctx AS ({CONTEXT_SELECT})
+             SELECT ctx.*, ({READ_GATES} AND ctx.policy_version > 0) AS facts_read,
+                    f.handle AS fact_handle, f.status AS fact_status,
+                    f.starts_at AS fact_starts_at, f.region AS fact_region,
+                    f.zone AS fact_zone, f.active AS fact_active
+             FROM ctx
+             LEFT JOIN LATERAL (SELECT * FROM ({facts}) f
+                                WHERE ctx.policy_version > 0 AND {READ_GATES} OFFSET 0) f
+               ON true",
+            facts = crate::datastore::policy_facts_sql_with("ctx.tenant_id", "$2", "$3", "$4"),
         )
     });
 

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::ctx::OpCtx;
+use crate::datastore::pipe::PipeRow;
 use crate::datastore::*;
 use crate::error::Result;
 
@@ -111,9 +112,35 @@ pub(crate) struct PolicyFactRow {
     pub active: Option<bool>,
 }
 
-/// The records named, of the tenant only, as policies see them, in one round trip: bookings,
-/// customers and technicians by handle (a handle's prefix tells which it is). A handle the
-/// tenant does not have is absent.
+/// The records named, of the tenant only, as policies see them: bookings, customers and
+/// technicians by handle (a handle's prefix tells which it is), as one select over the tenant
+/// `tenant` and the handle arrays `bookings`, `customers`, `technicians` (SQL expressions). A
+/// handle the tenant does not have is absent. One text for [`policy_facts`] and for the
+/// worker's pipe, which reads the same facts with the connection context.
+pub(crate) fn policy_facts_sql_with(
+    tenant: &str,
+    bookings: &str,
+    customers: &str,
+    technicians: &str,
+) -> String {
+    format!(
+        "SELECT b.handle, b.status, b.starts_at, c.region, NULL::text AS zone, NULL::bool AS active
+           FROM bookings b JOIN customers c ON c.id = b.customer_id AND c.tenant_id = b.tenant_id
+          WHERE b.tenant_id = {tenant} AND b.handle = ANY({bookings})
+         UNION ALL
+         SELECT handle, NULL, NULL, region, zone, NULL
+           FROM customers WHERE tenant_id = {tenant} AND handle = ANY({customers})
+         UNION ALL
+         SELECT handle, NULL, NULL, region, NULL, active
+           FROM technicians WHERE tenant_id = {tenant} AND handle = ANY({technicians})"
+    )
+}
+
+static POLICY_FACTS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| policy_facts_sql_with("$1", "$2", "$3", "$4"));
+
+/// The records named, of the tenant only, as policies see them, in one round trip (see
+/// [`policy_facts_sql_with`]).
 pub(crate) async fn policy_facts<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     ctx: &OpCtx,
@@ -121,23 +148,28 @@ pub(crate) async fn policy_facts<'e, E: sqlx::PgExecutor<'e>>(
     customers: &[String],
     technicians: &[String],
 ) -> Result<Vec<PolicyFactRow>> {
-    Ok(sqlx::query_as(
-        "SELECT b.handle, b.status, b.starts_at, c.region, NULL::text AS zone, NULL::bool AS active
-           FROM bookings b JOIN customers c ON c.id = b.customer_id AND c.tenant_id = b.tenant_id
-          WHERE b.tenant_id = $1 AND b.handle = ANY($2)
-         UNION ALL
-         SELECT handle, NULL, NULL, region, zone, NULL
-           FROM customers WHERE tenant_id = $1 AND handle = ANY($3)
-         UNION ALL
-         SELECT handle, NULL, NULL, region, NULL, active
-           FROM technicians WHERE tenant_id = $1 AND handle = ANY($4)",
-    )
-    .bind(ctx.tenant_id())
-    .bind(bookings)
-    .bind(customers)
-    .bind(technicians)
-    .fetch_all(executor)
-    .await?)
+    Ok(sqlx::query_as(POLICY_FACTS_SQL.as_str())
+        .bind(ctx.tenant_id())
+        .bind(bookings)
+        .bind(customers)
+        .bind(technicians)
+        .fetch_all(executor)
+        .await?)
+}
+
+impl PolicyFactRow {
+    /// Reads the facts of one record from a row of the pipe (read with the connection
+    /// context), where each column carries the prefix `fact_`.
+    pub(crate) fn from_pipe(row: &PipeRow) -> Result<Self> {
+        Ok(PolicyFactRow {
+            handle: row.get("fact_handle")?,
+            status: row.get("fact_status")?,
+            starts_at: row.get("fact_starts_at")?,
+            region: row.get("fact_region")?,
+            zone: row.get("fact_zone")?,
+            active: row.get("fact_active")?,
+        })
+    }
 }
 
 /// Who a connection is, as policies see it: its creator's role, client and how it was granted.

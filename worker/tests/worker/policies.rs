@@ -147,6 +147,86 @@ async fn a_forbid_refuses_naming_its_policy_and_the_rest_goes_on() {
     stack.ok(&token, "get_booking", json!({"booking": cancelled})).await;
 }
 
+/// A call the gate judges on the records it names (a silent write, a read without a read of
+/// its own) has them read with its context: one statement, no round trip of the gate's own.
+/// The verdict is the one the records call for, another tenant's record is never read, and a
+/// tenant without policies reads nothing ahead.
+#[tokio::test]
+async fn a_call_judged_on_its_records_reads_them_with_its_context() {
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let counted =
+        |outcome: &str| stack.state.metrics.read_ahead.with_label_values(&[outcome]).get();
+    let slug = stack.seed.tenants[0].slug.clone();
+    let cancelled = stack.db.oldest_booking_with_status(&slug, "cancelled").await;
+    let confirmed = stack.db.oldest_booking_with_status(&slug, "confirmed").await;
+    let (foreign, _, _) = handles(&stack, 1).await;
+    let (_, customer, _) = handles(&stack, 0).await;
+    let region = stack
+        .db
+        .scalar_string(&format!(
+            "SELECT coalesce(region, '') FROM customers WHERE handle = '{customer}'"
+        ))
+        .await;
+    assert!(!region.is_empty(), "the seed gives {customer} a region");
+    let note = |booking: &str| json!({"booking": booking, "text": "checked the access code"});
+    // No policy set: nothing is read ahead for a write.
+    let before = (counted("used"), counted("unused"));
+    stack.ok(&token, "add_booking_note", note(&confirmed)).await;
+    assert_eq!((counted("used"), counted("unused")), before, "no set, no facts read");
+    set(
+        &stack,
+        &format!(
+            r#"
+@id("no-notes-on-cancelled")
+@reason("cancelled bookings are archived")
+forbid (principal, action == Action::"add_booking_note", resource is Booking)
+when {{ resource has status && resource.status == "cancelled" }};
+
+@id("region-closed")
+@reason("this region's customers are handled by the regional office")
+forbid (principal, action == Action::"get_customer", resource is Customer)
+when {{ resource has region && resource.region == "{region}" }};
+"#
+        ),
+    )
+    .await;
+    let cases: [(&str, Value, bool); 5] = [
+        ("add_booking_note", note(&confirmed), true),
+        ("add_booking_note", note(&cancelled), false),
+        // A handle written with spaces (which the tool trims) is judged as the same booking.
+        ("add_booking_note", note(&format!(" {cancelled}  ")), false),
+        ("get_customer", json!({"customer": customer}), false),
+        (
+            "update_booking",
+            json!({"booking": cancelled, "version": "v1", "priority": "high"}),
+            true,
+        ),
+    ];
+    for (tool, args, allowed) in cases {
+        let used = counted("used");
+        let answer = stack.call(&token, tool, args.clone()).await;
+        match answer {
+            Ok(ok) => assert!(allowed, "{tool} {args}: allowed: {ok}"),
+            // update_booking's stale version is its own error, after the gate let it by.
+            Err(e) if allowed => assert_ne!(e["code"], "forbidden_by_policy", "{tool}: {e}"),
+            Err(e) => assert_eq!(e["code"], "forbidden_by_policy", "{tool} {args}: {e}"),
+        }
+        let read_with_context = tool != "update_booking";
+        assert_eq!(
+            counted("used"),
+            used + u64::from(read_with_context),
+            "{tool}: the facts the gate judged were read with the context"
+        );
+    }
+    // Another tenant's booking: not found (R3), its facts never read in this tenant.
+    let used = counted("used");
+    let err = stack.call(&token, "add_booking_note", note(&foreign)).await.expect_err("foreign");
+    assert_eq!(err["code"], "not_found", "{err}");
+    assert_eq!(counted("used"), used + 1, "read ahead, and found absent in this tenant");
+    set(&stack, "").await;
+}
+
 #[tokio::test]
 async fn two_step_actions_are_decided_at_prepare_and_at_confirm_with_their_records() {
     let stack = Stack::start().await;

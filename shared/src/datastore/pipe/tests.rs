@@ -253,3 +253,117 @@ fn the_pipe_reads_database_url_as_the_pool_does() {
     );
     assert_eq!(config.get_user(), Some("app"));
 }
+
+/// The facts a tenant's policies read, with the connection context: read only for a tenant
+/// with a policy set in force (a tenant without one pays for no lookup: the plan never runs
+/// the scans), equal to what the gate reads for itself, and never another tenant's.
+#[tokio::test]
+async fn the_policy_facts_are_read_with_the_context_only_under_a_policy_set() {
+    let db = TestDb::new().await;
+    let seed = crate::services::demo::seed(&db.ds, None, "").await.expect("seed");
+    let slug = &seed.tenants[0].slug;
+    let hash = crate::secret::hash_token(&seed.tenants[0].connections[0].token);
+    let own = db.scalar_string(&format!(
+        "SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug = '{slug}' ORDER BY b.id LIMIT 1")).await;
+    let foreign = db.scalar_string(&format!(
+        "SELECT b.handle FROM bookings b JOIN tenants t ON t.id = b.tenant_id WHERE t.slug <> '{slug}' ORDER BY b.id LIMIT 1")).await;
+    let technician = db.scalar_string(&format!(
+        "SELECT x.handle FROM technicians x JOIN tenants t ON t.id = x.tenant_id WHERE t.slug = '{slug}' ORDER BY x.id LIMIT 1")).await;
+    let pipe = pipe(&db, 1);
+    let read = |bookings: Vec<String>, technicians: Vec<String>| {
+        let (pipe, hash) = (pipe.clone(), hash.clone());
+        async move {
+            let none: Vec<String> = Vec::new();
+            let rows = pipe
+                .query(Sql::ContextAndFacts, &[&hash, &bookings, &none, &technicians])
+                .await
+                .expect("answered");
+            let first = rows.first().expect("the context's row");
+            assert!(first.columns_distinct());
+            let read = first.get::<bool>("facts_read").expect("facts_read");
+            let facts: Vec<(String, Option<String>, Option<String>)> = rows
+                .iter()
+                .filter(|r| r.get::<Option<String>>("fact_handle").expect("handle").is_some())
+                .map(|r| {
+                    let f = crate::datastore::PolicyFactRow::from_pipe(r).expect("decodes");
+                    (f.handle, f.status, f.region)
+                })
+                .collect();
+            (read, facts)
+        }
+    };
+    // No policy set: not read, and the plan shows the scans never ran.
+    let (was_read, facts) = read(vec![own.clone()], vec![technician.clone()]).await;
+    assert!(!was_read && facts.is_empty(), "no set: nothing read ({facts:?})");
+    let mut conn = db.ds.pool().acquire().await.expect("conn");
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .expect("set");
+    let text = Sql::ContextAndFacts.text();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PREPARE facts(bytea, text[], text[], text[]) AS {text}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .expect("prepare");
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    let explain = format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE facts('\\x{hex}', ARRAY['{own}'], '{{}}', ARRAY['{technician}'])"
+    );
+    let plan: sqlx::types::Json<serde_json::Value> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .fetch_one(&mut *conn)
+            .await
+            .expect("explain");
+    fn scans(node: &serde_json::Value, out: &mut Vec<(String, i64)>) {
+        if let Some(relation) = node["Relation Name"].as_str() {
+            out.push((relation.to_owned(), node["Actual Loops"].as_i64().unwrap_or(-1)));
+        }
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            scans(child, out);
+        }
+    }
+    let mut seen = Vec::new();
+    scans(&plan.0[0]["Plan"], &mut seen);
+    let record_scans: Vec<&(String, i64)> = seen
+        .iter()
+        .filter(|(r, _)| matches!(r.as_str(), "bookings" | "customers" | "technicians"))
+        .collect();
+    assert!(record_scans.len() >= 3, "the plan has the facts' scans: {seen:?}");
+    assert!(record_scans.iter().all(|(_, loops)| *loops == 0), "never run: {seen:?}");
+    // A policy set in force: read, the same facts the gate reads for itself, this tenant's only.
+    db.exec(&format!("UPDATE tenants SET policy_version = 1 WHERE slug = '{slug}'")).await;
+    let (was_read, facts) = read(vec![own.clone()], vec![technician.clone()]).await;
+    assert!(was_read, "read under a set");
+    let tenant_id = db.scalar_i64(&format!("SELECT id FROM tenants WHERE slug = '{slug}'")).await;
+    let pooled: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as(POLICY_FACTS_FOR_TEST.as_str())
+            .bind(tenant_id)
+            .bind(vec![own.clone()])
+            .bind(Vec::<String>::new())
+            .bind(vec![technician.clone()])
+            .fetch_all(db.ds.pool())
+            .await
+            .expect("pool");
+    assert_eq!(facts.len(), 2, "{facts:?}");
+    let mut sorted = facts.clone();
+    sorted.sort();
+    let mut pooled = pooled;
+    pooled.sort();
+    assert_eq!(sorted, pooled, "the pipe's facts are the pool's");
+    let (was_read, facts) = read(vec![foreign.clone()], vec![]).await;
+    assert!(was_read && facts.is_empty(), "another tenant's booking is not found: {facts:?}");
+    // A connection that no longer passes the gates reads nothing of the tenant's records.
+    db.exec(&format!("UPDATE tenants SET agent_access = false WHERE slug = '{slug}'")).await;
+    let (was_read, facts) = read(vec![own.clone()], vec![]).await;
+    assert!(!was_read && facts.is_empty(), "agents off: nothing read ({facts:?})");
+}
+
+/// What [`crate::datastore::policy_facts`] runs, as (handle, status, region).
+static POLICY_FACTS_FOR_TEST: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT handle, status, region FROM ({}) f",
+        crate::datastore::policy_facts_sql_with("$1", "$2", "$3", "$4")
+    )
+});

@@ -24,6 +24,31 @@ pub(super) fn technician_named(tool: &str, args: &Value) -> Option<String> {
     NAMES_A_TECHNICIAN.contains(&tool).then(|| named(args, "technician", "tec_")).flatten()
 }
 
+/// The handles of the records a call of `tool` with `args` names, as policies see them: the
+/// booking, else the customer; and the technician (the one the call acts on or for, else a
+/// filter's). What [`records_of`] reads, and the key of the read done ahead with the context.
+fn records_named(tool: &str, args: &Value) -> (Option<String>, Option<String>, Option<String>) {
+    let booked = named(args, "booking", "bkg_");
+    let customer = if booked.is_some() { None } else { named(args, "customer", "cus_") };
+    let technician = technician_named(tool, args).or_else(|| named(args, "technician", "tec_"));
+    (booked, customer, technician)
+}
+
+/// The read the worker's entry point does with the connection context for a call of `tool`
+/// judged at the gate ([`check_call`]): what the tenant's policies see of the records its
+/// arguments name, so that judging them costs no round trip of its own. `None` when the call
+/// names no record. The statement reads them only when the tenant has a policy set in force.
+pub fn facts_ahead(tool: &str, args: &Value) -> Option<crate::auth::ReadAhead> {
+    let (booked, customer, technician) = records_named(tool, args);
+    (booked.is_some() || customer.is_some() || technician.is_some()).then(|| {
+        crate::auth::ReadAhead::Facts {
+            bookings: booked.into_iter().collect(),
+            customers: customer.into_iter().collect(),
+            technicians: technician.into_iter().collect(),
+        }
+    })
+}
+
 /// The records a call's arguments name, as policies see them, read in one round trip: the
 /// resource (the booking, else the customer, else the technician, else the tenant) and the
 /// technician the call acts on or for (`context.technician`, also when it is the resource). A booking named but not found in the
@@ -37,8 +62,7 @@ pub(super) async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
     now: jiff::Timestamp,
     ahead: Ahead,
 ) -> Result<std::result::Result<(Resource, Option<TechnicianFacts>), NotFound>> {
-    let booked = named(args, "booking", "bkg_");
-    let customer = if booked.is_some() { None } else { named(args, "customer", "cus_") };
+    let (booked, customer, resource_technician) = records_named(tool, args);
     let technician = technician_named(tool, args);
     if let (Some(handle), None, Ahead::Use) = (&booked, &technician, ahead) {
         // `get_booking` read its booking with the context: the same row, no second round trip.
@@ -52,18 +76,36 @@ pub(super) async fn records_of<'e, E: sqlx::PgExecutor<'e>>(
         }
     }
     // A technician named otherwise (a filter) is still the resource, as before.
-    let resource_technician = technician.clone().or_else(|| named(args, "technician", "tec_"));
     if booked.is_none() && customer.is_none() && resource_technician.is_none() {
         return Ok(Ok((Resource::Tenant(ctx.tenant().handle.to_string()), None)));
     }
-    let rows = db::policy_facts(
-        executor,
-        ctx,
-        booked.as_slice(),
-        customer.as_slice(),
-        resource_technician.as_slice(),
-    )
-    .await?;
+    // Read with the context when the entry point asked for these very records (the gate of a
+    // call, not a two-step action's transaction); else read now.
+    let key = crate::auth::ReadAhead::Facts {
+        bookings: booked.clone().into_iter().collect(),
+        customers: customer.clone().into_iter().collect(),
+        technicians: resource_technician.clone().into_iter().collect(),
+    };
+    let ahead_rows = match ahead {
+        Ahead::Use => match crate::auth::take_read_ahead(ctx, &key) {
+            Some(crate::auth::AheadRows::Facts(rows)) => Some(rows),
+            _ => None,
+        },
+        Ahead::Never => None,
+    };
+    let rows = match ahead_rows {
+        Some(rows) => rows,
+        None => {
+            db::policy_facts(
+                executor,
+                ctx,
+                booked.as_slice(),
+                customer.as_slice(),
+                resource_technician.as_slice(),
+            )
+            .await?
+        }
+    };
     let found = |h: &str| rows.iter().find(|r| r.handle == h);
     let beside = technician.as_deref().and_then(found).map(technician_of);
     if let Some(handle) = booked {
@@ -95,6 +137,7 @@ pub(super) struct NotFound(String);
 /// Whether a booking read ahead with the call's context may stand for the booking a call names:
 /// for the worker's gate of a read, which judges the row the tool then reads; never inside a
 /// two-step action's transaction, which judges the row as that transaction sees it.
+#[derive(Clone, Copy)]
 pub(super) enum Ahead {
     Use,
     Never,
