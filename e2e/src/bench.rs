@@ -218,3 +218,54 @@ pub fn judge_plain(status: u16, body: &[u8]) -> Outcome {
         _ => Outcome::Unreadable,
     }
 }
+
+/// What a listen stream's reader sees in the bytes of its response: the frames the benchmark
+/// times, found by their method names however the bytes are split into reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenFrame {
+    Ack,
+    Changed,
+    Error,
+}
+
+/// Finds [`ListenFrame`]s in a response read in pieces (headers, chunk sizes and all), without
+/// decoding it: each frame's name is counted once, also when a read ends inside it. The reader
+/// of the listen benchmark, kept small so the load generator's own work per event does not
+/// weigh on the cores it shares with the worker it measures.
+#[derive(Debug, Default)]
+pub struct ListenScanner {
+    /// The end of the bytes seen so far, shorter than any name, so a name split across two
+    /// reads is found in the second.
+    carry: Vec<u8>,
+}
+
+impl ListenScanner {
+    const NAMES: [(&'static [u8], ListenFrame); 3] = [
+        (b"notifications/subscriptions/acknowledged", ListenFrame::Ack),
+        (b"notifications/tools/list_changed", ListenFrame::Changed),
+        (b"\"error\"", ListenFrame::Error),
+    ];
+
+    /// The frames that `bytes`, the next read, completes, in order.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<ListenFrame> {
+        let mut seen = std::mem::take(&mut self.carry);
+        let carried = seen.len();
+        seen.extend_from_slice(bytes);
+        let mut found: Vec<(usize, ListenFrame)> = Vec::new();
+        for (name, frame) in Self::NAMES {
+            let mut at = 0;
+            while let Some(i) = seen[at..].windows(name.len()).position(|w| w == name) {
+                // A name that ends inside the carried bytes was counted with the last read.
+                if at + i + name.len() > carried {
+                    found.push((at + i, frame));
+                }
+                at += i + name.len();
+            }
+        }
+        found.sort_by_key(|(i, _)| *i);
+        let longest = Self::NAMES.iter().map(|(n, _)| n.len()).max().unwrap_or(1);
+        let keep = seen.len().min(longest - 1);
+        self.carry = seen[seen.len() - keep..].to_vec();
+        found.into_iter().map(|(_, f)| f).collect()
+    }
+}

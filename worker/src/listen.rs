@@ -67,17 +67,110 @@ pub struct Streams {
     rechecks: AtomicU64,
 }
 
+/// The digest of the list a stream sees while its tenant's agents are turned away (a switch
+/// off): empty, whatever its credential, so no read is needed to know it.
+pub const TURNED_AWAY: &[u8] = b"agents turned away";
+
 /// What wakes one stream, and whether the change may concern its credential (a revocation, a
 /// tenant change such as a deleted access token, a missed push): then the stream re-reads its
 /// credential even while the tenant's agents are turned away, so a credential revoked while
-/// its tenant is off ends its stream at once. A switch alone needs no read: the list is empty.
+/// its tenant is off ends its stream at once. A switch alone needs no read: the list is empty,
+/// and a stream whose task is not looking is told so at once ([`Wake::turned_away`]).
 #[derive(Default)]
 pub struct Wake {
     notify: Notify,
     recheck: AtomicBool,
+    looked: Mutex<Looked>,
+}
+
+/// What a stream last saw, shared by its task and the switch's fan-out, so that either may
+/// decide whether the list changed and never both on different grounds.
+#[derive(Default)]
+struct Looked {
+    /// The digest of the list the stream last saw (its client was told of it, or saw it
+    /// itself); `None` until the task has looked once.
+    seen: Option<Vec<u8>>,
+    /// The task is looking now: what it finds decides, and a switch wakes it to look again.
+    busy: bool,
+    /// Whether the client asked to be told of a changed list.
+    tells: bool,
+    /// Where the stream is told without its task, when the entry point attached it to the
+    /// response; a stream told through rmcp is told by its task, which alone can.
+    direct: Option<Arc<Direct>>,
+}
+
+/// What a switch's fan-out did for one stream ([`Wake::turned_away`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum TurnedAway {
+    /// Told its list is now empty, written into its response.
+    Told,
+    /// Its list was empty already, or its client asked not to be told: nothing sent.
+    Quiet,
+    /// Its task was looking (or the stream tells only through rmcp): woken to look again.
+    Woken,
 }
 
 impl Wake {
+    /// The stream's first look: the list its connection sees as it opens, whether its client
+    /// is told of changes, and where it is told without its task.
+    pub fn start(&self, seen: Vec<u8>, tells: bool, direct: Option<Arc<Direct>>) {
+        let mut looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
+        *looked = Looked { seen: Some(seen), busy: false, tells, direct };
+    }
+
+    /// The task begins to look (it was woken).
+    pub fn begin_look(&self) {
+        self.looked.lock().unwrap_or_else(|p| p.into_inner()).busy = true;
+    }
+
+    /// The task found `now`: whether it differs from what the stream saw last (then the task
+    /// tells its client). Either way the stream has now seen it.
+    pub fn end_look(&self, now: Vec<u8>) -> bool {
+        let mut looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
+        looked.busy = false;
+        if looked.seen.as_deref() == Some(now.as_slice()) {
+            return false;
+        }
+        looked.seen = Some(now);
+        true
+    }
+
+    /// The task could not look (the database was away); it will look again.
+    pub fn end_look_failed(&self) {
+        self.looked.lock().unwrap_or_else(|p| p.into_inner()).busy = false;
+    }
+
+    /// The stream's tenant was just turned away (a switch off, applied before this call): its
+    /// list is empty whatever its credential. A stream whose task is not looking is told here,
+    /// from the push, without waking its task (a switch reaches ten thousand streams at once,
+    /// and a task's turn per stream doubled the fan-out's cost); one whose task is looking is
+    /// woken to look again, and sees the switch itself.
+    pub fn turned_away(&self) -> TurnedAway {
+        let mut looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
+        let through_rmcp = looked.tells && !looked.direct.as_ref().is_some_and(|d| d.attached());
+        let by_task = looked.busy || looked.seen.is_none() || through_rmcp;
+        if by_task {
+            drop(looked);
+            self.notify.notify_one();
+            return TurnedAway::Woken;
+        }
+        if looked.seen.as_deref() == Some(TURNED_AWAY) {
+            return TurnedAway::Quiet;
+        }
+        looked.seen = Some(TURNED_AWAY.to_vec());
+        let direct = looked.direct.clone();
+        drop(looked);
+        match direct {
+            Some(direct) if direct.tell() => TurnedAway::Told,
+            // The client left: its task ends the stream.
+            Some(_) => {
+                self.notify.notify_one();
+                TurnedAway::Woken
+            }
+            None => TurnedAway::Quiet,
+        }
+    }
+
     pub async fn notified(&self) {
         self.notify.notified().await;
     }
@@ -423,6 +516,21 @@ impl Streams {
         wake_all(woken, recheck);
     }
 
+    /// A switch just turned the agents of `tenant` away (`None`: of every tenant, the global
+    /// switch): each of its streams is told its list is empty, from here, or has its task woken
+    /// to look (see [`Wake::turned_away`]). How many were told.
+    pub fn turn_away(&self, tenant: Option<&str>) -> usize {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.rereads.clear();
+        let streams: Vec<&Arc<Wake>> = match tenant {
+            Some(tenant) => {
+                inner.by_tenant.get(tenant).map(|s| s.values().collect()).unwrap_or_default()
+            }
+            None => inner.by_tenant.values().flat_map(HashMap::values).collect(),
+        };
+        streams.into_iter().filter(|s| s.turned_away() == TurnedAway::Told).count()
+    }
+
     /// Wakes every stream (NATS came back: pushes may have been missed). A stream whose tenant
     /// is on re-reads in any case; one turned away need not: the bucket replays every key's
     /// latest change on the watch's return, and a revocation among them asks for its re-read.
@@ -622,5 +730,82 @@ mod tests {
         streams.poke(&Event::GlobalKill(true));
         let after_switch = streams.open("ten_a", "con_c", seen).expect("room");
         assert!(!after_switch.wake.take_recheck());
+    }
+
+    /// Whether a permit is waiting for the stream's task (it was woken).
+    async fn woken(wake: &Wake) -> bool {
+        tokio::time::timeout(std::time::Duration::from_millis(20), wake.notified()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_switch_tells_an_idle_stream_itself_and_wakes_a_looking_one() {
+        let streams = Arc::new(Streams::new(10));
+        let told = |r: &Registered| {
+            let mut n = 0;
+            while r.direct.take().is_some() {
+                n += 1;
+            }
+            n
+        };
+        let attached = |r: &Registered| {
+            r.direct.attached.store(true, Ordering::Release);
+            r.direct.set_event(Bytes::from_static(b"data: changed\n\n"));
+            r.direct.clone()
+        };
+        // Not looked yet: its task decides.
+        let fresh = streams.open("ten_a", "con_a", 0).expect("room");
+        assert_eq!(fresh.wake.turned_away(), TurnedAway::Woken);
+        assert!(woken(&fresh.wake).await);
+        // Idle, told through its response: told here, once, without its task.
+        let idle = streams.open("ten_a", "con_b", 0).expect("room");
+        idle.wake.start(b"list".to_vec(), true, Some(attached(&idle)));
+        assert_eq!(idle.wake.turned_away(), TurnedAway::Told);
+        assert_eq!(told(&idle), 1);
+        assert!(!woken(&idle.wake).await, "its task sleeps on");
+        assert_eq!(idle.wake.turned_away(), TurnedAway::Quiet, "empty already");
+        assert_eq!(told(&idle), 0);
+        // Its task, woken later by something else, finds the same empty list: nothing to tell;
+        // the switch back on gives it a list again, which it tells.
+        idle.wake.begin_look();
+        assert!(!idle.wake.end_look(TURNED_AWAY.to_vec()));
+        idle.wake.begin_look();
+        assert!(idle.wake.end_look(b"list".to_vec()));
+        // Looking (a re-read begun before the switch): woken to look again; what it read
+        // before is stale, and the next look sees the switch and tells.
+        let busy = streams.open("ten_a", "con_c", 0).expect("room");
+        busy.wake.start(b"list".to_vec(), true, Some(attached(&busy)));
+        busy.wake.begin_look();
+        assert_eq!(busy.wake.turned_away(), TurnedAway::Woken);
+        assert_eq!(told(&busy), 0, "not told behind its task's back");
+        assert!(!busy.wake.end_look(b"list".to_vec()), "the stale read changes nothing");
+        assert!(woken(&busy.wake).await, "and it looks again");
+        busy.wake.begin_look();
+        assert!(busy.wake.end_look(TURNED_AWAY.to_vec()), "then it tells");
+        // Told through rmcp (its response not attached): its task tells. Not asking to be told: nothing sent, and
+        // its task later finds nothing new.
+        let through_rmcp = streams.open("ten_a", "con_d", 0).expect("room");
+        through_rmcp.wake.start(b"list".to_vec(), true, Some(through_rmcp.direct.clone()));
+        assert_eq!(through_rmcp.wake.turned_away(), TurnedAway::Woken);
+        let silent = streams.open("ten_a", "con_e", 0).expect("room");
+        silent.wake.start(b"list".to_vec(), false, None);
+        assert_eq!(silent.wake.turned_away(), TurnedAway::Quiet);
+        assert!(!woken(&silent.wake).await);
+        silent.wake.begin_look();
+        assert!(!silent.wake.end_look(TURNED_AWAY.to_vec()));
+        // A client that left: its task is woken to end the stream.
+        let gone = streams.open("ten_a", "con_f", 0).expect("room");
+        gone.wake.start(b"list".to_vec(), true, Some(attached(&gone)));
+        gone.direct.closed.store(true, Ordering::Release);
+        assert_eq!(gone.wake.turned_away(), TurnedAway::Woken);
+        // The fan-out: the tenant's streams only, counting those told.
+        let a = streams.open("ten_a", "con_g", 0).expect("room");
+        a.wake.start(b"list".to_vec(), true, Some(attached(&a)));
+        let b = streams.open("ten_b", "con_h", 0).expect("room");
+        b.wake.start(b"list".to_vec(), true, Some(attached(&b)));
+        // ten_a's streams with a list to lose: con_g's and con_b's (which had one again).
+        assert_eq!(streams.turn_away(Some("ten_a")), 2);
+        assert_eq!((told(&a), told(&idle), told(&b)), (1, 1, 0));
+        assert_eq!(streams.turn_away(None), 1, "the global switch: ten_b's too");
+        assert_eq!(told(&b), 1);
     }
 }

@@ -183,7 +183,22 @@ pub async fn follow(
                             continue;
                         }
                         tracing::debug!(bus.key = %pushed.event.key(), "push applied");
-                        streams.poke(&pushed.event);
+                        // A switch that turned agents away: the streams concerned are told at
+                        // once (their list is empty), without each waking its task.
+                        let away = match &pushed.event {
+                            Event::TenantAccess { tenant, on: false } => {
+                                (live.killed() || live.tenant_off(tenant)).then_some(Some(tenant.as_str()))
+                            }
+                            Event::GlobalKill(true) => live.killed().then_some(None),
+                            _ => None,
+                        };
+                        match away {
+                            Some(tenant) => {
+                                let told = streams.turn_away(tenant);
+                                metrics.listen_events.with_label_values(&["changed"]).inc_by(told as u64);
+                            }
+                            None => streams.poke(&pushed.event),
+                        }
                         let kind = match pushed.event {
                             Event::GlobalKill(_) => "global_kill",
                             Event::TenantAccess { .. } => "tenant_access",

@@ -35,7 +35,7 @@ pub struct Server {
 }
 
 /// What a listen stream's list digest is while agents are turned away.
-const TURNED_AWAY: &[u8] = b"agents turned away";
+use crate::listen::TURNED_AWAY;
 
 impl Server {
     pub fn new(state: Arc<AppState>) -> Self {
@@ -264,7 +264,10 @@ impl Server {
             direct.set_event(tools_changed_event(&request.id));
         }
         let credential = shared::secret::hash_token(authorization.as_deref().unwrap_or_default());
-        let mut seen = self.list_digest(&first).await?;
+        let seen = self.list_digest(&first).await?;
+        // A switch's fan-out tells this stream without its task, while the task is not looking
+        // (once the entry point attached its response).
+        registered.wake.start(seen, tells, Some(direct.clone()));
         let mut expires_at = first.expires_at;
         // Made once per stream, not per wake: the worker's draining token is one for all its
         // streams, and a waiter made and dropped on each wake takes that token's lock each time
@@ -287,7 +290,7 @@ impl Server {
                 // token under the token's lock on every poll, and the draining token is the
                 // worker's, one for all its streams).
                 biased;
-                _ = registered.wake.notified() => {}
+                _ = registered.wake.notified() => registered.wake.begin_look(),
                 _ = &mut cancelled => return Ok(()),
                 // The worker is stopping: the final result tells the client to listen again.
                 _ = &mut draining => return Ok(()),
@@ -345,6 +348,7 @@ impl Server {
                 listen::Reread::Failed => {
                     // The database is away: look again in a moment (and at the next change),
                     // unless the client leaves or the worker stops meanwhile.
+                    registered.wake.end_look_failed();
                     registered.wake.again();
                     tokio::select! {
                         _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
@@ -354,13 +358,12 @@ impl Server {
                     continue;
                 }
             };
-            if now == seen {
+            if !registered.wake.end_look(now) {
                 unchanged.inc();
                 tracing::debug!(connection = %connection, "listen stream woken; tool list unchanged");
                 continue;
             }
             tracing::debug!(connection = %connection, "listen stream woken; tool list changed");
-            seen = now;
             if !tells {
                 continue;
             }

@@ -123,3 +123,32 @@ fn the_benchmarks_policy_sets_validate_against_the_schema_and_a_section_is_repla
         e2e::bench::replace_section("# B\n", "Policy evaluation", "## Policy evaluation\nx\n");
     assert!(appended.ends_with("## Policy evaluation\nx\n"), "{appended}");
 }
+
+#[test]
+fn the_listen_reader_finds_each_frame_once_however_the_bytes_are_split() {
+    use e2e::bench::{ListenFrame, ListenScanner};
+    let response = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+        7a\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/subscriptions/acknowledged\",\"params\":{}}\n\n\r\n\
+        60\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\",\"params\":{}}\n\n\r\n\
+        60\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\",\"params\":{}}\n\n\r\n\
+        30\r\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{}}\n\n\r\n";
+    let want =
+        vec![ListenFrame::Ack, ListenFrame::Changed, ListenFrame::Changed, ListenFrame::Error];
+    // Whole, byte by byte, and cut at every place: the same frames, once each, in order.
+    for size in [response.len(), 1, 2, 3, 7, 31, 64] {
+        let mut scanner = ListenScanner::default();
+        let found: Vec<ListenFrame> =
+            response.as_bytes().chunks(size).flat_map(|c| scanner.feed(c)).collect();
+        assert_eq!(found, want, "reads of {size} bytes");
+    }
+    for cut in 0..response.len() {
+        let mut scanner = ListenScanner::default();
+        let (a, b) = response.as_bytes().split_at(cut);
+        let mut found = scanner.feed(a);
+        found.extend(scanner.feed(b));
+        assert_eq!(found, want, "cut at {cut}");
+    }
+    // Other frames (a keep-alive comment, a result) are not counted.
+    let mut scanner = ListenScanner::default();
+    assert!(scanner.feed(b": keep-alive\n\ndata: {\"result\":{}}\n\n").is_empty());
+}

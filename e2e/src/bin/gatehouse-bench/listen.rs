@@ -51,50 +51,69 @@ pub(super) fn bulk_connections(
 }
 
 /// Opens one listen stream and reports each frame's arrival: `ack` first, then `changed`.
+/// A plain HTTP/1.1 request on a socket of its own, read as bytes ([`e2e::bench::ListenScanner`]):
+/// ten thousand of these share two cores with the worker they measure, so the reader does no
+/// more per event than find it and note the time.
 pub(super) async fn open_stream(
-    http: &reqwest::Client,
     url: &str,
     token: &str,
     frames: tokio::sync::mpsc::UnboundedSender<(usize, &'static str, Instant)>,
     id: usize,
 ) -> Result<()> {
+    use e2e::bench::{ListenFrame, ListenScanner};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let rest = url.strip_prefix("http://").context("an http:// URL")?;
+    let (authority, path) = match rest.split_once('/') {
+        Some((authority, path)) => (authority, format!("/{path}")),
+        None => (rest, "/".to_owned()),
+    };
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
         "notifications": {"toolsListChanged": true},
-        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
-    let response = http
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "subscriptions/listen")
-        .bearer_auth(token)
-        .body(body.to_string())
-        .send()
-        .await?;
-    if response.status() != 200 {
-        bail!(
-            "listen answered {}: {}",
-            response.status(),
-            response.text().await.unwrap_or_default()
-        );
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}})
+    .to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         Mcp-Method: subscriptions/listen\r\nAuthorization: Bearer {token}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut socket = tokio::net::TcpStream::connect(authority).await?;
+    socket.set_nodelay(true)?;
+    socket.write_all(request.as_bytes()).await?;
+    let mut buf = vec![0u8; 4096];
+    let mut head = Vec::new();
+    let end = loop {
+        let n = socket.read(&mut buf).await?;
+        if n == 0 {
+            bail!("the worker closed the stream before answering");
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(at) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+    };
+    if !head.starts_with(b"HTTP/1.1 200") {
+        bail!("listen answered {}", String::from_utf8_lossy(&head));
     }
-    let mut response = response;
-    let mut buffered = String::new();
-    while let Some(chunk) = response.chunk().await? {
-        buffered.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buffered.find("\n\n") {
-            let event: String = buffered.drain(..end + 2).collect();
-            let kind = if event.contains("notifications/subscriptions/acknowledged") {
-                "ack"
-            } else if event.contains("notifications/tools/list_changed") {
-                "changed"
-            } else if event.contains("\"error\"") {
-                "error"
-            } else {
-                continue;
+    let mut scanner = ListenScanner::default();
+    let mut tell = |read: &[u8]| {
+        for frame in scanner.feed(read) {
+            let kind = match frame {
+                ListenFrame::Ack => "ack",
+                ListenFrame::Changed => "changed",
+                ListenFrame::Error => "error",
             };
             let _ = frames.send((id, kind, Instant::now()));
         }
+    };
+    tell(&head[end..]);
+    loop {
+        let n = socket.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        tell(&buf[..n]);
     }
     let _ = frames.send((id, "closed", Instant::now()));
     Ok(())
@@ -178,7 +197,6 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     let w1 = format!("{}/mcp", stack.worker_urls[0]);
     let w2 = format!("{}/mcp", stack.worker_urls[1]);
     let pid = stack.pid("worker-1").context("worker-1")?;
-    let http = reqwest::Client::builder().pool_max_idle_per_host(0).build()?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     // The affected streams (tenant 0, both workers) and the unaffected ones (tenant 1).
     let affected_tokens = bulk_connections(&stack, &slug, 50, "bookings:read,bookings:notify")?;
@@ -186,10 +204,9 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     let mut next = 0usize;
     let mut spawn = |url: &str, token: &str, tx: &tokio::sync::mpsc::UnboundedSender<_>| {
         next += 1;
-        let (http, url, token, tx, id) =
-            (http.clone(), url.to_owned(), token.to_owned(), tx.clone(), next);
+        let (url, token, tx, id) = (url.to_owned(), token.to_owned(), tx.clone(), next);
         tokio::spawn(async move {
-            if let Err(e) = open_stream(&http, &url, &token, tx.clone(), id).await {
+            if let Err(e) = open_stream(&url, &token, tx.clone(), id).await {
                 eprintln!("stream {id}: {e}");
                 let _ = tx.send((id, "error", Instant::now()));
             }
@@ -383,7 +400,7 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
          {verdict} Each change goes through `approvals::policy_set` (as the console and the CLI do); the\n\
          workers learn it from the NATS push, re-read the context once per credential (its streams share\n\
          the answer), and compare the tool lists. A tenant switch turned off needs no read at all: the\n\
-         worker holds the switch from the same push, and a turned-away tenant's list is empty; each stream's task then writes its event straight into its response (docs/architecture.md, \"Live tool lists\"). The load generator reads every stream on the same two cores. The idle streams use {per} streams per connection (the per-connection bound).\n\n\
+         worker holds the switch from the same push, and a turned-away tenant's list is empty; the push itself writes the event straight into each stream's response (docs/architecture.md, \"Live tool lists\"). The load generator reads every stream on the same two cores, each a plain HTTP/1.1 socket whose bytes it scans for the frames' names (`e2e::bench::ListenScanner`; before 2026-12-06 each was a reqwest client decoding its chunks, which cost the shared cores more per event). The idle streams use {per} streams per connection (the per-connection bound).\n\n\
          An idle stream costs no CPU and no query; its memory is mostly the per-request rmcp service\n\
          that answers it (its channels and request context) and the HTTP connection's buffers, so\n\
          `--max-listen-streams` (default {bound}) is sized to the worker's memory at about this figure each.\n",
