@@ -154,20 +154,28 @@ impl Wake {
             self.notify.notify_one();
             return TurnedAway::Woken;
         }
+        // A client that left: its task ends the stream (a push was its only wake before).
+        if looked.direct.as_ref().is_some_and(|d| d.closed()) {
+            drop(looked);
+            self.notify.notify_one();
+            return TurnedAway::Woken;
+        }
         if looked.seen.as_deref() == Some(TURNED_AWAY) {
             return TurnedAway::Quiet;
         }
         looked.seen = Some(TURNED_AWAY.to_vec());
+        if !looked.tells {
+            return TurnedAway::Quiet;
+        }
         let direct = looked.direct.clone();
         drop(looked);
         match direct {
             Some(direct) if direct.tell() => TurnedAway::Told,
-            // The client left: its task ends the stream.
-            Some(_) => {
+            // Gone between the look and the tell: its task ends the stream.
+            _ => {
                 self.notify.notify_one();
                 TurnedAway::Woken
             }
-            None => TurnedAway::Quiet,
         }
     }
 
@@ -787,7 +795,7 @@ mod tests {
         through_rmcp.wake.start(b"list".to_vec(), true, Some(through_rmcp.direct.clone()));
         assert_eq!(through_rmcp.wake.turned_away(), TurnedAway::Woken);
         let silent = streams.open("ten_a", "con_e", 0).expect("room");
-        silent.wake.start(b"list".to_vec(), false, None);
+        silent.wake.start(b"list".to_vec(), false, Some(silent.direct.clone()));
         assert_eq!(silent.wake.turned_away(), TurnedAway::Quiet);
         assert!(!woken(&silent.wake).await);
         silent.wake.begin_look();
@@ -797,6 +805,13 @@ mod tests {
         gone.wake.start(b"list".to_vec(), true, Some(attached(&gone)));
         gone.direct.closed.store(true, Ordering::Release);
         assert_eq!(gone.wake.turned_away(), TurnedAway::Woken);
+        assert!(woken(&gone.wake).await);
+        // Also when its list was empty already (a second switch): its task still ends it.
+        let left = streams.open("ten_a", "con_i", 0).expect("room");
+        left.wake.start(TURNED_AWAY.to_vec(), true, Some(attached(&left)));
+        left.direct.closed.store(true, Ordering::Release);
+        assert_eq!(left.wake.turned_away(), TurnedAway::Woken);
+        drop(left);
         // The fan-out: the tenant's streams only, counting those told.
         let a = streams.open("ten_a", "con_g", 0).expect("room");
         a.wake.start(b"list".to_vec(), true, Some(attached(&a)));

@@ -290,7 +290,7 @@ impl Server {
                 // token under the token's lock on every poll, and the draining token is the
                 // worker's, one for all its streams).
                 biased;
-                _ = registered.wake.notified() => registered.wake.begin_look(),
+                _ = registered.wake.notified() => {}
                 _ = &mut cancelled => return Ok(()),
                 // The worker is stopping: the final result tells the client to listen again.
                 _ = &mut draining => return Ok(()),
@@ -302,6 +302,8 @@ impl Server {
                     }
                 } => {}
             }
+            // Every look runs marked as one, so a switch's push leaves this stream to it.
+            registered.wake.begin_look();
             // A wake wins the biased select whenever one is waiting, so a stream woken again
             // and again (pushes faster than its re-reads, a database that keeps failing) looks
             // at its end here too: its client gone, or the worker stopping.
