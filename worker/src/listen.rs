@@ -89,7 +89,7 @@ pub struct Wake {
 struct Looked {
     /// The digest of the list the stream last saw (its client was told of it, or saw it
     /// itself); `None` until the task has looked once.
-    seen: Option<Vec<u8>>,
+    seen: Option<std::borrow::Cow<'static, [u8]>>,
     /// The task is looking now: what it finds decides, and a switch wakes it to look again.
     busy: bool,
     /// Whether the client asked to be told of a changed list.
@@ -115,7 +115,7 @@ impl Wake {
     /// is told of changes, and where it is told without its task.
     pub fn start(&self, seen: Vec<u8>, tells: bool, direct: Option<Arc<Direct>>) {
         let mut looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
-        *looked = Looked { seen: Some(seen), busy: false, tells, direct };
+        *looked = Looked { seen: Some(seen.into()), busy: false, tells, direct };
     }
 
     /// The task begins to look (it was woken).
@@ -131,7 +131,7 @@ impl Wake {
         if looked.seen.as_deref() == Some(now.as_slice()) {
             return false;
         }
-        looked.seen = Some(now);
+        looked.seen = Some(now.into());
         true
     }
 
@@ -163,7 +163,7 @@ impl Wake {
         if looked.seen.as_deref() == Some(TURNED_AWAY) {
             return TurnedAway::Quiet;
         }
-        looked.seen = Some(TURNED_AWAY.to_vec());
+        looked.seen = Some(std::borrow::Cow::Borrowed(TURNED_AWAY));
         if !looked.tells {
             return TurnedAway::Quiet;
         }

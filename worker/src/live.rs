@@ -194,7 +194,19 @@ pub async fn follow(
                         };
                         match away {
                             Some(tenant) => {
+                                let lag_ms =
+                                    (shared::bus::now_ns() - pushed.sent_ns).max(0) as f64 / 1e6;
+                                let began = std::time::Instant::now();
                                 let told = streams.turn_away(tenant);
+                                // One line per switch: how many streams, how long the push took
+                                // to arrive and the worker to hand every event to its response.
+                                tracing::info!(
+                                    tenant = tenant.unwrap_or("(all)"),
+                                    streams.told = told,
+                                    push_lag_ms = lag_ms,
+                                    fan_out_ms = began.elapsed().as_secs_f64() * 1000.0,
+                                    "agents turned away: listen streams told"
+                                );
                                 metrics.listen_events.with_label_values(&["changed"]).inc_by(told as u64);
                             }
                             None => streams.poke(&pushed.event),

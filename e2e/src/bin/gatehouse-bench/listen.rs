@@ -177,6 +177,10 @@ pub(super) struct ListenFigures {
     /// Streams on one worker told that their tenant's switch went off, and how fast.
     pub(super) switch_streams: usize,
     pub(super) switch_p50_ms: f64,
+    /// The first stream told: the commit and the push, before the fan-out's own cost.
+    pub(super) switch_first_ms: f64,
+    /// The switch's own call: its transaction, the commit, the publish.
+    pub(super) switch_call_ms: f64,
     pub(super) switch_p99_ms: f64,
     pub(super) switch_missed: usize,
 }
@@ -186,7 +190,7 @@ pub(super) struct ListenFigures {
 /// two workers, with another tenant's streams that must stay silent.
 pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     let mut opts = Options::for_test("bench_listen", 2);
-    opts.log_level = "warn".into();
+    opts.log_level = "warn,worker::live=info".into();
     // Room for the idle streams and the rounds' streams on the same worker.
     opts.env.push(("GATEHOUSE_MAX_LISTEN_STREAMS".into(), (idle + 1_000).to_string()));
     opts.db_pool = 8;
@@ -319,6 +323,7 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
         "benchmark: tenant switch fan-out",
     )
     .await?;
+    let switch_call_ms = committed.elapsed().as_secs_f64() * 1000.0;
     let mut switch_ms = Vec::new();
     let mut told = std::collections::BTreeSet::new();
     let until = committed + Duration::from_secs(10);
@@ -345,6 +350,7 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
             .unwrap_or(f64::NAN)
     };
     let (switch_p50_ms, switch_p99_ms) = (spct(0.5), spct(0.99));
+    let switch_first_ms = switch_ms.first().copied().unwrap_or(f64::NAN);
     let switch_streams = switch_ms.len();
     shared::services::admin::kill_switch_set(
         &ds,
@@ -369,6 +375,8 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
         unaffected_told,
         switch_streams,
         switch_p50_ms,
+        switch_first_ms,
+        switch_call_ms,
         switch_p99_ms,
         switch_missed,
     })
@@ -396,7 +404,7 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
          | a policy change committed → `toolsListChanged`, every affected stream, both workers | p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms ({n} streams × {rounds} changes) |\n\
          | affected notifications missed | {missed} |\n\
          | another tenant's streams told of the change | {told} of {unaffected} streams × {rounds} changes |\n\
-         | the tenant's switch turned off → `toolsListChanged`, every stream of the tenant on one worker | p50 {sp50:.1} ms, p99 {sp99:.1} ms ({sn} streams; {smissed} missed) |\n\n\
+         | the tenant's switch turned off → `toolsListChanged`, every stream of the tenant on one worker, from the call that turns it off | first {sfirst:.1} ms, p50 {sp50:.1} ms, p99 {sp99:.1} ms ({sn} streams; {smissed} missed; the call itself, transaction to publish, {scall:.1} ms) |\n\n\
          {verdict} Each change goes through `approvals::policy_set` (as the console and the CLI do); the\n\
          workers learn it from the NATS push, re-read the context once per credential (its streams share\n\
          the answer), and compare the tool lists. A tenant switch turned off needs no read at all: the\n\
@@ -422,6 +430,8 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
         unaffected = f.unaffected,
         per = worker::listen::MAX_PER_CONNECTION,
         bound = worker::listen::DEFAULT_MAX_PER_WORKER,
+        sfirst = f.switch_first_ms,
+        scall = f.switch_call_ms,
         sp50 = f.switch_p50_ms,
         sp99 = f.switch_p99_ms,
         sn = f.switch_streams,
