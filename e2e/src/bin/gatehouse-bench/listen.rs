@@ -342,6 +342,12 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
         }
     }
     let switch_missed = everyone.len() - told.len();
+    // The worker's own account of the switch (one log line): the push's lag and its fan-out.
+    if let Some(line) =
+        stack.log("worker-1").lines().rev().find(|l| l.contains("agents turned away"))
+    {
+        eprintln!("  worker 1: {}", line.split("INFO").last().unwrap_or(line).trim());
+    }
     switch_ms.sort_by(f64::total_cmp);
     let spct = |p: f64| {
         switch_ms
