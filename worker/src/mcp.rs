@@ -24,6 +24,7 @@ use shared::services::approvals::Completion;
 use shared::services::outcome::{Outcome, PreviewStatus};
 use shared::telemetry::{self, Attr, Name};
 
+use crate::listen::TURNED_AWAY;
 use crate::results::{self, ErrorBody};
 use crate::tools::{Answer, Env};
 use crate::written::WrittenOnce;
@@ -33,9 +34,6 @@ use crate::{AppState, listen};
 pub struct Server {
     state: Arc<AppState>,
 }
-
-/// What a listen stream's list digest is while agents are turned away.
-use crate::listen::TURNED_AWAY;
 
 impl Server {
     pub fn new(state: Arc<AppState>) -> Self {
