@@ -15,7 +15,7 @@ pub(crate) fn start_pgbouncer(
     let server = url::Url::parse(pg_server)?;
     let user = if server.username().is_empty() { "postgres" } else { server.username() };
     let port = free_port()?;
-    // PgBouncer refuses to run as root: it runs as `postgres`, in a directory of its own.
+    // PgBouncer refuses to run as root: it runs as `postgres` (`-u`), in a directory of its own.
     let run_dir = &run_dir.join("pgbouncer");
     std::fs::create_dir_all(run_dir)?;
     Command::new("chown").args(["postgres:postgres"]).arg(run_dir).status()?;
@@ -47,8 +47,14 @@ pub(crate) fn start_pgbouncer(
     );
     let ini = run_dir.join("pgbouncer.ini");
     std::fs::write(&ini, config)?;
-    let mut cmd = Command::new("runuser");
-    cmd.args(["-u", "postgres", "--", "/usr/sbin/pgbouncer"]).arg(&ini);
+    // Started as the child itself (PgBouncer takes the identity with `-u`), not under
+    // `runuser`: killing a wrapper leaves PgBouncer running, orphaned, after the stack is gone.
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let mut cmd = Command::new("/usr/sbin/pgbouncer");
+    if root {
+        cmd.args(["-u", "postgres"]);
+    }
+    cmd.arg(&ini);
     let proc = spawn_logged("pgbouncer", cmd, run_dir)?;
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

@@ -410,7 +410,7 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
          | a policy change committed → `toolsListChanged`, every affected stream, both workers | p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms ({n} streams × {rounds} changes) |\n\
          | affected notifications missed | {missed} |\n\
          | another tenant's streams told of the change | {told} of {unaffected} streams × {rounds} changes |\n\
-         | the tenant's switch turned off → `toolsListChanged`, every stream of the tenant on one worker, from the call that turns it off | first {sfirst:.1} ms, p50 {sp50:.1} ms, p99 {sp99:.1} ms ({sn} streams; {smissed} missed; the call itself, transaction to publish, {scall:.1} ms) |\n\n\
+         | the tenant's switch turned off → `toolsListChanged`, every stream of the tenant on one worker, from the call that turns it off | first {sfirst:.1} ms, p50 {sp50:.1} ms, p99 {sp99:.1} ms ({sn} streams; {smissed} missed; the call itself, transaction to publish, {scall:.1} ms, so p99 {safter:.1} ms from its return: the commit lies between) |\n\n\
          {verdict} Each change goes through `approvals::policy_set` (as the console and the CLI do); the\n\
          workers learn it from the NATS push, re-read the context once per credential (its streams share\n\
          the answer), and compare the tool lists. A tenant switch turned off needs no read at all: the\n\
@@ -438,6 +438,7 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
         bound = worker::listen::DEFAULT_MAX_PER_WORKER,
         sfirst = f.switch_first_ms,
         scall = f.switch_call_ms,
+        safter = f.switch_p99_ms - f.switch_call_ms,
         sp50 = f.switch_p50_ms,
         sp99 = f.switch_p99_ms,
         sn = f.switch_streams,
