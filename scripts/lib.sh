@@ -96,12 +96,50 @@ ensure_running() {
 # Node 22 with the MCP Inspector, the conformance suite and the TypeScript SDK.
 ensure_all() {
   ensure_running
-  # The e2e suite runs a fleet behind PgBouncer (session pooling; see docs/operations.md).
-  [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
+  ensure_pgbouncer
   command -v python3 >/dev/null || apt_install python3 python3-venv
   ensure_venv
   ensure_browser
   ensure_mcp_tools
+}
+
+# PgBouncer for the e2e fleets: Debian's package (session pooling), and for transaction
+# pooling one that keeps prepared statements per client (`max_prepared_statements`, 1.21+).
+# Debian 12 ships 1.18, so where the installed one is older, Debian 13's source package of
+# 1.24.1 is built into .tools/ (about 15 s; the tarball's SHA-256 is checked against Debian's).
+PGBOUNCER_VERSION="1.24.1"
+PGBOUNCER_SHA256="da72a3aba13072876d055a3e58dd4aba4a5de4ed6148e73033185245598fd3e0"
+PGBOUNCER_TXN="$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION/bin/pgbouncer"
+ensure_pgbouncer() {
+  [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
+  local have
+  have="$(/usr/sbin/pgbouncer --version | awk 'NR==1 {print $2}')"
+  if [ "$(printf '%s\n1.21.0\n' "$have" | sort -V | head -n1)" = "1.21.0" ]; then
+    export GATEHOUSE_PGBOUNCER_TXN=/usr/sbin/pgbouncer
+    return
+  fi
+  export GATEHOUSE_PGBOUNCER_TXN="$PGBOUNCER_TXN"
+  [ -x "$PGBOUNCER_TXN" ] && return
+  local missing=()
+  dpkg -s libevent-dev >/dev/null 2>&1 || missing+=(libevent-dev)
+  command -v make >/dev/null || missing+=(make)
+  command -v cc >/dev/null || missing+=(gcc)
+  command -v curl >/dev/null || missing+=(curl)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+  say "building PgBouncer $PGBOUNCER_VERSION (Debian 13's source) into .tools/ for transaction pooling"
+  local build
+  build="$(mktemp -d)"
+  local tarball="$build/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
+  curl -fsS -o "$tarball" "http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
+  echo "$PGBOUNCER_SHA256  $tarball" | sha256sum -c --quiet - || { echo "PgBouncer's tarball does not match Debian's checksum" >&2; exit 1; }
+  tar -xzf "$tarball" -C "$build"
+  (cd "$build/pgbouncer-$PGBOUNCER_VERSION" &&
+    ./configure -q --prefix="$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION" --without-cares --without-pam --without-systemd >/dev/null &&
+    make -s -j"$(nproc)" >/dev/null 2>&1 &&
+    mkdir -p "$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION/bin" &&
+    cp pgbouncer "$PGBOUNCER_TXN")
+  rm -rf "$build"
+  "$PGBOUNCER_TXN" --version | head -n1 >&2
 }
 
 # Drops databases earlier test runs left behind.

@@ -77,6 +77,11 @@ pub struct Options {
     /// Put Debian's PgBouncer between the services and Postgres, allowing at most this many
     /// server connections for the stack's database (`None`: straight to Postgres).
     pub pgbouncer: Option<u32>,
+    /// PgBouncer in transaction pooling mode (1.21+, `max_prepared_statements`) instead of
+    /// session mode: the services run with `GATEHOUSE_DB_POOLING=transaction`, the workers'
+    /// pipes as the role `gatehouse_pipe` carrying their settings, migrations straight to
+    /// Postgres.
+    pub pgbouncer_transaction: bool,
 }
 
 impl Options {
@@ -95,6 +100,7 @@ impl Options {
             env: Vec::new(),
             nats_nodes: 1,
             pgbouncer: None,
+            pgbouncer_transaction: false,
         }
     }
 }
@@ -213,16 +219,40 @@ impl Stack {
         psql(&opts.pg_server, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", opts.database))?;
         psql(&opts.pg_server, &format!("CREATE DATABASE {}", opts.database))?;
         let mut pooler = None;
+        let mut env = opts.env.clone();
+        let direct_url = format!("{}/{}", opts.pg_server, opts.database);
         let database_url = match opts.pgbouncer {
-            None => format!("{}/{}", opts.pg_server, opts.database),
+            None => direct_url.clone(),
             Some(max_server) => {
-                let (url, proc) =
-                    start_pgbouncer(&opts.pg_server, &opts.database, max_server, &opts.run_dir)?;
+                let mode = if opts.pgbouncer_transaction {
+                    postgres::Pooler::Transaction
+                } else {
+                    postgres::Pooler::Session
+                };
+                let (url, proc) = start_pgbouncer(
+                    &opts.pg_server,
+                    &opts.database,
+                    max_server,
+                    mode,
+                    &opts.run_dir,
+                )?;
                 pooler = Some(proc);
+                if opts.pgbouncer_transaction {
+                    postgres::create_pipe_role(&opts.pg_server, &opts.database)?;
+                    let mut pipe_url = url::Url::parse(&format!("{url}/{}", opts.database))?;
+                    pipe_url
+                        .set_username("gatehouse_pipe")
+                        .map_err(|()| anyhow::anyhow!("the pooler's URL takes no user"))?;
+                    env.push(("GATEHOUSE_DB_POOLING".into(), "transaction".into()));
+                    env.push(("GATEHOUSE_DB_PIPE_URL".into(), pipe_url.to_string()));
+                }
                 format!("{url}/{}", opts.database)
             }
         };
-        gatehousectl(&database_url, &["migrate"])?;
+        // Migrations hold a session lock, which a transaction pooler cannot keep: they go to
+        // Postgres itself, as docs/operations.md tells operators.
+        let migrate_url = if opts.pgbouncer_transaction { &direct_url } else { &database_url };
+        gatehousectl(migrate_url, &["migrate"])?;
         let seed = gatehousectl(&database_url, &["demo", "seed"])?;
 
         let nats_ports: Vec<(u16, u16)> = (0..opts.nats_nodes.max(1))
@@ -233,7 +263,6 @@ impl Stack {
             .map(|(p, _)| format!("nats://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",");
-        let mut env = opts.env.clone();
         if nats_ports.len() > 1 {
             env.push(("GATEHOUSE_NATS_REPLICAS".into(), nats_ports.len().min(5).to_string()));
         }

@@ -3,13 +3,63 @@
 
 use super::*;
 
-/// PgBouncer (Debian's package) on a free loopback port in front of `pg_server`, for one
-/// database, in session pooling mode with at most `max_server` server connections to it.
-/// Returns its URL (same user) and the process.
+/// How PgBouncer hands out server connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pooler {
+    /// A client keeps one for its session (Debian 12's PgBouncer 1.18).
+    Session,
+    /// A client holds one for a transaction; named prepared statements are kept per client
+    /// and prepared on whichever server runs them (`max_prepared_statements`, 1.21+).
+    Transaction,
+}
+
+/// The PgBouncer binary for `mode`: Debian's package for session pooling; for transaction
+/// pooling one of 1.21 or later, which `scripts/lib.sh` (`ensure_pgbouncer`) names in
+/// `GATEHOUSE_PGBOUNCER_TXN`, building Debian 13's 1.24.1 into `.tools/` where Debian's is older.
+fn pgbouncer_bin(mode: Pooler) -> Result<PathBuf> {
+    let debian = PathBuf::from("/usr/sbin/pgbouncer");
+    if mode == Pooler::Session {
+        return Ok(debian);
+    }
+    let built = repo_root().join(".tools/pgbouncer-1.24.1/bin/pgbouncer");
+    let named = std::env::var_os("GATEHOUSE_PGBOUNCER_TXN").map(PathBuf::from);
+    named.into_iter().chain([built]).find(|p| p.is_file()).ok_or_else(|| {
+        anyhow::anyhow!(
+            "transaction pooling needs PgBouncer 1.21+; run scripts/test (or \
+             `bash -c 'source scripts/lib.sh && ensure_pgbouncer'`) to build it into .tools/"
+        )
+    })
+}
+
+/// The role the workers' pipes connect as behind a transaction pooler, carrying the pipe's
+/// settings in `database` (docs/operations.md, "Transaction pooling"): a member of
+/// `postgres`, so it reads and writes what the stack's tables' owner may.
+pub(crate) fn create_pipe_role(pg_server: &str, database: &str) -> Result<()> {
+    // Stacks start in parallel on one server: the role may appear between check and create.
+    psql(
+        pg_server,
+        "DO $$ BEGIN CREATE ROLE gatehouse_pipe LOGIN IN ROLE postgres; \
+         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
+    )?;
+    psql(
+        pg_server,
+        &format!(
+            "ALTER ROLE gatehouse_pipe IN DATABASE {database} SET plan_cache_mode = force_generic_plan; \
+             ALTER ROLE gatehouse_pipe IN DATABASE {database} SET statement_timeout = '5s'; \
+             ALTER ROLE gatehouse_pipe IN DATABASE {database} SET lock_timeout = '50ms'; \
+             ALTER ROLE gatehouse_pipe IN DATABASE {database} SET synchronous_commit = off"
+        ),
+    )
+}
+
+/// PgBouncer on a free loopback port in front of `pg_server`, for one database, pooling as
+/// `mode` says with at most `max_server` server connections to it. Returns its URL (user
+/// `postgres`; `gatehouse_pipe` may connect too) and the process.
 pub(crate) fn start_pgbouncer(
     pg_server: &str,
     database: &str,
     max_server: u32,
+    mode: Pooler,
     run_dir: &Path,
 ) -> Result<(String, Proc)> {
     let server = url::Url::parse(pg_server)?;
@@ -20,7 +70,11 @@ pub(crate) fn start_pgbouncer(
     std::fs::create_dir_all(run_dir)?;
     Command::new("chown").args(["postgres:postgres"]).arg(run_dir).status()?;
     let userlist = run_dir.join("pgbouncer-users.txt");
-    std::fs::write(&userlist, format!("\"{user}\" \"\"\n"))?;
+    std::fs::write(&userlist, format!("\"{user}\" \"\"\n\"gatehouse_pipe\" \"\"\n"))?;
+    let pooling = match mode {
+        Pooler::Session => "pool_mode = session\n",
+        Pooler::Transaction => "pool_mode = transaction\nmax_prepared_statements = 200\n",
+    };
     let config = format!(
         "[databases]\n\
          {database} = host={host} port={pg_port} dbname={database}\n\
@@ -30,7 +84,7 @@ pub(crate) fn start_pgbouncer(
          unix_socket_dir =\n\
          auth_type = trust\n\
          auth_file = {userlist}\n\
-         pool_mode = session\n\
+         {pooling}\
          max_client_conn = 1000\n\
          default_pool_size = {max_server}\n\
          max_db_connections = {max_server}\n\
@@ -50,7 +104,7 @@ pub(crate) fn start_pgbouncer(
     // Started as the child itself (PgBouncer takes the identity with `-u`), not under
     // `runuser`: killing a wrapper leaves PgBouncer running, orphaned, after the stack is gone.
     let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0");
-    let mut cmd = Command::new("/usr/sbin/pgbouncer");
+    let mut cmd = Command::new(pgbouncer_bin(mode)?);
     if root {
         cmd.args(["-u", "postgres"]);
     }

@@ -33,6 +33,12 @@ pub struct Common {
     pub db_idle_secs: u64,
     /// Connections in a worker's hot-path pipe (`GATEHOUSE_DB_PIPE`); `None`: one per four cores.
     pub db_pipe: Option<u32>,
+    /// How the processes reach Postgres (`GATEHOUSE_DB_POOLING`): `session` (directly, or a
+    /// pooler in session mode; the default) or `transaction` (a pooler in transaction mode).
+    pub db_pooling: crate::Pooling,
+    /// Where the worker's pipe connects (`GATEHOUSE_DB_PIPE_URL`; default `DATABASE_URL`):
+    /// behind a transaction pooler, as a role that carries the pipe's settings.
+    pub db_pipe_url: Option<Secret>,
     /// The keys that seal secrets kept in Postgres (`GATEHOUSE_SECRET_KEYS`,
     /// `kid:base64url-32-bytes[,…]`, the first sealing): a tenant IdP's client secret.
     pub secret_keys: Option<Secret>,
@@ -113,6 +119,17 @@ impl Common {
                 )
             })?),
         };
+        let db_pooling = match std::env::var("GATEHOUSE_DB_POOLING") {
+            Err(_) => crate::Pooling::Session,
+            Ok(v) => crate::Pooling::parse(&v).ok_or_else(|| {
+                Error::invalid_with_options(
+                    "GATEHOUSE_DB_POOLING",
+                    "use session (Postgres itself, or a pooler in session mode) or transaction \
+                     (a pooler in transaction mode; docs/operations.md, \"Transaction pooling\")",
+                    vec!["session".into(), "transaction".into()],
+                )
+            })?,
+        };
         let nats_replicas = match std::env::var("GATEHOUSE_NATS_REPLICAS") {
             Err(_) => 1,
             Ok(v) => v.trim().parse().ok().filter(|n| (1..=5).contains(n)).ok_or_else(|| {
@@ -126,6 +143,11 @@ impl Common {
             db_max_connections,
             db_idle_secs,
             db_pipe,
+            db_pooling,
+            db_pipe_url: std::env::var("GATEHOUSE_DB_PIPE_URL")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(Secret),
             secret_keys: std::env::var("GATEHOUSE_SECRET_KEYS")
                 .ok()
                 .filter(|v| !v.trim().is_empty())

@@ -9,6 +9,24 @@ async fn gatehousectl_manages_tenants_people_and_connections() {
     let (ok, migrated) = ctl_as(&db, None, &["migrate"]);
     assert!(ok, "{migrated}");
     assert_eq!(migrated["applied"], 0, "the template is migrated already");
+    // Through a transaction pooler the migrator's session lock would not hold: refused, with
+    // where to run it instead; a pooling mode that does not exist is named with the options.
+    for (pooling, field, says) in [
+        ("transaction", "DATABASE_URL", "Postgres itself"),
+        ("statement", "GATEHOUSE_DB_POOLING", "transaction"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gatehousectl"))
+            .args(["migrate", "--json"])
+            .env("DATABASE_URL", &db.url)
+            .env("GATEHOUSE_DB_POOLING", pooling)
+            .output()
+            .expect("run gatehousectl");
+        assert!(!out.status.success(), "{pooling}");
+        let err: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(err["error"]["code"], "invalid_argument", "{err}");
+        let message = err["error"]["message"].as_str().expect("message");
+        assert!(message.starts_with(&format!("{field}: ")) && message.contains(says), "{err}");
+    }
     // A new install has no operator: the first one is granted without --as, and only once.
     let (ok, first) = ctl_as(&db, None, &["operator", "--email", OPS, "--name", "Olu Ops"]);
     assert!(ok, "{first}");

@@ -30,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
         env: Vec::new(),
         nats_nodes: 1,
         pgbouncer: None,
+        pgbouncer_transaction: false,
     };
     eprintln!("starting: Postgres database, control plane, 2 workers, nginx…");
     let stack = Stack::start(opts).await?;

@@ -34,6 +34,58 @@ async fn the_same_races_behind_pgbouncer_take_effect_once_within_its_connections
     assert!(!log.contains("ERROR") && !log.contains("unsupported startup parameter"), "{log}");
 }
 
+/// The same races through PgBouncer in transaction pooling mode (1.24, named prepared
+/// statements kept per client), where the control plane's and both workers' pools and pipes
+/// (6 + 6 + 6 connections, and the pipes') share 8 server connections: the confirmations still
+/// take effect once, the pipes run as their own role on pinned generic plans (their settings
+/// come from the role, never a `SET` a pooled server connection would carry to another client),
+/// and Postgres sees at most 8 connections.
+#[tokio::test]
+async fn the_same_races_behind_a_transaction_pooler_take_effect_once_on_shared_connections() {
+    let mut opts = Options::for_test("txpooled", 2);
+    opts.pgbouncer = Some(8);
+    opts.pgbouncer_transaction = true;
+    opts.db_pool = 6;
+    let database = opts.database.clone();
+    let server = opts.pg_server.clone();
+    let stack = Stack::start(opts).await.expect("stack behind a transaction pooler");
+    races_take_effect_once(&stack).await;
+    // The later calls of a prepared statement run on other server connections than the one
+    // that prepared it: reads through both workers still answer.
+    for w in &stack.worker_urls {
+        for _ in 0..20 {
+            let r = tool_call(w, &stack.token(0, 0), "find_bookings", json!({"limit": 2})).await;
+            assert_ne!(r["isError"], true, "{r}");
+        }
+    }
+    let held = TestDb::connections_postgres_holds_for(&server, &database);
+    assert!((1..=8).contains(&held), "Postgres holds {held} connections for the stack");
+    let as_pipe = TestDb::connections_postgres_holds_for_role(&server, &database, "gatehouse_pipe");
+    assert!(as_pipe >= 1, "the pipes connect as their own role");
+    for w in &stack.worker_urls {
+        let metrics = reqwest::get(format!("{w}/metrics")).await.expect("metrics").text().await;
+        let metrics = metrics.expect("text");
+        let plans = |plan: &str| -> f64 {
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("gatehouse_worker_pipe_plan_executions{"))
+                .filter(|l| l.contains(&format!("plan=\"{plan}\"")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        assert!(plans("generic") > 0.0, "the pipe's statements ran prepared:\n{metrics}");
+        assert_eq!(plans("custom"), 0.0, "plans pinned by the role's settings");
+    }
+    let log = std::fs::read_to_string(stack.run_dir.join("pgbouncer/pgbouncer-own.log"))
+        .unwrap_or_default();
+    assert!(!log.contains("ERROR"), "{log}");
+    for name in ["worker-1", "worker-2", "control-plane"] {
+        let log =
+            std::fs::read_to_string(stack.run_dir.join(format!("{name}.log"))).unwrap_or_default();
+        assert!(!log.contains("prepared statement"), "{name}: {log}");
+    }
+}
+
 async fn races_take_effect_once(stack: &Stack) {
     let db = TestDb::attach(&stack.database_url).await;
     let token = stack.token(0, 0);

@@ -171,6 +171,32 @@ pub(crate) fn check_before_use(idle: Duration) -> bool {
     broken != 0 && released <= broken
 }
 
+/// How the processes reach Postgres (`GATEHOUSE_DB_POOLING`; docs/operations.md, "Poolers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooling {
+    /// Postgres itself, or a pooler in session mode: a client keeps its server connection, so
+    /// the pipe sets its session up itself.
+    #[default]
+    Session,
+    /// A pooler in transaction mode (PgBouncer 1.21+ with `max_prepared_statements`): each
+    /// transaction may run on another server connection, shared with other clients. The pipe
+    /// sets nothing on a session (it would stay on a server connection others then use) and
+    /// checks that its role carries its settings instead; migrations, which hold a session
+    /// lock, go to Postgres itself.
+    Transaction,
+}
+
+impl Pooling {
+    /// `session` or `transaction`, as `GATEHOUSE_DB_POOLING` spells them.
+    pub fn parse(given: &str) -> Option<Pooling> {
+        match given.trim() {
+            "session" => Some(Pooling::Session),
+            "transaction" => Some(Pooling::Transaction),
+            _ => None,
+        }
+    }
+}
+
 impl Services {
     /// Connects a pool of at most `max_connections` to `url` (the control plane, the CLI: the
     /// hot path's pipe is never used there and opens nothing).
@@ -181,8 +207,8 @@ impl Services {
     /// [`Services::connect`], closing pooled connections idle for `idle`
     /// (`GATEHOUSE_DB_IDLE_SECS`; the control plane).
     pub async fn connect_idle(url: &str, max_connections: u32, idle: Duration) -> Result<Self> {
-        Services::connect_split(url, max_connections, max_connections.max(1), "gatehouse", idle)
-            .await
+        let (pool, pipe) = (max_connections, max_connections.max(1));
+        Services::connect_split(url, None, Pooling::Session, pool, pipe, "gatehouse", idle).await
     }
 
     /// Connects a worker with at most `max_connections` in all: the hot path's pipe (`pipe`
@@ -212,15 +238,41 @@ impl Services {
         pipe: Option<u32>,
         idle: Duration,
     ) -> Result<Self> {
+        let (pool_size, pipe_size) = Services::worker_split(max_connections, pipe);
+        let name = "gatehouse-worker";
+        Services::connect_split(url, None, Pooling::Session, pool_size, pipe_size, name, idle).await
+    }
+
+    /// A worker's connections as its configuration says (`DATABASE_URL`, `GATEHOUSE_DB_*`):
+    /// [`Services::connect_worker_idle`], with the pipe at `GATEHOUSE_DB_PIPE_URL` when given
+    /// and set up for the pooling `GATEHOUSE_DB_POOLING` names.
+    pub async fn connect_worker_from(common: &crate::config::Common) -> Result<Self> {
+        let (pool_size, pipe_size) =
+            Services::worker_split(common.db_max_connections, common.db_pipe);
+        Services::connect_split(
+            common.database_url.expose(),
+            common.db_pipe_url.as_ref().map(|u| u.expose()),
+            common.db_pooling,
+            pool_size,
+            pipe_size,
+            "gatehouse-worker",
+            Duration::from_secs(common.db_idle_secs),
+        )
+        .await
+    }
+
+    /// The pool's and the pipe's shares of a worker's `max_connections`.
+    fn worker_split(max_connections: u32, pipe: Option<u32>) -> (u32, u32) {
         let total = max_connections.max(3);
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
         let pipe_size = pipe.unwrap_or(cores.div_ceil(4)).min(total / 3).max(1);
-        Services::connect_split(url, total - 2 * pipe_size, pipe_size, "gatehouse-worker", idle)
-            .await
+        (total - 2 * pipe_size, pipe_size)
     }
 
     async fn connect_split(
         url: &str,
+        pipe_url: Option<&str>,
+        pooling: Pooling,
         pool_size: u32,
         pipe_size: u32,
         name: &'static str,
@@ -233,9 +285,19 @@ impl Services {
         let found = if all.len() > 1 { failover::primary(&all).await } else { Some(0) };
         let at = found.unwrap_or(0);
         let options = all[at].clone();
-        let mut pipe_config = pipe::config_for(&servers[0], &all[0]);
-        if all.len() > 1 {
-            for other in &all[1..] {
+        // The pipe's servers: `pipe_url`'s (its own role, behind a transaction pooler), or
+        // the pool's.
+        let (pipe_servers, pipe_all) = match pipe_url {
+            Some(pipe_url) => {
+                let servers = failover::servers(pipe_url)?;
+                let all = failover::options_of(&servers)?;
+                (servers, all)
+            }
+            None => (servers.clone(), all.clone()),
+        };
+        let mut pipe_config = pipe::config_for(&pipe_servers[0], &pipe_all[0]);
+        if pipe_all.len() > 1 {
+            for other in &pipe_all[1..] {
                 pipe_config.host(pipe::bare_host(other.get_host())).port(other.get_port());
             }
             pipe_config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
@@ -266,14 +328,14 @@ impl Services {
         if all.len() > 1 {
             tokio::spawn(failover::follow(pool.clone(), all, at, found.is_some()));
         }
-        Ok(Services::with_pipe(pool, pipe::Pipe::new(pipe_config, pipe_size as usize)))
+        Ok(Services::with_pipe(pool, pipe::Pipe::new(pipe_config, pipe_size as usize, pooling)))
     }
 
     /// Services on `pool`, with a pipe of two connections to the same database (tests).
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn with_pool(pool: PgPool) -> Self {
         let config = pipe::config_from(&pool.connect_options());
-        Services::with_pipe(pool, pipe::Pipe::new(config, 2))
+        Services::with_pipe(pool, pipe::Pipe::new(config, 2, Pooling::Session))
     }
 
     /// The pool for the tools' work and transactions, and the pipe (opened as needed) for the

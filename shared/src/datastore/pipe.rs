@@ -53,6 +53,30 @@ const LIFETIME: Duration = Duration::from_secs(30 * 60);
 /// wait for it.
 const LOCK_WAIT: &str = "50ms";
 
+/// Behind a transaction pooler, the settings the pipe's role must carry, checked when a
+/// connection opens: generic plans pinned, statements limited to 1 ms–5 s and lock waits to
+/// 1 ms–1 s. A role without them is refused (SQLSTATE 55000) with the statement that fixes it.
+/// `synchronous_commit = off` is recommended (the rate window's counter) but not required.
+const ROLE_SETTINGS_CHECK: &str = "DO $check$
+DECLARE
+    plans text := current_setting('plan_cache_mode');
+    statement_ms bigint := (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout');
+    lock_ms bigint := (SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout');
+BEGIN
+    IF plans <> 'force_generic_plan' OR statement_ms NOT BETWEEN 1 AND 5000
+        OR lock_ms NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
+            'behind a transaction pooler the pipe''s role must carry its settings, and role %I \
+has plan_cache_mode=%s, statement_timeout=%sms, lock_timeout=%sms; run ALTER ROLE %I \
+SET plan_cache_mode = force_generic_plan; ALTER ROLE %I SET statement_timeout = ''5s''; \
+ALTER ROLE %I SET lock_timeout = ''50ms''; ALTER ROLE %I SET synchronous_commit = off \
+(docs/operations.md, \"Transaction pooling\")',
+            current_user, plans, statement_ms, lock_ms,
+            current_user, current_user, current_user, current_user);
+    END IF;
+END
+$check$";
+
 /// How one pipe statement was planned: executions with its generic plan and with custom ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlanCount {
@@ -249,11 +273,16 @@ impl PipeRow {
 
 impl Pipe {
     /// A pipe of `connections` connections (opened when first needed) to `config`'s server.
-    pub(crate) fn new(config: Config, connections: usize) -> Self {
-        Pipe::waiting_for_locks(config, connections, LOCK_WAIT)
+    pub(crate) fn new(config: Config, connections: usize, pooling: super::Pooling) -> Self {
+        Pipe::waiting_for_locks(config, connections, LOCK_WAIT, pooling)
     }
 
-    fn waiting_for_locks(mut config: Config, connections: usize, lock_wait: &str) -> Self {
+    fn waiting_for_locks(
+        mut config: Config,
+        connections: usize,
+        lock_wait: &str,
+        pooling: super::Pooling,
+    ) -> Self {
         // The session as sqlx sets up the pool's (times read back in UTC), and limits that
         // keep one statement from holding up those queued behind it. The pipe's one write is
         // the rate window's counter: its commit does not wait for the WAL to reach the disk
@@ -267,11 +296,25 @@ impl Pipe {
         // (docs/architecture.md, "Plans that cannot flip"). The settings are sent as `SET`
         // once a connection opens, not as startup options, which a pooler such as PgBouncer
         // refuses.
-        let session = format!(
-            "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET lock_timeout = '{lock_wait}'; \
-             SET statement_timeout = '5s'; SET synchronous_commit = off; \
-             SET plan_cache_mode = force_generic_plan"
-        );
+        //
+        // Behind a transaction pooler a `SET` would stay on whichever server connection ran
+        // it, and reach the transactions of every client that pooler later hands it to (the
+        // control plane's confirmations would then commit without waiting for the WAL). There
+        // the pipe connects as a role of its own that carries these settings (`ALTER ROLE …
+        // SET`, so every server connection the pooler opens for it has them), sets only what
+        // the pooler itself tracks per client (TimeZone, DateStyle), and checks the rest,
+        // refusing to serve on a role without them: plans that could flip and statements
+        // without limits are not a fallback.
+        let session = match pooling {
+            super::Pooling::Session => format!(
+                "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; SET lock_timeout = '{lock_wait}'; \
+                 SET statement_timeout = '5s'; SET synchronous_commit = off; \
+                 SET plan_cache_mode = force_generic_plan"
+            ),
+            super::Pooling::Transaction => {
+                format!("SET TimeZone = 'UTC'; SET DateStyle = 'ISO, MDY'; {ROLE_SETTINGS_CHECK}")
+            }
+        };
         config
             .application_name("gatehouse-pipe")
             .ssl_mode(tokio_postgres::config::SslMode::Disable)

@@ -66,6 +66,17 @@ impl TestDb {
         .expect("a count")
     }
 
+    /// How many connections Postgres holds for `database` logged in as `role`.
+    pub fn connections_postgres_holds_for_role(server: &str, database: &str, role: &str) -> i64 {
+        psql_value(
+            &format!("{server}/postgres"),
+            &[("database", database), ("role", role)],
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = :'database' AND usename = :'role'",
+        )
+        .parse()
+        .expect("a count")
+    }
+
     /// Closes the testkit's connections to the stack's database, before the test counts the
     /// connections the stack holds.
     pub async fn detach(self) {

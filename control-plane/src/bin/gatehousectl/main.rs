@@ -130,6 +130,17 @@ async fn run(cli: Cli) -> shared::Result<(Value, String)> {
     let need = || need_operator(operator.as_ref());
     match cli.command {
         Command::Migrate => {
+            // sqlx's migrator holds a session-level advisory lock while it migrates: through
+            // a transaction pooler its unlock could reach another server connection than its
+            // lock, leaving the lock held there for whoever migrates next.
+            if common.db_pooling == shared::Pooling::Transaction {
+                return Err(shared::Error::invalid(
+                    "DATABASE_URL",
+                    "migrations hold a session lock a transaction pooler cannot keep: run \
+                     `gatehousectl migrate` with DATABASE_URL naming Postgres itself (or a \
+                     session-mode pool) and GATEHOUSE_DB_POOLING unset",
+                ));
+            }
             let applied = ds.migrate().await?;
             Ok((json!({"applied": applied}), format!("migrations applied: {applied}")))
         }

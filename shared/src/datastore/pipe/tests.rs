@@ -5,7 +5,7 @@ use crate::testing::TestDb;
 
 fn pipe(db: &TestDb, connections: usize) -> Arc<Pipe> {
     let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
-    Arc::new(Pipe::new(config_for(&db.url, &options), connections))
+    Arc::new(Pipe::new(config_for(&db.url, &options), connections, super::super::Pooling::Session))
 }
 
 /// The backend of each of the pipe's connections.
@@ -133,7 +133,12 @@ async fn a_request_cancelled_mid_statement_leaves_the_connection_serving_others(
     // Statements wait for locks long enough here that the request is cancelled while its
     // statement still waits.
     let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
-    let pipe = Arc::new(Pipe::waiting_for_locks(config_for(&db.url, &options), 1, "5s"));
+    let pipe = Arc::new(Pipe::waiting_for_locks(
+        config_for(&db.url, &options),
+        1,
+        "5s",
+        super::super::Pooling::Session,
+    ));
     let first = pids(&pipe).await;
     // A request whose statement waits behind a lock is cancelled (its client hung up).
     let mut holder = lock(&db, "connection_tokens").await;
@@ -367,3 +372,80 @@ static POLICY_FACTS_FOR_TEST: std::sync::LazyLock<String> = std::sync::LazyLock:
         crate::datastore::policy_facts_sql_with("$1", "$2", "$3", "$4")
     )
 });
+
+/// A pipe for a transaction pooler, connecting to this test's database as `role`.
+fn pooled_pipe(db: &TestDb, role: &str) -> Arc<Pipe> {
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
+    let mut config = config_for(&db.url, &options);
+    config.user(role);
+    Arc::new(Pipe::new(config, 1, super::super::Pooling::Transaction))
+}
+
+/// A role that may do what the tests' owner may, created once for the whole server (tests run
+/// in parallel: it may appear between a check and a create).
+async fn role(db: &TestDb, name: &str) {
+    db.exec(&format!(
+        "DO $$ BEGIN CREATE ROLE {name} LOGIN IN ROLE postgres; \
+         EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+    ))
+    .await;
+}
+
+#[tokio::test]
+async fn behind_a_transaction_pooler_the_pipe_takes_its_settings_from_its_role_and_sets_none() {
+    let db = TestDb::new().await;
+    // Hostile: a role without the settings. The pipe refuses to serve rather than run with
+    // plans that could flip and no statement limits, and says what fixes it.
+    role(&db, "gh_pipe_bare").await;
+    let bare = pooled_pipe(&db, "gh_pipe_bare");
+    let Err(refused) = bare.query_opt(Sql::Context, &[&NO_TOKEN]).await else {
+        panic!("a pipe served on a role without its settings")
+    };
+    assert_eq!(refused.sqlstate(), Some("55000"), "{refused:?}");
+    let said = failure_of(match &refused {
+        Failure::Database(e) => e,
+        Failure::Late(what) => panic!("late: {what}"),
+    })
+    .message;
+    for part in [
+        "role gh_pipe_bare has plan_cache_mode=auto",
+        "ALTER ROLE gh_pipe_bare SET plan_cache_mode = force_generic_plan",
+        "Transaction pooling",
+    ] {
+        assert!(said.contains(part), "{part:?} in {said}");
+    }
+    // A role that carries them (a lock wait of 40 ms where the pipe's own `SET` says 50): the
+    // pipe serves, its session keeps the role's values, and nothing it sent changed them, so
+    // nothing stays on a pooled server connection for another client.
+    role(&db, "gh_pipe_set").await;
+    for setting in [
+        "plan_cache_mode = force_generic_plan",
+        "statement_timeout = '4s'",
+        "lock_timeout = '40ms'",
+        "synchronous_commit = local",
+    ] {
+        db.exec(&format!("ALTER ROLE gh_pipe_set IN DATABASE {} SET {setting}", db.name)).await;
+    }
+    let pipe = pooled_pipe(&db, "gh_pipe_set");
+    assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("served").is_none());
+    let link = pipe.link(0).await.expect("link");
+    let row = link
+        .client
+        .query_one(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout'),
+                    current_setting('synchronous_commit'), current_setting('plan_cache_mode')",
+            &[],
+        )
+        .await
+        .expect("settings");
+    let values: Vec<String> = (0..4).map(|i| row.get(i)).collect();
+    assert_eq!(values, ["40ms", "4s", "local", "force_generic_plan"]);
+    // The session pipe, on the same role, sets its own: the difference the mode makes.
+    let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
+    let mut config = config_for(&db.url, &options);
+    config.user("gh_pipe_set");
+    let session = Arc::new(Pipe::new(config, 1, super::super::Pooling::Session));
+    let link = session.link(0).await.expect("link");
+    let row = link.client.query_one("SELECT current_setting('lock_timeout')", &[]).await;
+    assert_eq!(row.expect("setting").get::<_, String>(0), "50ms");
+}
