@@ -113,8 +113,8 @@ PGBOUNCER_TXN="$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION/bin/pgbouncer"
 ensure_pgbouncer() {
   [ -x /usr/sbin/pgbouncer ] || apt_install pgbouncer
   local have
-  have="$(/usr/sbin/pgbouncer --version | awk 'NR==1 {print $2}')"
-  if [ "$(printf '%s\n1.21.0\n' "$have" | sort -V | head -n1)" = "1.21.0" ]; then
+  have="$(/usr/sbin/pgbouncer --version | grep -oE '[0-9]+(\.[0-9]+)+' | head -n1 || true)"
+  if [ -n "$have" ] && [ "$(printf '%s\n1.21.0\n' "$have" | sort -V | head -n1)" = "1.21.0" ]; then
     export GATEHOUSE_PGBOUNCER_TXN=/usr/sbin/pgbouncer
     return
   fi
@@ -122,22 +122,31 @@ ensure_pgbouncer() {
   [ -x "$PGBOUNCER_TXN" ] && return
   local missing=()
   dpkg -s libevent-dev >/dev/null 2>&1 || missing+=(libevent-dev)
-  command -v make >/dev/null || missing+=(make)
-  command -v cc >/dev/null || missing+=(gcc)
+  dpkg -s build-essential >/dev/null 2>&1 || missing+=(build-essential)
+  [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
   command -v curl >/dev/null || missing+=(curl)
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
   say "building PgBouncer $PGBOUNCER_VERSION (Debian 13's source) into .tools/ for transaction pooling"
-  local build
+  local build log
   build="$(mktemp -d)"
+  log="$build/build.log"
   local tarball="$build/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
   curl -fsS -o "$tarball" "http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
-  echo "$PGBOUNCER_SHA256  $tarball" | sha256sum -c --quiet - || { echo "PgBouncer's tarball does not match Debian's checksum" >&2; exit 1; }
+  echo "$PGBOUNCER_SHA256  $tarball" | sha256sum -c --quiet - || { echo "PgBouncer's tarball does not match Debian's checksum" >&2; rm -rf "$build"; exit 1; }
   tar -xzf "$tarball" -C "$build"
-  (cd "$build/pgbouncer-$PGBOUNCER_VERSION" &&
-    ./configure -q --prefix="$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION" --without-cares --without-pam --without-systemd >/dev/null &&
-    make -s -j"$(nproc)" >/dev/null 2>&1 &&
-    mkdir -p "$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION/bin" &&
-    cp pgbouncer "$PGBOUNCER_TXN")
+  if ! (cd "$build/pgbouncer-$PGBOUNCER_VERSION" &&
+    ./configure --prefix="$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION" --without-cares --without-pam --without-systemd &&
+    make -j"$(nproc)") >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "building PgBouncer failed (above: the end of its log)" >&2
+    rm -rf "$build"
+    exit 1
+  fi
+  # Copied under another name first, so an interrupted copy is never taken for a build.
+  mkdir -p "$(dirname "$PGBOUNCER_TXN")"
+  cp "$build/pgbouncer-$PGBOUNCER_VERSION/pgbouncer" "$PGBOUNCER_TXN.partial"
+  mv "$PGBOUNCER_TXN.partial" "$PGBOUNCER_TXN"
   rm -rf "$build"
   "$PGBOUNCER_TXN" --version | head -n1 >&2
 }

@@ -120,6 +120,8 @@ struct Proc {
 pub struct Stack {
     procs: Vec<Proc>,
     pub database_url: String,
+    /// Postgres itself, past any pooler (the benchmark's bare peers connect here).
+    pub direct_url: String,
     /// This stack's own NATS server (JetStream, its own store), so tests can stop and start it;
     /// with a cluster, every node's URL, comma-separated.
     pub nats_url: String,
@@ -278,6 +280,7 @@ impl Stack {
         let mut stack = Stack {
             procs: pooler.into_iter().collect(),
             database_url: database_url.clone(),
+            direct_url: direct_url.clone(),
             nats_url: nats_url.clone(),
             nats_ports,
             lb_url: lb_url.clone(),
@@ -432,7 +435,7 @@ impl Stack {
     pub fn spawn_helper(&mut self, name: &str, binary: &str, args: &[&str]) -> Result<()> {
         let mut cmd = Command::new(bin(binary)?);
         cmd.args(args)
-            .env("DATABASE_URL", &self.database_url)
+            .env("DATABASE_URL", &self.direct_url)
             .env("NATS_URL", &self.nats_url)
             .env("RUST_LOG", &self.opts_log);
         self.procs.push(spawn_logged(name, cmd, &self.run_dir)?);

@@ -121,6 +121,7 @@ impl Common {
         };
         let db_pooling = match std::env::var("GATEHOUSE_DB_POOLING") {
             Err(_) => crate::Pooling::Session,
+            Ok(v) if v.trim().is_empty() => crate::Pooling::Session,
             Ok(v) => crate::Pooling::parse(&v).ok_or_else(|| {
                 Error::invalid_with_options(
                     "GATEHOUSE_DB_POOLING",

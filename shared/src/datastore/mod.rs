@@ -171,7 +171,8 @@ pub(crate) fn check_before_use(idle: Duration) -> bool {
     broken != 0 && released <= broken
 }
 
-/// How the processes reach Postgres (`GATEHOUSE_DB_POOLING`; docs/operations.md, "Poolers").
+/// How the processes reach Postgres (`GATEHOUSE_DB_POOLING`; docs/operations.md, "Behind a
+/// pooler").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Pooling {
     /// Postgres itself, or a pooler in session mode: a client keeps its server connection, so
@@ -195,6 +196,42 @@ impl Pooling {
             _ => None,
         }
     }
+}
+
+/// Behind a transaction pooler the pipe's settings come from its role, so it must have one of
+/// its own (`GATEHOUSE_DB_PIPE_URL`): on `DATABASE_URL`'s role they would reach every other
+/// transaction (5 s statements, 50 ms lock waits, commits that do not wait for the disk).
+pub(crate) fn pipe_role_fits(pooling: Pooling, url: &str, pipe_url: Option<&str>) -> Result<()> {
+    if pooling == Pooling::Session {
+        return Ok(());
+    }
+    let fix = "docs/operations.md, \"Transaction pooling\"";
+    let Some(pipe_url) = pipe_url else {
+        return Err(Error::invalid(
+            "GATEHOUSE_DB_PIPE_URL",
+            format!(
+                "behind a transaction pooler (GATEHOUSE_DB_POOLING=transaction) the worker's pipe \
+                 connects as a role of its own that carries its settings: set \
+                 GATEHOUSE_DB_PIPE_URL to that role's URL ({fix})"
+            ),
+        ));
+    };
+    let user = |url: &str| -> Result<String> {
+        let servers = failover::servers(url)?;
+        Ok(failover::options_of(&servers)?[0].get_username().to_owned())
+    };
+    let role = user(pipe_url)?;
+    if role == user(url)? {
+        return Err(Error::invalid(
+            "GATEHOUSE_DB_PIPE_URL",
+            format!(
+                "names the role DATABASE_URL does ({role}); the pipe's settings (5 s statements, \
+                 50 ms lock waits, commits that do not wait for the disk) would reach every other \
+                 transaction of that role: give the pipe a role of its own ({fix})"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Services {
@@ -247,6 +284,8 @@ impl Services {
     /// [`Services::connect_worker_idle`], with the pipe at `GATEHOUSE_DB_PIPE_URL` when given
     /// and set up for the pooling `GATEHOUSE_DB_POOLING` names.
     pub async fn connect_worker_from(common: &crate::config::Common) -> Result<Self> {
+        let pipe_url = common.db_pipe_url.as_ref().map(|u| u.expose());
+        pipe_role_fits(common.db_pooling, common.database_url.expose(), pipe_url)?;
         let (pool_size, pipe_size) =
             Services::worker_split(common.db_max_connections, common.db_pipe);
         Services::connect_split(

@@ -54,8 +54,8 @@ const LIFETIME: Duration = Duration::from_secs(30 * 60);
 const LOCK_WAIT: &str = "50ms";
 
 /// Behind a transaction pooler, the settings the pipe's role must carry, checked when a
-/// connection opens: generic plans pinned, statements limited to 1 ms–5 s and lock waits to
-/// 1 ms–1 s. A role without them is refused (SQLSTATE 55000) with the statement that fixes it.
+/// connection opens: generic plans pinned, statements limited to 100 ms–5 s and lock waits to
+/// 10 ms–1 s (the role the pipe logged in as: role defaults are the login role's). A role without them is refused (SQLSTATE 55000) with the statement that fixes it.
 /// `synchronous_commit = off` is recommended (the rate window's counter) but not required.
 const ROLE_SETTINGS_CHECK: &str = "DO $check$
 DECLARE
@@ -63,19 +63,46 @@ DECLARE
     statement_ms bigint := (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout');
     lock_ms bigint := (SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout');
 BEGIN
-    IF plans <> 'force_generic_plan' OR statement_ms NOT BETWEEN 1 AND 5000
-        OR lock_ms NOT BETWEEN 1 AND 1000 THEN
+    IF plans <> 'force_generic_plan' OR statement_ms NOT BETWEEN 100 AND 5000
+        OR lock_ms NOT BETWEEN 10 AND 1000 THEN
         RAISE EXCEPTION USING ERRCODE = '55000', MESSAGE = format(
             'behind a transaction pooler the pipe''s role must carry its settings, and role %I \
 has plan_cache_mode=%s, statement_timeout=%sms, lock_timeout=%sms; run ALTER ROLE %I \
 SET plan_cache_mode = force_generic_plan; ALTER ROLE %I SET statement_timeout = ''5s''; \
 ALTER ROLE %I SET lock_timeout = ''50ms''; ALTER ROLE %I SET synchronous_commit = off \
 (docs/operations.md, \"Transaction pooling\")',
-            current_user, plans, statement_ms, lock_ms,
-            current_user, current_user, current_user, current_user);
+            session_user, plans, statement_ms, lock_ms,
+            session_user, session_user, session_user, session_user);
     END IF;
 END
 $check$";
+
+/// The SQLSTATE a pipe connection that cannot serve is reported with (object not in
+/// prerequisite state), as the role check raises it.
+const UNFIT: &str = "55000";
+
+/// Behind a transaction pooler, checks that the pooler keeps each client's prepared statements
+/// and prepares them under names of its own on the server that runs them (PgBouncer 1.21+ with
+/// `max_prepared_statements`). One that passes the names through would let this process's
+/// statement `s3` meet another client's `s3` on a shared server connection (an error at best,
+/// another statement run with these parameters at worst). The probe statement looks itself up:
+/// under its own client name (tokio-postgres names statements `s<n>`) the names pass through.
+async fn keeps_statements_per_client(client: &Client) -> std::result::Result<(), Failure> {
+    const PROBE: &str = "SELECT count(*) FROM pg_prepared_statements \
+                         WHERE statement = $1 AND name ~ '^s[0-9]+$'";
+    let probe = client.prepare_typed(PROBE, &[tokio_postgres::types::Type::TEXT]).await?;
+    let passed_through: i64 = client.query_one(&probe, &[&PROBE]).await?.get(0);
+    if passed_through > 0 {
+        return Err(Failure::Unfit(
+            "behind a transaction pooler the pipe needs the pooler to keep prepared statements \
+             per client, and this one passes their names through to the server: use PgBouncer \
+             1.21 or later with max_prepared_statements > 0 (docs/operations.md, \"Transaction \
+             pooling\"), or GATEHOUSE_DB_POOLING=session with a pooler in session mode"
+                .into(),
+        ));
+    }
+    Ok(())
+}
 
 /// How one pipe statement was planned: executions with its generic plan and with custom ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +202,10 @@ pub(crate) struct Pipe {
     next: AtomicUsize,
     /// Room for twice the slots in connections, those being replaced included.
     room: Arc<Semaphore>,
+    pooling: super::Pooling,
+    /// Whether a connection behind a transaction pooler checks that the pooler keeps prepared
+    /// statements per client (off only in tests that run "behind" one on Postgres itself).
+    probe_names: bool,
 }
 
 impl std::fmt::Debug for Pipe {
@@ -190,6 +221,9 @@ pub(crate) enum Failure {
     Database(tokio_postgres::Error),
     /// No connection, or no answer, within [`WAIT`].
     Late(&'static str),
+    /// The connection opened on something the pipe cannot serve on (a transaction pooler that
+    /// passes prepared statements' names through), and why.
+    Unfit(String),
 }
 
 impl Failure {
@@ -198,6 +232,7 @@ impl Failure {
         match self {
             Failure::Database(e) => e.code().map(|c| c.code()),
             Failure::Late(_) => None,
+            Failure::Unfit(_) => Some(UNFIT),
         }
     }
 }
@@ -245,6 +280,9 @@ impl From<Failure> for Error {
             Failure::Late(what) => {
                 crate::error::DbFailure { sqlstate: None, message: format!("{what} within 5 s") }
                     .into()
+            }
+            Failure::Unfit(why) => {
+                crate::error::DbFailure { sqlstate: Some(UNFIT.into()), message: why }.into()
             }
         }
     }
@@ -333,6 +371,8 @@ impl Pipe {
             slots: (0..connections).map(|_| Slot::default()).collect(),
             next: AtomicUsize::new(0),
             room: Arc::new(Semaphore::new(2 * connections)),
+            pooling,
+            probe_names: true,
         }
     }
 
@@ -457,14 +497,23 @@ impl Pipe {
                     }
                     return Ok(link);
                 }
-                Ok(Err(e)) => {
-                    let why = failure_of(&e);
+                Ok(Err(failure)) => {
+                    let why = match &failure {
+                        Failure::Database(e) => failure_of(e),
+                        Failure::Unfit(why) => crate::error::DbFailure {
+                            sqlstate: Some(UNFIT.into()),
+                            message: why.clone(),
+                        },
+                        Failure::Late(what) => {
+                            crate::error::DbFailure { sqlstate: None, message: (*what).into() }
+                        }
+                    };
                     tracing::warn!(
                         db.sqlstate = why.sqlstate.as_deref().unwrap_or("none"),
                         db.message = %why.message,
                         "a pipe connection did not open"
                     );
-                    Failure::Database(e)
+                    failure
                 }
                 Err(_) => Failure::Late("no connection"),
             };
@@ -474,7 +523,7 @@ impl Pipe {
         })
     }
 
-    async fn open(&self) -> std::result::Result<Link, tokio_postgres::Error> {
+    async fn open(&self) -> std::result::Result<Link, Failure> {
         // Room first: a connection dropped for not answering keeps its room until its backend
         // answered what was sent to it, so a stalled server is not met with ever more.
         let room = self.room.clone().acquire_owned().await;
@@ -486,6 +535,9 @@ impl Pipe {
             }
         });
         client.batch_execute(&self.session).await?;
+        if self.pooling == super::Pooling::Transaction && self.probe_names {
+            keeps_statements_per_client(&client).await?;
+        }
         Ok(Link {
             client,
             prepared: Default::default(),

@@ -32,13 +32,7 @@ impl Services {
 
     /// One version's source.
     pub(crate) async fn policy_at(&self, ctx: &OpCtx, version: i32) -> Result<Option<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT source FROM tenant_policies WHERE tenant_id = $1 AND version = $2",
-        )
-        .bind(ctx.tenant_id())
-        .bind(version)
-        .fetch_optional(self.pool())
-        .await?)
+        policy_source(self.pool(), ctx, version).await
     }
 
     /// The versions, newest first.
@@ -52,6 +46,23 @@ impl Services {
         .fetch_all(self.pool())
         .await?)
     }
+}
+
+/// One version's source, read on `on`: the pool, or a transaction that is open anyway (a
+/// transaction waiting for a second connection can hold up a small pool, or a transaction
+/// pooler's few server connections, until it times out).
+pub(crate) async fn policy_source<'e>(
+    on: impl sqlx::PgExecutor<'e>,
+    ctx: &OpCtx,
+    version: i32,
+) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT source FROM tenant_policies WHERE tenant_id = $1 AND version = $2",
+    )
+    .bind(ctx.tenant_id())
+    .bind(version)
+    .fetch_optional(on)
+    .await?)
 }
 
 /// The version in force, read in `tx` with the tenant's row held, so two admins setting the

@@ -384,7 +384,6 @@ pub async fn policy(ds: &Services, ctx: &OpCtx) -> Result<bool> {
 /// locked out of their own decisions.
 pub async fn policy_set(ds: &Services, ctx: &OpCtx, on: bool) -> Result<bool> {
     ctx.require(Right::TenantSwitch)?;
-    let mut tx = ds.begin().await?;
     if on && ctx.channel() == Channel::Console {
         let person = ctx.actor_person_id().ok_or(Error::NoActor)?;
         if ds.preauth_passkeys_of(person).await?.is_empty() {
@@ -394,6 +393,8 @@ pub async fn policy_set(ds: &Services, ctx: &OpCtx, on: bool) -> Result<bool> {
             ));
         }
     }
+    // Begun after the read above: a transaction never waits for a second connection.
+    let mut tx = ds.begin().await?;
     if !on {
         require(&mut tx, ctx, &Decision::passkey_policy_off()).await?;
     }

@@ -86,6 +86,17 @@ pub fn registry_json(tools: &[crate::policies::ToolFacts<'_>]) -> Value {
 /// 0: no policy). A version that no longer compiles (the schema lost a tool it names) is an
 /// error, and calls are refused with it, never allowed.
 pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option<Arc<Compiled>>> {
+    compiled_on(ds, None, ctx, version).await
+}
+
+/// [`compiled`], reading a source it has not compiled yet in `tx` when one is open (so a
+/// transaction never waits for a second connection), else on the pool.
+pub(crate) async fn compiled_on(
+    ds: &Services,
+    tx: Option<&mut db::Tx<'static>>,
+    ctx: &OpCtx,
+    version: i32,
+) -> Result<Option<Arc<Compiled>>> {
     if version <= 0 {
         return Ok(None);
     }
@@ -96,7 +107,11 @@ pub async fn compiled(ds: &Services, ctx: &OpCtx, version: i32) -> Result<Option
     {
         return Ok(Some(set));
     }
-    let source = ds.policy_at(ctx, version).await?.ok_or_else(|| {
+    let source = match tx {
+        Some(tx) => db::policy_source(&mut **tx, ctx, version).await?,
+        None => ds.policy_at(ctx, version).await?,
+    };
+    let source = source.ok_or_else(|| {
         Error::Internal(format!("policy version {version} of the tenant is missing"))
     })?;
     let set = Arc::new(compile_guarded(&source).map_err(|problems| Error::PolicyRefused {
@@ -226,7 +241,7 @@ pub async fn set(
     }
     let old = match current {
         0 => String::new(),
-        v => ds.policy_at(ctx, v).await?.unwrap_or_default(),
+        v => db::policy_source(&mut *tx, ctx, v).await?.unwrap_or_default(),
     };
     // Parsed again to compare, so on the large stack as well; a comparison that could not run
     // counts as widening.

@@ -20,6 +20,9 @@ pub(super) struct Args {
     pub(super) listen_streams: usize,
     /// Only the policy evaluation micro-benchmark; writes its section.
     pub(super) policy_only: bool,
+    /// PgBouncer between the services and Postgres (`--pooler session|transaction`); the
+    /// bare peers connect to Postgres itself.
+    pub(super) pooler: Option<String>,
 }
 
 pub(super) fn args() -> Args {
@@ -32,6 +35,7 @@ pub(super) fn args() -> Args {
         listen_only: false,
         listen_streams: 10_000,
         policy_only: false,
+        pooler: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -40,6 +44,14 @@ pub(super) fn args() -> Args {
             "--concurrency" => a.concurrency = argv[i + 1].parse().expect("--concurrency N"),
             "--seconds" => a.seconds = argv[i + 1].parse().expect("--seconds N"),
             "--out" => a.out = argv[i + 1].clone(),
+            "--pooler" => {
+                let mode = argv.get(i + 1).map(String::as_str);
+                assert!(
+                    matches!(mode, Some("session" | "transaction")),
+                    "--pooler session|transaction"
+                );
+                a.pooler = mode.map(str::to_owned);
+            }
             "--listen-streams" => {
                 a.listen_streams = argv[i + 1].parse().expect("--listen-streams N")
             }
@@ -67,7 +79,7 @@ pub(super) fn args() -> Args {
                 println!(
                     "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]\n\
                      gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)\n\
-                     gatehouse-bench --reads-only     (get_booking and find_bookings against the bare rmcp peers, alternated; prints, writes nothing)\n\
+                     gatehouse-bench --reads-only [--pooler session|transaction]   (get_booking and find_bookings against the bare rmcp peers, alternated; prints, writes nothing; with --pooler the services go through PgBouncer, the peers straight to Postgres)\n\
                      gatehouse-bench --listen-only [--listen-streams 10000]   (idle listen streams on one worker, change-to-notification latency and a tenant switch's fan-out; writes the Listen streams section)\n\
                      gatehouse-bench --policy-only    (evaluating a tenant's Cedar policies, 0 to 100 of them, per call; writes the Policy evaluation section)"
                 );

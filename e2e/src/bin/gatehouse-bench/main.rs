@@ -105,6 +105,10 @@ async fn main() -> Result<()> {
     opts.log_level = "warn".into();
     opts.db_pool = 16;
     opts.pg_server = postgres.url.clone();
+    if let Some(mode) = &args.pooler {
+        opts.pgbouncer = Some(40);
+        opts.pgbouncer_transaction = mode == "transaction";
+    }
     let mut stack = Stack::start(opts).await?;
     eprintln!(
         "loading the large tables (100 tenants of 10,000 bookings, 100,000 connections, 1,000,000 tokens)"
@@ -314,6 +318,11 @@ async fn main() -> Result<()> {
         let failed: usize =
             [&ours, &peer, &peer_tuned].iter().map(|f| f.errors.values().sum::<usize>()).sum();
         let cpu = |f: &Figures| f.cpu_ms_per_call.unwrap_or(0.0);
+        if let Some(mode) = &args.pooler {
+            println!(
+                "the workers through PgBouncer in {mode} mode, the peers straight to Postgres:"
+            );
+        }
         println!(
             "get_booking {:.0}/s at {:.3} ms worker CPU; peer {:.0}/s at {:.3} ms (ratio {:.2}); tuned peer {:.0}/s at {:.3} ms (ratio {:.2}); medians of 3; {failed} not ok",
             ours.rate,
@@ -374,6 +383,7 @@ async fn main() -> Result<()> {
         listen_only: false,
         listen_streams: args.listen_streams,
         policy_only: false,
+        pooler: args.pooler.clone(),
     };
     rows.push(
         load(

@@ -373,12 +373,25 @@ static POLICY_FACTS_FOR_TEST: std::sync::LazyLock<String> = std::sync::LazyLock:
     )
 });
 
-/// A pipe for a transaction pooler, connecting to this test's database as `role`.
-fn pooled_pipe(db: &TestDb, role: &str) -> Arc<Pipe> {
+/// A pipe for a transaction pooler, connecting to this test's database (Postgres itself) as
+/// `role`; `probe_names`: whether it checks the pooler keeps prepared statements per client
+/// (Postgres itself, like a pooler that does not, keeps the client's names).
+fn pooled_pipe(db: &TestDb, role: &str, probe_names: bool) -> Arc<Pipe> {
     let options = sqlx::postgres::PgConnectOptions::from_str(&db.url).expect("url");
     let mut config = config_for(&db.url, &options);
     config.user(role);
-    Arc::new(Pipe::new(config, 1, super::super::Pooling::Transaction))
+    let mut pipe = Pipe::new(config, 1, super::super::Pooling::Transaction);
+    pipe.probe_names = probe_names;
+    Arc::new(pipe)
+}
+
+/// What a pipe that would not open said.
+fn said(failure: &Failure) -> String {
+    match failure {
+        Failure::Database(e) => failure_of(e).message,
+        Failure::Unfit(why) => why.clone(),
+        Failure::Late(what) => panic!("late: {what}"),
+    }
 }
 
 /// A role that may do what the tests' owner may, created once for the whole server (tests run
@@ -397,16 +410,12 @@ async fn behind_a_transaction_pooler_the_pipe_takes_its_settings_from_its_role_a
     // Hostile: a role without the settings. The pipe refuses to serve rather than run with
     // plans that could flip and no statement limits, and says what fixes it.
     role(&db, "gh_pipe_bare").await;
-    let bare = pooled_pipe(&db, "gh_pipe_bare");
+    let bare = pooled_pipe(&db, "gh_pipe_bare", false);
     let Err(refused) = bare.query_opt(Sql::Context, &[&NO_TOKEN]).await else {
         panic!("a pipe served on a role without its settings")
     };
     assert_eq!(refused.sqlstate(), Some("55000"), "{refused:?}");
-    let said = failure_of(match &refused {
-        Failure::Database(e) => e,
-        Failure::Late(what) => panic!("late: {what}"),
-    })
-    .message;
+    let said = said(&refused);
     for part in [
         "role gh_pipe_bare has plan_cache_mode=auto",
         "ALTER ROLE gh_pipe_bare SET plan_cache_mode = force_generic_plan",
@@ -426,7 +435,7 @@ async fn behind_a_transaction_pooler_the_pipe_takes_its_settings_from_its_role_a
     ] {
         db.exec(&format!("ALTER ROLE gh_pipe_set IN DATABASE {} SET {setting}", db.name)).await;
     }
-    let pipe = pooled_pipe(&db, "gh_pipe_set");
+    let pipe = pooled_pipe(&db, "gh_pipe_set", false);
     assert!(pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await.expect("served").is_none());
     let link = pipe.link(0).await.expect("link");
     let row = link
@@ -448,4 +457,41 @@ async fn behind_a_transaction_pooler_the_pipe_takes_its_settings_from_its_role_a
     let link = session.link(0).await.expect("link");
     let row = link.client.query_one("SELECT current_setting('lock_timeout')", &[]).await;
     assert_eq!(row.expect("setting").get::<_, String>(0), "50ms");
+}
+
+#[tokio::test]
+async fn behind_a_pooler_that_passes_statement_names_through_the_pipe_refuses_to_serve() {
+    // Postgres itself keeps the client's statement names, as PgBouncer before 1.21 (or with
+    // max_prepared_statements = 0) lets them through: on a shared server connection this
+    // process's `s3` could meet another client's. Refused, with what fixes it.
+    let db = TestDb::new().await;
+    role(&db, "gh_pipe_set").await;
+    for setting in [
+        "plan_cache_mode = force_generic_plan",
+        "statement_timeout = '4s'",
+        "lock_timeout = '40ms'",
+    ] {
+        db.exec(&format!("ALTER ROLE gh_pipe_set IN DATABASE {} SET {setting}", db.name)).await;
+    }
+    let pipe = pooled_pipe(&db, "gh_pipe_set", true);
+    let Err(refused) = pipe.query_opt(Sql::Context, &[&NO_TOKEN]).await else {
+        panic!("a pipe served through names passed through")
+    };
+    assert_eq!(refused.sqlstate(), Some("55000"), "{refused:?}");
+    assert!(said(&refused).contains("max_prepared_statements"), "{refused:?}");
+}
+
+#[test]
+fn behind_a_transaction_pooler_the_pipe_needs_a_role_of_its_own() {
+    use super::super::{Pooling, pipe_role_fits};
+    let url = "postgres://gatehouse@pooler:6432/gatehouse";
+    assert!(pipe_role_fits(Pooling::Session, url, None).is_ok());
+    let missing = pipe_role_fits(Pooling::Transaction, url, None).expect_err("no pipe URL");
+    assert!(missing.to_string().contains("GATEHOUSE_DB_PIPE_URL"), "{missing}");
+    // The same role by another spelling of the URL: its settings would reach every transaction.
+    let same = "postgres://gatehouse:secret@pooler:6432/gatehouse?application_name=x";
+    let shared = pipe_role_fits(Pooling::Transaction, url, Some(same)).expect_err("same role");
+    assert!(shared.to_string().contains("role of its own"), "{shared}");
+    let own = "postgres://gatehouse_pipe@pooler:6432/gatehouse";
+    assert!(pipe_role_fits(Pooling::Transaction, url, Some(own)).is_ok());
 }

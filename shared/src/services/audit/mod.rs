@@ -74,6 +74,9 @@ pub async fn prune(ds: &Services, ctx: &OpCtx, before: DateTime<Utc>) -> Result<
         return Err(Error::Forbidden { right: Right::TenantSwitch });
     }
     let checkpoints = ds.audit_checkpoints(ctx).await?;
+    // Read before the transaction (one never waits for a second connection); what the hook
+    // has delivered only grows meanwhile.
+    let hook = ds.audit_webhook_get(ctx).await?;
     let mut tx = ds.begin().await?;
     let links_before = db::audit_last_seq_before(&mut tx, ctx, before).await?.unwrap_or(0);
     let anchor = checkpoints
@@ -86,7 +89,7 @@ pub async fn prune(ds: &Services, ctx: &OpCtx, before: DateTime<Utc>) -> Result<
                 "no signed checkpoint covers rows that old yet; run gatehousectl audit checkpoint, or choose a later date",
             )
         })?;
-    if let Some(hook) = ds.audit_webhook_get(ctx).await?
+    if let Some(hook) = hook
         && hook.delivered_seq < anchor.seq
     {
         return Err(Error::invalid(

@@ -275,8 +275,9 @@ pub async fn webhook_rotate(ds: &Services, ctx: &OpCtx) -> Result<WebhookSecret>
     let secret = new_secret();
     let sealed =
         seal_keys(ds)?.seal(WEBHOOK_PURPOSE, secret.as_bytes()).map_err(Error::Internal)?;
-    let mut tx = ds.begin().await?;
+    // Read before the transaction: one never waits for a second connection.
     let url = ds.audit_webhook_get(ctx).await?.map(|w| w.url).unwrap_or_default();
+    let mut tx = ds.begin().await?;
     crate::services::passkeys::require(
         &mut tx,
         ctx,

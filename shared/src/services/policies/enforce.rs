@@ -315,7 +315,7 @@ pub(super) async fn judge_two_step(
 ) -> Result<Verdict> {
     // A set that cannot be read or compiled refuses, audited like any refusal, never rolled
     // back with the action's transaction.
-    let set = match compiled(ds, ctx, version).await {
+    let set = match compiled_on(ds, Some(tx), ctx, version).await {
         Ok(Some(set)) => set,
         Ok(None) => return Ok(Verdict::Allow),
         Err(e @ Error::Unavailable { .. }) => return Err(e),

@@ -373,9 +373,10 @@ pub(super) async fn link(
             )));
         }
     };
+    // Read before the transaction: one never waits for a second connection.
+    let handle = ds_person_handle(ds, &email).await?;
     let mut tx = ds.begin().await?;
     db::identity_insert(&mut tx, &ctx, &idp.issuer, subject, person_id).await?;
-    let handle = ds_person_handle(ds, &email).await?;
     db::audit_insert(&mut tx, &ctx, AuditEntry::ok("person.link_idp", vec![handle])).await?;
     tx.commit().await?;
     Ok(person_id)
