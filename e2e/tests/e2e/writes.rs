@@ -49,6 +49,20 @@ async fn the_same_races_behind_a_transaction_pooler_take_effect_once_on_shared_c
     let database = opts.database.clone();
     let server = opts.pg_server.clone();
     let stack = Stack::start(opts).await.expect("stack behind a transaction pooler");
+    // A policy set in force: each confirmation is judged again inside its transaction, holding
+    // its lock, through the pooler.
+    let slug = stack.tenant(0)["slug"].as_str().expect("slug").to_owned();
+    let file = stack.run_dir.join("policies.cedar");
+    std::fs::write(
+        &file,
+        "@id(\"huge-batches\") @reason(\"never this many\")\n\
+         forbid (principal, action == Action::\"send_customer_message\", resource)\n\
+         when { context.effects > 1000 };\n",
+    )
+    .expect("policy file");
+    let file = file.to_string_lossy().into_owned();
+    let set = stack.ctl(&["policy", "set", "--tenant", &slug, &file, "--expect-version", "0"]);
+    assert_eq!(set.expect("policy set")["version"], 1);
     races_take_effect_once(&stack).await;
     // The later calls of a prepared statement run on other server connections than the one
     // that prepared it: reads through both workers still answer.
