@@ -79,7 +79,7 @@ pub(super) fn args() -> Args {
                 println!(
                     "gatehouse-bench [--concurrency 16] [--seconds 8] [--out docs/benchmarks.md]\n\
                      gatehouse-bench --cluster-only   (prints the NATS cluster push lag, writes nothing)\n\
-                     gatehouse-bench --reads-only [--pooler session|transaction]   (get_booking and find_bookings against the bare rmcp peers, alternated; prints, writes nothing; with --pooler the services go through PgBouncer, the peers straight to Postgres)\n\
+                     gatehouse-bench --reads-only [--pooler session|transaction]   (get_booking and find_bookings against the bare rmcp peers, alternated; prints; with --pooler the services go through PgBouncer, the peers straight to Postgres, and the figures go to the section Reads through PgBouncer)\n\
                      gatehouse-bench --listen-only [--listen-streams 10000]   (idle listen streams on one worker, change-to-notification latency and a tenant switch's fan-out; writes the Listen streams section)\n\
                      gatehouse-bench --policy-only    (evaluating a tenant's Cedar policies, 0 to 100 of them, per call; writes the Policy evaluation section)"
                 );

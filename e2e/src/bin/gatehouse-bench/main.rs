@@ -318,12 +318,7 @@ async fn main() -> Result<()> {
         let failed: usize =
             [&ours, &peer, &peer_tuned].iter().map(|f| f.errors.values().sum::<usize>()).sum();
         let cpu = |f: &Figures| f.cpu_ms_per_call.unwrap_or(0.0);
-        if let Some(mode) = &args.pooler {
-            println!(
-                "the workers through PgBouncer in {mode} mode, the peers straight to Postgres:"
-            );
-        }
-        println!(
+        let get_line = format!(
             "get_booking {:.0}/s at {:.3} ms worker CPU; peer {:.0}/s at {:.3} ms (ratio {:.2}); tuned peer {:.0}/s at {:.3} ms (ratio {:.2}); medians of 3; {failed} not ok",
             ours.rate,
             cpu(&ours),
@@ -334,7 +329,23 @@ async fn main() -> Result<()> {
             cpu(&peer_tuned),
             ours.rate / peer_tuned.rate,
         );
-        println!("{search_line}");
+        println!("{get_line}\n{search_line}");
+        // Through a pooler the figures go to a section of their own: what the pooler costs a
+        // call, the peers (straight to Postgres) unchanged.
+        if let Some(mode) = &args.pooler {
+            let section = format!(
+                "## Reads through PgBouncer ({mode} mode)\n\n\
+                 `scripts/bench --reads-only --pooler {mode}`: both workers reach Postgres through \
+                 PgBouncer {mode} pooling (the pipes as their own role under transaction mode), \
+                 on the same two cores; the bare peers connect to Postgres itself, so a ratio \
+                 below the direct run's is what the pooler costs. Demo data, {} s per run.\n\n\
+                 - {get_line}\n{search_line}\n",
+                args.seconds
+            );
+            let current = std::fs::read_to_string(&args.out).unwrap_or_default();
+            let title = format!("Reads through PgBouncer ({mode} mode)");
+            std::fs::write(&args.out, e2e::bench::replace_section(&current, &title, &section))?;
+        }
         return Ok(());
     }
     let mut rows = vec![ours];
