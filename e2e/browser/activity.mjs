@@ -195,15 +195,19 @@ async function settledBaseline(url, id) {
   expect(false, `the numbers of ${url} did not settle within ${POLL_FOR_MS / 1000} s before the calls; last: ${json(before)}`);
 }
 
-// Reloads a page every POLL_MS until the stacked chart has every call the script made.
+// Reloads a page every POLL_MS until the stacked chart has every call the script made, and the
+// latest calls list every one of them (counts reaching their sum can include another
+// connection's calls flushed late, before this connection's own).
 async function pollUntilCounted(url, id, base) {
   const deadline = Date.now() + POLL_FOR_MS;
+  const made = Object.values(CALLS).reduce((a, n) => a + n, 0);
   let seen;
   while (true) {
     await page.goto(url);
     seen = await readSection(id);
     const all = Object.entries(ADDED).every(([k, n]) => seriesOf(seen, k) >= base.series[k] + n);
-    if (all || Date.now() > deadline) break;
+    const mine = id === "connection-activity" ? seen.recent : seen.recent.filter((r) => r.href === `/connections/${connection}`);
+    if ((all && mine.length >= made) || Date.now() > deadline) break;
     await page.waitForTimeout(POLL_MS);
   }
   const want = Object.fromEntries(Object.entries(ADDED).map(([k, n]) => [k, base.series[k] + n]));

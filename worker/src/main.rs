@@ -66,7 +66,15 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let telemetry = shared::telemetry::init("gatehouse-worker").map_err(|e| anyhow::anyhow!(e))?;
     let common = Common::from_env()?;
-    let ds = Services::connect_worker_from(&common).await?;
+    let ds = Services::connect_worker_pooled(
+        common.database_url.expose(),
+        common.db_pipe_url.as_ref().map(|u| u.expose()),
+        common.db_pooling,
+        common.db_max_connections,
+        common.db_pipe,
+        std::time::Duration::from_secs(common.db_idle_secs),
+    )
+    .await?;
     let public_url = args.public_url.trim_end_matches('/').to_owned();
     let mut allowed_hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
     if let Some(authority) =

@@ -280,24 +280,20 @@ impl Services {
         Services::connect_split(url, None, Pooling::Session, pool_size, pipe_size, name, idle).await
     }
 
-    /// A worker's connections as its configuration says (`DATABASE_URL`, `GATEHOUSE_DB_*`):
-    /// [`Services::connect_worker_idle`], with the pipe at `GATEHOUSE_DB_PIPE_URL` when given
-    /// and set up for the pooling `GATEHOUSE_DB_POOLING` names.
-    pub async fn connect_worker_from(common: &crate::config::Common) -> Result<Self> {
-        let pipe_url = common.db_pipe_url.as_ref().map(|u| u.expose());
-        pipe_role_fits(common.db_pooling, common.database_url.expose(), pipe_url)?;
-        let (pool_size, pipe_size) =
-            Services::worker_split(common.db_max_connections, common.db_pipe);
-        Services::connect_split(
-            common.database_url.expose(),
-            common.db_pipe_url.as_ref().map(|u| u.expose()),
-            common.db_pooling,
-            pool_size,
-            pipe_size,
-            "gatehouse-worker",
-            Duration::from_secs(common.db_idle_secs),
-        )
-        .await
+    /// [`Services::connect_worker_idle`], with the pipe at `pipe_url` when given
+    /// (`GATEHOUSE_DB_PIPE_URL`) and set up for `pooling` (`GATEHOUSE_DB_POOLING`).
+    pub async fn connect_worker_pooled(
+        url: &str,
+        pipe_url: Option<&str>,
+        pooling: Pooling,
+        max_connections: u32,
+        pipe: Option<u32>,
+        idle: Duration,
+    ) -> Result<Self> {
+        pipe_role_fits(pooling, url, pipe_url)?;
+        let (pool_size, pipe_size) = Services::worker_split(max_connections, pipe);
+        let name = "gatehouse-worker";
+        Services::connect_split(url, pipe_url, pooling, pool_size, pipe_size, name, idle).await
     }
 
     /// The pool's and the pipe's shares of a worker's `max_connections`.

@@ -49,42 +49,70 @@ pub struct OutboxRow {
 }
 
 impl Services {
-    /// Claims up to `limit` queued messages (skipping rows another dispatcher holds) and
-    /// hands them to `deliver` inside the claiming transaction; delivered rows are marked sent.
+    /// Leases up to `limit` queued messages whose lease is free or over (skipping rows another
+    /// dispatcher is claiming this instant) to `token` for `lease`, in a statement of its own:
+    /// no transaction stays open while they are delivered.
     pub(crate) async fn job_outbox_claim(
         &self,
         limit: i64,
-    ) -> Result<(Tx<'static>, Vec<OutboxRow>)> {
-        let mut tx = self.begin().await?;
-        let rows = sqlx::query_as::<_, OutboxRow>(
-            "SELECT id, channel, recipient, subject, body, idempotency_key, attempts, traceparent FROM outbox
-             WHERE status = 'queued' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+        token: i64,
+        lease: std::time::Duration,
+    ) -> Result<Vec<OutboxRow>> {
+        let mut rows = sqlx::query_as::<_, OutboxRow>(
+            "UPDATE outbox o SET lease_token = $2, lease_until = now() + make_interval(secs => $3)
+             WHERE o.id IN (SELECT id FROM outbox
+                            WHERE status = 'queued' AND (lease_until IS NULL OR lease_until < now())
+                            ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING o.id, o.channel, o.recipient, o.subject, o.body, o.idempotency_key, o.attempts,
+                       o.traceparent",
         )
         .bind(limit)
-        .fetch_all(&mut *tx)
+        .bind(token)
+        .bind(lease.as_secs_f64())
+        .fetch_all(self.pool())
         .await?;
-        Ok((tx, rows))
+        // In the order they were queued: `RETURNING` keeps none.
+        rows.sort_by_key(|r| r.id);
+        Ok(rows)
     }
-}
 
-pub(crate) async fn job_outbox_mark(
-    tx: &mut Tx<'_>,
-    id: i64,
-    sent: bool,
-    error: Option<&str>,
-) -> Result<()> {
-    sqlx::query(
-        "UPDATE outbox SET attempts = attempts + 1, last_error = $3,
-                status = CASE WHEN $2 THEN 'sent' WHEN attempts + 1 >= 5 THEN 'failed' ELSE 'queued' END,
-                sent_at = CASE WHEN $2 THEN now() ELSE sent_at END
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(sent)
-    .bind(error)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    /// Records one delivery attempt of a message leased to `token`, and ends its lease; a row
+    /// whose lease went to another dispatcher meanwhile is left to it (`false`).
+    pub(crate) async fn job_outbox_mark(
+        &self,
+        id: i64,
+        token: i64,
+        sent: bool,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = $4,
+                    status = CASE WHEN $3 THEN 'sent' WHEN attempts + 1 >= 5 THEN 'failed' ELSE 'queued' END,
+                    sent_at = CASE WHEN $3 THEN now() ELSE sent_at END,
+                    lease_token = NULL, lease_until = NULL
+             WHERE id = $1 AND lease_token = $2",
+        )
+        .bind(id)
+        .bind(token)
+        .bind(sent)
+        .bind(error)
+        .execute(self.pool())
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Ends the leases `token` still holds (messages not attempted this round), so the next
+    /// round takes them at once.
+    pub(crate) async fn job_outbox_release(&self, token: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE outbox SET lease_token = NULL, lease_until = NULL
+             WHERE lease_token = $1 AND status = 'queued'",
+        )
+        .bind(token)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
