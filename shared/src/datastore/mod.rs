@@ -330,6 +330,25 @@ impl Services {
             }
             None => (servers.clone(), all.clone()),
         };
+        // Neither driver is built with TLS: a URL that insists on it is refused here, by name,
+        // rather than met by sqlx's refusal for one and a plain connection for the other.
+        let insists = |o: &sqlx::postgres::PgConnectOptions| {
+            use sqlx::postgres::PgSslMode;
+            matches!(
+                o.get_ssl_mode(),
+                PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+            )
+        };
+        for (field, options) in [("DATABASE_URL", &all), ("GATEHOUSE_DB_PIPE_URL", &pipe_all)] {
+            if options.iter().any(insists) {
+                return Err(Error::invalid(
+                    field,
+                    "asks for TLS (sslmode=require or verify-*), which Gatehouse's Postgres drivers \
+                     are not built with: reach Postgres (or its pooler) over a private network or \
+                     a local TLS proxy, with sslmode=prefer or disable",
+                ));
+            }
+        }
         let mut pipe_config = pipe::config_for(&pipe_servers[0], &pipe_all[0]);
         if pipe_all.len() > 1 {
             for other in &pipe_all[1..] {

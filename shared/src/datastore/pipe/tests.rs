@@ -495,3 +495,25 @@ fn behind_a_transaction_pooler_the_pipe_needs_a_role_of_its_own() {
     let own = "postgres://gatehouse_pipe@pooler:6432/gatehouse";
     assert!(pipe_role_fits(Pooling::Transaction, url, Some(own)).is_ok());
 }
+
+#[tokio::test]
+async fn a_url_that_insists_on_tls_is_refused_by_name_for_the_pool_and_the_pipe() {
+    // Neither driver speaks TLS here: sqlx would refuse one URL, and the pipe would have gone
+    // plain on the other. Both are refused before anything connects, naming the setting.
+    let db = TestDb::new().await;
+    let tls = format!("{}?sslmode=require", db.url);
+    let pooling = super::super::Pooling::Session;
+    let idle = Duration::from_secs(30);
+    for (url, pipe_url, field) in [
+        (tls.as_str(), None, "DATABASE_URL"),
+        (db.url.as_str(), Some(tls.as_str()), "GATEHOUSE_DB_PIPE_URL"),
+    ] {
+        let refused = crate::Services::connect_worker_pooled(url, pipe_url, pooling, 4, None, idle)
+            .await
+            .expect_err("TLS insisted on");
+        let said = refused.to_string();
+        assert!(said.contains(field) && said.contains("TLS"), "{said}");
+    }
+    let served = crate::Services::connect_worker_pooled(&db.url, None, pooling, 4, None, idle);
+    assert!(served.await.is_ok(), "plain URLs connect");
+}
