@@ -317,9 +317,6 @@ impl Services {
         let servers = failover::servers(url)?;
         let all: Vec<_> =
             failover::options_of(&servers)?.into_iter().map(|o| o.application_name(name)).collect();
-        let found = if all.len() > 1 { failover::primary(&all).await } else { Some(0) };
-        let at = found.unwrap_or(0);
-        let options = all[at].clone();
         // The pipe's servers: `pipe_url`'s (its own role, behind a transaction pooler), or
         // the pool's.
         let (pipe_servers, pipe_all) = match pipe_url {
@@ -343,12 +340,16 @@ impl Services {
             if options.iter().any(insists) {
                 return Err(Error::invalid(
                     field,
-                    "asks for TLS (sslmode=require or verify-*), which Gatehouse's Postgres drivers \
-                     are not built with: reach Postgres (or its pooler) over a private network or \
-                     a local TLS proxy, with sslmode=prefer or disable",
+                    "asks for TLS (sslmode=require or verify-*, in the URL or PGSSLMODE), which \
+                     Gatehouse's Postgres drivers are not built with: reach Postgres (or its \
+                     pooler) over a private network or a local TLS proxy, with sslmode=prefer or \
+                     disable",
                 ));
             }
         }
+        let found = if all.len() > 1 { failover::primary(&all).await } else { Some(0) };
+        let at = found.unwrap_or(0);
+        let options = all[at].clone();
         let mut pipe_config = pipe::config_for(&pipe_servers[0], &pipe_all[0]);
         if pipe_all.len() > 1 {
             for other in &pipe_all[1..] {

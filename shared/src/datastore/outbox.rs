@@ -48,27 +48,42 @@ pub struct OutboxRow {
     pub traceparent: Option<String>,
 }
 
+/// How long a message is leased to the dispatcher that claimed it, from the claim and again
+/// from the start of its delivery: a dispatcher that stopped leaves its messages to others after
+/// this long.
+pub const OUTBOX_LEASE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Attempts after which a message is given up (`failed`).
+const OUTBOX_ATTEMPTS: i32 = 5;
+
 impl Services {
     /// Leases up to `limit` queued messages whose lease is free or over (skipping rows another
-    /// dispatcher is claiming this instant) to `token` for `lease`, in a statement of its own:
-    /// no transaction stays open while they are delivered.
-    pub(crate) async fn job_outbox_claim(
-        &self,
-        limit: i64,
-        token: i64,
-        lease: std::time::Duration,
-    ) -> Result<Vec<OutboxRow>> {
+    /// dispatcher is claiming this instant) to `token`, in a statement of its own: no
+    /// transaction stays open while they are delivered. Messages whose five attempts all
+    /// started and none finished (a delivery that took its process down each time) are
+    /// given up first.
+    pub(crate) async fn job_outbox_claim(&self, limit: i64, token: i64) -> Result<Vec<OutboxRow>> {
+        sqlx::query(
+            "UPDATE outbox SET status = 'failed', lease_token = NULL, lease_until = NULL,
+                    last_error = coalesce(last_error || '; ', '') || 'no attempt of five finished'
+             WHERE status = 'queued' AND attempts >= $1 AND (lease_until IS NULL OR lease_until < now())",
+        )
+        .bind(OUTBOX_ATTEMPTS)
+        .execute(self.pool())
+        .await?;
         let mut rows = sqlx::query_as::<_, OutboxRow>(
             "UPDATE outbox o SET lease_token = $2, lease_until = now() + make_interval(secs => $3)
              WHERE o.id IN (SELECT id FROM outbox
-                            WHERE status = 'queued' AND (lease_until IS NULL OR lease_until < now())
+                            WHERE status = 'queued' AND attempts < $4
+                              AND (lease_until IS NULL OR lease_until < now())
                             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
              RETURNING o.id, o.channel, o.recipient, o.subject, o.body, o.idempotency_key, o.attempts,
                        o.traceparent",
         )
         .bind(limit)
         .bind(token)
-        .bind(lease.as_secs_f64())
+        .bind(OUTBOX_LEASE.as_secs_f64())
+        .bind(OUTBOX_ATTEMPTS)
         .fetch_all(self.pool())
         .await?;
         // In the order they were queued: `RETURNING` keeps none.
@@ -76,26 +91,46 @@ impl Services {
         Ok(rows)
     }
 
-    /// Records one delivery attempt of a message leased to `token`, and ends its lease; a row
-    /// whose lease went to another dispatcher meanwhile is left to it (`false`).
+    /// Starts an attempt at a message leased to `token`: counts it and renews the lease.
+    /// Returns the attempt's number, or `None` when the lease is another dispatcher's now.
+    pub(crate) async fn job_outbox_start(&self, id: i64, token: i64) -> Result<Option<i32>> {
+        Ok(sqlx::query_scalar(
+            "UPDATE outbox SET attempts = attempts + 1, lease_until = now() + make_interval(secs => $3)
+             WHERE id = $1 AND lease_token = $2 AND status = 'queued'
+             RETURNING attempts",
+        )
+        .bind(id)
+        .bind(token)
+        .bind(OUTBOX_LEASE.as_secs_f64())
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    /// Records how attempt `attempt` of a message leased to `token` ended, and ends the lease:
+    /// sent; or failed, retried after a pause that doubles (30 s, 1, 2, 4 min), given up after
+    /// the fifth. Whether the lease was still `token`'s (`false`: another dispatcher's now, and
+    /// the row is left to it).
     pub(crate) async fn job_outbox_mark(
         &self,
         id: i64,
         token: i64,
-        sent: bool,
+        attempt: i32,
         error: Option<&str>,
     ) -> Result<bool> {
         let done = sqlx::query(
-            "UPDATE outbox SET attempts = attempts + 1, last_error = $4,
-                    status = CASE WHEN $3 THEN 'sent' WHEN attempts + 1 >= 5 THEN 'failed' ELSE 'queued' END,
-                    sent_at = CASE WHEN $3 THEN now() ELSE sent_at END,
-                    lease_token = NULL, lease_until = NULL
+            "UPDATE outbox SET last_error = $4,
+                    status = CASE WHEN $4 IS NULL THEN 'sent' WHEN $3 >= $5 THEN 'failed' ELSE 'queued' END,
+                    sent_at = CASE WHEN $4 IS NULL THEN now() ELSE sent_at END,
+                    lease_token = NULL,
+                    lease_until = CASE WHEN $4 IS NULL THEN NULL
+                                       ELSE now() + make_interval(secs => 30 * power(2.0::float8, ($3 - 1)::float8)) END
              WHERE id = $1 AND lease_token = $2",
         )
         .bind(id)
         .bind(token)
-        .bind(sent)
+        .bind(attempt)
         .bind(error)
+        .bind(OUTBOX_ATTEMPTS)
         .execute(self.pool())
         .await?;
         Ok(done.rows_affected() == 1)

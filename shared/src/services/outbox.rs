@@ -2,8 +2,9 @@
 //! transaction as the effect. Delivery is at least once: a row is leased to one dispatcher
 //! (several may run) in a statement of its own, handed to a sink with its idempotency key (so
 //! a sink or the provider behind it can drop a repeat), and marked sent; a failed attempt stays
-//! queued and is retried, up to five attempts. No transaction stays open while a relay
-//! answers: a slow relay holds no row lock and no database connection.
+//! queued and is retried after a pause that doubles (30 s, 1, 2, 4 min), up to five attempts.
+//! No transaction stays open while a relay answers: a slow relay holds no row lock and no
+//! database connection.
 
 use crate::datastore::Services;
 pub use crate::datastore::{OutboxBacklog, OutboxRow};
@@ -45,57 +46,84 @@ pub struct Dispatched {
 /// Delivers up to `batch` queued messages. Each delivery is a span in the trace of the call
 /// that queued the message (when traces are exported).
 pub async fn dispatch_once<S: Sink>(ds: &Services, sink: &S, batch: i64) -> Result<Dispatched> {
-    dispatch_leased(ds, sink, batch, LEASE).await
+    dispatch_within(ds, sink, batch, DELIVERY_LIMIT).await
 }
 
-/// How long a round's messages are leased to it. A round stops starting deliveries once a
-/// fifth of it is left (the rest are released for the next round), so a delivery under way
-/// when the lease ends is one the relay held for over a minute; a dispatcher that stopped
-/// mid-round leaves its messages to others after this long.
-const LEASE: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long one delivery may take before it counts as a failed attempt. Each message's lease
+/// ([`datastore::OUTBOX_LEASE`](crate::datastore::OUTBOX_LEASE)) is renewed as its delivery
+/// starts and outlasts this, so no other dispatcher takes a message while it is being sent.
+const DELIVERY_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-async fn dispatch_leased<S: Sink>(
+async fn dispatch_within<S: Sink>(
     ds: &Services,
     sink: &S,
     batch: i64,
-    lease: std::time::Duration,
+    limit: std::time::Duration,
 ) -> Result<Dispatched> {
-    use crate::telemetry::{self, Attr, Name};
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).expect("the OS random source is available");
     let token = i64::from_ne_bytes(bytes);
-    let started = std::time::Instant::now();
-    let rows = ds.job_outbox_claim(batch, token, lease).await?;
+    let rows = ds.job_outbox_claim(batch, token).await?;
     let mut done = Dispatched::default();
-    for row in &rows {
-        if started.elapsed() > lease.mul_f64(0.8) {
-            break;
-        }
+    let delivered = deliver_leased(ds, sink, token, &rows, limit, &mut done).await;
+    // What the round did not attempt (it stopped on an error) goes back at once; rows it
+    // attempted were released by their marks. Best effort: a lease left behind ends by itself.
+    if let Err(e) = ds.job_outbox_release(token).await {
+        tracing::warn!(error = %e, "the outbox round's leases were not given back; they end by themselves");
+    }
+    delivered.map(|()| done)
+}
+
+async fn deliver_leased<S: Sink>(
+    ds: &Services,
+    sink: &S,
+    token: i64,
+    rows: &[OutboxRow],
+    limit: std::time::Duration,
+    done: &mut Dispatched,
+) -> Result<()> {
+    use crate::telemetry::{self, Attr, Name};
+    for row in rows {
+        // The attempt is counted before it is made (a delivery that takes the process down
+        // still counts towards the five), and the lease renewed; a row whose lease another
+        // dispatcher took meanwhile is left to it.
+        let Some(attempt) = ds.job_outbox_start(row.id, token).await? else {
+            tracing::warn!(outbox.id = row.id, "another dispatcher took this message's lease");
+            continue;
+        };
         let channel = if row.channel == "page" { "page" } else { "email" };
         let span = telemetry::start(
             Name::Static("gatehouse.outbox.deliver"),
             opentelemetry::trace::SpanKind::Producer,
             Some(&telemetry::stored_parent(row.traceparent.as_deref())),
-            &[Attr::OutboxChannel(channel), Attr::Attempt(i64::from(row.attempts) + 1)],
+            &[Attr::OutboxChannel(channel), Attr::Attempt(i64::from(attempt))],
         );
-        match telemetry::within(&span, sink.deliver(row)).await {
+        let outcome =
+            match tokio::time::timeout(limit, telemetry::within(&span, sink.deliver(row))).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(format!("the delivery took over {} s", limit.as_secs_f64())),
+            };
+        let still_ours = match outcome {
             Ok(()) => {
                 span.set(&[Attr::Outcome("ok")]);
-                ds.job_outbox_mark(row.id, token, true, None).await?;
                 done.sent += 1;
+                ds.job_outbox_mark(row.id, token, attempt, None).await?
             }
             Err(e) => {
                 span.fail(&[Attr::Outcome("delivery_failed"), Attr::ErrorType("delivery_failed")]);
-                tracing::warn!(outbox.id = row.id, error = %e, "delivery failed; will retry");
-                ds.job_outbox_mark(row.id, token, false, Some(&e)).await?;
+                tracing::warn!(outbox.id = row.id, attempt, error = %e, "delivery failed; will retry");
                 done.failed += 1;
+                ds.job_outbox_mark(row.id, token, attempt, Some(&e)).await?
             }
+        };
+        if !still_ours {
+            tracing::warn!(
+                outbox.id = row.id,
+                "a message's lease ended during its delivery: another dispatcher may send it again"
+            );
         }
     }
-    if done.sent + done.failed < rows.len() {
-        ds.job_outbox_release(token).await?;
-    }
-    Ok(done)
+    Ok(())
 }
 
 /// How many messages wait, how long the oldest has, and how many were given up on.
@@ -169,40 +197,102 @@ mod tests {
     async fn a_round_that_stopped_leaves_its_messages_to_the_next_once_the_lease_ends() {
         let db = TestDb::new().await;
         queued(&db).await;
-        // A dispatcher leased them and stopped (its lease is already over).
-        let lost = db.ds.job_outbox_claim(10, 7, Duration::ZERO).await.expect("claim");
+        // A dispatcher leased them and stopped; while its lease runs they are left alone.
+        let lost = db.ds.job_outbox_claim(10, 7).await.expect("claim");
         assert_eq!(lost.len(), 3);
+        assert_eq!(dispatch_once(&db.ds, &LogSink, 10).await.expect("a round").sent, 0);
+        // Once it ends, the next round delivers them.
+        db.exec("UPDATE outbox SET lease_until = now() - interval '1 second'").await;
         let done = dispatch_once(&db.ds, &LogSink, 10).await.expect("the next round");
         assert_eq!(done.sent, 3);
-        // The stopped one's late mark changes nothing: the rows were another round's.
-        assert!(!db.ds.job_outbox_mark(lost[0].id, 7, false, Some("late")).await.expect("mark"));
-        let sent = "SELECT count(*) FROM outbox WHERE status = 'sent' AND last_error IS NULL";
+        // The stopped one's late attempt and mark change nothing: the rows were another round's.
+        assert_eq!(db.ds.job_outbox_start(lost[0].id, 7).await.expect("start"), None);
+        assert!(!db.ds.job_outbox_mark(lost[0].id, 7, 1, Some("late")).await.expect("mark"));
+        let sent = "SELECT count(*) FROM outbox WHERE status = 'sent' AND last_error IS NULL AND attempts = 1";
         assert_eq!(db.scalar_i64(sent).await, 3);
-        // A lease still running is left alone.
-        db.exec("UPDATE outbox SET status = 'queued'").await;
-        db.ds.job_outbox_claim(10, 8, Duration::from_secs(60)).await.expect("claim");
-        assert_eq!(dispatch_once(&db.ds, &LogSink, 10).await.expect("a round").sent, 0);
     }
 
     #[tokio::test]
-    async fn a_round_near_its_lease_end_starts_no_more_and_releases_the_rest() {
+    async fn racing_claims_never_lease_one_message_twice() {
         let db = TestDb::new().await;
         queued(&db).await;
-        // Each delivery outlasts the whole lease: the round delivers the first and gives the
-        // other two back at once rather than when the lease would end. (A second apart, so a
-        // slow machine cannot blur which is which.)
-        struct Slow;
-        impl Sink for Slow {
-            async fn deliver(&self, _: &OutboxRow) -> std::result::Result<(), String> {
-                tokio::time::sleep(Duration::from_millis(1200)).await;
-                Ok(())
+        db.exec(
+            "INSERT INTO outbox (tenant_id, channel, recipient, subject, body, idempotency_key)
+             SELECT t.id, 'email', 'r' || i || '@example.com', 'Race', 'b', 'race-' || i
+             FROM tenants t, generate_series(1, 200) i WHERE t.slug = 'outbox'",
+        )
+        .await;
+        let claims = (1..=8).map(|token| db.ds.job_outbox_claim(40, token));
+        let claimed: Vec<Vec<OutboxRow>> =
+            futures_util::future::try_join_all(claims).await.expect("claims");
+        let mut ids: Vec<i64> = claimed.iter().flatten().map(|r| r.id).collect();
+        let total = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), total, "a message leased to two claims");
+        assert_eq!(total, 203, "every message leased once");
+    }
+
+    /// A relay that refuses every message.
+    struct Refusing;
+    impl Sink for Refusing {
+        async fn deliver(&self, _: &OutboxRow) -> std::result::Result<(), String> {
+            Err("550 mailbox unavailable".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_attempt_waits_longer_each_time_and_the_fifth_gives_up() {
+        let db = TestDb::new().await;
+        queued(&db).await;
+        db.exec("DELETE FROM outbox WHERE idempotency_key <> 'lease-1'").await;
+        let waits = "SELECT round(extract(epoch FROM lease_until - now()))::bigint FROM outbox";
+        for attempt in 1..=5i64 {
+            let done = dispatch_once(&db.ds, &Refusing, 10).await.expect("a round");
+            assert_eq!(done, Dispatched { sent: 0, failed: 1 }, "attempt {attempt}");
+            let row = "SELECT attempts::bigint FROM outbox WHERE lease_token IS NULL";
+            assert_eq!(db.scalar_i64(row).await, attempt);
+            if attempt < 5 {
+                // Retried after 30 s, 60 s, 120 s, 240 s: the next round takes nothing sooner.
+                let wait = db.scalar_i64(waits).await;
+                assert!((30 << (attempt - 1)) - wait <= 2, "attempt {attempt} waits {wait} s");
+                assert_eq!(
+                    dispatch_once(&db.ds, &Refusing, 10).await.expect("early"),
+                    Dispatched::default()
+                );
+                db.exec("UPDATE outbox SET lease_until = now() - interval '1 second'").await;
             }
         }
-        let lease = Duration::from_secs(1);
-        let done = dispatch_leased(&db.ds, &Slow, 10, lease).await.expect("a round");
-        assert_eq!(done, Dispatched { sent: 1, failed: 0 });
-        let free = "SELECT count(*) FROM outbox WHERE status = 'queued' AND lease_token IS NULL";
-        assert_eq!(db.scalar_i64(free).await, 2);
-        assert_eq!(dispatch_once(&db.ds, &LogSink, 10).await.expect("the next").sent, 2);
+        let gave_up =
+            "SELECT count(*) FROM outbox WHERE status = 'failed' AND last_error LIKE '550%'";
+        assert_eq!(db.scalar_i64(gave_up).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_delivery_that_hangs_is_a_failed_attempt_and_one_that_never_ends_is_given_up() {
+        let db = TestDb::new().await;
+        queued(&db).await;
+        db.exec("DELETE FROM outbox WHERE idempotency_key <> 'lease-1'").await;
+        // A relay that never answers: the attempt ends at the limit, as a failure.
+        struct Hanging;
+        impl Sink for Hanging {
+            async fn deliver(&self, _: &OutboxRow) -> std::result::Result<(), String> {
+                std::future::pending().await
+            }
+        }
+        let limit = std::time::Duration::from_millis(100);
+        let done = dispatch_within(&db.ds, &Hanging, 10, limit).await.expect("a round");
+        assert_eq!(done, Dispatched { sent: 0, failed: 1 });
+        let error = db.scalar_string("SELECT last_error FROM outbox").await;
+        assert!(error.contains("took over"), "{error}");
+        // Five attempts started and none finished (the process went down in each): given up
+        // by the next claim, never leased again.
+        db.exec("UPDATE outbox SET attempts = 5, lease_token = 9, lease_until = now() - interval '1 second'").await;
+        assert_eq!(
+            dispatch_once(&db.ds, &LogSink, 10).await.expect("a round"),
+            Dispatched::default()
+        );
+        let gave_up = "SELECT count(*) FROM outbox WHERE status = 'failed' AND last_error LIKE '%no attempt of five finished'";
+        assert_eq!(db.scalar_i64(gave_up).await, 1);
     }
 }
