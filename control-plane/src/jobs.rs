@@ -93,7 +93,7 @@ pub fn spawn<J: Job>(mut job: J, state: Arc<AppState>) -> tokio::task::JoinHandl
     tokio::spawn(async move {
         loop {
             let started = Instant::now();
-            let ran = job.run().await;
+            let ran = run_contained(&mut job).await;
             let took = started.elapsed();
             state.jobs.record(J::NAME, job.interval(), took, &ran);
             let m = &state.metrics;
@@ -117,6 +117,25 @@ pub fn spawn<J: Job>(mut job: J, state: Arc<AppState>) -> tokio::task::JoinHandl
             tokio::time::sleep(job.interval()).await;
         }
     })
+}
+
+/// One run of `job`; a run that panics is a failed run (recorded, retried after the interval),
+/// never the end of the job's task: a message that crashes the outbox's sink must not stop
+/// every later delivery of the process.
+async fn run_contained<J: Job>(job: &mut J) -> Result<Ran, String> {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(job.run()).catch_unwind().await {
+        Ok(ran) => ran,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            tracing::error!(job = J::NAME, panic = %what, "background job panicked; it runs again");
+            Err(format!("the run panicked: {what}"))
+        }
+    }
 }
 
 fn text(e: shared::Error) -> String {
@@ -272,5 +291,39 @@ impl Job for Housekeeping {
     async fn run(&mut self) -> Result<Ran, String> {
         let removed = shared::services::housekeeping(&self.ds).await.map_err(text)?;
         Ok(Ran { work: removed, more: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job whose first run panics and whose second succeeds.
+    struct Flaky(u32);
+
+    impl Job for Flaky {
+        const NAME: &'static str = "flaky";
+        fn interval(&self) -> Duration {
+            Duration::from_millis(1)
+        }
+        async fn run(&mut self) -> Result<Ran, String> {
+            self.0 += 1;
+            if self.0 == 1 {
+                panic!("a message the sink cannot take");
+            }
+            Ok(Ran { work: 1, more: false })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_that_panics_is_a_failed_run_and_the_next_one_runs() {
+        let mut job = Flaky(0);
+        let first = run_contained(&mut job).await;
+        assert_eq!(
+            first.err().as_deref(),
+            Some("the run panicked: a message the sink cannot take")
+        );
+        let second = run_contained(&mut job).await.expect("the next run");
+        assert_eq!(second.work, 1);
     }
 }
