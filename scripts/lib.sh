@@ -130,24 +130,24 @@ ensure_pgbouncer() {
   say "building PgBouncer $PGBOUNCER_VERSION (Debian 13's source) into .tools/ for transaction pooling"
   local build log
   build="$(mktemp -d)"
+  # shellcheck disable=SC2064 # the directory is known now
+  trap "rm -rf '$build'; trap - RETURN" RETURN
   log="$build/build.log"
   local tarball="$build/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
   curl -fsS -o "$tarball" "http://deb.debian.org/debian/pool/main/p/pgbouncer/pgbouncer_$PGBOUNCER_VERSION.orig.tar.gz"
-  echo "$PGBOUNCER_SHA256  $tarball" | sha256sum -c --quiet - || { echo "PgBouncer's tarball does not match Debian's checksum" >&2; rm -rf "$build"; exit 1; }
+  echo "$PGBOUNCER_SHA256  $tarball" | sha256sum -c --quiet - || { echo "PgBouncer's tarball does not match Debian's checksum" >&2; exit 1; }
   tar -xzf "$tarball" -C "$build"
   if ! (cd "$build/pgbouncer-$PGBOUNCER_VERSION" &&
     ./configure --prefix="$REPO/.tools/pgbouncer-$PGBOUNCER_VERSION" --without-cares --without-pam --without-systemd &&
     make -j"$(nproc)") >"$log" 2>&1; then
     tail -n 30 "$log" >&2
     echo "building PgBouncer failed (above: the end of its log)" >&2
-    rm -rf "$build"
     exit 1
   fi
   # Copied under another name first, so an interrupted copy is never taken for a build.
   mkdir -p "$(dirname "$PGBOUNCER_TXN")"
   cp "$build/pgbouncer-$PGBOUNCER_VERSION/pgbouncer" "$PGBOUNCER_TXN.partial"
   mv "$PGBOUNCER_TXN.partial" "$PGBOUNCER_TXN"
-  rm -rf "$build"
   "$PGBOUNCER_TXN" --version | head -n1 >&2
 }
 

@@ -132,7 +132,7 @@ async fn run_contained<J: Job>(job: &mut J) -> Result<Ran, String> {
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".to_owned());
-            tracing::error!(job = J::NAME, panic = %what, "background job panicked; it runs again");
+            // Logged once, by the caller, as the failed run it is.
             Err(format!("the run panicked: {what}"))
         }
     }

@@ -23,7 +23,17 @@ fn pgbouncer_bin(mode: Pooler) -> Result<PathBuf> {
     }
     let built = repo_root().join(".tools/pgbouncer-1.24.1/bin/pgbouncer");
     let named = std::env::var_os("GATEHOUSE_PGBOUNCER_TXN").map(PathBuf::from);
-    named.into_iter().chain([built]).find(|p| p.is_file()).ok_or_else(|| {
+    // Debian's own, where it is new enough (Debian 13 ships 1.24).
+    let recent = |p: &PathBuf| {
+        let out = Command::new(p).arg("--version").output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let version = text.split_whitespace().nth(1)?.to_owned();
+        let mut parts = version.split('.').map(|n| n.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next()?, parts.next().unwrap_or(0));
+        ((major, minor) >= (1, 21)).then_some(())
+    };
+    let system = Some(debian).filter(|p| recent(p).is_some());
+    named.into_iter().chain([built]).chain(system).find(|p| p.is_file()).ok_or_else(|| {
         anyhow::anyhow!(
             "transaction pooling needs PgBouncer 1.21+; run scripts/test (or \
              `bash -c 'source scripts/lib.sh && ensure_pgbouncer'`) to build it into .tools/"

@@ -22,7 +22,12 @@ use crate::error::{Error, Result};
 /// The servers a `DATABASE_URL` names, each as a one-server URL, in order; one for a plain
 /// URL. `target_session_attrs` is dropped (every server is asked itself).
 pub(crate) fn servers(url: &str) -> Result<Vec<String>> {
-    let bad = |why: &str| Error::Internal(format!("DATABASE_URL: {why}"));
+    servers_of("DATABASE_URL", url)
+}
+
+/// [`servers`] of the URL in the variable `var`, whose name an error gives.
+pub(crate) fn servers_of(var: &str, url: &str) -> Result<Vec<String>> {
+    let bad = |why: &str| Error::invalid(var, why);
     let Some((scheme, rest)) = url.split_once("://") else {
         return Ok(vec![url.to_owned()]);
     };
@@ -91,12 +96,17 @@ pub(crate) async fn primary(servers: &[PgConnectOptions]) -> Option<usize> {
 
 /// The connect options of each server.
 pub(crate) fn options_of(servers: &[String]) -> Result<Vec<PgConnectOptions>> {
+    options_of_var("DATABASE_URL", servers)
+}
+
+/// [`options_of`] the servers of the variable `var`, whose name an error gives.
+pub(crate) fn options_of_var(var: &str, servers: &[String]) -> Result<Vec<PgConnectOptions>> {
     servers
         .iter()
         .map(|s| {
             PgConnectOptions::from_str(s)
                 .map(|o| o.application_name("gatehouse"))
-                .map_err(|e| Error::Internal(format!("DATABASE_URL: {e}")))
+                .map_err(|e| Error::invalid(var, e.to_string()))
         })
         .collect()
 }

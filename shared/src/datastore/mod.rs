@@ -216,12 +216,24 @@ pub(crate) fn pipe_role_fits(pooling: Pooling, url: &str, pipe_url: Option<&str>
             ),
         ));
     };
-    let user = |url: &str| -> Result<String> {
-        let servers = failover::servers(url)?;
-        Ok(failover::options_of(&servers)?[0].get_username().to_owned())
+    let first = |var: &str, url: &str| -> Result<sqlx::postgres::PgConnectOptions> {
+        let servers = failover::servers_of(var, url)?;
+        Ok(failover::options_of_var(var, &servers)?.swap_remove(0))
     };
-    let role = user(pipe_url)?;
-    if role == user(url)? {
+    let (pipe, pool) = (first("GATEHOUSE_DB_PIPE_URL", pipe_url)?, first("DATABASE_URL", url)?);
+    if pipe.get_database() != pool.get_database() {
+        return Err(Error::invalid(
+            "GATEHOUSE_DB_PIPE_URL",
+            format!(
+                "names the database {:?} and DATABASE_URL {:?}: the pipe reads the same database \
+                 as the pool (its connections' rights, switches and records), as another role",
+                pipe.get_database().unwrap_or_default(),
+                pool.get_database().unwrap_or_default()
+            ),
+        ));
+    }
+    let role = pipe.get_username().to_owned();
+    if role == pool.get_username() {
         return Err(Error::invalid(
             "GATEHOUSE_DB_PIPE_URL",
             format!(
@@ -275,9 +287,8 @@ impl Services {
         pipe: Option<u32>,
         idle: Duration,
     ) -> Result<Self> {
-        let (pool_size, pipe_size) = Services::worker_split(max_connections, pipe);
-        let name = "gatehouse-worker";
-        Services::connect_split(url, None, Pooling::Session, pool_size, pipe_size, name, idle).await
+        Services::connect_worker_pooled(url, None, Pooling::Session, max_connections, pipe, idle)
+            .await
     }
 
     /// [`Services::connect_worker_idle`], with the pipe at `pipe_url` when given
@@ -321,8 +332,8 @@ impl Services {
         // the pool's.
         let (pipe_servers, pipe_all) = match pipe_url {
             Some(pipe_url) => {
-                let servers = failover::servers(pipe_url)?;
-                let all = failover::options_of(&servers)?;
+                let servers = failover::servers_of("GATEHOUSE_DB_PIPE_URL", pipe_url)?;
+                let all = failover::options_of_var("GATEHOUSE_DB_PIPE_URL", &servers)?;
                 (servers, all)
             }
             None => (servers.clone(), all.clone()),

@@ -57,26 +57,21 @@ pub const OUTBOX_LEASE: std::time::Duration = std::time::Duration::from_secs(90)
 const OUTBOX_ATTEMPTS: i32 = 5;
 
 impl Services {
-    /// Leases up to `limit` queued messages whose lease is free or over (skipping rows another
-    /// dispatcher is claiming this instant) to `token`, in a statement of its own: no
-    /// transaction stays open while they are delivered. Messages whose five attempts all
-    /// started and none finished (a delivery that took its process down each time) are
-    /// given up first.
+    /// Leases up to `limit` due messages (skipping rows another dispatcher is claiming this
+    /// instant) to `token`, in a statement of its own: no transaction stays open while they are
+    /// delivered. A due message whose fifth attempt started and never finished (a delivery that
+    /// took its process down) is given up instead.
     pub(crate) async fn job_outbox_claim(&self, limit: i64, token: i64) -> Result<Vec<OutboxRow>> {
-        sqlx::query(
-            "UPDATE outbox SET status = 'failed', lease_token = NULL, lease_until = NULL,
-                    last_error = coalesce(last_error || '; ', '') || 'no attempt of five finished'
-             WHERE status = 'queued' AND attempts >= $1 AND (lease_until IS NULL OR lease_until < now())",
-        )
-        .bind(OUTBOX_ATTEMPTS)
-        .execute(self.pool())
-        .await?;
         let mut rows = sqlx::query_as::<_, OutboxRow>(
-            "UPDATE outbox o SET lease_token = $2, lease_until = now() + make_interval(secs => $3)
-             WHERE o.id IN (SELECT id FROM outbox
-                            WHERE status = 'queued' AND attempts < $4
-                              AND (lease_until IS NULL OR lease_until < now())
-                            ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+            "WITH due AS (
+                 SELECT id, attempts FROM outbox WHERE status = 'queued' AND due_at <= now()
+                 ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED),
+             given_up AS (
+                 UPDATE outbox SET status = 'failed', lease_token = NULL,
+                        last_error = coalesce(last_error || '; ', '') || 'its fifth attempt never finished'
+                 WHERE id IN (SELECT id FROM due WHERE attempts >= $4))
+             UPDATE outbox o SET lease_token = $2, due_at = now() + make_interval(secs => $3)
+             WHERE o.id IN (SELECT id FROM due WHERE attempts < $4)
              RETURNING o.id, o.channel, o.recipient, o.subject, o.body, o.idempotency_key, o.attempts,
                        o.traceparent",
         )
@@ -95,7 +90,7 @@ impl Services {
     /// Returns the attempt's number, or `None` when the lease is another dispatcher's now.
     pub(crate) async fn job_outbox_start(&self, id: i64, token: i64) -> Result<Option<i32>> {
         Ok(sqlx::query_scalar(
-            "UPDATE outbox SET attempts = attempts + 1, lease_until = now() + make_interval(secs => $3)
+            "UPDATE outbox SET attempts = attempts + 1, due_at = now() + make_interval(secs => $3)
              WHERE id = $1 AND lease_token = $2 AND status = 'queued'
              RETURNING attempts",
         )
@@ -122,8 +117,7 @@ impl Services {
                     status = CASE WHEN $4 IS NULL THEN 'sent' WHEN $3 >= $5 THEN 'failed' ELSE 'queued' END,
                     sent_at = CASE WHEN $4 IS NULL THEN now() ELSE sent_at END,
                     lease_token = NULL,
-                    lease_until = CASE WHEN $4 IS NULL THEN NULL
-                                       ELSE now() + make_interval(secs => 30 * power(2.0::float8, ($3 - 1)::float8)) END
+                    due_at = now() + make_interval(secs => 30 * power(2.0::float8, ($3 - 1)::float8))
              WHERE id = $1 AND lease_token = $2",
         )
         .bind(id)
@@ -140,7 +134,7 @@ impl Services {
     /// round takes them at once.
     pub(crate) async fn job_outbox_release(&self, token: i64) -> Result<()> {
         sqlx::query(
-            "UPDATE outbox SET lease_token = NULL, lease_until = NULL
+            "UPDATE outbox SET lease_token = NULL, due_at = now()
              WHERE lease_token = $1 AND status = 'queued'",
         )
         .bind(token)

@@ -90,19 +90,30 @@ const UNFIT: &str = "55000";
 async fn keeps_statements_per_client(client: &Client) -> std::result::Result<(), Failure> {
     const PROBE: &str = "SELECT count(*) FROM pg_prepared_statements \
                          WHERE statement = $1 AND name ~ '^s[0-9]+$'";
-    let probe = client.prepare_typed(PROBE, &[tokio_postgres::types::Type::TEXT]).await?;
-    let passed_through: i64 = client.query_one(&probe, &[&PROBE]).await?.get(0);
+    // Behind a pooler that passes names through to several server connections, the probe may
+    // itself meet a server that never saw its Parse (26000) or one where another client's
+    // statement has its name (42P05): the same answer.
+    let shared_names = |e: tokio_postgres::Error| match e.code().map(|c| c.code()) {
+        Some("26000" | "42P05") => Failure::Unfit(PASSED_THROUGH.into()),
+        _ => Failure::Database(e),
+    };
+    let probe = client
+        .prepare_typed(PROBE, &[tokio_postgres::types::Type::TEXT])
+        .await
+        .map_err(shared_names)?;
+    let passed_through: i64 =
+        client.query_one(&probe, &[&PROBE]).await.map_err(shared_names)?.get(0);
     if passed_through > 0 {
-        return Err(Failure::Unfit(
-            "behind a transaction pooler the pipe needs the pooler to keep prepared statements \
-             per client, and this one passes their names through to the server: use PgBouncer \
-             1.21 or later with max_prepared_statements > 0 (docs/operations.md, \"Transaction \
-             pooling\"), or GATEHOUSE_DB_POOLING=session with a pooler in session mode"
-                .into(),
-        ));
+        return Err(Failure::Unfit(PASSED_THROUGH.into()));
     }
     Ok(())
 }
+
+/// Why a pipe behind a pooler that passes prepared statements' names through cannot serve.
+const PASSED_THROUGH: &str = "behind a transaction pooler the pipe needs the pooler to keep prepared statements \
+     per client, and this one passes their names through to the server: use PgBouncer 1.21 or \
+     later with max_prepared_statements > 0 (docs/operations.md, \"Transaction pooling\"), or \
+     GATEHOUSE_DB_POOLING=session with a pooler in session mode";
 
 /// How one pipe statement was planned: executions with its generic plan and with custom ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,25 +277,32 @@ pub(crate) fn failure_of(e: &tokio_postgres::Error) -> crate::error::DbFailure {
     }
 }
 
-impl From<Failure> for Error {
-    fn from(failure: Failure) -> Self {
-        match failure {
-            Failure::Database(e) => {
-                // The pool's idle connections may have broken too (a restart) and are checked
-                // before use, as in `From<sqlx::Error>`.
-                if connection_failed(&e) {
-                    super::note_broken();
-                }
-                failure_of(&e).into()
-            }
+impl Failure {
+    /// What happened, as a database failure is logged and answered: the SQLSTATE, if any, and
+    /// the message.
+    pub(crate) fn described(&self) -> crate::error::DbFailure {
+        match self {
+            Failure::Database(e) => failure_of(e),
             Failure::Late(what) => {
                 crate::error::DbFailure { sqlstate: None, message: format!("{what} within 5 s") }
-                    .into()
             }
             Failure::Unfit(why) => {
-                crate::error::DbFailure { sqlstate: Some(UNFIT.into()), message: why }.into()
+                crate::error::DbFailure { sqlstate: Some(UNFIT.into()), message: why.clone() }
             }
         }
+    }
+}
+
+impl From<Failure> for Error {
+    fn from(failure: Failure) -> Self {
+        // The pool's idle connections may have broken too (a restart) and are checked before
+        // use, as in `From<sqlx::Error>`.
+        if let Failure::Database(e) = &failure
+            && connection_failed(e)
+        {
+            super::note_broken();
+        }
+        failure.described().into()
     }
 }
 
@@ -498,16 +516,7 @@ impl Pipe {
                     return Ok(link);
                 }
                 Ok(Err(failure)) => {
-                    let why = match &failure {
-                        Failure::Database(e) => failure_of(e),
-                        Failure::Unfit(why) => crate::error::DbFailure {
-                            sqlstate: Some(UNFIT.into()),
-                            message: why.clone(),
-                        },
-                        Failure::Late(what) => {
-                            crate::error::DbFailure { sqlstate: None, message: (*what).into() }
-                        }
-                    };
+                    let why = failure.described();
                     tracing::warn!(
                         db.sqlstate = why.sqlstate.as_deref().unwrap_or("none"),
                         db.message = %why.message,

@@ -83,6 +83,7 @@ async fn deliver_leased<S: Sink>(
     done: &mut Dispatched,
 ) -> Result<()> {
     use crate::telemetry::{self, Attr, Name};
+    use futures_util::FutureExt;
     for row in rows {
         // The attempt is counted before it is made (a delivery that takes the process down
         // still counts towards the five), and the lease renewed; a row whose lease another
@@ -98,11 +99,15 @@ async fn deliver_leased<S: Sink>(
             Some(&telemetry::stored_parent(row.traceparent.as_deref())),
             &[Attr::OutboxChannel(channel), Attr::Attempt(i64::from(attempt))],
         );
-        let outcome =
-            match tokio::time::timeout(limit, telemetry::within(&span, sink.deliver(row))).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!("the delivery took over {} s", limit.as_secs_f64())),
-            };
+        // A sink that panics on a message fails that attempt only: the round goes on, and the
+        // message waits out its pause like any other failure.
+        let delivery = telemetry::within(&span, sink.deliver(row));
+        let delivery = std::panic::AssertUnwindSafe(delivery).catch_unwind();
+        let outcome = match tokio::time::timeout(limit, delivery).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err("the delivery panicked".to_owned()),
+            Err(_) => Err(format!("the delivery took over {} s", limit.as_secs_f64())),
+        };
         let still_ours = match outcome {
             Ok(()) => {
                 span.set(&[Attr::Outcome("ok")]);
@@ -202,7 +207,7 @@ mod tests {
         assert_eq!(lost.len(), 3);
         assert_eq!(dispatch_once(&db.ds, &LogSink, 10).await.expect("a round").sent, 0);
         // Once it ends, the next round delivers them.
-        db.exec("UPDATE outbox SET lease_until = now() - interval '1 second'").await;
+        db.exec("UPDATE outbox SET due_at = now() - interval '1 second'").await;
         let done = dispatch_once(&db.ds, &LogSink, 10).await.expect("the next round");
         assert_eq!(done.sent, 3);
         // The stopped one's late attempt and mark change nothing: the rows were another round's.
@@ -246,7 +251,7 @@ mod tests {
         let db = TestDb::new().await;
         queued(&db).await;
         db.exec("DELETE FROM outbox WHERE idempotency_key <> 'lease-1'").await;
-        let waits = "SELECT round(extract(epoch FROM lease_until - now()))::bigint FROM outbox";
+        let waits = "SELECT round(extract(epoch FROM due_at - now()))::bigint FROM outbox";
         for attempt in 1..=5i64 {
             let done = dispatch_once(&db.ds, &Refusing, 10).await.expect("a round");
             assert_eq!(done, Dispatched { sent: 0, failed: 1 }, "attempt {attempt}");
@@ -260,7 +265,7 @@ mod tests {
                     dispatch_once(&db.ds, &Refusing, 10).await.expect("early"),
                     Dispatched::default()
                 );
-                db.exec("UPDATE outbox SET lease_until = now() - interval '1 second'").await;
+                db.exec("UPDATE outbox SET due_at = now() - interval '1 second'").await;
             }
         }
         let gave_up =
@@ -285,14 +290,38 @@ mod tests {
         assert_eq!(done, Dispatched { sent: 0, failed: 1 });
         let error = db.scalar_string("SELECT last_error FROM outbox").await;
         assert!(error.contains("took over"), "{error}");
-        // Five attempts started and none finished (the process went down in each): given up
-        // by the next claim, never leased again.
-        db.exec("UPDATE outbox SET attempts = 5, lease_token = 9, lease_until = now() - interval '1 second'").await;
+        // A fifth attempt that started and never finished (the process went down in it):
+        // given up by the next claim, never leased again.
+        db.exec(
+            "UPDATE outbox SET attempts = 5, lease_token = 9, due_at = now() - interval '1 second'",
+        )
+        .await;
         assert_eq!(
             dispatch_once(&db.ds, &LogSink, 10).await.expect("a round"),
             Dispatched::default()
         );
-        let gave_up = "SELECT count(*) FROM outbox WHERE status = 'failed' AND last_error LIKE '%no attempt of five finished'";
+        let gave_up = "SELECT count(*) FROM outbox WHERE status = 'failed' AND last_error LIKE '%its fifth attempt never finished'";
         assert_eq!(db.scalar_i64(gave_up).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_message_the_sink_panics_on_fails_alone_and_the_round_goes_on() {
+        let db = TestDb::new().await;
+        queued(&db).await;
+        struct Fragile;
+        impl Sink for Fragile {
+            async fn deliver(&self, message: &OutboxRow) -> std::result::Result<(), String> {
+                if message.idempotency_key == "lease-2" {
+                    panic!("a message the relay library cannot take");
+                }
+                Ok(())
+            }
+        }
+        let done = dispatch_once(&db.ds, &Fragile, 10).await.expect("a round");
+        assert_eq!(done, Dispatched { sent: 2, failed: 1 });
+        let waiting = "SELECT count(*) FROM outbox WHERE idempotency_key = 'lease-2'
+                       AND status = 'queued' AND last_error = 'the delivery panicked'
+                       AND lease_token IS NULL AND due_at > now() + interval '20 seconds'";
+        assert_eq!(db.scalar_i64(waiting).await, 1, "it waits out its pause like any failure");
     }
 }

@@ -89,6 +89,11 @@ pub(super) fn args() -> Args {
         }
         i += 2;
     }
+    // The full run writes the page's main sections, measured straight to Postgres.
+    assert!(
+        a.pooler.is_none() || a.reads_only,
+        "--pooler goes with --reads-only (the full run measures the services straight to Postgres)"
+    );
     a
 }
 

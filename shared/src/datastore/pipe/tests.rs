@@ -387,11 +387,7 @@ fn pooled_pipe(db: &TestDb, role: &str, probe_names: bool) -> Arc<Pipe> {
 
 /// What a pipe that would not open said.
 fn said(failure: &Failure) -> String {
-    match failure {
-        Failure::Database(e) => failure_of(e).message,
-        Failure::Unfit(why) => why.clone(),
-        Failure::Late(what) => panic!("late: {what}"),
-    }
+    failure.described().message
 }
 
 /// A role that may do what the tests' owner may, created once for the whole server (tests run
@@ -494,6 +490,14 @@ fn behind_a_transaction_pooler_the_pipe_needs_a_role_of_its_own() {
     assert!(shared.to_string().contains("role of its own"), "{shared}");
     let own = "postgres://gatehouse_pipe@pooler:6432/gatehouse";
     assert!(pipe_role_fits(Pooling::Transaction, url, Some(own)).is_ok());
+    // Another database: the pipe would read rights and switches from somewhere else.
+    let elsewhere = "postgres://gatehouse_pipe@pooler:6432/other";
+    let other = pipe_role_fits(Pooling::Transaction, url, Some(elsewhere)).expect_err("other db");
+    assert!(other.to_string().contains("GATEHOUSE_DB_PIPE_URL"), "{other}");
+    // A pipe URL that does not parse is named as itself, not as DATABASE_URL.
+    let broken = "postgres://gatehouse_pipe@a,,b/gatehouse";
+    let said = pipe_role_fits(Pooling::Transaction, url, Some(broken)).expect_err("unparsable");
+    assert!(said.to_string().contains("GATEHOUSE_DB_PIPE_URL"), "{said}");
 }
 
 #[tokio::test]
