@@ -310,17 +310,15 @@ forbid (principal, action == Action::"send_customer_message", resource) when { c
     let stricter = format!(
         "{current}\n@id(\"no-messages\")\n@reason(\"no messages today\")\nforbid (principal, action == Action::\"send_customer_message\", resource);"
     );
-    policies::set(&stack.db.ds, &ctx, &stricter, version, "").await.expect("narrower");
+    // Set, then judged, by a process of its own with one connection that has compiled nothing
+    // yet: the set's sources are read in the setting's and the approval's transactions, never
+    // on a second connection (which the one the transaction holds would never free).
+    let one = shared::Services::connect(&stack.db.url, 1).await.expect("one connection");
+    policies::set(&one, &ctx, &stricter, version, "").await.expect("narrower");
     let handle = waiting["action"].as_str().expect("action handle");
-    let err = shared::services::actions::approve(
-        &stack.db.ds,
-        &ctx,
-        handle,
-        "ok",
-        jiff::Timestamp::now(),
-    )
-    .await
-    .expect_err("a forbid refuses the person too");
+    let err = shared::services::actions::approve(&one, &ctx, handle, "ok", jiff::Timestamp::now())
+        .await
+        .expect_err("a forbid refuses the person too");
     assert!(err.to_string().contains("no-messages"), "{err}");
     // A policy put in force after the preview decides at confirm: the previewed delete is
     // refused now, audited, and cannot run.
