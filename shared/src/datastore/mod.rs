@@ -35,6 +35,7 @@ mod budgets;
 mod connections;
 mod customers;
 mod failover;
+mod held;
 mod hot_path;
 mod housekeeping;
 mod invitations;
@@ -88,8 +89,43 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// The one kind of transaction services use.
-pub type Tx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
+/// The one kind of transaction services use: sqlx's, noted under its task while it is open
+/// ([`held`]: a task holding one may not ask the pool for a second connection). Statements run
+/// on `&mut **tx` (its connection); `commit` ends it, and dropping it uncommitted rolls back.
+pub struct Tx<'c> {
+    inner: sqlx::Transaction<'c, sqlx::Postgres>,
+    held: held::Held,
+}
+
+impl Tx<'_> {
+    pub async fn commit(self) -> std::result::Result<(), sqlx::Error> {
+        let Tx { inner, held } = self;
+        let done = inner.commit().await;
+        drop(held);
+        done
+    }
+
+    pub async fn rollback(self) -> std::result::Result<(), sqlx::Error> {
+        let Tx { inner, held } = self;
+        let done = inner.rollback().await;
+        drop(held);
+        done
+    }
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = sqlx::PgConnection;
+
+    fn deref(&self) -> &sqlx::PgConnection {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Tx<'_> {
+    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.inner
+    }
+}
 
 /// Password checks running at once (argon2id takes a core each).
 const HASHING_AT_ONCE: usize = 2;
@@ -554,7 +590,10 @@ impl Services {
         Ok(self.pipe.ready().await?)
     }
 
+    /// The pool, lent to a task that holds no transaction (checked in debug builds: [`held`]).
+    #[track_caller]
     pub(crate) fn pool(&self) -> &PgPool {
+        held::check_lend();
         &self.pool
     }
 }
@@ -582,8 +621,14 @@ pub(crate) fn from_ts(t: jiff::Timestamp) -> chrono::DateTime<chrono::Utc> {
 
 impl Services {
     /// Starts the one kind of transaction services use; dropping it uncommitted rolls back.
-    pub(crate) async fn begin(&self) -> Result<Tx<'static>> {
-        Ok(self.pool().begin().await?)
+    /// (Checked as it is called, so a refusal names the caller's line.)
+    #[track_caller]
+    pub(crate) fn begin(&self) -> impl Future<Output = Result<Tx<'static>>> + Send + '_ {
+        let pool = self.pool();
+        async move {
+            let inner = pool.begin().await?;
+            Ok(Tx { inner, held: held::Held::note() })
+        }
     }
 }
 
