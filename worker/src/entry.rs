@@ -15,7 +15,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
 use shared::auth::{self, AuthFailure, McpContext};
 use shared::rights::RightSet;
 use shared::secret::CredentialKind;

@@ -294,10 +294,10 @@ impl Direct {
 /// with the stream task's events between.
 pub fn attach(direct: Arc<Direct>, body: axum::body::Body) -> axum::body::Body {
     direct.attached.store(true, Ordering::Release);
-    let inner_wake = Arc::new(InnerWake { woken: AtomicBool::new(true), task: AtomicWaker::new() });
+    let (inner_wake, inner_waker) = WokenFlag::new();
     axum::body::Body::from_stream(Merged {
         inner: body.into_data_stream(),
-        inner_waker: std::task::Waker::from(inner_wake.clone()),
+        inner_waker,
         inner_wake,
         direct,
         acknowledged: false,
@@ -306,14 +306,41 @@ pub fn attach(direct: Arc<Direct>, body: axum::body::Body) -> axum::body::Body {
     })
 }
 
-/// rmcp's part of the body is polled only when it woke: an event written directly must not
-/// cost a poll of rmcp's whole stream (its channel, its cancellation check) for nothing.
-struct InnerWake {
+/// Whether a future or stream polled under it woke since it was last polled: what wraps it polls
+/// it only then. rmcp's part of a listen body is polled only when it woke, so an event written
+/// directly does not cost a poll of rmcp's whole stream (its channel, its cancellation check)
+/// for nothing; the same holds for the revocation that ends an SSE response
+/// (`entry::answers::end_stream_on_revocation`).
+pub(crate) struct WokenFlag {
     woken: AtomicBool,
     task: AtomicWaker,
 }
 
-impl std::task::Wake for InnerWake {
+impl WokenFlag {
+    /// A flag that starts woken (the first poll polls), and the waker to poll under.
+    pub(crate) fn new() -> (Arc<WokenFlag>, std::task::Waker) {
+        let flag = Arc::new(WokenFlag { woken: AtomicBool::new(true), task: AtomicWaker::new() });
+        let waker = std::task::Waker::from(flag.clone());
+        (flag, waker)
+    }
+
+    /// Registers the task to wake when what it guards wakes.
+    pub(crate) fn register(&self, cx: &Context<'_>) {
+        self.task.register(cx.waker());
+    }
+
+    /// Takes the flag: whether to poll what it guards now.
+    pub(crate) fn take(&self) -> bool {
+        self.woken.swap(false, Ordering::AcqRel)
+    }
+
+    /// Polls again without a wake (what it guards answered and may have more at once).
+    pub(crate) fn rearm(&self) {
+        self.woken.store(true, Ordering::Release);
+    }
+}
+
+impl std::task::Wake for WokenFlag {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
@@ -326,7 +353,7 @@ impl std::task::Wake for InnerWake {
 
 struct Merged {
     inner: axum::body::BodyDataStream,
-    inner_wake: Arc<InnerWake>,
+    inner_wake: Arc<WokenFlag>,
     inner_waker: std::task::Waker,
     direct: Arc<Direct>,
     /// rmcp's first message (the acknowledgement) went out: events may follow.
@@ -341,7 +368,7 @@ impl Stream for Merged {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        this.inner_wake.task.register(cx.waker());
+        this.inner_wake.register(cx);
         if this.acknowledged {
             this.direct.waker.register(cx.waker());
             if let Some(event) = this.direct.take() {
@@ -354,14 +381,14 @@ impl Stream for Merged {
         if this.done {
             return Poll::Ready(None);
         }
-        if !this.inner_wake.woken.swap(false, Ordering::AcqRel) {
+        if !this.inner_wake.take() {
             return Poll::Pending;
         }
         let polled =
             Pin::new(&mut this.inner).poll_next(&mut Context::from_waker(&this.inner_waker));
         if polled.is_ready() {
             // A stream that answered may have more at once, without waking again.
-            this.inner_wake.woken.store(true, Ordering::Release);
+            this.inner_wake.rearm();
         }
         match polled {
             Poll::Ready(Some(Ok(chunk))) => {

@@ -61,13 +61,53 @@ pub(super) fn end_stream_on_revocation(
         return response;
     }
     let (parts, body) = response.into_parts();
-    let token = inflight.token.clone();
-    let stream = body.into_data_stream().take_until(token.cancelled_owned()).map(move |chunk| {
-        // The registration lives as long as the stream.
-        let _keep = &inflight;
-        chunk
-    });
+    let (flag, waker) = crate::listen::WokenFlag::new();
+    let revoked = Box::pin(inflight.token.clone().cancelled_owned());
+    let stream = UntilRevoked {
+        body: body.into_data_stream(),
+        revoked,
+        flag,
+        waker,
+        _inflight: inflight,
+        ended: false,
+    };
     Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
+/// An SSE body that ends when its call's token is cancelled (a revocation). The token is looked
+/// at only when it woke: a listen stream's body is polled once or twice for each event it is
+/// told, ten thousand streams at once after a switch, and looking at a token locks it.
+struct UntilRevoked {
+    body: axum::body::BodyDataStream,
+    revoked: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    flag: Arc<crate::listen::WokenFlag>,
+    waker: std::task::Waker,
+    /// The call's registration lives as long as its stream.
+    _inflight: crate::live::InFlight,
+    ended: bool,
+}
+
+impl futures_util::Stream for UntilRevoked {
+    type Item = Result<axum::body::Bytes, axum::Error>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return std::task::Poll::Ready(None);
+        }
+        this.flag.register(cx);
+        if this.flag.take() {
+            let mut own = std::task::Context::from_waker(&this.waker);
+            if this.revoked.as_mut().poll(&mut own).is_ready() {
+                this.ended = true;
+                return std::task::Poll::Ready(None);
+            }
+        }
+        std::pin::Pin::new(&mut this.body).poll_next(cx)
+    }
 }
 
 pub(super) fn finish(state: &AppState, response: Response) -> Response {

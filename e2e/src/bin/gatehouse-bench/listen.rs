@@ -181,6 +181,9 @@ pub(super) struct ListenFigures {
     pub(super) switch_first_ms: f64,
     /// The switch's own call: its transaction, the commit, the publish.
     pub(super) switch_call_ms: f64,
+    /// When the switch's commit was stamped (its push), from the call's start: the streams'
+    /// times less this are the times from the commit.
+    pub(super) switch_commit_ms: f64,
     pub(super) switch_p99_ms: f64,
     pub(super) switch_missed: usize,
 }
@@ -246,7 +249,8 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     }
     // Changes through the service, as the console and the CLI make them.
     let mut ds = shared::Services::connect(&stack.database_url, 2).await?;
-    ds = ds.with_bus(shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5), 1).await?);
+    let bus = shared::bus::Bus::connect(&stack.nats_url, Duration::from_secs(5), 1).await?;
+    ds = ds.with_bus(bus.clone());
     let admin = stack.tenant(0)["admin"]["email"].as_str().context("admin")?.to_owned();
     let operator =
         shared::services::operators::authenticate(&ds, &admin, shared::ctx::Channel::Cli).await?;
@@ -315,6 +319,12 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     while rx.try_recv().is_ok() {}
     let on_w1: std::collections::BTreeSet<usize> =
         idle_ids.iter().copied().chain(affected.iter().copied().filter(|id| id % 2 == 1)).collect();
+    // The commit's own moment: the service stamps its push right after the commit
+    // (`bus::publish`), and this reads the stamp off the bus as a worker does.
+    let pushes = bus.watch().await.context("NATS is not connected")??;
+    let mut pushes = Box::pin(pushes);
+    let tenant_handle = tenant.handle.to_string();
+    let (called_at, called_ns) = (Instant::now(), shared::bus::now_ns());
     let committed = Instant::now();
     shared::services::admin::kill_switch_set(
         &ds,
@@ -342,6 +352,22 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
         }
     }
     let switch_missed = everyone.len() - told.len();
+    let stamp_ns = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(pushed) = futures_util::StreamExt::next(&mut pushes).await {
+            let off = shared::bus::Event::TenantAccess { tenant: tenant_handle.clone(), on: false };
+            if pushed.event == off && pushed.sent_ns >= called_ns {
+                return Some(pushed.sent_ns);
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+    .context("the switch's push was not seen on the bus")?;
+    // From the call's start to the commit's stamp, on the same clock as the streams' times.
+    let commit_ms =
+        (stamp_ns - called_ns) as f64 / 1e6 - (committed - called_at).as_secs_f64() * 1e3;
     // The worker's own account of the switch (one log line): the push's lag and its fan-out.
     if let Some(line) =
         stack.log("worker-1").lines().rev().find(|l| l.contains("agents turned away"))
@@ -357,6 +383,7 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
     };
     let (switch_p50_ms, switch_p99_ms) = (spct(0.5), spct(0.99));
     let switch_first_ms = switch_ms.first().copied().unwrap_or(f64::NAN);
+    let switch_commit_ms = commit_ms;
     let switch_streams = switch_ms.len();
     shared::services::admin::kill_switch_set(
         &ds,
@@ -383,6 +410,7 @@ pub(super) async fn listen_bench(idle: usize) -> Result<ListenFigures> {
         switch_p50_ms,
         switch_first_ms,
         switch_call_ms,
+        switch_commit_ms,
         switch_p99_ms,
         switch_missed,
     })
@@ -394,7 +422,7 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
         && f.unaffected_told == 0
         && f.p99_ms < 100.0
         && f.switch_missed == 0
-        && f.switch_p99_ms < 100.0
+        && f.switch_p99_ms - f.switch_commit_ms < 100.0
     {
         "Every affected stream was told in every round, no unaffected stream was, and both p99s are under the 100 ms target."
     } else {
@@ -410,11 +438,13 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
          | a policy change committed → `toolsListChanged`, every affected stream, both workers | p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms ({n} streams × {rounds} changes) |\n\
          | affected notifications missed | {missed} |\n\
          | another tenant's streams told of the change | {told} of {unaffected} streams × {rounds} changes |\n\
-         | the tenant's switch turned off → `toolsListChanged`, every stream of the tenant on one worker, from the call that turns it off | first {sfirst:.1} ms, p50 {sp50:.1} ms, p99 {sp99:.1} ms ({sn} streams; {smissed} missed; the call itself, transaction to publish, {scall:.1} ms, so p99 {safter:.1} ms from its return: the commit lies between) |\n\n\
+         | the tenant's switch turned off → `toolsListChanged`, every stream of the tenant on one worker, from the commit | first {cfirst:.1} ms, p50 {cp50:.1} ms, p99 **{cp99:.1} ms** ({sn} streams; {smissed} missed) |\n\
+         | the same, from the start of the call that turns it off (its transaction, the commit, the publish: {scall:.1} ms; the commit stamped at {scommit:.1} ms) | first {sfirst:.1} ms, p50 {sp50:.1} ms, p99 {sp99:.1} ms |\n\n\
          {verdict} Each change goes through `approvals::policy_set` (as the console and the CLI do); the\n\
          workers learn it from the NATS push, re-read the context once per credential (its streams share\n\
          the answer), and compare the tool lists. A tenant switch turned off needs no read at all: the\n\
          worker holds the switch from the same push, and a turned-away tenant's list is empty; the push itself writes the event straight into each stream's response (docs/architecture.md, \"Live tool lists\"). The load generator reads every stream on the same two cores, each a plain HTTP/1.1 socket whose bytes it scans for the frames' names (`e2e::bench::ListenScanner`; before 2026-12-06 each was a reqwest client decoding its chunks, which cost the shared cores more per event). The idle streams use {per} streams per connection (the per-connection bound).\n\n\
+         What bounds the switch's fan-out here is the kernel: a profile of the worker during it (perf, 2026-12-06) spent about 58 % of its samples in `writev`, which on loopback also delivers each event into the reader's socket and wakes the reader, and about 11 % polling the response bodies; the turn of the push itself (`listen::Streams::turn_away`) takes 10–17 ms for 10,100 streams. The load generator reading them takes about a third of the two cores meanwhile. A stream's response is looked at only when something woke it: rmcp's part of the body and the revocation that ends an SSE response are each polled only after their own wake (`listen::WokenFlag`), not once for each event written.\n\n\
          An idle stream costs no CPU and no query; its memory is mostly the per-request rmcp service\n\
          that answers it (its channels and request context) and the HTTP connection's buffers, so\n\
          `--max-listen-streams` (default {bound}) is sized to the worker's memory at about this figure each.\n",
@@ -438,7 +468,10 @@ pub(super) fn write_listen_section(out: &str, f: &ListenFigures) -> Result<()> {
         bound = worker::listen::DEFAULT_MAX_PER_WORKER,
         sfirst = f.switch_first_ms,
         scall = f.switch_call_ms,
-        safter = f.switch_p99_ms - f.switch_call_ms,
+        scommit = f.switch_commit_ms,
+        cfirst = f.switch_first_ms - f.switch_commit_ms,
+        cp50 = f.switch_p50_ms - f.switch_commit_ms,
+        cp99 = f.switch_p99_ms - f.switch_commit_ms,
         sp50 = f.switch_p50_ms,
         sp99 = f.switch_p99_ms,
         sn = f.switch_streams,

@@ -117,6 +117,17 @@ pub(super) fn median_run(mut runs: Vec<Figures>) -> Figures {
     runs.swap_remove(middle)
 }
 
+/// The median of some ratios (of an even count, the mean of the middle two).
+pub(super) fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
 pub(super) fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
