@@ -250,16 +250,23 @@ pub async fn authenticate(
             .as_ref()
             .and_then(|r| r.0.lock().ok()?.as_ref().map(|registered| registered.direct.clone()));
         if let Some(reserved) = reserved {
+            if let Ok(mut guard) = reserved.0.lock()
+                && let Some(registered) = guard.as_mut()
+            {
+                registered.revoked = Some(inflight.token.clone());
+            }
             request.extensions_mut().insert(reserved);
         }
         if let Some(span) = &span {
             request.extensions_mut().insert(telemetry::RequestTrace(span.context()));
         }
         let response = written.write(&body, next.run(request).await).await;
-        let response = match direct {
+        let response = match &direct {
             Some(direct) if is_event_stream(&response) => {
-                let (parts, stream) = response.into_parts();
-                Response::from_parts(parts, crate::listen::attach(direct, stream))
+                let (mut parts, stream) = response.into_parts();
+                // Marked, so a revocation lets the stream's task end it with its result.
+                parts.extensions.insert(ListenBody(direct.clone()));
+                Response::from_parts(parts, crate::listen::attach(direct.clone(), stream))
             }
             _ => response,
         };
@@ -486,6 +493,10 @@ impl DatabaseUnavailable {
 }
 
 /// A listen stream's place, taken by the entry point (see [`reserve_listen`]) and handed to
+/// A listen stream's response, as the entry point attached it (see `listen::Direct`).
+#[derive(Clone)]
+pub(crate) struct ListenBody(pub Arc<crate::listen::Direct>);
+
 /// the stream through the request's extensions.
 #[derive(Clone)]
 pub struct ReservedStream(pub Arc<std::sync::Mutex<Option<crate::listen::Registered>>>);

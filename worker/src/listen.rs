@@ -233,6 +233,9 @@ pub struct Registered {
     pub wake: Arc<Wake>,
     /// Where the stream's task tells its response directly ([`Direct`]).
     pub direct: Arc<Direct>,
+    /// Cancelled when the stream's connection is revoked (the request's in-flight token, set
+    /// by the entry point): the task then ends the stream with its final result at once.
+    pub revoked: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// A listen stream's `toolsListChanged` events, written by its task straight into its response.
@@ -266,7 +269,12 @@ impl Direct {
         let _ = self.event.set(event);
     }
 
-    /// Whether the response is gone (the client left).
+    /// Tells nothing more: the stream is ending (its connection was revoked).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Whether the response is gone (the client left), or the stream is ending.
     pub fn closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -494,6 +502,7 @@ impl Streams {
             connection: connection.to_owned(),
             wake,
             direct,
+            revoked: None,
         })
     }
 

@@ -272,7 +272,16 @@ impl Server {
         // (a switch wakes ten thousand streams at once).
         let cancelled = subscription.cancelled();
         let draining = self.state.draining.cancelled();
-        tokio::pin!(cancelled, draining);
+        // The connection revoked (the entry point's token for this request): the stream ends
+        // with its final result at once, whether or not the database answers a re-read.
+        let revoked_token = registered.revoked.clone();
+        let revoked = async {
+            match &revoked_token {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(cancelled, draining, revoked);
         // Counters looked up once, not by label on each wake.
         let (told, unchanged) = (
             metrics.listen_events.with_label_values(&["changed"]),
@@ -292,6 +301,11 @@ impl Server {
                 _ = &mut cancelled => return Ok(()),
                 // The worker is stopping: the final result tells the client to listen again.
                 _ = &mut draining => return Ok(()),
+                _ = &mut revoked => {
+                    tracing::info!(connection = %connection, "listen stream ended: its connection was revoked");
+                    metrics.listen_events.with_label_values(&["ended"]).inc();
+                    return Ok(());
+                }
                 // A timer only for a credential that expires (an async block makes none).
                 _ = async {
                     match until_expiry {
@@ -354,6 +368,7 @@ impl Server {
                         _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
                         _ = &mut cancelled => return Ok(()),
                         _ = &mut draining => return Ok(()),
+                        _ = &mut revoked => return Ok(()),
                     }
                     continue;
                 }

@@ -52,7 +52,10 @@ pub(super) fn insufficient_scope(
 }
 
 /// An SSE response (progress, long tools) keeps streaming after the handler returned its
-/// headers; a revocation pushed meanwhile ends the stream, which also cancels the call.
+/// headers; a revocation pushed meanwhile ends the stream, which also cancels the call. A listen
+/// stream is ended by its own task, which the same revocation wakes: the stream ends with its
+/// final result, as a listen stream ends (MCP 2026-07-28), and its client is told nothing
+/// more meanwhile; a stream whose task has not ended it within [`LISTEN_END_GRACE`] is cut.
 pub(super) fn end_stream_on_revocation(
     response: Response,
     inflight: crate::live::InFlight,
@@ -61,6 +64,7 @@ pub(super) fn end_stream_on_revocation(
         return response;
     }
     let (parts, body) = response.into_parts();
+    let listen = parts.extensions.get::<super::ListenBody>().map(|l| l.0.clone());
     let (flag, waker) = crate::listen::WokenFlag::new();
     let revoked = Box::pin(inflight.token.clone().cancelled_owned());
     let stream = UntilRevoked {
@@ -69,6 +73,8 @@ pub(super) fn end_stream_on_revocation(
         flag,
         waker,
         _inflight: inflight,
+        listen,
+        grace: None,
         ended: false,
     };
     Response::from_parts(parts, axum::body::Body::from_stream(stream))
@@ -84,8 +90,15 @@ struct UntilRevoked {
     waker: std::task::Waker,
     /// The call's registration lives as long as its stream.
     _inflight: crate::live::InFlight,
+    /// A listen stream's response: its task ends it on a revocation.
+    listen: Option<Arc<crate::listen::Direct>>,
+    /// Revoked: how long a listen stream's task has left to end it.
+    grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
     ended: bool,
 }
+
+/// How long a revoked listen stream's task has to end it with its result before it is cut.
+pub(super) const LISTEN_END_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl futures_util::Stream for UntilRevoked {
     type Item = Result<axum::body::Bytes, axum::Error>;
@@ -98,12 +111,30 @@ impl futures_util::Stream for UntilRevoked {
         if this.ended {
             return std::task::Poll::Ready(None);
         }
+        if let Some(grace) = &mut this.grace {
+            // Revoked: the task's final result, or the cut at the end of the grace.
+            if grace.as_mut().poll(cx).is_ready() {
+                this.ended = true;
+                return std::task::Poll::Ready(None);
+            }
+            return std::pin::Pin::new(&mut this.body).poll_next(cx);
+        }
         this.flag.register(cx);
         if this.flag.take() {
             let mut own = std::task::Context::from_waker(&this.waker);
             if this.revoked.as_mut().poll(&mut own).is_ready() {
-                this.ended = true;
-                return std::task::Poll::Ready(None);
+                let Some(listen) = &this.listen else {
+                    this.ended = true;
+                    return std::task::Poll::Ready(None);
+                };
+                // Nothing more is told; the task, woken by the same token, ends the stream.
+                listen.close();
+                let mut grace = Box::pin(tokio::time::sleep(LISTEN_END_GRACE));
+                if grace.as_mut().poll(cx).is_ready() {
+                    this.ended = true;
+                    return std::task::Poll::Ready(None);
+                }
+                this.grace = Some(grace);
             }
         }
         std::pin::Pin::new(&mut this.body).poll_next(cx)
@@ -184,4 +215,81 @@ pub(super) fn unavailable(message: &str) -> Response {
     let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt as _;
+
+    /// An SSE response whose chunks come from `rx`; it ends when `rx`'s sender is dropped.
+    fn sse(rx: tokio::sync::mpsc::Receiver<&'static str>) -> Response {
+        let body = futures_util::stream::unfold(rx, |mut rx| async move {
+            let chunk = rx.recv().await?;
+            Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(chunk)), rx))
+        });
+        let mut response = Response::new(axum::body::Body::from_stream(body));
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        response
+    }
+
+    async fn next(body: &mut axum::body::BodyDataStream) -> Option<String> {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(5), body.next())
+            .await
+            .expect("the body answers")?;
+        Some(String::from_utf8_lossy(&chunk.expect("chunk")).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_revocation_cuts_an_sse_response_and_lets_a_listen_stream_end_with_its_result() {
+        let live = Arc::new(crate::live::Live::default());
+
+        // A progress stream: cut at the revocation, whatever its handler still sends.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let inflight = live.register("con_a");
+        let token = inflight.token.clone();
+        let mut body = end_stream_on_revocation(sse(rx), inflight).into_body().into_data_stream();
+        tx.send("data: one\n\n").await.expect("send");
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: one\n\n"));
+        token.cancel();
+        tx.send("data: two\n\n").await.expect("send");
+        assert_eq!(next(&mut body).await, None, "nothing after the revocation");
+
+        // A listen stream: told nothing more, and its task's final result still goes out.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let inflight = live.register("con_b");
+        let token = inflight.token.clone();
+        let direct = Arc::new(crate::listen::Direct::default());
+        let mut response = sse(rx);
+        response.extensions_mut().insert(super::super::ListenBody(direct.clone()));
+        let mut body = end_stream_on_revocation(response, inflight).into_body().into_data_stream();
+        tx.send("data: ack\n\n").await.expect("send");
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: ack\n\n"));
+        assert!(!direct.closed());
+        token.cancel();
+        tx.send("data: final\n\n").await.expect("send");
+        drop(tx);
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: final\n\n"), "its result");
+        assert!(direct.closed(), "the stream tells nothing more once revoked");
+        assert_eq!(next(&mut body).await, None);
+
+        // A listen stream whose task does not end it: cut when the grace runs out.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let inflight = live.register("con_c");
+        let token = inflight.token.clone();
+        let mut response = sse(rx);
+        response
+            .extensions_mut()
+            .insert(super::super::ListenBody(Arc::new(crate::listen::Direct::default())));
+        let mut body = end_stream_on_revocation(response, inflight).into_body().into_data_stream();
+        tx.send("data: ack\n\n").await.expect("send");
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: ack\n\n"));
+        token.cancel();
+        let revoked_at = std::time::Instant::now();
+        assert_eq!(next(&mut body).await, None, "cut");
+        assert!(revoked_at.elapsed() >= LISTEN_END_GRACE, "after the grace");
+        drop(tx);
+    }
 }
