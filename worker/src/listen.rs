@@ -269,9 +269,11 @@ impl Direct {
         let _ = self.event.set(event);
     }
 
-    /// Tells nothing more: the stream is ending (its connection was revoked).
+    /// Tells nothing more, and drops what was told but not yet written: the stream is ending
+    /// (its connection was revoked).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.pending.store(0, Ordering::Release);
     }
 
     /// Whether the response is gone (the client left), or the stream is ending.

@@ -302,10 +302,9 @@ impl Server {
                 // The worker is stopping: the final result tells the client to listen again.
                 _ = &mut draining => return Ok(()),
                 _ = &mut revoked => {
-                    tracing::info!(connection = %connection, "listen stream ended: its connection was revoked");
-                    metrics.listen_events.with_label_values(&["ended"]).inc();
+                    revoked_end(&direct, &connection, metrics);
                     return Ok(());
-                }
+                },
                 // A timer only for a credential that expires (an async block makes none).
                 _ = async {
                     match until_expiry {
@@ -320,6 +319,12 @@ impl Server {
             // and again (pushes faster than its re-reads, a database that keeps failing) looks
             // at its end here too: its client gone, or the worker stopping.
             if request.ct.is_cancelled() || direct.closed() {
+                return Ok(());
+            }
+            // A revocation's push both cancels the token and wakes the stream, and the wake
+            // wins the select: the token is looked at here, so no re-read decides instead.
+            if revoked_token.as_ref().is_some_and(|t| t.is_cancelled()) {
+                revoked_end(&direct, &connection, metrics);
                 return Ok(());
             }
             if self.state.draining_now.load(std::sync::atomic::Ordering::Acquire) {
@@ -342,8 +347,14 @@ impl Server {
                 listen::Reread::Fresh { digest: TURNED_AWAY.to_vec(), expires_at }
             } else {
                 let cell = self.state.streams.reread(credential.clone());
-                let answer =
-                    cell.get_or_init(|| self.reread(authorization.as_deref())).await.clone();
+                // A revocation arriving during the read ends the stream without its answer.
+                let answer = tokio::select! {
+                    answer = cell.get_or_init(|| self.reread(authorization.as_deref())) => answer.clone(),
+                    _ = &mut revoked => {
+                    revoked_end(&direct, &connection, metrics);
+                    return Ok(());
+                },
+                };
                 if matches!(answer, listen::Reread::Failed) {
                     self.state.streams.forget_reread(&credential, &cell);
                 }
@@ -365,11 +376,14 @@ impl Server {
                     registered.wake.end_look_failed();
                     registered.wake.again();
                     tokio::select! {
-                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                        _ = &mut cancelled => return Ok(()),
-                        _ = &mut draining => return Ok(()),
-                        _ = &mut revoked => return Ok(()),
-                    }
+                            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                            _ = &mut cancelled => return Ok(()),
+                            _ = &mut draining => return Ok(()),
+                            _ = &mut revoked => {
+                        revoked_end(&direct, &connection, metrics);
+                        return Ok(());
+                    },
+                        }
                     continue;
                 }
             };
@@ -413,6 +427,14 @@ pub fn tools_changed_event(subscription: &rmcp::model::RequestId) -> axum::body:
     let _ = serde_json::to_writer(&mut event, &message);
     event.extend_from_slice(b"\n\n");
     event.into()
+}
+
+/// A listen stream whose connection was revoked: it tells nothing more (a count of events not
+/// yet written is dropped), and its task returns, so rmcp writes the stream's final result.
+fn revoked_end(direct: &listen::Direct, connection: &str, metrics: &crate::metrics::Metrics) {
+    direct.close();
+    tracing::info!(connection = %connection, "listen stream ended: its connection was revoked");
+    metrics.listen_events.with_label_values(&["ended"]).inc();
 }
 
 /// Keeps the open-streams gauge right when a stream ends, however it ends.

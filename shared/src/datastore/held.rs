@@ -38,26 +38,33 @@ impl Task {
     }
 }
 
+/// Per task: how many transactions it holds, and where the first of them was begun.
 #[cfg(debug_assertions)]
-static OPEN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<Task, usize>>> =
+type Open = std::collections::HashMap<Task, (usize, &'static std::panic::Location<'static>)>;
+
+#[cfg(debug_assertions)]
+static OPEN: std::sync::LazyLock<std::sync::Mutex<Open>> =
     std::sync::LazyLock::new(Default::default);
 
 #[cfg(debug_assertions)]
-fn open() -> std::sync::MutexGuard<'static, std::collections::HashMap<Task, usize>> {
+fn open() -> std::sync::MutexGuard<'static, Open> {
     OPEN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Held {
-    /// Notes a transaction just begun by the current task.
-    pub(crate) fn note() -> Held {
+    /// Notes a transaction just begun by the current task, at `begun` (its caller's line).
+    pub(crate) fn note(begun: &'static std::panic::Location<'static>) -> Held {
         #[cfg(debug_assertions)]
         {
             let task = Task::current();
-            *open().entry(task).or_default() += 1;
+            open().entry(task).or_insert((0, begun)).0 += 1;
             Held { task }
         }
         #[cfg(not(debug_assertions))]
-        Held {}
+        {
+            let _ = begun;
+            Held {}
+        }
     }
 }
 
@@ -66,7 +73,7 @@ impl Drop for Held {
         #[cfg(debug_assertions)]
         {
             let mut open = open();
-            if let Some(n) = open.get_mut(&self.task) {
+            if let Some((n, _)) = open.get_mut(&self.task) {
                 *n -= 1;
                 if *n == 0 {
                     open.remove(&self.task);
@@ -76,29 +83,37 @@ impl Drop for Held {
     }
 }
 
-/// Whether the current task holds a transaction open (always `false` in release builds).
-pub(crate) fn holds_a_transaction() -> bool {
+/// Where the transaction the current task holds open was begun (always `None` in release
+/// builds).
+pub(crate) fn held_since() -> Option<&'static std::panic::Location<'static>> {
     #[cfg(debug_assertions)]
     {
-        open().contains_key(&Task::current())
+        open().get(&Task::current()).map(|(_, begun)| *begun)
     }
     #[cfg(not(debug_assertions))]
-    false
+    None
+}
+
+/// Whether the current task holds a transaction open (always `false` in release builds).
+#[cfg(test)]
+fn holds_a_transaction() -> bool {
+    held_since().is_some()
 }
 
 /// Called where the pool lends a connection: a task holding a transaction may not ask for one.
 #[track_caller]
 pub(crate) fn check_lend() {
-    if holds_a_transaction() {
+    if let Some(begun) = held_since() {
         let at = std::panic::Location::caller();
         tracing::error!(
             at = %at,
+            begun = %begun,
             "a transaction waits for a second connection: read on the transaction or before it begins"
         );
         panic!(
-            "a task holding a transaction asked the pool for a second connection at {at}: \
-             read on the transaction (`&mut **tx`) or before it begins (docs/architecture.md, \
-             \"No transaction waits for a second connection\")"
+            "a task holding a transaction (begun at {begun}) asked the pool for a second \
+             connection at {at}: read on the transaction (`&mut **tx`) or before it begins \
+             (docs/architecture.md, \"No transaction waits for a second connection\")"
         );
     }
 }
@@ -110,8 +125,8 @@ mod tests {
     #[tokio::test]
     async fn a_task_holding_a_transaction_is_noted_until_it_ends_and_other_tasks_are_not() {
         assert!(!holds_a_transaction());
-        let first = Held::note();
-        let second = Held::note();
+        let first = Held::note(std::panic::Location::caller());
+        let second = Held::note(std::panic::Location::caller());
         assert!(holds_a_transaction());
         // Another task holds nothing of this one's.
         let elsewhere = tokio::spawn(async { holds_a_transaction() }).await.expect("task");
@@ -121,7 +136,7 @@ mod tests {
         drop(second);
         assert!(!holds_a_transaction(), "both ended");
         let refused = tokio::spawn(async {
-            let _held = Held::note();
+            let _held = Held::note(std::panic::Location::caller());
             check_lend();
         })
         .await;
@@ -129,7 +144,7 @@ mod tests {
         check_lend();
         // A test's own body (no task id: the thread blocks on it) is held to the same rule.
         let body = std::panic::catch_unwind(|| {
-            let _held = Held::note();
+            let _held = Held::note(std::panic::Location::caller());
             check_lend();
         });
         assert!(body.is_err(), "lending to a body holding one panics");

@@ -625,9 +625,10 @@ impl Services {
     #[track_caller]
     pub(crate) fn begin(&self) -> impl Future<Output = Result<Tx<'static>>> + Send + '_ {
         let pool = self.pool();
+        let begun = std::panic::Location::caller();
         async move {
             let inner = pool.begin().await?;
-            Ok(Tx { inner, held: held::Held::note() })
+            Ok(Tx { inner, held: held::Held::note(begun) })
         }
     }
 }

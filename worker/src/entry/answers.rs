@@ -112,12 +112,14 @@ impl futures_util::Stream for UntilRevoked {
             return std::task::Poll::Ready(None);
         }
         if let Some(grace) = &mut this.grace {
-            // Revoked: the task's final result, or the cut at the end of the grace.
-            if grace.as_mut().poll(cx).is_ready() {
+            // Revoked: the task's final result (taken first when both are ready), or the cut
+            // at the end of the grace.
+            let polled = std::pin::Pin::new(&mut this.body).poll_next(cx);
+            if polled.is_pending() && grace.as_mut().poll(cx).is_ready() {
                 this.ended = true;
                 return std::task::Poll::Ready(None);
             }
-            return std::pin::Pin::new(&mut this.body).poll_next(cx);
+            return polled;
         }
         this.flag.register(cx);
         if this.flag.take() {
@@ -290,6 +292,20 @@ mod tests {
         let revoked_at = std::time::Instant::now();
         assert_eq!(next(&mut body).await, None, "cut");
         assert!(revoked_at.elapsed() >= LISTEN_END_GRACE, "after the grace");
+        drop(tx);
+
+        // Revoked while the client waits on an idle body: the revocation itself wakes it.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let inflight = live.register("con_d");
+        let token = inflight.token.clone();
+        let mut body = end_stream_on_revocation(sse(rx), inflight).into_body().into_data_stream();
+        tx.send("data: one\n\n").await.expect("send");
+        assert_eq!(next(&mut body).await.as_deref(), Some("data: one\n\n"));
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            token.cancel();
+        });
+        assert_eq!(next(&mut body).await, None, "woken and cut while idle");
         drop(tx);
     }
 }
