@@ -304,7 +304,7 @@ impl Server {
                 _ = &mut revoked => {
                     revoked_end(&direct, &connection, metrics);
                     return Ok(());
-                },
+                }
                 // A timer only for a credential that expires (an async block makes none).
                 _ = async {
                     match until_expiry {
@@ -351,9 +351,9 @@ impl Server {
                 let answer = tokio::select! {
                     answer = cell.get_or_init(|| self.reread(authorization.as_deref())) => answer.clone(),
                     _ = &mut revoked => {
-                    revoked_end(&direct, &connection, metrics);
-                    return Ok(());
-                },
+                        revoked_end(&direct, &connection, metrics);
+                        return Ok(());
+                    }
                 };
                 if matches!(answer, listen::Reread::Failed) {
                     self.state.streams.forget_reread(&credential, &cell);
@@ -376,14 +376,14 @@ impl Server {
                     registered.wake.end_look_failed();
                     registered.wake.again();
                     tokio::select! {
-                            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                            _ = &mut cancelled => return Ok(()),
-                            _ = &mut draining => return Ok(()),
-                            _ = &mut revoked => {
-                        revoked_end(&direct, &connection, metrics);
-                        return Ok(());
-                    },
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                        _ = &mut cancelled => return Ok(()),
+                        _ = &mut draining => return Ok(()),
+                        _ = &mut revoked => {
+                            revoked_end(&direct, &connection, metrics);
+                            return Ok(());
                         }
+                    }
                     continue;
                 }
             };
