@@ -616,5 +616,19 @@ impl Drop for Stack {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+        // The services run as debug builds, where a transaction that asks the pool for a second
+        // connection panics; a background job's run survives that as a failed run, so every
+        // stack's logs are read for its line once the test is over (a test that already failed
+        // keeps its own message).
+        if !std::thread::panicking() {
+            for p in &self.procs {
+                let log = self.log(&p.name);
+                if let Some(line) =
+                    log.lines().find(|l| l.contains(shared::SECOND_CONNECTION_LOGGED))
+                {
+                    panic!("{} broke the transaction rule: {line}", p.name);
+                }
+            }
+        }
     }
 }

@@ -31,5 +31,5 @@ pub mod views;
 pub mod testing;
 
 pub use ctx::OpCtx;
-pub use datastore::{Policy, Pooling, Services};
+pub use datastore::{Policy, Pooling, SECOND_CONNECTION_LOGGED, Services};
 pub use error::{Error, Result};

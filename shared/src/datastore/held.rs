@@ -100,6 +100,11 @@ fn holds_a_transaction() -> bool {
     held_since().is_some()
 }
 
+/// The error line a broken rule logs (before its panic), for what runs the services in another
+/// process and reads their logs (the e2e stacks: a background job survives the panic as a failed
+/// run, so its log is where the breach shows).
+pub const SECOND_CONNECTION_LOGGED: &str = "a transaction waits for a second connection";
+
 /// Called where the pool lends a connection: a task holding a transaction may not ask for one.
 #[track_caller]
 pub(crate) fn check_lend() {
@@ -108,7 +113,7 @@ pub(crate) fn check_lend() {
         tracing::error!(
             at = %at,
             begun = %begun,
-            "a transaction waits for a second connection: read on the transaction or before it begins"
+            "{SECOND_CONNECTION_LOGGED}: read on the transaction or before it begins"
         );
         panic!(
             "a task holding a transaction (begun at {begun}) asked the pool for a second \

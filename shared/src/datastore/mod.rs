@@ -36,6 +36,7 @@ mod connections;
 mod customers;
 mod failover;
 mod held;
+pub use held::SECOND_CONNECTION_LOGGED;
 mod hot_path;
 mod housekeeping;
 mod invitations;
