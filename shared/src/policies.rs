@@ -21,10 +21,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cedar_policy::{
-    ActionConstraint, Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName,
-    EntityUid, PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
+    ActionConstraint, Authorizer, Decision, Entities, EntityId, EntityTypeName, EntityUid,
+    PolicySet, Request, Schema, ValidationMode, Validator,
 };
+use cedar_policy_core::ast;
+use cedar_policy_core::entities::{Entities as Store, NoEntitiesSchema, TCComputation};
+use cedar_policy_core::evaluator::Evaluator;
+use cedar_policy_core::extensions::Extensions;
 use serde_json::Value;
+use smol_str::SmolStr;
 
 use crate::effect::EffectClass;
 
@@ -116,16 +121,26 @@ pub struct Compiled {
     info: BTreeMap<String, PolicyInfo>,
     authorizer: Authorizer,
     /// Each connection's entity as last built, by handle: the same connection calls again
-    /// and again, and cloning its entity costs less than building it from expressions.
-    principals: std::sync::Mutex<std::collections::HashMap<String, (Principal, Entity)>>,
+    /// and again, and sharing its entity costs less than building it.
+    principals: std::sync::Mutex<std::collections::HashMap<String, (Principal, Connection)>>,
+}
+
+/// A connection as a request names it and as its entity holds it, and the entities of a call
+/// whose policies read no record: the connection alone.
+#[derive(Clone)]
+struct Connection {
+    uid: ast::EntityUIDEntry,
+    entity: Arc<ast::Entity>,
+    alone: Arc<Store>,
 }
 
 /// The policies that judge one tool: the set Cedar judges policy by policy (which names the
-/// deciding ones), and its screen, the same policies as one ([`screen`]), which allows an
-/// allowed call in one pass. `screen` is `None` when a policy has a form it does not translate.
+/// deciding ones), and its screen, the same policies as one condition ([`screen`]), which
+/// allows an allowed call in one evaluation. `screen` is `None` when a policy has a form it
+/// does not translate.
 struct Share {
     set: PolicySet,
-    screen: Option<PolicySet>,
+    screen: Option<ast::Expr>,
 }
 
 /// The most connection entities one compiled set keeps (a full cache starts again empty).
@@ -145,15 +160,17 @@ pub struct PolicySchema {
     schema: Schema,
     /// Each tool's action and the arguments its context types.
     actions: std::collections::HashMap<String, ActionFacts>,
-    connection: EntityTypeName,
+    connection: ast::EntityType,
     /// `Tenant`, `Booking`, `Customer`, `Technician`, in [`RESOURCE_TYPES`]'s order.
-    resources: [EntityTypeName; 4],
+    resources: [ast::EntityType; 4],
 }
 
 /// One tool as a request names it: its action, and the arguments a policy may read.
 struct ActionFacts {
     uid: EntityUid,
-    args: Vec<(String, ArgType)>,
+    /// The same action as a request holds it.
+    entry: ast::EntityUIDEntry,
+    args: Vec<(SmolStr, ArgType)>,
 }
 
 /// The Cedar type of one argument, as the schema gives it.
@@ -180,21 +197,17 @@ impl ArgType {
     /// number also from its digits in a string (the tools take `"50"` for 50). `None` when
     /// it has another type: the tool's own parsing refuses it before anything runs, and to a
     /// policy the argument is absent.
-    fn fact(&self, value: &Value) -> Option<RestrictedExpression> {
+    fn fact(&self, value: &Value) -> Option<ast::Value> {
         match (self, value) {
-            (ArgType::String, Value::String(s)) => {
-                Some(RestrictedExpression::new_string(s.trim().to_owned()))
-            }
-            (ArgType::Long, Value::Number(n)) => n.as_i64().map(RestrictedExpression::new_long),
-            (ArgType::Long, Value::String(s)) => {
-                s.trim().parse::<i64>().ok().map(RestrictedExpression::new_long)
-            }
-            (ArgType::Boolean, Value::Bool(b)) => Some(RestrictedExpression::new_bool(*b)),
+            (ArgType::String, Value::String(s)) => Some(ast::Value::from(s.trim())),
+            (ArgType::Long, Value::Number(n)) => n.as_i64().map(ast::Value::from),
+            (ArgType::Long, Value::String(s)) => s.trim().parse::<i64>().ok().map(ast::Value::from),
+            (ArgType::Boolean, Value::Bool(b)) => Some(ast::Value::from(*b)),
             (ArgType::Set(element), Value::Array(items)) => items
                 .iter()
                 .map(|item| element.fact(item))
                 .collect::<Option<Vec<_>>>()
-                .map(RestrictedExpression::new_set),
+                .map(|items| ast::Value::set(items, None)),
             _ => None,
         }
     }
@@ -225,12 +238,13 @@ impl PolicySchema {
                     .map(|attrs| {
                         attrs
                             .iter()
-                            .filter_map(|(arg, ty)| Some((arg.clone(), ArgType::of(ty)?)))
+                            .filter_map(|(arg, ty)| Some((SmolStr::from(arg), ArgType::of(ty)?)))
                             .collect()
                     })
                     .unwrap_or_default();
                 let uid = EntityUid::from_type_name_and_id(action.clone(), EntityId::new(tool));
-                actions.insert(tool.clone(), ActionFacts { uid, args });
+                let entry = ast::EntityUIDEntry::known(uid.clone().into(), None);
+                actions.insert(tool.clone(), ActionFacts { uid, entry, args });
             }
         }
         let [t, b, c, r] = RESOURCE_TYPES;
@@ -238,8 +252,8 @@ impl PolicySchema {
             json,
             schema,
             actions,
-            connection: name("Connection")?,
-            resources: [name(t)?, name(b)?, name(c)?, name(r)?],
+            connection: name("Connection")?.as_ref().clone(),
+            resources: [name(t)?, name(b)?, name(c)?, name(r)?].map(|n| n.as_ref().clone()),
         })
     }
 }
@@ -396,13 +410,9 @@ impl Compiled {
                         .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?;
                     Ok::<_, Vec<Problem>>(set)
                 };
-                let screen = match screen::screen(&judging, &facts.uid) {
-                    Some(one) => Some(with_base(
-                        PolicySet::from_policies([one])
-                            .map_err(|e| vec![Problem { line: 0, message: e.to_string() }])?,
-                    )?),
-                    None => None,
-                };
+                // The screen's condition as Cedar builds it for evaluation, built once here.
+                let screen = screen::screen(&judging, &facts.uid)
+                    .map(|one| AsRef::<ast::Policy>::as_ref(&one).condition());
                 Some(Share { set: with_base(share)?, screen })
             };
             by_action.insert(tool.clone(), share);
@@ -463,17 +473,16 @@ impl Compiled {
             return Verdict::Error(problem);
         }
         match self.request(call, facts) {
-            Ok((request, entities)) => {
-                // The screen allows in one pass what the set allows; anything else (a policy
-                // that applies, an error) is judged by the set, which names the policies.
-                if let Some(screen) = &share.screen {
-                    let first = self.authorizer.is_authorized(&request, screen, &entities);
-                    if first.decision() == Decision::Allow
-                        && first.diagnostics().errors().next().is_none()
-                    {
-                        return Verdict::Allow;
-                    }
+            Ok((request, store)) => {
+                // The screen allows what the set allows in one evaluation: its condition is
+                // false, without an error, exactly when no policy of the tool applies and none
+                // fails. Anything else (true, an error) is judged by the set, which names the
+                // policies.
+                if share.screen.as_ref().is_some_and(|s| screen_allows(s, &request, &store)) {
+                    return Verdict::Allow;
                 }
+                let entities = Entities::from(Arc::unwrap_or_clone(store));
+                let request = Request::from(request);
                 let answer = self.authorizer.is_authorized(&request, &share.set, &entities);
                 if let Some(error) = answer.diagnostics().errors().next() {
                     return Verdict::Error(format!("a policy failed to evaluate: {error}"));
@@ -501,143 +510,192 @@ impl Compiled {
 
     /// The connection's entity: the one built for its last call when the connection is as it
     /// was then (same role, client, grant, name and creator), else built now and kept.
-    fn connection_entity(&self, who: &Principal, uid: &EntityUid) -> Result<Entity, String> {
+    fn connection(&self, who: &Principal) -> Result<Connection, String> {
         let kept = self.principals.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((seen, entity)) = kept.get(&who.handle)
+        if let Some((seen, connection)) = kept.get(&who.handle)
             && seen == who
         {
-            return Ok(entity.clone());
+            return Ok(connection.clone());
         }
         drop(kept);
-        let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
-        let entity = Entity::new(
+        let uid = ast::EntityUID::from_components(
+            self.schema.connection.clone(),
+            ast::Eid::new(who.handle.as_str()),
+            None,
+        );
+        let attrs = [
+            ("role", &who.role),
+            ("client", &who.client),
+            ("grant", &who.grant),
+            ("name", &who.name),
+            ("creator", &who.creator),
+        ]
+        .map(|(name, value)| (SmolStr::new_static(name), string(value).into()));
+        let entity = Arc::new(ast::Entity::new_with_attr_partial_value(
             uid.clone(),
-            [
-                ("role".to_owned(), string(&who.role)),
-                ("client".to_owned(), string(&who.client)),
-                ("grant".to_owned(), string(&who.grant)),
-                ("name".to_owned(), string(&who.name)),
-                ("creator".to_owned(), string(&who.creator)),
-            ]
-            .into_iter()
-            .collect(),
+            attrs,
             Default::default(),
-        )
-        .map_err(|e| e.to_string())?;
+            Default::default(),
+            [],
+        ));
+        let alone = Arc::new(store([entity.clone()])?);
+        let connection = Connection { uid: ast::EntityUIDEntry::known(uid, None), entity, alone };
         let mut kept = self.principals.lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() >= PRINCIPALS_KEPT {
             kept.clear();
         }
-        kept.insert(who.handle.clone(), (who.clone(), entity.clone()));
-        Ok(entity)
+        kept.insert(who.handle.clone(), (who.clone(), connection.clone()));
+        Ok(connection)
     }
 
-    /// The call as Cedar's request, built from values (no JSON, no parsing: the names were
-    /// parsed with the schema).
-    fn request(&self, call: &Call<'_>, facts: &ActionFacts) -> Result<(Request, Entities), String> {
-        let principal = EntityUid::from_type_name_and_id(
-            self.schema.connection.clone(),
-            EntityId::new(&call.connection.handle),
-        );
+    /// The call as Cedar's request and the entities it names, built from Cedar's values: no
+    /// JSON, no parsing (the names were parsed with the schema), nothing evaluated.
+    ///
+    /// The values are those Cedar's own builders make from the same facts: the policies were
+    /// validated against the schema when compiled, and the facts are built here from it (only
+    /// the arguments it types, as [`ArgType`] reads them), so checking each call's entities and
+    /// context against the schema again would cost more than evaluating. A call whose policies
+    /// read no record is given the connection alone: a record no policy looks at cannot change
+    /// their verdict.
+    fn request(
+        &self,
+        call: &Call<'_>,
+        facts: &ActionFacts,
+    ) -> Result<(ast::Request, Arc<Store>), String> {
+        let connection = self.connection(call.connection)?;
         let (kind, id) = call.resource.uid();
-        let resource = EntityUid::from_type_name_and_id(
+        let resource = ast::EntityUID::from_components(
             self.schema.resources[kind].clone(),
-            EntityId::new(id),
+            ast::Eid::new(id),
+            None,
         );
-        let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
-        let connection = self.connection_entity(call.connection, &principal)?;
         // Only what the tool's policies read is built: the clock, the arguments and the
         // record's attributes cost more than evaluating a policy that never looks at them.
         let reads = self.context_reads.get(call.tool).and_then(Option::as_ref);
         let wants = |key: &str| reads.is_none_or(|r| r.contains(key));
-        let record = |fields: Vec<(String, RestrictedExpression)>| {
-            RestrictedExpression::new_record(fields).map_err(|e| format!("the call's context: {e}"))
-        };
-        let mut attrs = std::collections::HashMap::new();
-        let mut put = |name: &str, value: Option<RestrictedExpression>| {
+        let mut attrs: Vec<(SmolStr, ast::PartialValue)> = Vec::new();
+        let mut put = |name: &'static str, value: Option<ast::Value>| {
             if let Some(value) = value {
-                attrs.insert(name.to_owned(), value);
+                attrs.push((SmolStr::new_static(name), value.into()));
             }
         };
-        // A record's attributes only when a policy of the tool reads the record.
-        if self.reads_records.contains(call.tool) {
+        // The record only when a policy of the tool reads it.
+        let reads_record = self.reads_records.contains(call.tool);
+        if reads_record {
             match &call.resource {
                 Resource::Booking { status, hours_until_start, region, .. } => {
                     put("status", status.as_deref().map(string));
-                    put("hours_until_start", hours_until_start.map(RestrictedExpression::new_long));
+                    put("hours_until_start", hours_until_start.map(ast::Value::from));
                     put("region", region.as_deref().map(string));
                 }
                 Resource::Customer { region, local, .. } => {
                     put("region", region.as_deref().map(string));
                     put("zone", local.as_ref().and_then(|l| l.time_zone().iana_name()).map(string));
-                    put("local_time", local.as_ref().map(|l| record(clock(l))).transpose()?);
+                    put("local_time", local.as_ref().map(clock));
                 }
                 Resource::Technician(t) => {
                     put("region", t.region.as_deref().map(string));
-                    put("active", t.active.map(RestrictedExpression::new_bool));
+                    put("active", t.active.map(ast::Value::from));
                 }
                 Resource::Tenant(_) => {}
             }
         }
-        let entity =
-            Entity::new(resource.clone(), attrs, Default::default()).map_err(|e| e.to_string())?;
-        // The policies were validated against the schema when compiled, and the facts are built
-        // here from it (only the arguments it types, as [`ArgType`] reads them): checking each call's
-        // entities and context against the schema again would cost more than evaluating.
-        let entities = Entities::from_entities([connection, entity], None)
-            .map_err(|e| format!("the call's entities: {e}"))?;
-        let mut context = Vec::new();
+        let store = if reads_record {
+            let record = ast::Entity::new_with_attr_partial_value(
+                resource.clone(),
+                attrs,
+                Default::default(),
+                Default::default(),
+                [],
+            );
+            Arc::new(store([connection.entity, Arc::new(record)])?)
+        } else {
+            connection.alone
+        };
+        let mut context = std::collections::BTreeMap::new();
+        let mut put = |name: &'static str, value: ast::Value| {
+            context.insert(SmolStr::new_static(name), value);
+        };
         if wants("args") {
-            let args = facts
-                .args
-                .iter()
-                .filter_map(|(name, ty)| Some((name.clone(), ty.fact(call.args.get(name)?)?)));
-            context.push(("args".to_owned(), record(args.collect())?));
+            let args = facts.args.iter().filter_map(|(name, ty)| {
+                Some((name.clone(), ty.fact(call.args.get(name.as_str())?)?))
+            });
+            put("args", ast::Value::record(args, None));
         }
         if wants("class") {
-            context.push(("class".to_owned(), string(call.class.as_str())));
+            put("class", string(call.class.as_str()));
         }
         if wants("phase") {
-            context.push(("phase".to_owned(), string(call.phase)));
+            put("phase", string(call.phase));
         }
         if wants("effects") {
-            context.push(("effects".to_owned(), RestrictedExpression::new_long(call.effects)));
+            put("effects", ast::Value::from(call.effects));
         }
         if wants("now") {
-            context.push(("now".to_owned(), record(clock(&call.now))?));
+            put("now", clock(&call.now));
         }
         if let Some(t) = call.technician.as_ref().filter(|_| wants("technician")) {
-            let mut fields = vec![("handle".to_owned(), string(&t.handle))];
+            let mut fields = vec![("handle", string(&t.handle))];
             if let Some(region) = &t.region {
-                fields.push(("region".to_owned(), string(region)));
+                fields.push(("region", string(region)));
             }
             if let Some(active) = t.active {
-                fields.push(("active".to_owned(), RestrictedExpression::new_bool(active)));
+                fields.push(("active", ast::Value::from(active)));
             }
-            context.push(("technician".to_owned(), record(fields)?));
+            put("technician", ast::Value::record(fields, None));
         }
         if !call.budgets.is_empty() && wants("budgets") {
-            let kinds = call
+            let kinds: std::collections::BTreeMap<SmolStr, ast::Value> = call
                 .budgets
                 .iter()
                 .map(|b| {
-                    let long = RestrictedExpression::new_long;
-                    let fields = vec![
-                        ("used".to_owned(), long(b.used)),
-                        ("limit".to_owned(), long(b.limit)),
-                        ("amount".to_owned(), long(b.amount)),
-                    ];
-                    Ok((b.kind.to_owned(), record(fields)?))
+                    let fields = [("used", b.used), ("limit", b.limit), ("amount", b.amount)];
+                    (SmolStr::new_static(b.kind), ast::Value::record(fields, None))
                 })
-                .collect::<Result<Vec<_>, String>>()?;
-            context.push(("budgets".to_owned(), record(kinds)?));
+                .collect();
+            // A kind given twice would be one of them, silently: refused, as Cedar's builder does.
+            if kinds.len() != call.budgets.len() {
+                return Err("the call's context: a budget's kind is given twice".into());
+            }
+            put("budgets", ast::Value::record_arc(Arc::new(kinds), None));
         }
-        let context =
-            Context::from_pairs(context).map_err(|e| format!("the call's context: {e}"))?;
-        let request = Request::new(principal, facts.uid.clone(), resource, context, None)
-            .map_err(|e| format!("the call: {e}"))?;
-        Ok((request, entities))
+        let request = ast::Request::new_unchecked(
+            connection.uid,
+            facts.entry.clone(),
+            ast::EntityUIDEntry::known(resource, None),
+            Some(ast::Context::Value(Arc::new(context))),
+        );
+        Ok((request, store))
     }
+}
+
+/// These entities, as Cedar keeps them. They have no parents, so their hierarchy needs no
+/// closure computed.
+fn store<const N: usize>(entities: [Arc<ast::Entity>; N]) -> Result<Store, String> {
+    Store::new()
+        .add_entities(
+            entities,
+            None::<&NoEntitiesSchema>,
+            TCComputation::AssumeAlreadyComputed,
+            Extensions::all_available(),
+        )
+        .map_err(|e| format!("the call's entities: {e}"))
+}
+
+/// Whether a tool's screen allows the call: its condition evaluates to `false` without an
+/// error (Cedar's evaluator, as its authorizer runs it for a policy with no slots).
+fn screen_allows(screen: &ast::Expr, request: &ast::Request, store: &Store) -> bool {
+    let evaluator = Evaluator::new(request.clone(), store, Extensions::all_available());
+    let value = evaluator.interpret(screen, &ast::SlotEnv::new());
+    matches!(
+        value.as_ref().map(ast::Value::value_kind),
+        Ok(ast::ValueKind::Lit(ast::Literal::Bool(false)))
+    )
+}
+
+/// A string as Cedar's value.
+fn string(s: &str) -> ast::Value {
+    ast::Value::from(s)
 }
 
 /// The longest argument text a policy reads.

@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use cedar_policy::RestrictedExpression;
 use serde_json::Value;
 
 use super::*;
@@ -91,22 +90,39 @@ impl Resource {
 }
 
 /// A wall clock's fields, as `context.now` and a customer's `local_time` give them.
-pub(super) fn clock(at: &jiff::ZonedDateTime) -> Vec<(String, RestrictedExpression)> {
+///
+/// They change once a minute, so each thread keeps the last two it built (the tenant's zone
+/// and a customer's), by the local date, hour and minute they were built from: every other
+/// call of that minute in that zone shares the value instead of building it again.
+pub(super) fn clock(at: &jiff::ZonedDateTime) -> cedar_policy_core::ast::Value {
+    use cedar_policy_core::ast::Value;
+    type Minute = (jiff::civil::Date, i8, i8);
+    thread_local! {
+        static KEPT: std::cell::RefCell<[Option<(Minute, Value)>; 2]> =
+            const { std::cell::RefCell::new([None, None]) };
+    }
     let date = at.date();
-    vec![
-        ("hour".to_owned(), RestrictedExpression::new_long(at.hour().into())),
-        ("minute".to_owned(), RestrictedExpression::new_long(at.minute().into())),
-        ("weekday".to_owned(), RestrictedExpression::new_string(weekday(date.weekday()).into())),
-        (
-            "date".to_owned(),
-            RestrictedExpression::new_string(format!(
-                "{:04}-{:02}-{:02}",
-                date.year(),
-                date.month(),
-                date.day()
-            )),
-        ),
-    ]
+    let minute: Minute = (date, at.hour(), at.minute());
+    let kept = KEPT.with_borrow(|kept| {
+        kept.iter().flatten().find(|(m, _)| *m == minute).map(|(_, value)| value.clone())
+    });
+    if let Some(value) = kept {
+        return value;
+    }
+    let day = format!("{:04}-{:02}-{:02}", date.year(), date.month(), date.day());
+    let fields = [
+        ("hour", Value::from(i64::from(at.hour()))),
+        ("minute", Value::from(i64::from(at.minute()))),
+        ("weekday", Value::from(weekday(date.weekday()))),
+        ("date", Value::from(day.as_str())),
+    ];
+    let value = Value::record(fields, None);
+    KEPT.with_borrow_mut(|kept| {
+        // The newest first: the older of the two makes room.
+        kept.swap(0, 1);
+        kept[0] = Some((minute, value.clone()));
+    });
+    value
 }
 
 /// Whether `policy` reads the records a call names: a scope that constrains the resource, or a
