@@ -52,7 +52,9 @@ pub fn replace_section(current: &str, title: &str, section: &str) -> String {
                 .find("\n## ")
                 .map(|e| start + 3 + e + 1)
                 .unwrap_or(current.len());
-            format!("{}{}\n{}", &current[..start], section.trim_end(), &current[end..])
+            // A blank line before the next section, as Markdown is written.
+            let gap = if end < current.len() { "\n\n" } else { "\n" };
+            format!("{}{}{gap}{}", &current[..start], section.trim_end(), &current[end..])
         }
         None => format!("{}\n\n{}\n", current.trim_end(), section.trim_end()),
     }

@@ -118,7 +118,9 @@ fn the_benchmarks_policy_sets_validate_against_the_schema_and_a_section_is_repla
     let page = "# B\n\n## A\nold a\n## Policy evaluation\nold p\n## C\nc\n";
     let new =
         e2e::bench::replace_section(page, "Policy evaluation", "## Policy evaluation\nnew p\n");
-    assert_eq!(new, "# B\n\n## A\nold a\n## Policy evaluation\nnew p\n## C\nc\n");
+    assert_eq!(new, "# B\n\n## A\nold a\n## Policy evaluation\nnew p\n\n## C\nc\n");
+    let last = e2e::bench::replace_section(&new, "C", "## C\nnew c\n");
+    assert_eq!(last, "# B\n\n## A\nold a\n## Policy evaluation\nnew p\n\n## C\nnew c\n");
     let appended =
         e2e::bench::replace_section("# B\n", "Policy evaluation", "## Policy evaluation\nx\n");
     assert!(appended.ends_with("## Policy evaluation\nx\n"), "{appended}");

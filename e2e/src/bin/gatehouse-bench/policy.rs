@@ -114,7 +114,7 @@ pub(super) fn policy_bench() -> Result<String> {
     Ok(format!(
         "## Policy evaluation\n\n\
          `scripts/bench --policy-only` (release build, this machine, {date}): one tenant's Cedar set, compiled once, \
-         evaluated for one call as a worker does (entities and context built from the call, then Cedar's authorizer), \
+         evaluated for one call as a worker does (entities and context built from the call as Cedar's values, then the tool's screen through Cedar's evaluator), \
          200,000 times per row, every call allowed (the set's rules never match, so no refusal cuts it short). \
          The sets are like a security team's: rules over tools, arguments, records, local time and batch sizes, \
          spread over ten tools (`e2e::bench::policy_set`), so with 100 policies a call is judged by the 10 scoped to \
@@ -125,7 +125,7 @@ pub(super) fn policy_bench() -> Result<String> {
          rows add to the 100 one rule per tool that reads the context as a whole and the record, so every part is built \
          again, as it was for every call before. Each tool's policies are also joined into one screen (their conditions \
          as one disjunction, docs/architecture.md): an allowed call is judged in one pass, and only a call some policy \
-         applies to (or fails on) goes on to the set, which names the deciding policies.\n\n\
+         applies to (or fails on) goes on to the set, through Cedar's authorizer, which names the deciding policies.\n\n\
          | policies | call | p50 µs | p99 µs | max µs | compile ms |\n|---|---|---|---|---|---|\n{rows}\n{verdict}\n",
         date = jiff::Timestamp::now().strftime("%Y-%m-%d"),
     ))
