@@ -52,6 +52,12 @@ pub const MAX_OPERATORS: usize = 128;
 /// large stack), so no set that is kept nests deeper than an ordinary thread can drop.
 pub const MAX_DEPTH: usize = 2 * (MAX_OPERATORS + MAX_NESTING) + 64;
 
+/// The most characters the `like` patterns of a set may hold in all (wildcards not counted).
+/// Cedar matches a pattern against a text in time up to the product of their lengths, so a
+/// long pattern against a long argument ([`MAX_ARG_CHARS`]) would hold a worker's thread: with
+/// this bound a call's matching is at most about 16 million character steps, whatever the set.
+pub const MAX_LIKE_CHARS: usize = 1024;
+
 /// The kinds of effect budgets count (`customers_messaged`, …), as `context.budgets` names
 /// them; the domain's effect kinds, by name.
 pub const BUDGET_KINDS: [&str; 5] = [
@@ -305,16 +311,29 @@ impl Compiled {
                         .into(),
             });
         }
+        let mut like_chars = 0;
         for policy in tenant.policies() {
             // The policy's text as written, found in the source: its line.
             let line = source.find(&policy.to_string()).map(|at| line_of(source, at)).unwrap_or(0);
-            if policy.to_json().map_or(true, |json| depth_of(&json) > MAX_DEPTH) {
-                problems.push(Problem {
+            match policy.to_json() {
+                Ok(json) if depth_of(&json) <= MAX_DEPTH => {
+                    let before = like_chars;
+                    like_chars += pattern_chars(&json);
+                    if before <= MAX_LIKE_CHARS && like_chars > MAX_LIKE_CHARS {
+                        problems.push(Problem {
+                            line,
+                            message: format!(
+                                "with this policy the set's `like` patterns hold {like_chars} characters; at most {MAX_LIKE_CHARS} are kept in all (a pattern is matched against arguments of up to {MAX_ARG_CHARS} characters): shorten the patterns, or compare whole values (`==`, `[\"a\", \"b\"].contains(…)`)"
+                            ),
+                        });
+                    }
+                }
+                _ => problems.push(Problem {
                     line,
                     message: format!(
                         "this policy nests deeper than {MAX_DEPTH} levels; split it into several policies, or list values in a set"
                     ),
-                });
+                }),
             }
             if policy.effect() != cedar_policy::Effect::Forbid {
                 problems.push(Problem {
@@ -828,6 +847,31 @@ fn depth_of(value: &Value) -> usize {
         }
     }
     deepest
+}
+
+/// How many characters the `like` patterns of a policy's JSON form hold (wildcards not
+/// counted), without recursing.
+fn pattern_chars(value: &Value) -> usize {
+    let mut chars = 0;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                if let Some(Value::Array(pattern)) = map.get("like").and_then(|l| l.get("pattern"))
+                {
+                    chars += pattern
+                        .iter()
+                        .filter_map(|e| e.get("Literal").and_then(Value::as_str))
+                        .map(|l| l.chars().count())
+                        .sum::<usize>();
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    chars
 }
 
 /// Whether replacing the set `old` with `new` may widen what agents may do. Decided

@@ -88,8 +88,27 @@ enum Outcome {
     None,
     Problems(Vec<Problem>),
     Checked(usize),
-    Simulated(Box<Simulation>),
+    /// A simulation, and the window it replayed (one of [`WINDOWS`]).
+    Simulated(Box<Simulation>, Window),
     Refused(String),
+}
+
+/// A window a simulation replays: its hours and how the page names it.
+type Window = (i64, &'static str);
+
+/// The windows the editor offers (the CLI takes any number of hours up to 90 days).
+const WINDOWS: [Window; 5] = [
+    (1, "the last hour"),
+    (24, "the last 24 hours"),
+    (24 * 7, "the last 7 days"),
+    (24 * 30, "the last 30 days"),
+    (24 * 90, "the last 90 days"),
+];
+
+/// The window the form chose: 7 days when it names none, or one not offered.
+fn window_of(chosen: Option<&str>) -> Window {
+    let hours: Option<i64> = chosen.and_then(|h| h.trim().parse().ok());
+    WINDOWS.into_iter().find(|(h, _)| Some(*h) == hours).unwrap_or(WINDOWS[2])
 }
 
 async fn body(
@@ -97,6 +116,7 @@ async fn body(
     t: &Tenant,
     draft: Option<&str>,
     note: &str,
+    window: Window,
     outcome: Outcome,
 ) -> Answer<Markup> {
     let view: PolicyView = policies::show(&state.ds, &t.ctx).await?;
@@ -140,7 +160,16 @@ async fn body(
             p class="muted" { "A set that may widen what agents may do is a passkey decision. What a policy can read is below the editor (docs/operations.md, Policies (Cedar), teaches more)." }
             button type="submit" name="do" value="check" class="plain" { "Check" }
             " "
-            button type="submit" name="do" value="simulate" class="plain" { "Simulate on the last 7 days" }
+            button type="submit" name="do" value="simulate" class="plain" { "Simulate" }
+            " "
+            label class="inline" {
+                "on the audited calls of "
+                select name="window" {
+                    @for (hours, name) in WINDOWS {
+                        option value=(hours) selected[hours == window.0] { (name) }
+                    }
+                }
+            }
             " "
             button type="submit" name="do" value="set" { "Put in force as version " (view.version + 1) }
         }
@@ -155,9 +184,9 @@ async fn body(
                         ul { @for p in problems { li { @if p.line > 0 { "Line " (p.line) ": " } (p.message) } } }
                     }
                 }
-                Outcome::Simulated(sim) => {
+                Outcome::Simulated(sim, (_, window)) => {
                     div class="card" id="policy-simulation" {
-                        p { strong { (sim.calls) } " audited agent calls of the last 7 days: " (sim.allowed) " allowed, " (sim.forbidden) " forbidden, " (sim.to_a_person) " to a person, " (sim.errors) " not evaluated." }
+                        p { strong { (sim.calls) } " audited agent calls of " (window) ": " (sim.allowed) " allowed, " (sim.forbidden) " forbidden, " (sim.to_a_person) " to a person, " (sim.errors) " not evaluated." }
                         @if !sim.by_policy.is_empty() {
                             table {
                                 thead { tr { th { "Policy" } th { "Forbidden" } th { "To a person" } } }
@@ -190,7 +219,7 @@ async fn body(
 }
 
 pub(super) async fn page(State(state): State<Arc<AppState>>, t: Tenant) -> Answer {
-    let body = body(&state, &t, None, "", Outcome::None).await?;
+    let body = body(&state, &t, None, "", WINDOWS[2], Outcome::None).await?;
     Ok(shown("Settings: policies", &t.nav("/settings"), body))
 }
 
@@ -203,11 +232,12 @@ pub(super) async fn post(
 ) -> Answer {
     let source = form.get("source").unwrap_or_default().replace("\r\n", "\n");
     let note = form.get("note").unwrap_or_default().to_owned();
+    let window = window_of(form.get("window"));
     // The page again with the draft kept: 422 when something was refused (the house's errors
     // in place), 200 for a check or a simulation that went through.
     let again = async |outcome: Outcome| -> Answer {
         let refused = matches!(outcome, Outcome::Problems(_) | Outcome::Refused(_));
-        let body = body(&state, &t, Some(&source), &note, outcome).await?;
+        let body = body(&state, &t, Some(&source), &note, window, outcome).await?;
         if refused {
             super::shown_again("Settings: policies", &t.nav("/settings"), body)
         } else {
@@ -219,8 +249,8 @@ pub(super) async fn post(
         Err(problems) => return again(Outcome::Problems(problems)).await,
     };
     match form.get("do").unwrap_or("check") {
-        "simulate" => match policies::simulate(&state.ds, &t.ctx, &source, 24 * 7).await {
-            Ok(sim) => again(Outcome::Simulated(Box::new(sim))).await,
+        "simulate" => match policies::simulate(&state.ds, &t.ctx, &source, window.0).await {
+            Ok(sim) => again(Outcome::Simulated(Box::new(sim), window)).await,
             Err(e) => again(Outcome::Refused(e.to_string())).await,
         },
         "set" => {

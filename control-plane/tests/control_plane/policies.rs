@@ -110,4 +110,24 @@ async fn the_console_checks_a_draft_at_its_line_and_puts_a_valid_one_in_force() 
     assert_eq!(sim.status(), 200);
     let sim = sim.text().await.expect("text");
     assert!(sim.contains("audited agent calls of the last 7 days"), "{sim}");
+    // Another window, chosen beside the button: replayed and named, and chosen again on the
+    // page that shows the result; one the form does not offer is the default week.
+    let sim = browser
+        .post(
+            "/settings/policies",
+            &fields(&[("do", "simulate"), ("source", QUIET), ("note", ""), ("window", "720")]),
+        )
+        .await;
+    assert_eq!(sim.status(), 200);
+    let sim = sim.text().await.expect("text");
+    assert!(sim.contains("audited agent calls of the last 30 days"), "{sim}");
+    assert!(sim.contains(r#"<option value="720" selected>"#), "{sim}");
+    let sim = browser
+        .post(
+            "/settings/policies",
+            &fields(&[("do", "simulate"), ("source", QUIET), ("note", ""), ("window", "5000")]),
+        )
+        .await;
+    let sim = sim.text().await.expect("text");
+    assert!(sim.contains("audited agent calls of the last 7 days"), "{sim}");
 }

@@ -11,6 +11,10 @@ use super::*;
 #[derive(Debug, Default)]
 pub struct CompiledByTenant(
     pub(crate) std::sync::Mutex<std::collections::HashMap<i64, (i32, Arc<Compiled>)>>,
+    /// One compilation at a time per tenant: the calls that arrive together right after a new
+    /// version wait for the first one's instead of each compiling it (a set of 500 policies
+    /// takes a core for a fraction of a second).
+    pub(crate) std::sync::Mutex<std::collections::HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
 );
 
 /// What the worker knows of the caller from the connection context: the policy version in

@@ -1015,3 +1015,41 @@ fn the_clock_a_call_sees_is_its_own_minute_in_its_own_zone_when_kept() {
         assert_eq!(fields, expected, "{time}");
     }
 }
+
+#[test]
+fn like_patterns_are_bounded_so_matching_stays_cheap_whatever_the_set() {
+    // Cedar matches a pattern in time up to the product of the pattern's and the text's
+    // lengths: a set's patterns hold at most MAX_LIKE_CHARS characters in all, counted in
+    // every policy, wildcards aside.
+    let policy = |i: usize, pattern: &str| {
+        format!(
+            "@id(\"p{i}\") @reason(\"r\") forbid (principal, action == Action::\"send_customer_message\", resource) when {{ context.args has subject && (context.args.subject like \"{pattern}\" || context.args.subject like \"*b*\") }};\n"
+        )
+    };
+    // Each policy holds `chars + 1` characters of patterns ("*b*" adds one).
+    let chars = MAX_LIKE_CHARS / 4 + 1;
+    let long = format!("*{}b*", "a".repeat(chars - 2));
+    let fits: String = (0..3).map(|i| policy(i, &long)).collect();
+    let compiled = Compiled::compile(&fits, schema()).expect("three patterns fit");
+    // The worst text for them: a long run of the pattern's prefix, never its end.
+    let who = principal();
+    let mut c = call(&who, "send_customer_message", 10, None);
+    c.args = json!({"customer": "cus_x", "subject": "a".repeat(MAX_ARG_CHARS)});
+    assert_eq!(compiled.evaluate(&c), Verdict::Allow);
+    c.args = json!({"customer": "cus_x", "subject": format!("{}b", "a".repeat(chars))});
+    assert!(matches!(compiled.evaluate(&c), Verdict::Forbid(p) if p.id == "p0"));
+    // A fourth policy of the same crosses the bound: refused at its line, naming the bound.
+    let over = format!("{fits}{}", policy(3, &long));
+    let problems = Compiled::compile(&over, schema()).expect_err("too many pattern characters");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].line, 4, "{problems:?}");
+    assert!(problems[0].message.contains(&MAX_LIKE_CHARS.to_string()), "{problems:?}");
+    // Wildcards and text outside patterns do not count.
+    let stars = format!("*{}*", "*".repeat(2 * MAX_LIKE_CHARS));
+    let outside = format!(
+        "@id(\"q\") @reason(\"{}\") forbid (principal, action, resource) when {{ context.effects > 1 && principal.client == \"{}\" && principal.client like \"{stars}\" }};",
+        "r".repeat(200),
+        "c".repeat(4 * MAX_LIKE_CHARS)
+    );
+    Compiled::compile(&outside, schema()).expect("no pattern characters");
+}

@@ -102,11 +102,13 @@ pub(crate) async fn compiled_on(
     }
     let tenant = ctx.tenant_id();
     let cache = &ds.compiled_policies().0;
-    if let Some((v, set)) = cache.lock().ok().and_then(|m| m.get(&tenant).cloned())
-        && v == version
-    {
+    let kept =
+        || cache.lock().ok().and_then(|m| m.get(&tenant).cloned()).filter(|(v, _)| *v == version);
+    if let Some((_, set)) = kept() {
         return Ok(Some(set));
     }
+    // The source is read before waiting for another call's compilation, never while waiting:
+    // a call inside a transaction holds a connection, and the one compiling may need one.
     let source = match tx {
         Some(tx) => db::policy_source(&mut **tx, ctx, version).await?,
         None => ds.policy_at(ctx, version).await?,
@@ -114,6 +116,15 @@ pub(crate) async fn compiled_on(
     let source = source.ok_or_else(|| {
         Error::Internal(format!("policy version {version} of the tenant is missing"))
     })?;
+    let turn = {
+        let mut compiling = ds.compiled_policies().1.lock().unwrap_or_else(|p| p.into_inner());
+        compiling.entry(tenant).or_default().clone()
+    };
+    let _turn = turn.lock().await;
+    // Compiled meanwhile by the call this one waited for.
+    if let Some((_, set)) = kept() {
+        return Ok(Some(set));
+    }
     let set = Arc::new(compile_guarded(&source).map_err(|problems| Error::PolicyRefused {
         policy: format!("version {version}"),
         reason: format!("the tenant's policy set no longer compiles: {}", join(&problems)),

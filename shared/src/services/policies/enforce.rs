@@ -27,7 +27,10 @@ pub(super) fn technician_named(tool: &str, args: &Value) -> Option<String> {
 /// The handles of the records a call of `tool` with `args` names, as policies see them: the
 /// booking, else the customer; and the technician (the one the call acts on or for, else a
 /// filter's). What [`records_of`] reads, and the key of the read done ahead with the context.
-fn records_named(tool: &str, args: &Value) -> (Option<String>, Option<String>, Option<String>) {
+pub(super) fn records_named(
+    tool: &str,
+    args: &Value,
+) -> (Option<String>, Option<String>, Option<String>) {
     let booked = named(args, "booking", "bkg_");
     let customer = if booked.is_some() { None } else { named(args, "customer", "cus_") };
     let technician = technician_named(tool, args).or_else(|| named(args, "technician", "tec_"));

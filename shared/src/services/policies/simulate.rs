@@ -52,11 +52,21 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         compile_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
     let calls = ds.policy_replay(ctx, hours, REPLAY_LIMIT).await?;
     let truncated = calls.len() as i64 == REPLAY_LIMIT;
-    // Every record the calls touched, read once, as enforcement reads them.
+    // Every record the calls touched or named, read once, as enforcement reads them.
+    let named = |c: &db::ReplayedCall| -> Vec<String> {
+        let Some(args) = &c.facts else { return Vec::new() };
+        let tool = c.action.strip_suffix(".preview").unwrap_or(&c.action);
+        let (booking, customer, technician) = records_named(tool, args);
+        [booking, customer, technician, technician_named(tool, args)]
+            .into_iter()
+            .flatten()
+            .collect()
+    };
     let of_kind = |prefix: &str| -> Vec<String> {
         calls
             .iter()
-            .flat_map(|c| c.targets.iter().filter(|t| t.starts_with(prefix)).cloned())
+            .flat_map(|c| c.targets.iter().cloned().chain(named(c)))
+            .filter(|t| t.starts_with(prefix))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect()
@@ -76,7 +86,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         by_policy: Vec::new(),
         examples: Vec::new(),
         caveat: format!(
-            "The audit log keeps tool, outcome, connection, time and the records touched; the non-secret facts of an agent's arguments are kept beside it for 91 days (handles, times, zones, numbers, choices; never free text, names, contacts, search words or tokens): a rule over context.args replays with those, and without the withheld ones; a rule over context.budgets is replayed without them (what a window had used then is not kept). Bookings, customers and technicians are judged as they are now, connections with their creator's current role.{}",
+            "The audit log keeps tool, outcome, connection, time and the records touched; the non-secret facts of an agent's arguments are kept beside it for 91 days (handles, times, zones, numbers, choices; never free text, names, contacts, search words or tokens): a rule over context.args replays with those, and without the withheld ones; a rule over context.budgets is replayed without them (what a window had used then is not kept). Bookings, customers and technicians are judged as they are now, connections with their creator's current role. A two-step action is replayed where it was prepared: what only its confirmation would have met (context.phase, a clock or a start that moved on between the two steps) is not predicted.{}",
             if truncated {
                 format!(" Only the newest {REPLAY_LIMIT} calls of the window were replayed.")
             } else {
@@ -105,12 +115,19 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             name: call.name.clone(),
             creator: call.creator.clone(),
         };
-        // The record enforcement judged the call on: the kind its arguments name first, as
-        // the audit targets name it.
-        let first = resource_prefix(&tool)
-            .and_then(|p| call.targets.iter().find(|t| t.starts_with(p)))
-            .cloned()
-            .unwrap_or_default();
+        // The record enforcement judged the call on: the booking its arguments name, else the
+        // customer, else the technician (`records_of`), read from the arguments the audit kept;
+        // for a call that kept none, the kind its tool names first, as its audit targets name it.
+        let first = match &call.facts {
+            Some(args) => {
+                let (booking, customer, technician) = records_named(&tool, args);
+                booking.or(customer).or(technician).unwrap_or_default()
+            }
+            None => resource_prefix(&tool)
+                .and_then(|p| call.targets.iter().find(|t| t.starts_with(p)))
+                .cloned()
+                .unwrap_or_default(),
+        };
         let at = crate::datastore::to_ts(call.at);
         // As enforcement judges it: a prepared plan on each booking it touches, else the
         // record the call named; hours until a start from the time of the call.
@@ -135,13 +152,17 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
             sim.errors += 1;
             continue;
         };
-        // The technician the call acted on or for, as its audit targets name it.
-        let technician = NAMES_A_TECHNICIAN
-            .contains(&tool.as_str())
-            .then(|| call.targets.iter().find(|t| t.starts_with("tec_")))
-            .flatten()
-            .and_then(|h| records.get(h))
-            .map(technician_of);
+        // The technician the call acted on or for, as its arguments name it (else as its
+        // audit targets do).
+        let technician = match &call.facts {
+            Some(args) => technician_named(&tool, args),
+            None => NAMES_A_TECHNICIAN
+                .contains(&tool.as_str())
+                .then(|| call.targets.iter().find(|t| t.starts_with("tec_")).cloned())
+                .flatten(),
+        }
+        .and_then(|h| records.get(&h))
+        .map(technician_of);
         let verdict = strictest(resources.into_iter().map(|resource| {
             set.evaluate(&Call {
                 connection: &principal,
