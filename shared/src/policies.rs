@@ -54,8 +54,9 @@ pub const MAX_DEPTH: usize = 2 * (MAX_OPERATORS + MAX_NESTING) + 64;
 
 /// The most characters the `like` patterns of a set may hold in all (wildcards not counted).
 /// Cedar matches a pattern against a text in time up to the product of their lengths, so a
-/// long pattern against a long argument ([`MAX_ARG_CHARS`]) would hold a worker's thread: with
-/// this bound a call's matching is at most about 16 million character steps, whatever the set.
+/// long pattern against a long text would hold a worker's thread: with this bound, and texts
+/// of at most [`MAX_ARG_CHARS`] (an argument a policy reads, or a string the policy writes),
+/// one evaluation's matching is at most about 16 million character steps, whatever the set.
 pub const MAX_LIKE_CHARS: usize = 1024;
 
 /// The kinds of effect budgets count (`customers_messaged`, …), as `context.budgets` names
@@ -311,29 +312,16 @@ impl Compiled {
                         .into(),
             });
         }
-        let mut like_chars = 0;
         for policy in tenant.policies() {
             // The policy's text as written, found in the source: its line.
             let line = source.find(&policy.to_string()).map(|at| line_of(source, at)).unwrap_or(0);
-            match policy.to_json() {
-                Ok(json) if depth_of(&json) <= MAX_DEPTH => {
-                    let before = like_chars;
-                    like_chars += pattern_chars(&json);
-                    if before <= MAX_LIKE_CHARS && like_chars > MAX_LIKE_CHARS {
-                        problems.push(Problem {
-                            line,
-                            message: format!(
-                                "with this policy the set's `like` patterns hold {like_chars} characters; at most {MAX_LIKE_CHARS} are kept in all (a pattern is matched against arguments of up to {MAX_ARG_CHARS} characters): shorten the patterns, or compare whole values (`==`, `[\"a\", \"b\"].contains(…)`)"
-                            ),
-                        });
-                    }
-                }
-                _ => problems.push(Problem {
+            if policy.to_json().map_or(true, |json| depth_of(&json) > MAX_DEPTH) {
+                problems.push(Problem {
                     line,
                     message: format!(
                         "this policy nests deeper than {MAX_DEPTH} levels; split it into several policies, or list values in a set"
                     ),
-                }),
+                });
             }
             if policy.effect() != cedar_policy::Effect::Forbid {
                 problems.push(Problem {
@@ -446,6 +434,26 @@ impl Compiled {
             authorizer: Authorizer::new(),
             principals: Default::default(),
         })
+    }
+
+    /// [`Compiled::compile`] for a set about to be put in force (checked, simulated or set):
+    /// also held to the bounds that keep evaluating it cheap ([`MAX_LIKE_CHARS`], strings of at
+    /// most [`MAX_ARG_CHARS`]). A set already in force is compiled without them, so a version
+    /// kept before a bound was added keeps working until it is replaced.
+    pub fn compile_draft(
+        source: &str,
+        schema: Arc<PolicySchema>,
+    ) -> Result<Compiled, Vec<Problem>> {
+        let bounds = costly(source);
+        match Compiled::compile(source, schema) {
+            Ok(compiled) if bounds.is_empty() => Ok(compiled),
+            Ok(_) => Err(bounds),
+            Err(mut problems) => {
+                problems.extend(bounds);
+                problems.sort_by_key(|p| p.line);
+                Err(problems)
+            }
+        }
     }
 
     /// The same set judged policy by policy only, without the screens (for tests that hold
@@ -849,10 +857,47 @@ fn depth_of(value: &Value) -> usize {
     deepest
 }
 
-/// How many characters the `like` patterns of a policy's JSON form hold (wildcards not
-/// counted), without recursing.
-fn pattern_chars(value: &Value) -> usize {
-    let mut chars = 0;
+/// The problems of a set whose evaluation could cost too much: `like` patterns of more than
+/// [`MAX_LIKE_CHARS`] characters in all, or a string longer than [`MAX_ARG_CHARS`] written in a
+/// policy (one could be the text a pattern is matched against), each at its policy's line.
+/// A source that does not parse, or a policy too deep to read, has its problems from
+/// [`Compiled::compile`].
+fn costly(source: &str) -> Vec<Problem> {
+    let Ok(set) = source.parse::<PolicySet>() else { return Vec::new() };
+    let mut problems = Vec::new();
+    let mut like_chars = 0;
+    for policy in set.policies() {
+        let Some(json) = policy.to_json().ok().filter(|j| depth_of(j) <= MAX_DEPTH) else {
+            continue;
+        };
+        let line = source.find(&policy.to_string()).map(|at| line_of(source, at)).unwrap_or(0);
+        let (patterns, longest) = strings_of(&json["conditions"]);
+        let before = like_chars;
+        like_chars += patterns;
+        if before <= MAX_LIKE_CHARS && like_chars > MAX_LIKE_CHARS {
+            problems.push(Problem {
+                line,
+                message: format!(
+                    "with this policy the set's `like` patterns hold {like_chars} characters; at most {MAX_LIKE_CHARS} are kept in all (matching costs the pattern's length times the text's): shorten the patterns, or compare whole values (`==`, `[\"a\", \"b\"].contains(…)`)"
+                ),
+            });
+        }
+        if longest > MAX_ARG_CHARS {
+            problems.push(Problem {
+                line,
+                message: format!(
+                    "this policy writes a string of {longest} characters; at most {MAX_ARG_CHARS} are kept"
+                ),
+            });
+        }
+    }
+    problems
+}
+
+/// In a policy's conditions (JSON form): how many characters its `like` patterns hold
+/// (wildcards not counted), and the length of its longest string value; without recursing.
+fn strings_of(value: &Value) -> (usize, usize) {
+    let (mut patterns, mut longest) = (0, 0);
     let mut stack = vec![value];
     while let Some(value) = stack.pop() {
         match value {
@@ -860,18 +905,21 @@ fn pattern_chars(value: &Value) -> usize {
             Value::Object(map) => {
                 if let Some(Value::Array(pattern)) = map.get("like").and_then(|l| l.get("pattern"))
                 {
-                    chars += pattern
+                    patterns += pattern
                         .iter()
                         .filter_map(|e| e.get("Literal").and_then(Value::as_str))
                         .map(|l| l.chars().count())
                         .sum::<usize>();
+                }
+                if let Some(Value::String(text)) = map.get("Value") {
+                    longest = longest.max(text.chars().count());
                 }
                 stack.extend(map.values());
             }
             _ => {}
         }
     }
-    chars
+    (patterns, longest)
 }
 
 /// Whether replacing the set `old` with `new` may widen what agents may do. Decided

@@ -10,12 +10,16 @@ use super::*;
 /// `Services` of one database, so two databases' tenants never share an entry.
 #[derive(Debug, Default)]
 pub struct CompiledByTenant(
-    pub(crate) std::sync::Mutex<std::collections::HashMap<i64, (i32, Arc<Compiled>)>>,
+    /// By tenant: the version last compiled, and the set, or why it no longer compiles.
+    pub(crate) std::sync::Mutex<std::collections::HashMap<i64, (i32, Kept)>>,
     /// One compilation at a time per tenant: the calls that arrive together right after a new
     /// version wait for the first one's instead of each compiling it (a set of 500 policies
     /// takes a core for a fraction of a second).
     pub(crate) std::sync::Mutex<std::collections::HashMap<i64, Arc<tokio::sync::Mutex<()>>>>,
 );
+
+/// A version as compiled: the set, or why it no longer compiles.
+pub(crate) type Kept = Result<Arc<Compiled>, String>;
 
 /// What the worker knows of the caller from the connection context: the policy version in
 /// force and who the connection is.

@@ -1017,39 +1017,53 @@ fn the_clock_a_call_sees_is_its_own_minute_in_its_own_zone_when_kept() {
 }
 
 #[test]
-fn like_patterns_are_bounded_so_matching_stays_cheap_whatever_the_set() {
+fn like_patterns_and_written_strings_are_bounded_so_matching_stays_cheap_whatever_the_set() {
     // Cedar matches a pattern in time up to the product of the pattern's and the text's
-    // lengths: a set's patterns hold at most MAX_LIKE_CHARS characters in all, counted in
-    // every policy, wildcards aside.
-    let policy = |i: usize, pattern: &str| {
+    // lengths: a set put in force holds at most MAX_LIKE_CHARS characters of patterns in all,
+    // wildcards aside, counted in every form a pattern takes, and no string longer than an
+    // argument a policy reads.
+    let policy = |i: usize, chars: usize| {
+        // `chars` characters of patterns: one long, one of a single escaped star.
         format!(
-            "@id(\"p{i}\") @reason(\"r\") forbid (principal, action == Action::\"send_customer_message\", resource) when {{ context.args has subject && (context.args.subject like \"{pattern}\" || context.args.subject like \"*b*\") }};\n"
+            "@id(\"p{i}\") @reason(\"r\") forbid (principal, action == Action::\"send_customer_message\", resource) when {{ context.args has subject && (context.args.subject like \"*{}b*\" || context.args.subject like \"*\\**\") }};\n",
+            "a".repeat(chars - 2)
         )
     };
-    // Each policy holds `chars + 1` characters of patterns ("*b*" adds one).
-    let chars = MAX_LIKE_CHARS / 4 + 1;
-    let long = format!("*{}b*", "a".repeat(chars - 2));
-    let fits: String = (0..3).map(|i| policy(i, &long)).collect();
-    let compiled = Compiled::compile(&fits, schema()).expect("three patterns fit");
+    let quarter = MAX_LIKE_CHARS / 4;
+    let fits: String = (0..4).map(|i| policy(i, quarter)).collect();
+    let compiled = Compiled::compile_draft(&fits, schema()).expect("exactly the bound fits");
     // The worst text for them: a long run of the pattern's prefix, never its end.
     let who = principal();
     let mut c = call(&who, "send_customer_message", 10, None);
     c.args = json!({"customer": "cus_x", "subject": "a".repeat(MAX_ARG_CHARS)});
     assert_eq!(compiled.evaluate(&c), Verdict::Allow);
-    c.args = json!({"customer": "cus_x", "subject": format!("{}b", "a".repeat(chars))});
+    c.args = json!({"customer": "cus_x", "subject": format!("{}b", "a".repeat(quarter))});
     assert!(matches!(compiled.evaluate(&c), Verdict::Forbid(p) if p.id == "p0"));
-    // A fourth policy of the same crosses the bound: refused at its line, naming the bound.
-    let over = format!("{fits}{}", policy(3, &long));
-    let problems = Compiled::compile(&over, schema()).expect_err("too many pattern characters");
-    assert_eq!(problems.len(), 1, "{problems:?}");
-    assert_eq!(problems[0].line, 4, "{problems:?}");
-    assert!(problems[0].message.contains(&MAX_LIKE_CHARS.to_string()), "{problems:?}");
-    // Wildcards and text outside patterns do not count.
-    let stars = format!("*{}*", "*".repeat(2 * MAX_LIKE_CHARS));
-    let outside = format!(
-        "@id(\"q\") @reason(\"{}\") forbid (principal, action, resource) when {{ context.effects > 1 && principal.client == \"{}\" && principal.client like \"{stars}\" }};",
-        "r".repeat(200),
-        "c".repeat(4 * MAX_LIKE_CHARS)
+    c.args = json!({"customer": "cus_x", "subject": "a*"});
+    assert!(matches!(compiled.evaluate(&c), Verdict::Forbid(_)));
+    // One character more, in a pattern inside `unless` and `if`: refused at its line.
+    let over = format!(
+        "{fits}@id(\"q\") @reason(\"r\") forbid (principal, action, resource) unless {{ if context.effects > 1 then principal.client like \"x*\" else true }};\n"
     );
-    Compiled::compile(&outside, schema()).expect("no pattern characters");
+    let problems = Compiled::compile_draft(&over, schema()).expect_err("one character over");
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].line, 5, "{problems:?}");
+    assert!(problems[0].message.contains(&MAX_LIKE_CHARS.to_string()), "{problems:?}");
+    // A string written in a policy is a text a pattern may be matched against: bounded too.
+    let literal = format!(
+        "@id(\"w\") @reason(\"r\") forbid (principal, action, resource) when {{ {{\"t\": \"{}\"}}.t like \"*a*\" }};",
+        "a".repeat(MAX_ARG_CHARS + 1)
+    );
+    let problems = Compiled::compile_draft(&literal, schema()).expect_err("a long string");
+    assert!(problems.iter().any(|p| p.message.contains("writes a string")), "{problems:?}");
+    // Wildcards, annotations and strings of an argument's length do not count.
+    let outside = format!(
+        "@id(\"q\") @reason(\"{}\") forbid (principal, action, resource) when {{ context.effects > 1 && principal.client == \"{}\" && principal.client like \"*{}*\" }};",
+        "r".repeat(200),
+        "c".repeat(MAX_ARG_CHARS),
+        "*".repeat(2 * MAX_LIKE_CHARS)
+    );
+    Compiled::compile_draft(&outside, schema()).expect("no pattern characters");
+    // A set kept in force before the bounds still compiles: replacing it must meet them.
+    Compiled::compile(&over, schema()).expect("a stored set compiles as before");
 }

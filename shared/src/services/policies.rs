@@ -102,10 +102,17 @@ pub(crate) async fn compiled_on(
     }
     let tenant = ctx.tenant_id();
     let cache = &ds.compiled_policies().0;
+    // A version that no longer compiles is kept as its refusal: each call is refused at once,
+    // not after compiling it again.
+    let refused = |reason: String| Error::PolicyRefused {
+        policy: format!("version {version}"),
+        reason: format!("the tenant's policy set no longer compiles: {reason}"),
+        approval: false,
+    };
     let kept =
         || cache.lock().ok().and_then(|m| m.get(&tenant).cloned()).filter(|(v, _)| *v == version);
     if let Some((_, set)) = kept() {
-        return Ok(Some(set));
+        return set.map(Some).map_err(refused);
     }
     // The source is read before waiting for another call's compilation, never while waiting:
     // a call inside a transaction holds a connection, and the one compiling may need one.
@@ -123,17 +130,17 @@ pub(crate) async fn compiled_on(
     let _turn = turn.lock().await;
     // Compiled meanwhile by the call this one waited for.
     if let Some((_, set)) = kept() {
-        return Ok(Some(set));
+        return set.map(Some).map_err(refused);
     }
-    let set = Arc::new(compile_guarded(&source).map_err(|problems| Error::PolicyRefused {
-        policy: format!("version {version}"),
-        reason: format!("the tenant's policy set no longer compiles: {}", join(&problems)),
-        approval: false,
-    })?);
+    // A compilation that could not run (no thread) is not the version's answer: not kept.
+    let compiled = on_large_stack(move || Compiled::compile(&source, schema()))
+        .ok_or_else(|| refused("the policy set could not be compiled".into()))?
+        .map(Arc::new)
+        .map_err(|problems| join(&problems));
     if let Ok(mut map) = cache.lock() {
-        map.insert(tenant, (version, set.clone()));
+        map.insert(tenant, (version, compiled.clone()));
     }
-    Ok(Some(set))
+    compiled.map(Some).map_err(refused)
 }
 
 /// Compiles on a thread of its own with a large stack: Cedar's parser recurses on the source's
@@ -141,6 +148,15 @@ pub(crate) async fn compiled_on(
 fn compile_guarded(source: &str) -> std::result::Result<Compiled, Vec<Problem>> {
     let (owned, schema) = (source.to_owned(), schema());
     on_large_stack(move || Compiled::compile(&owned, schema)).unwrap_or_else(|| {
+        Err(vec![Problem { line: 0, message: "the policy set could not be compiled".into() }])
+    })
+}
+
+/// [`compile_guarded`] for a draft about to be checked, simulated or put in force: also held
+/// to the bounds on what evaluating it may cost ([`Compiled::compile_draft`]).
+fn draft_guarded(source: &str) -> std::result::Result<Compiled, Vec<Problem>> {
+    let (owned, schema) = (source.to_owned(), schema());
+    on_large_stack(move || Compiled::compile_draft(&owned, schema)).unwrap_or_else(|| {
         Err(vec![Problem { line: 0, message: "the policy set could not be compiled".into() }])
     })
 }
@@ -210,7 +226,7 @@ pub async fn show(ds: &Services, ctx: &OpCtx) -> Result<PolicyView> {
 
 /// Checks a draft against the schema: every problem at its line, or the policies it holds.
 pub fn check(source: &str) -> std::result::Result<Vec<PolicyInfo>, Vec<Problem>> {
-    compile_guarded(source).map(|c| c.policies().cloned().collect())
+    draft_guarded(source).map(|c| c.policies().cloned().collect())
 }
 
 /// What setting a set came to.
@@ -239,7 +255,7 @@ pub async fn set(
         return Err(Error::invalid("note", "at most 300 characters"));
     }
     let compiled =
-        compile_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
+        draft_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
     let mut tx = ds.begin().await?;
     let current = db::policy_version_locked(&mut tx, ctx).await?;
     if current != expected {

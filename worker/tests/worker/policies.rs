@@ -750,7 +750,10 @@ async fn a_call_is_replayed_on_the_record_its_arguments_name_as_enforcement_judg
             .to_owned()
     };
     let (north, south) = (of_region("north"), of_region("south"));
-    for technician in [&south, &north] {
+    // The tools read a handle trimmed: one padded past the length the audit keeps still names
+    // its technician, to the replay as to enforcement.
+    let padded = format!("{south}{}", " ".repeat(150));
+    for technician in [&south, &north, &padded] {
         stack
             .ok(&token, "page_technician", json!({"technician": technician, "message": "Leak"}))
             .await;
@@ -758,7 +761,7 @@ async fn a_call_is_replayed_on_the_record_its_arguments_name_as_enforcement_judg
     let operator = stack.operator_in(0).await;
     let sim =
         policies::simulate(&stack.db.ds, &operator, NO_PAGING_SOUTH, 1).await.expect("simulate");
-    assert_eq!((sim.calls, sim.forbidden, sim.allowed), (2, 1, 1), "{sim:?}");
+    assert_eq!((sim.calls, sim.forbidden, sim.allowed), (3, 2, 1), "{sim:?}");
     set(&stack, NO_PAGING_SOUTH).await;
     let err = stack
         .call(&token, "page_technician", json!({"technician": south, "message": "Leak"}))
@@ -766,6 +769,11 @@ async fn a_call_is_replayed_on_the_record_its_arguments_name_as_enforcement_judg
         .expect_err("the southern crew");
     assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     assert!(err["message"].as_str().expect("message").contains("no-paging-south"), "{err}");
+    let err = stack
+        .call(&token, "page_technician", json!({"technician": padded, "message": "Leak"}))
+        .await
+        .expect_err("the southern crew, padded");
+    assert_eq!(err["code"], "forbidden_by_policy", "{err}");
     stack.ok(&token, "page_technician", json!({"technician": north, "message": "Leak"})).await;
 }
 

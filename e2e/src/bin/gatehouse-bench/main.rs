@@ -517,8 +517,8 @@ async fn main() -> Result<()> {
             (without.context("a run without")?, with.context("a run with")?);
         get_ratios.push(100.0 * get_with.rate / get_without.rate.max(1.0));
         note_ratios.push(100.0 * note_with.rate / note_without.rate.max(1.0));
-        cpu_without.push(get_without.cpu_ms_per_call.unwrap_or(0.0));
-        cpu_with.push(get_with.cpu_ms_per_call.unwrap_or(0.0));
+        cpu_without.extend(get_without.cpu_ms_per_call);
+        cpu_with.extend(get_with.cpu_ms_per_call);
         gets.push(get_with);
         notes.push(note_with);
     }

@@ -366,7 +366,10 @@ pub(super) async fn judge_two_step(
         }
         (found, beside)
     };
-    let verdicts = resources.into_iter().map(|resource| {
+    // When no policy of the tool reads a record, every record of the plan gets the same verdict:
+    // judged once, not once per booking of a batch.
+    let judged = if set.reads_records(action.tool) { resources.len() } else { 1 };
+    let verdicts = resources.into_iter().take(judged).map(|resource| {
         set.evaluate(&Call {
             connection: &principal,
             tool: action.tool,
@@ -439,11 +442,20 @@ pub(crate) fn call_facts(ctx: &OpCtx, tool: &str, args: &Value) -> Option<Value>
         return None;
     }
     const LONGEST: usize = 100;
+    // Strings as the tools read them, trimmed (a handle padded with spaces names its record),
+    // and measured after that.
     fn plain(v: &Value) -> bool {
         match v {
-            Value::String(s) => s.chars().count() <= LONGEST,
+            Value::String(s) => s.trim().chars().count() <= LONGEST,
             Value::Number(_) | Value::Bool(_) => true,
             _ => false,
+        }
+    }
+    fn trimmed(v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(s.trim().to_owned()),
+            Value::Array(items) => Value::Array(items.iter().map(trimmed).collect()),
+            other => other.clone(),
         }
     }
     let typed = &REGISTRY["schema"][""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
@@ -461,7 +473,7 @@ pub(crate) fn call_facts(ctx: &OpCtx, tool: &str, args: &Value) -> Option<Value>
                     other => plain(other),
                 }
         })
-        .map(|(name, value)| (name.clone(), value.clone()))
+        .map(|(name, value)| (name.clone(), trimmed(value)))
         .collect();
     // Well inside the table's bound (16 KiB as Postgres prints it, with its spaces), so
     // keeping facts never fails an agent's write; past it, nothing is kept.
@@ -470,15 +482,15 @@ pub(crate) fn call_facts(ctx: &OpCtx, tool: &str, args: &Value) -> Option<Value>
         .then_some(kept)
 }
 
-/// The handle prefix of the record a call of `tool` is judged on, as [`records_of`] picks it
-/// from the tool's arguments: a booking, else a customer, else a technician (`None`: the
-/// tenant).
-pub(super) fn resource_prefix(tool: &str) -> Option<&'static str> {
+/// The handle prefixes of the records a call of `tool` may be judged on, in the order
+/// [`records_of`] picks among the ones its arguments name: a booking, else a customer, else a
+/// technician (none named: the tenant).
+pub(super) fn resource_prefixes(tool: &str) -> impl Iterator<Item = &'static str> {
     let args = &REGISTRY["schema"][""]["actions"][tool]["appliesTo"]["context"]["attributes"]["args"]
         ["attributes"];
     [("booking", "bkg_"), ("customer", "cus_"), ("technician", "tec_")]
         .into_iter()
-        .find(|(arg, _)| args.get(arg).is_some())
+        .filter(move |(arg, _)| args.get(arg).is_some())
         .map(|(_, prefix)| prefix)
 }
 

@@ -49,7 +49,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         return Err(Error::invalid("hours", "a window of 1 hour to 90 days"));
     }
     let set =
-        compile_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
+        draft_guarded(source).map_err(|problems| Error::invalid("policy", join(&problems)))?;
     let calls = ds.policy_replay(ctx, hours, REPLAY_LIMIT).await?;
     let truncated = calls.len() as i64 == REPLAY_LIMIT;
     // Every record the calls touched or named, read once, as enforcement reads them.
@@ -123,8 +123,8 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
                 let (booking, customer, technician) = records_named(&tool, args);
                 booking.or(customer).or(technician).unwrap_or_default()
             }
-            None => resource_prefix(&tool)
-                .and_then(|p| call.targets.iter().find(|t| t.starts_with(p)))
+            None => resource_prefixes(&tool)
+                .find_map(|p| call.targets.iter().find(|t| t.starts_with(p)))
                 .cloned()
                 .unwrap_or_default(),
         };
