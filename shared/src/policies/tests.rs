@@ -720,6 +720,15 @@ fn argument_of(ty: &ArgType) -> Value {
     }
 }
 
+/// The committed schema, and a set whose one policy reads the context as a whole, the record
+/// and the connection: every call it judges builds every part of its request.
+fn reading_everything() -> (Arc<PolicySchema>, Compiled) {
+    let schema = crate::services::policies::schema();
+    let whole = r#"@id("whole") @reason("r") forbid (principal, action, resource) when { {"c": context}.c.effects > 1000000 && resource has region && principal.role == "x" };"#;
+    let compiled = Compiled::compile(whole, schema.clone()).expect("compiles");
+    (schema, compiled)
+}
+
 /// A call's argument of `ty` as a client may send it (strings padded, a number in a string,
 /// a list with a repeat), and what a policy should read of it, in Cedar's JSON form.
 fn sent_and_read(ty: &ArgType) -> (Value, Value) {
@@ -739,9 +748,7 @@ fn a_calls_request_holds_exactly_the_facts_cedar_reads_from_their_json_form() {
     // What the request is built from, against what Cedar's own JSON parsers make of the same
     // facts written out by hand: every attribute present when its fact is, none when it is not,
     // and each argument as the tools read it. A set that reads everything builds everything.
-    let schema = crate::services::policies::schema();
-    let whole = r#"@id("whole") @reason("r") forbid (principal, action, resource) when { {"c": context}.c.effects > 1000000 && resource has region && principal.role == "x" };"#;
-    let compiled = Compiled::compile(whole, schema.clone()).expect("compiles");
+    let (schema, compiled) = reading_everything();
     let who = principal();
     let berlin = jiff::tz::TimeZone::get("Europe/Berlin").expect("zone");
     let local =
@@ -886,9 +893,7 @@ fn every_fact_a_call_brings_has_the_type_the_schema_gives_it() {
     // The request is built from Cedar's values without Cedar's checks: here Cedar checks it,
     // with the committed schema, for every tool, every kind of record, and every part of the
     // context (a policy reading the context as a whole and the record makes every part built).
-    let schema = crate::services::policies::schema();
-    let whole = r#"@id("whole") @reason("r") forbid (principal, action, resource) when { {"c": context}.c.effects > 1000000 && resource has region && principal.role == "x" };"#;
-    let compiled = Compiled::compile(whole, schema.clone()).expect("compiles");
+    let (schema, compiled) = reading_everything();
     let who = principal();
     let local = jiff::Timestamp::UNIX_EPOCH
         .to_zoned_datetime(jiff::tz::TimeZone::get("Europe/Berlin").expect("zone"));

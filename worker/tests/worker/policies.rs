@@ -79,6 +79,22 @@ const NO_CUSTOMER_READS: &str = r#"
 forbid (principal, action == Action::"get_customer", resource);
 "#;
 
+/// A technician of the north and one of the south, as the tools show the seed's regions.
+async fn north_and_south(stack: &Stack, token: &str) -> (String, String) {
+    let techs = stack.ok(token, "find_technicians", json!({})).await;
+    let of_region = |region: &str| {
+        techs["technicians"]
+            .as_array()
+            .expect("technicians")
+            .iter()
+            .find(|t| t["region"] == region)
+            .and_then(|t| t["technician"].as_str())
+            .expect("a technician of the region")
+            .to_owned()
+    };
+    (of_region("north"), of_region("south"))
+}
+
 async fn set(stack: &Stack, source: &str) -> i32 {
     let ctx = stack.operator_in(0).await;
     let current = policies::show(&stack.db.ds, &ctx).await.expect("show").version;
@@ -447,18 +463,7 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
     // The seed's regions, as the tools show them.
-    let techs = stack.ok(&token, "find_technicians", json!({})).await;
-    let of_region = |region: &str| {
-        techs["technicians"]
-            .as_array()
-            .expect("technicians")
-            .iter()
-            .find(|t| t["region"] == region)
-            .and_then(|t| t["technician"].as_str())
-            .expect("a technician of the region")
-            .to_owned()
-    };
-    let (north, south) = (of_region("north"), of_region("south"));
+    let (north, south) = north_and_south(&stack, &token).await;
     let found =
         stack.ok(&token, "find_bookings", json!({"status": "confirmed", "limit": 100})).await;
     let mut booking = None;
@@ -738,18 +743,7 @@ async fn a_call_is_replayed_on_the_record_its_arguments_name_as_enforcement_judg
     // the first kind of record the tool can name would say).
     let stack = Stack::start().await;
     let token = stack.token(0, 0);
-    let techs = stack.ok(&token, "find_technicians", json!({})).await;
-    let of_region = |region: &str| {
-        techs["technicians"]
-            .as_array()
-            .expect("technicians")
-            .iter()
-            .find(|t| t["region"] == region)
-            .and_then(|t| t["technician"].as_str())
-            .expect("a technician of the region")
-            .to_owned()
-    };
-    let (north, south) = (of_region("north"), of_region("south"));
+    let (north, south) = north_and_south(&stack, &token).await;
     // The tools read a handle trimmed: one padded past the length the audit keeps still names
     // its technician, to the replay as to enforcement.
     let padded = format!("{south}{}", " ".repeat(150));
