@@ -205,6 +205,31 @@ when { context.effects > 20 };
         let (_, _, message) = call(calls[i].0, calls[i].1.clone()).await;
         assert!(message.contains(why), "{message}");
     }
+    // The same refusals through the official Python SDK, as an agent built on it reads them:
+    // a tool error whose text is the `Error:` line naming the rule and its reason.
+    for (i, rule, why) in
+        [(3, "quiet-hours", "in the customer's zone"), (5, "same-region", "booking's region")]
+    {
+        let mut args = calls[i].1.clone();
+        if calls[i].0 == "update_booking" {
+            let read =
+                tool_call(&lb, &token, "get_booking", json!({"booking": args["booking"]})).await;
+            args["version"] = read["structuredContent"]["version"].clone();
+        }
+        let out = std::process::Command::new(e2e::python())
+            .arg(e2e::repo_root().join("e2e/py/call_tool.py"))
+            .args(["--url", &format!("{lb}/mcp"), "--token", &token, "--tool", calls[i].0])
+            .args(["--args", &args.to_string()])
+            .output()
+            .expect("the .venv's python (scripts/test makes it)");
+        let line = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{line}\n{}", String::from_utf8_lossy(&out.stderr));
+        let sdk: Value = serde_json::from_str(line.trim()).expect("json");
+        let text = sdk["text"].as_str().unwrap_or_default();
+        assert_eq!(sdk["is_error"], true, "{sdk}");
+        assert!(text.starts_with("Error:") && text.contains(rule) && text.contains(why), "{sdk}");
+        assert_eq!(sdk["structured"]["error"]["code"], "forbidden_by_policy", "{sdk}");
+    }
     // And each decision's audit row names the set's version and the rule that decided.
     let decided = db.first_deciding_policies_of_version(1).await;
     for rule in ["cancel-48h", "big-batches"] {
