@@ -802,3 +802,37 @@ fn hundred_policies() -> String {
         })
         .collect()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_setting_at_once_from_the_same_version_leave_one_set_and_lose_no_update() {
+    // Eight edits started from version 0 at the same moment: exactly one is put in force, each
+    // other one is told the version it raced, and the history holds only the one.
+    let stack = Stack::start().await;
+    let ctx = stack.operator_in(0).await;
+    let edits: Vec<_> = (0..8)
+        .map(|i| {
+            let (ds, ctx) = (stack.db.ds.clone(), ctx.clone());
+            let source = format!(
+                "@id(\"edit-{i}\")\n@reason(\"edit {i}\")\nforbid (principal, action == Action::\"get_customer\", resource);"
+            );
+            tokio::spawn(async move { policies::set(&ds, &ctx, &source, 0, &format!("edit {i}")).await })
+        })
+        .collect();
+    let (mut won, mut told) = (Vec::new(), 0);
+    for (i, edit) in edits.into_iter().enumerate() {
+        match edit.await.expect("joined") {
+            Ok(done) => won.push((i, done.version)),
+            Err(e) => {
+                assert!(e.to_string().contains("version 1 is in force"), "{e}");
+                told += 1;
+            }
+        }
+    }
+    assert_eq!((won.len(), told), (1, 7), "{won:?}");
+    assert_eq!(won[0].1, 1);
+    let view = policies::show(&stack.db.ds, &ctx).await.expect("show");
+    assert_eq!(view.version, 1);
+    assert!(view.source.contains(&format!("edit-{}", won[0].0)), "{}", view.source);
+    let history = policies::history(&stack.db.ds, &ctx, 10).await.expect("history");
+    assert_eq!(history.len(), 1, "{history:?}");
+}
