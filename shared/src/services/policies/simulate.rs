@@ -117,7 +117,7 @@ pub async fn simulate(ds: &Services, ctx: &OpCtx, source: &str, hours: i64) -> R
         };
         // The record enforcement judged the call on: the booking its arguments name, else the
         // customer, else the technician (`records_of`), read from the arguments the audit kept;
-        // for a call that kept none, the kind its tool names first, as its audit targets name it.
+        // for a call that kept none, the first of those kinds its audit targets hold.
         let first = match &call.facts {
             Some(args) => {
                 let (booking, customer, technician) = records_named(&tool, args);
