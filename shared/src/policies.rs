@@ -56,7 +56,8 @@ pub const MAX_DEPTH: usize = 2 * (MAX_OPERATORS + MAX_NESTING) + 64;
 /// Cedar matches a pattern against a text in time up to the product of their lengths, so a
 /// long pattern against a long text would hold a worker's thread: with this bound, and texts
 /// of at most [`MAX_ARG_CHARS`] (an argument a policy reads, or a string the policy writes),
-/// one evaluation's matching is at most about 16 million character steps, whatever the set.
+/// one evaluation's matching is at most about 16 million character steps, whatever set is
+/// checked, simulated or set (a version in force before the bound compiles without it).
 pub const MAX_LIKE_CHARS: usize = 1024;
 
 /// The kinds of effect budgets count (`customers_messaged`, …), as `context.budgets` names
@@ -268,28 +269,8 @@ impl PolicySchema {
 impl Compiled {
     /// Parses and validates `source` against `schema`: every problem, each at its line.
     pub fn compile(source: &str, schema: Arc<PolicySchema>) -> Result<Compiled, Vec<Problem>> {
-        if source.len() > MAX_SOURCE_BYTES {
-            return Err(vec![Problem {
-                line: 0,
-                message: format!(
-                    "the policy set is {} bytes; at most {MAX_SOURCE_BYTES} are kept",
-                    source.len()
-                ),
-            }]);
-        }
-        if let Some(line) = too_deep(source) {
-            return Err(vec![Problem {
-                line,
-                message: format!("brackets nest deeper than {MAX_NESTING} levels here"),
-            }]);
-        }
-        if let Some(line) = too_many_operators(source) {
-            return Err(vec![Problem {
-                line,
-                message: format!(
-                    "the policy reaching this line holds more than {MAX_OPERATORS} operators; split it into several policies, or list values in a set (`[\"a\", \"b\"].contains(context.args.region)`)"
-                ),
-            }]);
+        if let Some(problem) = unsafe_to_parse(source) {
+            return Err(vec![problem]);
         }
         let tenant: PolicySet = source.parse().map_err(|e: cedar_policy::ParseErrors| {
             e.iter().map(|p| problems_of(source, p, p.to_string())).collect::<Vec<_>>()
@@ -444,6 +425,10 @@ impl Compiled {
         source: &str,
         schema: Arc<PolicySchema>,
     ) -> Result<Compiled, Vec<Problem>> {
+        // Nothing reaches Cedar's parser before the checks on the source's size and nesting.
+        if let Some(problem) = unsafe_to_parse(source) {
+            return Err(vec![problem]);
+        }
         let bounds = costly(source);
         match Compiled::compile(source, schema) {
             Ok(compiled) if bounds.is_empty() => Ok(compiled),
@@ -857,11 +842,39 @@ fn depth_of(value: &Value) -> usize {
     deepest
 }
 
+/// Why `source` may not be handed to Cedar's parser at all: too long, brackets nested too
+/// deep, or too many operators in one policy (Cedar parses, converts and drops them
+/// recursively, so such a source could exhaust even a large stack).
+fn unsafe_to_parse(source: &str) -> Option<Problem> {
+    if source.len() > MAX_SOURCE_BYTES {
+        return Some(Problem {
+            line: 0,
+            message: format!(
+                "the policy set is {} bytes; at most {MAX_SOURCE_BYTES} are kept",
+                source.len()
+            ),
+        });
+    }
+    if let Some(line) = too_deep(source) {
+        return Some(Problem {
+            line,
+            message: format!("brackets nest deeper than {MAX_NESTING} levels here"),
+        });
+    }
+    too_many_operators(source).map(|line| Problem {
+        line,
+        message: format!(
+            "the policy reaching this line holds more than {MAX_OPERATORS} operators; split it into several policies, or list values in a set (`[\"a\", \"b\"].contains(context.args.region)`)"
+        ),
+    })
+}
+
 /// The problems of a set whose evaluation could cost too much: `like` patterns of more than
 /// [`MAX_LIKE_CHARS`] characters in all, or a string longer than [`MAX_ARG_CHARS`] written in a
 /// policy (one could be the text a pattern is matched against), each at its policy's line.
 /// A source that does not parse, or a policy too deep to read, has its problems from
-/// [`Compiled::compile`].
+/// [`Compiled::compile`]; the caller has checked the source is safe to parse
+/// ([`unsafe_to_parse`]).
 fn costly(source: &str) -> Vec<Problem> {
     let Ok(set) = source.parse::<PolicySet>() else { return Vec::new() };
     let mut problems = Vec::new();

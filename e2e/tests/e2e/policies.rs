@@ -68,14 +68,17 @@ async fn a_security_teams_rules_do_through_the_balancer_what_their_simulation_sa
             .as_str()
             .expect("a service")
             .to_owned();
+    let berlin = jiff::tz::TimeZone::get("Europe/Berlin").expect("zone");
+    let today = jiff::Timestamp::now().to_zoned_datetime(berlin).date();
     let mut later = Vec::new();
     for day in 1..=21 {
+        let date = today.checked_add(jiff::Span::new().days(7 + day)).expect("a date");
         let made = tool_call(
             &lb,
             &token,
             "create_booking",
             json!({"customer": customer(1), "service": service, "technician": north,
-                   "start": format!("2027-03-{day:02}T10:00"), "zone": "Europe/Berlin"}),
+                   "start": format!("{date}T10:00"), "zone": "Europe/Berlin"}),
         )
         .await;
         let handle = made["structuredContent"]["booking"]["booking"].as_str();

@@ -1069,6 +1069,19 @@ fn like_patterns_and_written_strings_are_bounded_so_matching_stays_cheap_whateve
         "*".repeat(2 * MAX_LIKE_CHARS)
     );
     Compiled::compile_draft(&outside, schema()).expect("no pattern characters");
+    // A draft reaches Cedar's parser only past the checks on size and nesting, as a stored set
+    // does: a long operator chain is refused by its count, on a small thread.
+    let chain = format!(
+        "@id(\"c\") @reason(\"r\") forbid (principal, action, resource) when {{ {} }};",
+        vec!["context.effects > 1"; 2_000].join(" || ")
+    );
+    let problems = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(move || Compiled::compile_draft(&chain, schema()).expect_err("a long chain"))
+        .expect("thread")
+        .join()
+        .expect("no overflow");
+    assert!(problems[0].message.contains("operators"), "{problems:?}");
     // A set kept in force before the bounds still compiles: replacing it must meet them.
     Compiled::compile(&over, schema()).expect("a stored set compiles as before");
 }

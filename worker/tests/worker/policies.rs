@@ -485,9 +485,12 @@ async fn rules_read_the_region_and_the_customers_clock_of_the_records_a_call_nam
         .as_str()
         .expect("service")
         .to_owned();
-    let new_booking = |technician: &str, day: u32| {
+    // Days a few weeks ahead, whenever this runs.
+    let today = jiff::Timestamp::now().to_zoned_datetime(jiff::tz::TimeZone::UTC).date();
+    let new_booking = |technician: &str, day: i64| {
+        let date = today.checked_add(jiff::Span::new().days(21 + day)).expect("a date");
         json!({"customer": northern, "service": service, "technician": technician,
-               "start": format!("2027-02-{day:02}T10:00"), "zone": "Europe/Berlin"})
+               "start": format!("{date}T10:00"), "zone": "Europe/Berlin"})
     };
     let version = |b: &Value| b["version"].as_str().expect("version").to_owned();
     let read = stack.ok(&token, "get_booking", json!({"booking": booking})).await;
@@ -835,4 +838,60 @@ async fn admins_setting_at_once_from_the_same_version_leave_one_set_and_lose_no_
     assert!(view.source.contains(&format!("edit-{}", won[0].0)), "{}", view.source);
     let history = policies::history(&stack.db.ds, &ctx, 10).await.expect("history");
     assert_eq!(history.len(), 1, "{history:?}");
+}
+
+#[tokio::test]
+async fn a_version_that_no_longer_compiles_refuses_every_call_until_another_is_set() {
+    // The version in force stops compiling (here its stored text is changed to name a tool the
+    // schema does not have, as a tool that left the registry would): every call judged by the
+    // tenant's policies is refused, none allowed, and the next version set is compiled afresh.
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let (_, customer, _) = handles(&stack, 0).await;
+    let version = set(&stack, NO_CUSTOMER_READS).await;
+    stack
+        .db
+        .exec(&format!(
+            "UPDATE tenant_policies SET source = replace(source, 'get_customer', 'gone_tool') WHERE version = {version}"
+        ))
+        .await;
+    for _ in 0..2 {
+        let err = stack
+            .call(&token, "get_customer", json!({"customer": customer}))
+            .await
+            .expect_err("refused while the set does not compile");
+        let message = err["message"].as_str().expect("message");
+        assert!(message.contains("no longer compiles") && message.contains("gone_tool"), "{err}");
+    }
+    set(&stack, "").await;
+    stack.ok(&token, "get_customer", json!({"customer": customer})).await;
+}
+
+#[tokio::test]
+async fn a_batch_is_refused_when_any_of_its_bookings_is_whatever_its_place_in_the_batch() {
+    // A plan is judged on each booking it touches when a policy reads the record (once when
+    // none does): the one booking inside 48 hours refuses the batch also when it comes last.
+    let stack = Stack::start().await;
+    let token = stack.token(0, 0);
+    let slug = stack.seed.tenants[0].slug.clone();
+    let soon = stack.db.next_booking_starting_between(&slug, "1 hour", "47 hours").await;
+    let far = stack.db.next_confirmed_bookings_starting_after(&slug, "72 hours", 2).await;
+    assert_eq!(far.len(), 2, "{far:?}");
+    set(
+        &stack,
+        r#"
+@id("cancel-48h")
+@reason("agents cancel only bookings that start more than 48 hours from now")
+forbid (principal, action == Action::"cancel_bookings", resource is Booking)
+when { resource has hours_until_start && resource.hours_until_start < 48 };
+"#,
+    )
+    .await;
+    let err = stack
+        .call(&token, "cancel_bookings", json!({"bookings": [far[0], far[1], soon]}))
+        .await
+        .expect_err("the last booking starts within 48 hours");
+    assert_eq!(err["code"], "forbidden_by_policy", "{err}");
+    assert!(err["message"].as_str().expect("message").contains("cancel-48h"), "{err}");
+    stack.ok(&token, "cancel_bookings", json!({"bookings": far})).await;
 }
